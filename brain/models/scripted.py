@@ -1,0 +1,59 @@
+"""A deterministic model for tests and the demo; its script is data in the agent definition.
+
+    "model": {"kind": "scripted", "script": [
+        {"tool_calls": [{"tool": "send_email", "args": {...}}]},
+        {"content": "Sent these notices:\n{results}"}]}
+
+The reply for a turn is the script entry at the number of assistant replies already in that
+turn's history, so a restarted Brain asks again and gets the same answer. ``{results}`` in
+content is replaced by one line per tool result of the turn. Call ids are ``call-N``,
+numbered across the turn.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from brain.models.base import Message, ModelReply, ToolCall
+from protocol import SchemaError
+
+
+class ScriptedModel:
+    def __init__(self, script: list[dict[str, Any]]) -> None:
+        if not script:
+            raise SchemaError("a scripted model needs a non-empty `script`")
+        self.script = script
+
+    async def complete(
+        self, *, instructions: str, history: list[Message], turn_id: str, tools: list[dict[str, Any]]
+    ) -> ModelReply:
+        mine = [m for m in history if m.turn_id == turn_id]
+        replies = sum(1 for m in mine if m.role == "assistant")
+        if replies >= len(self.script):
+            return ModelReply(content="(script exhausted)")
+        entry = self.script[replies]
+        calls_so_far = sum(len(m.content.get("tool_calls", [])) for m in mine if m.role == "assistant")
+        if "tool_calls" in entry:
+            calls = [
+                ToolCall(call_id=f"call-{calls_so_far + i + 1}", tool=c["tool"], args=c.get("args", {}))
+                for i, c in enumerate(entry["tool_calls"])
+            ]
+            return ModelReply(tool_calls=calls, usage={"steps": 1})
+        content = str(entry.get("content", ""))
+        if "{results}" in content:
+            lines = [
+                f"- {m.content['call_id']}: {json.dumps(m.content.get('result'), sort_keys=True)}"
+                for m in mine
+                if m.role == "tool"
+            ]
+            content = content.replace("{results}", "\n".join(lines))
+        return ModelReply(content=content, usage={"steps": 1})
+
+
+def make_model(spec: dict[str, Any]) -> ScriptedModel:
+    """Build the adapter an agent definition names."""
+    kind = spec.get("kind")
+    if kind == "scripted":
+        return ScriptedModel(list(spec.get("script", [])))
+    raise SchemaError(f"unknown model kind {kind!r} (supported: 'scripted')")

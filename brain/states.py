@@ -1,0 +1,119 @@
+"""The Brain's state machines as enums plus transition tables; illegal moves raise.
+
+These are plain data and functions so that tests can check every rule without servers.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from protocol import IllegalTransitionError
+
+
+class TurnStatus(StrEnum):
+    """What a user sees of a turn."""
+
+    QUEUED = "queued"  # accepted, no Brain has started it yet
+    RUNNING = "running"  # claimable or owned by a Brain run
+    WAITING = "waiting"  # parked until its tool executions answer; nothing in memory
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class TurnPhase(StrEnum):
+    """Where the agent loop of a turn stands; each phase commits before the next begins."""
+
+    PREPARE = "prepare"
+    MODEL_REQUEST = "model_request"
+    DISPATCH_TOOLS = "dispatch_tools"
+    WAIT_TOOLS = "wait_tools"
+    APPLY_RESULTS = "apply_results"
+    FINALIZE = "finalize"
+    DONE = "done"
+
+
+class ExecutionStatus(StrEnum):
+    """A tool execution as the Brain knows it from the sequenced events it applied."""
+
+    INTENDED = "intended"  # committed with its outbox command; maybe not yet published
+    ACCEPTED = "accepted"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"  # effect cannot be confirmed; only a reconcile resolves it
+
+
+TERMINAL_TURN = frozenset({TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.CANCELLED})
+TERMINAL_EXECUTION = frozenset(
+    {ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED}
+)
+
+TURN_TRANSITIONS: dict[TurnStatus, frozenset[TurnStatus]] = {
+    TurnStatus.QUEUED: frozenset({TurnStatus.RUNNING, TurnStatus.FAILED, TurnStatus.CANCELLED}),
+    TurnStatus.RUNNING: frozenset(
+        {TurnStatus.RUNNING, TurnStatus.WAITING, TurnStatus.COMPLETED, TurnStatus.FAILED,
+         TurnStatus.CANCELLED}
+    ),
+    TurnStatus.WAITING: frozenset({TurnStatus.RUNNING, TurnStatus.FAILED, TurnStatus.CANCELLED}),
+    TurnStatus.COMPLETED: frozenset(),
+    TurnStatus.FAILED: frozenset(),
+    TurnStatus.CANCELLED: frozenset(),
+}
+
+PHASE_TRANSITIONS: dict[TurnPhase, frozenset[TurnPhase]] = {
+    TurnPhase.PREPARE: frozenset({TurnPhase.PREPARE, TurnPhase.MODEL_REQUEST}),
+    TurnPhase.MODEL_REQUEST: frozenset({TurnPhase.DISPATCH_TOOLS, TurnPhase.FINALIZE}),
+    TurnPhase.DISPATCH_TOOLS: frozenset({TurnPhase.WAIT_TOOLS}),
+    TurnPhase.WAIT_TOOLS: frozenset({TurnPhase.WAIT_TOOLS, TurnPhase.APPLY_RESULTS}),
+    TurnPhase.APPLY_RESULTS: frozenset({TurnPhase.MODEL_REQUEST}),
+    TurnPhase.FINALIZE: frozenset({TurnPhase.DONE}),
+    TurnPhase.DONE: frozenset(),
+}
+
+_I, _A, _R = ExecutionStatus.INTENDED, ExecutionStatus.ACCEPTED, ExecutionStatus.RUNNING
+_S, _F, _C, _U = (
+    ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED,
+    ExecutionStatus.UNKNOWN,
+)
+EXECUTION_TRANSITIONS: dict[ExecutionStatus, frozenset[ExecutionStatus]] = {
+    _I: frozenset({_A, _F, _C}),  # FAILED: Hands rejected the command
+    _A: frozenset({_R, _F, _C, _U}),
+    _R: frozenset({_R, _S, _F, _C, _U}),  # RUNNING again: a safe re-run after a crash
+    _U: frozenset({_R, _S, _F}),  # reconcile, or a query that later found nothing and re-ran
+    _S: frozenset(),
+    _F: frozenset(),
+    _C: frozenset(),
+}
+
+# Which execution status each sequenced event kind moves to (output pages change none).
+EVENT_STATUS: dict[str, ExecutionStatus | None] = {
+    "accepted": _A,
+    "started": _R,
+    "output_page": None,
+    "succeeded": _S,
+    "failed": _F,
+    "cancelled": _C,
+    "unknown": _U,
+}
+
+
+def _check(table: dict, old: StrEnum, new: StrEnum, what: str) -> None:  # type: ignore[type-arg]
+    if new not in table[old]:
+        raise IllegalTransitionError(f"{what} cannot move from {old} to {new}")
+
+
+def turn_transition(old: TurnStatus, new: TurnStatus) -> TurnStatus:
+    _check(TURN_TRANSITIONS, old, new, "turn")
+    return new
+
+
+def phase_transition(old: TurnPhase, new: TurnPhase) -> TurnPhase:
+    _check(PHASE_TRANSITIONS, old, new, "turn phase")
+    return new
+
+
+def execution_transition(old: ExecutionStatus, new: ExecutionStatus) -> ExecutionStatus:
+    _check(EXECUTION_TRANSITIONS, old, new, "execution")
+    return new

@@ -1,0 +1,215 @@
+"""Tool executions on the Brain side: intents, and applying sequenced events from Hands."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+from brain.sequencing import Arrival, classify, drainable
+from brain.states import (
+    EVENT_STATUS,
+    TERMINAL_EXECUTION,
+    ExecutionStatus,
+    TurnStatus,
+    execution_transition,
+)
+from brain.store import events
+from protocol import ConflictError, NotFoundError, RoutingError, decode, encode
+
+
+async def insert_intent(
+    conn: asyncpg.Connection,
+    *,
+    execution_id: str,
+    turn_id: str,
+    tool_step: int,
+    call_id: str,
+    binding: dict[str, Any],
+    args: dict[str, Any],
+    request_digest: str,
+) -> None:
+    await conn.execute(
+        """INSERT INTO executions (id, turn_id, tool_step, call_id, route, tool, binding_digest,
+                                   replay_policy, args, request_digest, status)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)""",
+        execution_id, turn_id, tool_step, call_id, binding["route"], binding["name"],
+        binding["digest"], binding["replay_policy"], args, request_digest, ExecutionStatus.INTENDED,
+    )
+
+
+async def for_step(conn: asyncpg.Connection, turn_id: str, tool_step: int) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        "SELECT * FROM executions WHERE turn_id = $1 AND tool_step = $2 ORDER BY call_id",
+        turn_id, tool_step,
+    )
+
+
+def all_terminal(rows: list[asyncpg.Record]) -> bool:
+    return bool(rows) and all(ExecutionStatus(r["status"]) in TERMINAL_EXECUTION for r in rows)
+
+
+async def receive(conn: asyncpg.Connection, event: Any, wake_channel: str) -> Arrival:
+    """Apply one verified event inside the caller's transaction, as a contiguous prefix.
+
+    Duplicates are no-ops, an event ahead of a gap is held durably (so the message can be
+    acked) and applied once the gap is filled. Returns what happened to this event.
+    """
+    row = await conn.fetchrow(
+        """SELECT e.*, t.namespace, t.session_id, t.status AS turn_status
+             FROM executions e JOIN turns t ON t.id = e.turn_id
+            WHERE e.id = $1 FOR UPDATE OF e""",
+        event.execution_id,
+    )
+    if row is None:
+        raise NotFoundError(f"event for unknown execution {event.execution_id}")
+    if (row["namespace"], row["session_id"]) != (event.namespace, event.session_id):
+        raise RoutingError(
+            f"event for execution {event.execution_id} claims scope {event.scope}, "
+            f"but it belongs to {row['namespace']}/{row['session_id']}"
+        )
+    if row["request_digest"] != event.request_digest:
+        raise ConflictError(f"event for execution {event.execution_id} carries a foreign request digest")
+
+    arrival = classify(row["last_seq"], event.seq)
+    if arrival is Arrival.DUPLICATE:
+        return arrival
+    if arrival is Arrival.HOLD:
+        await conn.execute(
+            "INSERT INTO held_events (execution_id, seq, payload) VALUES ($1, $2, $3)"
+            " ON CONFLICT DO NOTHING",
+            event.execution_id, event.seq, encode(event),
+        )
+        return arrival
+
+    status = ExecutionStatus(row["status"])
+    status = await _apply(conn, row, status, event)
+    last = event.seq
+    held = await conn.fetch(
+        "SELECT seq, payload FROM held_events WHERE execution_id = $1 AND seq > $2 ORDER BY seq",
+        event.execution_id, last,
+    )
+    payloads = {r["seq"]: r["payload"] for r in held}
+    for seq in drainable(last, list(payloads)):
+        status = await _apply(conn, row, status, decode(payloads[seq]))
+        last = seq
+    await conn.execute(
+        "DELETE FROM held_events WHERE execution_id = $1 AND seq <= $2", event.execution_id, last
+    )
+    await conn.execute(
+        "UPDATE executions SET last_seq = $2, updated_at = now(), replay_requested_at = NULL"
+        " WHERE id = $1",
+        event.execution_id, last,
+    )
+    if status in TERMINAL_EXECUTION:
+        await _wake_turn_if_step_done(conn, row["turn_id"], row["tool_step"], wake_channel)
+    return arrival
+
+
+async def _apply(
+    conn: asyncpg.Connection, row: asyncpg.Record, status: ExecutionStatus, event: Any
+) -> ExecutionStatus:
+    body = event.body
+    if event.kind == "output_page":
+        await conn.execute(
+            "INSERT INTO execution_output (execution_id, byte_offset, data) VALUES ($1, $2, $3)"
+            " ON CONFLICT DO NOTHING",
+            row["id"], body.offset, body.data,
+        )
+        return status
+    new = EVENT_STATUS[event.kind]
+    assert new is not None
+    new = execution_transition(status, new)
+    sets: dict[str, Any] = {"status": new}
+    if event.kind == "started":
+        sets["attempts"] = body.attempt
+    elif event.kind == "succeeded":
+        sets.update(result=body.result, how=body.how, evidence=body.evidence,
+                    output_bytes=body.output_bytes, error=None)
+    elif event.kind == "failed":
+        sets.update(error=body.error, how=body.how, evidence=body.evidence,
+                    output_bytes=body.output_bytes)
+    elif event.kind == "unknown":
+        sets["error"] = {"code": "unknown", "message": body.reason}
+    cols = list(sets)
+    await conn.execute(
+        f"UPDATE executions SET {', '.join(f'{c} = ${i + 2}' for i, c in enumerate(cols))} WHERE id = $1",
+        row["id"], *[sets[c] for c in cols],
+    )
+    detail: dict[str, Any] = {"execution_id": row["id"], "call_id": row["call_id"], "tool": row["tool"]}
+    if event.kind in ("succeeded", "failed"):
+        detail["how"] = body.how
+    if event.kind == "started":
+        detail.update(attempt=body.attempt, reason=body.reason)
+    if event.kind == "unknown":
+        detail["reason"] = body.reason
+        await conn.execute(
+            "UPDATE turns SET waiting_for = $2 WHERE id = $1",
+            row["turn_id"],
+            f"reconcile of execution {row['id']} ({row['tool']} {row['call_id']}): {body.reason}",
+        )
+    await events.append(conn, row["session_id"], row["turn_id"], f"execution.{new}", detail)
+    return new
+
+
+async def _wake_turn_if_step_done(
+    conn: asyncpg.Connection, turn_id: str, tool_step: int, wake_channel: str
+) -> None:
+    current = await conn.fetchrow("SELECT status, tool_step FROM turns WHERE id = $1", turn_id)
+    if current["status"] != TurnStatus.WAITING or current["tool_step"] != tool_step:
+        return  # the owning run re-checks its executions under the turn lock
+    if all_terminal(await for_step(conn, turn_id, tool_step)):
+        await conn.execute(
+            "UPDATE turns SET status = 'running', wake_at = now(), waiting_for = NULL,"
+            " updated_at = now() WHERE id = $1",
+            turn_id,
+        )
+        await events.wake(conn, wake_channel)
+
+
+async def wake_stuck_turns(conn: asyncpg.Connection, wake_channel: str) -> int:
+    """Repair lost hints: waiting turns whose current step has nothing left to wait for."""
+    rows = await conn.fetch(
+        """SELECT t.id, t.tool_step FROM turns t
+            WHERE t.status = 'waiting' AND t.phase = 'wait_tools'
+              AND NOT EXISTS (SELECT 1 FROM executions e WHERE e.turn_id = t.id
+                                AND e.tool_step = t.tool_step
+                                AND e.status NOT IN ('succeeded', 'failed', 'cancelled'))
+            FOR UPDATE SKIP LOCKED"""
+    )
+    for r in rows:
+        await _wake_turn_if_step_done(conn, r["id"], r["tool_step"], wake_channel)
+    return len(rows)
+
+
+async def gaps_to_replay(conn: asyncpg.Connection, gap_seconds: float) -> list[asyncpg.Record]:
+    """Executions whose held events have waited longer than ``gap_seconds`` for a missing seq."""
+    return await conn.fetch(
+        """SELECT e.id, e.last_seq, e.route, e.request_digest, t.namespace, t.session_id
+             FROM executions e JOIN turns t ON t.id = e.turn_id
+            WHERE EXISTS (SELECT 1 FROM held_events h WHERE h.execution_id = e.id
+                            AND h.received_at < now() - make_interval(secs => $1))
+              AND (e.replay_requested_at IS NULL
+                   OR e.replay_requested_at < now() - make_interval(secs => $1 * 4))
+            FOR UPDATE OF e SKIP LOCKED""",
+        gap_seconds,
+    )
+
+
+async def fail_turn(
+    conn: asyncpg.Connection, turn_id: str, error: dict[str, str], wake_channel: str
+) -> None:
+    """Fail a turn from outside its run (e.g. an update that cannot be verified).
+
+    Bumping the epoch fences out whichever run still holds the lease.
+    """
+    row = await conn.fetchrow(
+        """UPDATE turns SET status = 'failed', error = $2, lease_owner = NULL,
+                  lease_epoch = lease_epoch + 1, updated_at = now()
+            WHERE id = $1 AND status NOT IN ('completed', 'failed', 'cancelled')
+        RETURNING session_id""",
+        turn_id, error,
+    )
+    if row is not None:
+        await events.append(conn, row["session_id"], turn_id, "turn.failed", {"error": error})
+        await events.wake(conn, wake_channel)

@@ -1,0 +1,199 @@
+"""Turn rows: submit, claim under a lease with an epoch, and fenced phase commits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from brain.agents import AgentDefinition
+from brain.states import TurnPhase, TurnStatus, phase_transition, turn_transition
+from brain.store import events
+from protocol import ConflictError, NotFoundError, StaleOwnerError, digest, new_id
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Ownership of one turn by one run; every commit is checked against the epoch."""
+
+    turn_id: str
+    owner: str
+    epoch: int
+    run_id: int
+
+
+async def submit(
+    conn: asyncpg.Connection,
+    *,
+    namespace: str,
+    session_id: str,
+    request_id: str,
+    user_input: str,
+    agent: AgentDefinition,
+) -> tuple[str, bool]:
+    """Accept a turn (inside the caller's transaction). Returns (turn id, created now).
+
+    The same request id with the same input returns the original turn; with a different
+    input it is a conflict. A new session gets a main thread pinned to this agent version.
+    """
+    input_doc = {"text": user_input}
+    input_digest = digest(input_doc)
+    existing = await conn.fetchrow(
+        "SELECT id, input_digest FROM turns WHERE namespace = $1 AND session_id = $2 AND request_id = $3",
+        namespace, session_id, request_id,
+    )
+    if existing is not None:
+        if existing["input_digest"] != input_digest:
+            raise ConflictError(
+                f"request id {request_id!r} in session {session_id!r} was already used "
+                f"for a different input (turn {existing['id']})"
+            )
+        return existing["id"], False
+
+    stored = await conn.fetchval(
+        "SELECT digest FROM agents WHERE name = $1 AND version = $2", agent.name, agent.version
+    )
+    if stored is None:
+        await conn.execute(
+            "INSERT INTO agents (name, version, digest, definition) VALUES ($1, $2, $3, $4)"
+            " ON CONFLICT DO NOTHING",
+            agent.name, agent.version, agent.digest, agent.model_dump(mode="json"),
+        )
+    elif stored != agent.digest:
+        raise ConflictError(
+            f"agent {agent.name} version {agent.version} is already registered with different "
+            "content; give the changed definition a new version"
+        )
+
+    session_ns = await conn.fetchval("SELECT namespace FROM sessions WHERE id = $1", session_id)
+    if session_ns is None:
+        await conn.execute("INSERT INTO sessions (id, namespace) VALUES ($1, $2)", session_id, namespace)
+        await conn.execute(
+            "INSERT INTO threads (id, session_id, agent_name, agent_version) VALUES ($1, $1, $2, $3)",
+            session_id, agent.name, agent.version,
+        )
+    elif session_ns != namespace:
+        raise ConflictError(f"session {session_id!r} belongs to another namespace")
+
+    turn_id = f"turn-{new_id()}"
+    await conn.execute(
+        """INSERT INTO turns (id, namespace, session_id, thread_id, request_id, input_digest, input,
+                              status, phase)
+           VALUES ($1, $2, $3, $3, $4, $5, $6, $7, $8)""",
+        turn_id, namespace, session_id, request_id, input_digest, input_doc,
+        TurnStatus.QUEUED, TurnPhase.PREPARE,
+    )
+    await events.append(conn, session_id, turn_id, "turn.accepted", {"request_id": request_id})
+    return turn_id, True
+
+
+def claim_sql(alive: str) -> str:
+    """Pick one claimable turn: due, not owned by a live lease, first in its thread."""
+    return f"""
+    WITH candidate AS (
+        SELECT t.id FROM turns t
+        LEFT JOIN workers w ON w.id = t.lease_owner
+        WHERE t.status IN ('queued', 'running') AND t.wake_at <= now()
+          AND (t.lease_owner IS NULL OR t.lease_expires_at < now() OR w.id IS NULL OR NOT {alive})
+          AND NOT EXISTS (
+              SELECT 1 FROM turns p WHERE p.thread_id = t.thread_id AND p.seq < t.seq
+                AND p.status NOT IN ('completed', 'failed', 'cancelled'))
+        ORDER BY t.wake_at, t.seq
+        LIMIT 1
+        FOR UPDATE OF t SKIP LOCKED)
+    UPDATE turns t
+       SET lease_owner = $1, lease_epoch = t.lease_epoch + 1,
+           lease_expires_at = now() + make_interval(secs => $2), status = 'running',
+           updated_at = now()
+      FROM candidate WHERE t.id = candidate.id
+    RETURNING t.*"""
+
+
+async def claim(
+    conn: asyncpg.Connection, owner: str, lease_seconds: float, alive_sql: str
+) -> tuple[Lease, asyncpg.Record] | None:
+    """Claim one turn for a new run (inside the caller's transaction)."""
+    row = await conn.fetchrow(claim_sql(alive_sql), owner, lease_seconds)
+    if row is None:
+        return None
+    run_id = await conn.fetchval(
+        "INSERT INTO runs (turn_id, owner, epoch, started_phase) VALUES ($1, $2, $3, $4) RETURNING id",
+        row["id"], owner, row["lease_epoch"], row["phase"],
+    )
+    await events.append(
+        conn, row["session_id"], row["id"], "turn.run_started",
+        {"run_id": run_id, "phase": row["phase"], "epoch": row["lease_epoch"]},
+    )
+    return Lease(row["id"], owner, row["lease_epoch"], run_id), row
+
+
+async def load(conn: asyncpg.Connection, turn_id: str) -> asyncpg.Record:
+    row = await conn.fetchrow("SELECT * FROM turns WHERE id = $1", turn_id)
+    if row is None:
+        raise NotFoundError(f"no turn {turn_id!r}")
+    return row
+
+
+async def advance(
+    conn: asyncpg.Connection,
+    lease: Lease,
+    *,
+    phase: TurnPhase | None = None,
+    status: TurnStatus | None = None,
+    release: bool = False,
+    lease_seconds: float = 30.0,
+    detail: dict[str, Any] | None = None,
+    **fields: Any,
+) -> asyncpg.Record:
+    """Move a turn inside the caller's transaction, fenced by the lease epoch.
+
+    Raises ``StaleOwnerError`` (rolling the whole transaction back) when another run owns
+    the turn now, and ``IllegalTransitionError`` for a move the tables forbid.
+    """
+    current = await conn.fetchrow(
+        "SELECT status, phase, lease_owner, lease_epoch FROM turns WHERE id = $1 FOR UPDATE",
+        lease.turn_id,
+    )
+    if current is None or current["lease_owner"] != lease.owner or current["lease_epoch"] != lease.epoch:
+        raise StaleOwnerError(
+            f"turn {lease.turn_id}: run epoch {lease.epoch} of {lease.owner} no longer owns it"
+        )
+    sets: dict[str, Any] = dict(fields)
+    if phase is not None:
+        sets["phase"] = phase_transition(TurnPhase(current["phase"]), phase)
+    if status is not None and status != current["status"]:
+        sets["status"] = turn_transition(TurnStatus(current["status"]), status)
+    if release:
+        sets["lease_owner"] = None
+        sets["lease_expires_at"] = None
+    columns = list(sets)
+    assignments = ", ".join(f"{c} = ${i + 2}" for i, c in enumerate(columns))
+    extend = "" if release else f", lease_expires_at = now() + make_interval(secs => {float(lease_seconds)})"
+    row = await conn.fetchrow(
+        f"UPDATE turns SET {assignments}{', ' if assignments else ''}revision = revision + 1,"
+        f" updated_at = now(){extend} WHERE id = $1 RETURNING *",
+        lease.turn_id, *[sets[c] for c in columns],
+    )
+    await conn.execute(
+        "INSERT INTO steps (turn_id, run_id, phase, detail) VALUES ($1, $2, $3, $4)",
+        lease.turn_id, lease.run_id, str(sets.get("phase", current["phase"])), detail or {},
+    )
+    return row
+
+
+async def append_history(
+    conn: asyncpg.Connection, thread_id: str, turn_id: str, role: str, content: dict[str, Any]
+) -> None:
+    await conn.execute(
+        """INSERT INTO history (thread_id, position, turn_id, role, content)
+           SELECT $1, coalesce(max(position), 0) + 1, $2, $3, $4 FROM history WHERE thread_id = $1""",
+        thread_id, turn_id, role, content,
+    )
+
+
+async def history(conn: asyncpg.Connection, thread_id: str) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        "SELECT position, turn_id, role, content FROM history WHERE thread_id = $1 ORDER BY position",
+        thread_id,
+    )

@@ -1,0 +1,133 @@
+"""Declaring tools: a decorator that turns a typed async function into a served tool.
+
+    @tool(route="email", version="1", replay="unsafe", query=find_sent_email)
+    async def send_email(ctx: ToolContext, to: str, subject: str) -> dict: ...
+
+The JSON Schema of the arguments comes from the type hints (through pydantic), and the
+binding digest pins name, version, route, schema and replay policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, get_type_hints
+
+from pydantic import ConfigDict, ValidationError, create_model
+
+from protocol import ReplayPolicy, SchemaError, ToolBinding
+
+
+class OutputWriter(Protocol):
+    """Where a tool writes its incremental output; each write becomes a sealed page."""
+
+    async def write(self, data: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Found:
+    """A query's answer: the original operation happened and this is its result."""
+
+    result: Any
+
+
+@dataclass(frozen=True)
+class NotFound:
+    """A query's answer: the external system never saw the original operation."""
+
+
+class _NullOutput:
+    async def write(self, data: str) -> None:  # pragma: no cover - trivial
+        return None
+
+
+@dataclass
+class ToolContext:
+    """What a running tool gets besides its arguments."""
+
+    operation_id: str
+    attempt: int = 1
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    output: OutputWriter = field(default_factory=_NullOutput)
+
+
+ToolFn = Callable[..., Awaitable[Any]]
+QueryFn = Callable[..., Awaitable[Found | NotFound]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A declared tool: its function, optional query, and frozen binding."""
+
+    fn: ToolFn
+    binding: ToolBinding
+    query: QueryFn | None
+    args_model: type
+
+    @property
+    def name(self) -> str:
+        return self.binding.name
+
+    def validate_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Check arguments against the schema; raises ``SchemaError`` with a readable reason."""
+        try:
+            model = self.args_model.model_validate(args)  # type: ignore[attr-defined]
+        except ValidationError as exc:
+            detail = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()[:5]
+            )
+            raise SchemaError(f"arguments for tool {self.name!r} are invalid: {detail}") from exc
+        return {name: getattr(model, name) for name in type(model).model_fields}
+
+
+def _args_model(fn: ToolFn) -> type:
+    hints = get_type_hints(fn)
+    params = list(inspect.signature(fn).parameters.values())
+    if not params or params[0].name != "ctx":
+        raise TypeError(f"tool {fn.__name__} must take `ctx: ToolContext` as its first parameter")
+    fields: dict[str, Any] = {}
+    for p in params[1:]:
+        if p.name not in hints:
+            raise TypeError(f"tool {fn.__name__}: parameter {p.name!r} needs a type hint")
+        default = ... if p.default is inspect.Parameter.empty else p.default
+        fields[p.name] = (hints[p.name], default)
+    return create_model(  # type: ignore[call-overload,no-any-return]
+        f"{fn.__name__}_args", __config__=ConfigDict(extra="forbid"), **fields
+    )
+
+
+def tool(
+    *,
+    route: str,
+    version: str,
+    replay: str | ReplayPolicy,
+    query: QueryFn | None = None,
+    name: str | None = None,
+) -> Callable[[ToolFn], Tool]:
+    """Declare an async function as a tool served by the Hands pool of ``route``.
+
+    ``replay="safe"`` lets Tendon run it again after a crash inside its body; ``"unsafe"``
+    never does: its ``query`` (same parameters, returns ``Found``/``NotFound``) asks the
+    external system about the original operation, and without one the execution becomes
+    UNKNOWN until reconciled.
+    """
+
+    def wrap(fn: ToolFn) -> Tool:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"tool {fn.__name__} must be an async function")
+        model = _args_model(fn)
+        schema = model.model_json_schema()  # type: ignore[attr-defined]
+        binding = ToolBinding.build(
+            name=name or fn.__name__,
+            version=version,
+            route=route,
+            description=inspect.getdoc(fn) or "",
+            input_schema=schema,
+            replay_policy=ReplayPolicy(replay),
+            has_query=query is not None,
+        )
+        return Tool(fn=fn, binding=binding, query=query, args_model=model)
+
+    return wrap

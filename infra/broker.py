@@ -1,0 +1,173 @@
+"""RabbitMQ edges: the queue topology, a confirming publisher and consumers (aio-pika).
+
+Every queue is a durable quorum queue with a delivery limit and its own dead-letter queue,
+so a poison message ends up parked with a reason instead of looping. Publishing waits for
+the broker's confirm; the outbox tables make a publish after a reconnect safe to repeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from infra.logging import get_logger
+
+log = get_logger(__name__)
+
+Handler = Callable[[AbstractIncomingMessage], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Queue names, all under one prefix so that tests and tenants do not collide."""
+
+    prefix: str = "tendon"
+
+    def commands(self, route: str) -> str:
+        return f"{self.prefix}.{route}.commands"
+
+    def controls(self, route: str) -> str:
+        return f"{self.prefix}.{route}.controls"
+
+    @property
+    def updates(self) -> str:
+        return f"{self.prefix}.updates"
+
+    @property
+    def bindings(self) -> str:
+        return f"{self.prefix}.bindings"
+
+    @property
+    def dlx(self) -> str:
+        return f"{self.prefix}.dlx"
+
+    @staticmethod
+    def dlq(queue: str) -> str:
+        return f"{queue}.dlq"
+
+
+class Broker:
+    """One connection, one confirming publish channel, and one channel per consumer."""
+
+    def __init__(self, url: str, topology: Topology, *, delivery_limit: int = 5) -> None:
+        self.url = url
+        self.topology = topology
+        self.delivery_limit = delivery_limit
+        self._connection: AbstractRobustConnection | None = None
+        self._channel: AbstractChannel | None = None
+        self._declared: set[str] = set()
+        self._consumer_channels: list[AbstractChannel] = []
+
+    async def __aenter__(self) -> Broker:
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type((ConnectionError, OSError)),
+            stop=stop_after_delay(30),
+            wait=wait_exponential(multiplier=0.1, max=2),
+            reraise=True,
+        ):
+            with attempt:
+                self._connection = await aio_pika.connect_robust(self.url)
+        assert self._connection is not None
+        self._channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for ch in self._consumer_channels:
+            if not ch.is_closed:
+                await ch.close()
+        if self._connection is not None:
+            await self._connection.close()
+
+    @property
+    def channel(self) -> AbstractChannel:
+        if self._channel is None:
+            raise RuntimeError("Broker used outside `async with`")
+        return self._channel
+
+    async def declare(self, queue: str, channel: AbstractChannel | None = None) -> AbstractQueue | None:
+        """Declare ``queue`` (and its dead-letter queue) with the same arguments everywhere."""
+        if queue in self._declared and channel is None:
+            return None
+        ch = channel or self.channel
+        dlx = await ch.declare_exchange(self.topology.dlx, aio_pika.ExchangeType.DIRECT, durable=True)
+        dlq = await ch.declare_queue(
+            self.topology.dlq(queue), durable=True, arguments={"x-queue-type": "quorum"}
+        )
+        await dlq.bind(dlx, routing_key=queue)
+        declared = await ch.declare_queue(
+            queue,
+            durable=True,
+            arguments={
+                "x-queue-type": "quorum",
+                "x-delivery-limit": self.delivery_limit,
+                "x-dead-letter-exchange": self.topology.dlx,
+                "x-dead-letter-routing-key": queue,
+            },
+        )
+        self._declared.add(queue)
+        return declared
+
+    async def publish(
+        self, queue: str, body: bytes, *, message_id: str, headers: dict[str, Any] | None = None
+    ) -> None:
+        """Publish persistently and wait for the broker's confirm (raises if unroutable)."""
+        await self.declare(queue)
+        message = aio_pika.Message(
+            body,
+            message_id=message_id,
+            headers=headers or {},
+            content_type="application/json",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        await self.channel.default_exchange.publish(message, routing_key=queue, mandatory=True)
+
+    async def publish_many(self, items: list[tuple[str, bytes, str]]) -> list[BaseException | None]:
+        """Publish several messages with their confirms in flight together.
+
+        Returns one entry per item: ``None`` when confirmed, else the exception.
+        """
+        results = await asyncio.gather(
+            *(self.publish(q, body, message_id=mid) for q, body, mid in items),
+            return_exceptions=True,
+        )
+        return [r if isinstance(r, BaseException) else None for r in results]
+
+    async def dead_letter(self, queue: str, message: AbstractIncomingMessage, reason: str) -> None:
+        """Park ``message`` in ``queue``'s dead-letter queue with a readable reason, then ack it."""
+        await self.declare(queue)
+        parked = aio_pika.Message(
+            message.body,
+            message_id=message.message_id,
+            headers={**(message.headers or {}), "x-tendon-reason": reason[:1000]},
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        await self.channel.default_exchange.publish(
+            parked, routing_key=self.topology.dlq(queue), mandatory=True
+        )
+        await message.ack()
+        log.warning("dead_lettered", queue=queue, message_id=message.message_id, reason=reason)
+
+    async def consume(self, queue: str, handler: Handler, *, prefetch: int) -> AbstractChannel:
+        """Start consuming ``queue`` on its own channel with ``prefetch`` unacked messages."""
+        assert self._connection is not None
+        ch = await self._connection.channel()
+        await ch.set_qos(prefetch_count=prefetch)
+        q = await self.declare(queue, channel=ch)
+        assert q is not None
+        await q.consume(handler, no_ack=False)
+        self._consumer_channels.append(ch)
+        return ch

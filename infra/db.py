@@ -1,0 +1,102 @@
+"""PostgreSQL edges: one pool factory, one transaction helper, one migration runner."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import asyncpg
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from protocol import codec
+
+T = TypeVar("T")
+
+_TRANSIENT = (
+    asyncpg.SerializationError,
+    asyncpg.DeadlockDetectedError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.ConnectionDoesNotExistError,
+    asyncpg.InterfaceError,
+    ConnectionError,
+    OSError,
+)
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for typename in ("json", "jsonb"):
+        await conn.set_type_codec(
+            typename,
+            encoder=lambda v: codec.dumps(v).decode("utf-8"),
+            decoder=json.loads,
+            schema="pg_catalog",
+        )
+
+
+async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+    """A pool whose connections work inside ``schema`` and speak JSON for json/jsonb."""
+    pool = await asyncpg.create_pool(
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        init=_init_connection,
+        server_settings={"search_path": schema, "application_name": f"tendon:{schema}"},
+    )
+    assert pool is not None
+    return pool
+
+
+async def transact(pool: asyncpg.Pool, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+    """Run ``work(conn)`` in one transaction; retry the whole transaction on transient faults.
+
+    This is the only place that opens a transaction for a state change, so "every state
+    change is one transaction" holds by construction. Business errors are never retried.
+    """
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception(lambda e: isinstance(e, _TRANSIENT)),
+        stop=stop_after_attempt(5),
+        wait=wait_exponential_jitter(initial=0.05, max=1.0),
+        reraise=True,
+    ):
+        with attempt:
+            async with pool.acquire() as conn, conn.transaction():
+                return await work(conn)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def lock_class(schema: str) -> int:
+    """A stable positive int32 for advisory locks that belong to ``schema``."""
+    return zlib.crc32(schema.encode()) & 0x7FFFFFFF
+
+
+async def migrate(pool: asyncpg.Pool, schema: str, migrations: Sequence[tuple[int, str]]) -> int:
+    """Apply versioned migrations in order, idempotently and safely from several processes.
+
+    Returns how many were applied now. Each migration runs in its own transaction together
+    with its bookkeeping row; a transaction-level advisory lock serialises concurrent starts.
+    """
+    applied = 0
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1, 0)", lock_class(schema))
+            await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+            await conn.execute(
+                f'CREATE TABLE IF NOT EXISTS "{schema}".schema_migrations ('
+                " version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+        for version, sql in migrations:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock($1, 0)", lock_class(schema))
+                done = await conn.fetchval(
+                    f'SELECT 1 FROM "{schema}".schema_migrations WHERE version = $1', version
+                )
+                if done:
+                    continue
+                await conn.execute(sql)
+                await conn.execute(
+                    f'INSERT INTO "{schema}".schema_migrations (version) VALUES ($1)', version
+                )
+                applied += 1
+    return applied

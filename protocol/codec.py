@@ -1,0 +1,104 @@
+"""The one strict JSON codec for everything that crosses a process boundary.
+
+Strict means: duplicate object keys, more than one JSON value in a body, NaN/Infinity,
+integers outside the range a double holds exactly, and decimals that a double cannot
+represent without rounding are all rejected with a ``DecodeError`` that says where.
+Encoding is canonical (sorted keys, no spaces, UTF-8) so that digests are stable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from protocol.errors import DecodeError
+
+MAX_SAFE_INTEGER = 2**53 - 1
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DecodeError(f"duplicate JSON key {key!r}")
+        out[key] = value
+    return out
+
+
+def _parse_int(text: str) -> int:
+    value = int(text)
+    if abs(value) > MAX_SAFE_INTEGER:
+        raise DecodeError(f"integer {text} is outside ±2^53-1 and would lose precision")
+    return value
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    try:
+        exact = Decimal(text)
+    except InvalidOperation as exc:  # pragma: no cover - json already validated the literal
+        raise DecodeError(f"bad number {text!r}") from exc
+    if Decimal(value) != exact and Decimal(repr(value)) != exact:
+        raise DecodeError(f"number {text} cannot be represented without losing precision")
+    return value
+
+
+def _reject_constant(name: str) -> Any:
+    raise DecodeError(f"{name} is not valid JSON")
+
+
+def loads(data: bytes | str) -> Any:
+    """Decode exactly one strict JSON value, or raise ``DecodeError`` saying what is wrong."""
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DecodeError(f"body is not UTF-8: {exc}") from exc
+    try:
+        return json.loads(
+            data,
+            object_pairs_hook=_reject_duplicates,
+            parse_int=_parse_int,
+            parse_float=_parse_float,
+            parse_constant=_reject_constant,
+        )
+    except DecodeError:
+        raise
+    except RecursionError as exc:
+        raise DecodeError("JSON nested too deeply") from exc
+    except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data":
+            raise DecodeError(
+                f"more than one JSON value in body (extra data at char {exc.pos})"
+            ) from exc
+        raise DecodeError(f"malformed JSON: {exc.msg} at line {exc.lineno} col {exc.colno}") from exc
+
+
+def _check_ints(value: Any) -> None:
+    if isinstance(value, dict):
+        for item in value.values():
+            _check_ints(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _check_ints(item)
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SAFE_INTEGER:
+        raise DecodeError(f"integer {value} is outside ±2^53-1; send it as a string")
+
+
+def dumps(value: Any) -> bytes:
+    """Canonical JSON: sorted keys, compact separators, UTF-8, no NaN.
+
+    Refuses what ``loads`` would refuse (big integers), so nothing is sent that the
+    receiver must dead-letter.
+    """
+    _check_ints(value)
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def digest(value: Any) -> str:
+    """sha256 (hex) of the canonical JSON of ``value``."""
+    return hashlib.sha256(dumps(value)).hexdigest()

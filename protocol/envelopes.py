@@ -1,0 +1,274 @@
+"""Every message on the broker is one of these envelopes.
+
+An envelope has a fixed header (protocol version, message id, kind, execution id,
+namespace and session for scoping, request digest, seq where it applies) and either an
+inline ``body`` or a ``body_ref`` pointing at the same body stored in S3.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from protocol import codec
+from protocol.bindings import ReplayPolicy, ToolBinding
+from protocol.errors import SchemaError
+
+PROTOCOL_VERSION = 1
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ObjectRef(_Model):
+    """A verified reference to a payload in object storage."""
+
+    uri: str = Field(pattern=r"^(s3|file)://")
+    sha256: str = Field(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+    scope: str = Field(min_length=1)
+
+
+# ---- bodies -----------------------------------------------------------------------------
+
+
+class ExecuteBody(_Model):
+    """Start one tool execution. The execution id in the header is its operation id."""
+
+    turn_id: str
+    call_id: str
+    route: str
+    tool: str
+    binding_digest: str
+    replay_policy: ReplayPolicy
+    args: dict[str, Any]
+
+
+class CancelBody(_Model):
+    reason: str = ""
+
+
+class ReplayBody(_Model):
+    """Ask Hands to send an execution's events again, from ``from_seq`` on, from its ledger."""
+
+    from_seq: int = Field(ge=1)
+
+
+class AcceptedBody(_Model):
+    worker: str
+
+
+class StartedBody(_Model):
+    attempt: int = Field(ge=1)
+    worker: str
+    reason: Literal["first_run", "rerun_after_crash"] = "first_run"
+
+
+class OutputPageBody(_Model):
+    """A page of tool output with its byte offset; a lost range shows as a gap in offsets."""
+
+    offset: int = Field(ge=0)
+    data: str
+
+
+class SucceededBody(_Model):
+    result: Any = None
+    output_bytes: int = Field(default=0, ge=0)
+    how: Literal["ran", "verified_by_query", "reconciled"] = "ran"
+    evidence: str | None = None
+
+
+class FailedBody(_Model):
+    error: dict[str, str]
+    output_bytes: int = Field(default=0, ge=0)
+    how: Literal["ran", "rejected", "verified_by_query", "reconciled"] = "ran"
+    evidence: str | None = None
+
+
+class CancelledBody(_Model):
+    reason: str = ""
+
+
+class UnknownBody(_Model):
+    reason: str
+
+
+class BindingsBody(_Model):
+    route: str
+    worker: str
+    bindings: list[ToolBinding]
+
+
+# ---- envelopes --------------------------------------------------------------------------
+
+
+class _Envelope(_Model):
+    v: Literal[1] = 1
+    message_id: str = Field(default_factory=new_id)
+    body_ref: ObjectRef | None = None
+
+    @field_validator("v", mode="before")
+    @classmethod
+    def _version_is_an_integer(cls, value: Any) -> Any:
+        if type(value) is not int:
+            raise ValueError(f"Input should be 1 (protocol version as a JSON integer), got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _body_xor_ref(self) -> _Envelope:
+        body = getattr(self, "body", None)
+        if (body is None) == (self.body_ref is None):
+            raise ValueError("an envelope carries exactly one of body or body_ref")
+        return self
+
+
+class _ExecutionEnvelope(_Envelope):
+    execution_id: str = Field(min_length=1)
+    namespace: str = Field(min_length=1)
+    session_id: str = Field(min_length=1)
+    request_digest: str = Field(min_length=64, max_length=64)
+
+    @property
+    def scope(self) -> str:
+        return f"{self.namespace}/{self.session_id}"
+
+
+class ExecuteCommand(_ExecutionEnvelope):
+    kind: Literal["execute"] = "execute"
+    body: ExecuteBody | None = None
+
+
+class CancelControl(_ExecutionEnvelope):
+    kind: Literal["cancel"] = "cancel"
+    body: CancelBody | None = None
+
+
+class ReplayControl(_ExecutionEnvelope):
+    kind: Literal["replay"] = "replay"
+    body: ReplayBody | None = None
+
+
+class _Event(_ExecutionEnvelope):
+    seq: int = Field(ge=1)
+
+
+class AcceptedEvent(_Event):
+    kind: Literal["accepted"] = "accepted"
+    body: AcceptedBody | None = None
+
+
+class StartedEvent(_Event):
+    kind: Literal["started"] = "started"
+    body: StartedBody | None = None
+
+
+class OutputPageEvent(_Event):
+    kind: Literal["output_page"] = "output_page"
+    body: OutputPageBody | None = None
+
+
+class SucceededEvent(_Event):
+    kind: Literal["succeeded"] = "succeeded"
+    body: SucceededBody | None = None
+
+
+class FailedEvent(_Event):
+    kind: Literal["failed"] = "failed"
+    body: FailedBody | None = None
+
+
+class CancelledEvent(_Event):
+    kind: Literal["cancelled"] = "cancelled"
+    body: CancelledBody | None = None
+
+
+class UnknownEvent(_Event):
+    kind: Literal["unknown"] = "unknown"
+    body: UnknownBody | None = None
+
+
+class BindingsAnnouncement(_Envelope):
+    kind: Literal["bindings"] = "bindings"
+    body: BindingsBody | None = None
+
+
+ExecutionEvent = (
+    AcceptedEvent
+    | StartedEvent
+    | OutputPageEvent
+    | SucceededEvent
+    | FailedEvent
+    | CancelledEvent
+    | UnknownEvent
+)
+Control = CancelControl | ReplayControl
+Envelope = Annotated[
+    ExecuteCommand | CancelControl | ReplayControl | AcceptedEvent | StartedEvent
+    | OutputPageEvent | SucceededEvent | FailedEvent | CancelledEvent | UnknownEvent
+    | BindingsAnnouncement,
+    Field(discriminator="kind"),
+]
+TERMINAL_EVENT_KINDS = frozenset({"succeeded", "failed", "cancelled"})
+
+_ENVELOPE: TypeAdapter[Any] = TypeAdapter(Envelope)
+
+
+def request_digest(execution_id: str, body: ExecuteBody) -> str:
+    """sha256 of the canonical command: what Hands compare on redelivery."""
+    return codec.digest({"execution_id": execution_id, **body.model_dump(mode="json")})
+
+
+def encode(envelope: BaseModel) -> bytes:
+    """The one way to put an envelope on the wire."""
+    return codec.dumps(envelope.model_dump(mode="json"))
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def decode(raw: bytes | str) -> Any:
+    """Strictly decode one envelope; its body may still be a ``body_ref`` to resolve."""
+    data = codec.loads(raw)
+    if isinstance(data, dict) and "v" not in data:
+        raise SchemaError("v: every envelope must carry its protocol version `v`")
+    try:
+        # Strict JSON-mode validation: no silent "5" -> 5 coercions of header fields.
+        return _ENVELOPE.validate_json(codec.dumps(data), strict=True)
+    except ValidationError as exc:
+        raise SchemaError(f"envelope does not match the protocol: {_describe(exc)}") from exc
+
+
+def with_body(envelope: Any, body: Any) -> Any:
+    """Return ``envelope`` with its ``body_ref`` replaced by the (validated) ``body``."""
+    data = envelope.model_dump(mode="json")
+    data["body_ref"] = None
+    data["body"] = body.model_dump(mode="json") if isinstance(body, BaseModel) else body
+    try:
+        return type(envelope).model_validate_json(codec.dumps(data), strict=True)
+    except ValidationError as exc:
+        raise SchemaError(f"{envelope.kind} body does not match the protocol: {_describe(exc)}") from exc
+
+
+def body_bytes(envelope: Any) -> bytes:
+    """Canonical bytes of an inline body (what gets offloaded when it is too big)."""
+    return codec.dumps(envelope.body.model_dump(mode="json"))

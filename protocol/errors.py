@@ -1,0 +1,79 @@
+"""The one error tree of Tendon.
+
+    TendonError                      root; ``retryable`` says whether trying again can help
+    ├── ProtocolError                a message or input that can never be accepted as it is
+    │   ├── DecodeError              not strict JSON (duplicate keys, trailing values, lossy numbers)
+    │   └── SchemaError              valid JSON, wrong shape for its kind
+    ├── ConflictError                same request id, different input; same execution id, different digest
+    ├── NotFoundError                an id that does not exist
+    ├── IllegalTransitionError       a state machine was asked to make a move its table forbids
+    ├── StaleOwnerError              a commit from an owner whose lease epoch is no longer current (fencing)
+    ├── RoutingError                 an unknown route, tool or binding digest
+    ├── ObjectRefError               a payload reference that fails verification (sha256, size, scope, missing)
+    └── TransientError               a service is briefly unavailable; retryable
+"""
+
+from __future__ import annotations
+
+
+class TendonError(Exception):
+    """Root of every error Tendon raises on purpose."""
+
+    retryable: bool = False
+    code: str = "tendon_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def as_dict(self) -> dict[str, str]:
+        """The error as it travels in envelopes and rows: a stable code and a readable message."""
+        return {"code": self.code, "message": self.message}
+
+
+class ProtocolError(TendonError):
+    code = "protocol_error"
+
+
+class DecodeError(ProtocolError):
+    code = "decode_error"
+
+
+class SchemaError(ProtocolError):
+    code = "schema_error"
+
+
+class ConflictError(TendonError):
+    code = "conflict"
+
+
+class NotFoundError(TendonError):
+    code = "not_found"
+
+
+class IllegalTransitionError(TendonError):
+    code = "illegal_transition"
+
+
+class StaleOwnerError(TendonError):
+    code = "stale_owner"
+
+
+class RoutingError(TendonError):
+    code = "routing_error"
+
+
+class ObjectRefError(TendonError):
+    code = "object_ref_error"
+
+
+class TransientError(TendonError):
+    code = "transient"
+    retryable = True
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Classify any exception: only errors that say so (or known transient I/O faults) are retried."""
+    if isinstance(exc, TendonError):
+        return exc.retryable
+    return isinstance(exc, (ConnectionError, TimeoutError, OSError))

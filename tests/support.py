@@ -1,0 +1,149 @@
+"""Test support: per-test isolated settings and real OS processes with bounded waits."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import asyncpg
+
+from infra.settings import Settings
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class TendonEnv:
+    """One test's private world: its own schemas, queue prefix and S3 scope."""
+
+    database_url: str
+    amqp_url: str
+    extra: dict[str, str] = field(default_factory=dict)
+    suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
+    routes: set[str] = field(default_factory=lambda: {"email"})
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "TENDON_DATABASE_URL": self.database_url,
+            "TENDON_BRAIN_SCHEMA": f"tb_{self.suffix}",
+            "TENDON_HANDS_SCHEMA": f"th_{self.suffix}",
+            "TENDON_AMQP_URL": self.amqp_url,
+            "TENDON_QUEUE_PREFIX": f"t-{self.suffix}",
+            "TENDON_LOG_FORMAT": "json",
+            "TENDON_SCAN_INTERVAL": "0.2",
+            "TENDON_GAP_TIMEOUT": "0.5",
+            "TENDON_LEASE_SECONDS": "10",
+            **self.extra,
+        }
+
+    def settings(self, **overrides: Any) -> Settings:
+        values = {k.removeprefix("TENDON_").lower(): v for k, v in self.env.items() if k.startswith("TENDON_")}
+        values.update(overrides)
+        return Settings(**values)
+
+    def queue_names(self) -> list[str]:
+        prefix = f"t-{self.suffix}"
+        names = [f"{prefix}.updates", f"{prefix}.bindings"]
+        for route in self.routes:
+            names += [f"{prefix}.{route}.commands", f"{prefix}.{route}.controls"]
+        return names + [f"{n}.dlq" for n in names]
+
+    async def cleanup(self) -> None:
+        conn = await asyncpg.connect(self.database_url)
+        try:
+            for schema in (f"tb_{self.suffix}", f"th_{self.suffix}"):
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+        connection = await aio_pika.connect(self.amqp_url)
+        async with connection:
+            for name in self.queue_names():
+                channel = await connection.channel()
+                # Quorum queues refuse if-unused deletes (see PITFALLS.md).
+                await channel.queue_delete(name, if_unused=False, if_empty=False)
+                await channel.close()
+            channel = await connection.channel()
+            await channel.exchange_delete(f"t-{self.suffix}.dlx")
+
+
+async def wait_for(
+    predicate: Callable[[], Awaitable[Any]], *, timeout: float = 30.0, interval: float = 0.1,
+    what: str = "condition",
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+class Processes:
+    """Child processes of one test; every one is ended by its PID at teardown."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.children: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        log = open(self.log_dir / f"{name}-{len(self.children)}.log", "wb")  # noqa: SIM115
+        full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(
+            [sys.executable, *args], cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT
+        )
+        proc.log_path = log.name  # type: ignore[attr-defined]
+        log.close()
+        self.children.append(proc)
+        return proc
+
+    async def start_ready(
+        self, name: str, args: list[str], env: dict[str, str], *, timeout: float = 30.0
+    ) -> subprocess.Popen[bytes]:
+        """Start a Tendon server and wait until it wrote its ready file."""
+        ready = self.log_dir / f"{name}-{len(self.children)}.ready"
+        proc = self.start(name, args, {**env, "TENDON_READY_FILE": str(ready)})
+
+        async def is_ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"{name} exited with {proc.returncode}:\n{self.output(proc)}")
+            return ready.exists()
+
+        await wait_for(is_ready, timeout=timeout, what=f"{name} to be ready")
+        return proc
+
+    @staticmethod
+    def output(proc: subprocess.Popen[bytes]) -> str:
+        return Path(proc.log_path).read_text(errors="replace")[-5000:]  # type: ignore[attr-defined]
+
+    async def wait_exit(self, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
+        async def exited() -> bool:
+            return proc.poll() is not None
+
+        await wait_for(exited, timeout=timeout, what=f"pid {proc.pid} to exit")
+        return proc.returncode
+
+    def stop_all(self) -> None:
+        for proc in self.children:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.children:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

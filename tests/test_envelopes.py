@@ -1,0 +1,585 @@
+"""Envelopes: every kind round-trips, bad messages are SchemaErrors that say why, digests pin."""
+
+from __future__ import annotations
+
+import json
+import typing
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+import protocol
+from protocol import (
+    PROTOCOL_VERSION,
+    TERMINAL_EVENT_KINDS,
+    AcceptedBody,
+    AcceptedEvent,
+    BindingsAnnouncement,
+    BindingsBody,
+    CancelBody,
+    CancelControl,
+    CancelledBody,
+    CancelledEvent,
+    DecodeError,
+    ExecuteBody,
+    ExecuteCommand,
+    FailedBody,
+    FailedEvent,
+    ObjectRef,
+    OutputPageBody,
+    OutputPageEvent,
+    ProtocolError,
+    ReplayBody,
+    ReplayControl,
+    ReplayPolicy,
+    SchemaError,
+    StartedBody,
+    StartedEvent,
+    SucceededBody,
+    SucceededEvent,
+    ToolBinding,
+    UnknownBody,
+    UnknownEvent,
+    decode,
+    encode,
+    request_digest,
+    with_body,
+)
+
+EXECUTION_ID = "exec-0001"
+HEADER: dict[str, Any] = {
+    "execution_id": EXECUTION_ID,
+    "namespace": "acme",
+    "session_id": "sess-1",
+    "request_digest": "0" * 64,
+}
+
+
+def execute_body(**overrides: Any) -> ExecuteBody:
+    fields: dict[str, Any] = {
+        "turn_id": "turn-1",
+        "call_id": "call-1",
+        "route": "payments",
+        "tool": "charge_card",
+        "binding_digest": "b" * 64,
+        "replay_policy": ReplayPolicy.UNSAFE,
+        "args": {"amount": 1250, "currency": "EUR", "memo": "héllo", "rate": 0.1},
+    }
+    fields.update(overrides)
+    return ExecuteBody(**fields)
+
+
+def binding(**overrides: Any) -> ToolBinding:
+    fields: dict[str, Any] = {
+        "name": "charge_card",
+        "version": "1.0.0",
+        "route": "payments",
+        "description": "Charge a card once.",
+        "input_schema": {"type": "object", "properties": {"amount": {"type": "integer"}}},
+        "replay_policy": ReplayPolicy.UNSAFE,
+        "has_query": True,
+    }
+    fields.update(overrides)
+    return ToolBinding.build(**fields)
+
+
+# One envelope class and one valid body per kind.
+SAMPLES: dict[str, tuple[type[BaseModel], BaseModel, dict[str, Any]]] = {
+    "execute": (ExecuteCommand, execute_body(), {}),
+    "cancel": (CancelControl, CancelBody(reason="user pressed stop"), {}),
+    "replay": (ReplayControl, ReplayBody(from_seq=3), {}),
+    "accepted": (AcceptedEvent, AcceptedBody(worker="hands-7"), {"seq": 1}),
+    "started": (
+        StartedEvent,
+        StartedBody(attempt=2, worker="hands-7", reason="rerun_after_crash"),
+        {"seq": 2},
+    ),
+    "output_page": (
+        OutputPageEvent,
+        OutputPageBody(offset=4096, data="partial ✓ output"),
+        {"seq": 3},
+    ),
+    "succeeded": (
+        SucceededEvent,
+        SucceededBody(result={"charge": "ch_1", "n": [1, 2.5]}, output_bytes=4112),
+        {"seq": 4},
+    ),
+    "failed": (
+        FailedEvent,
+        FailedBody(error={"code": "declined", "message": "card declined"}, how="rejected"),
+        {"seq": 4},
+    ),
+    "cancelled": (CancelledEvent, CancelledBody(reason="cancel requested"), {"seq": 4}),
+    "unknown": (
+        UnknownEvent,
+        UnknownBody(reason="crashed mid-body; unsafe and no query"),
+        {"seq": 4},
+    ),
+    "bindings": (
+        BindingsAnnouncement,
+        BindingsBody(route="payments", worker="hands-7", bindings=[binding()]),
+        {},
+    ),
+}
+KINDS = sorted(SAMPLES)
+
+REF = ObjectRef(
+    uri="s3://tendon-payloads/acme/sess-1/ab", sha256="a" * 64, size=2_000_000, scope="acme/sess-1"
+)
+
+
+def make(
+    kind: str, *, body: Any = None, body_ref: ObjectRef | None = None, use_sample_body: bool = True
+) -> BaseModel:
+    cls, sample_body, extra = SAMPLES[kind]
+    fields: dict[str, Any] = dict(extra)
+    if cls is not BindingsAnnouncement:
+        fields.update(HEADER)
+    if body_ref is not None:
+        fields["body_ref"] = body_ref
+    elif body is not None:
+        fields["body"] = body
+    elif use_sample_body:
+        fields["body"] = sample_body
+    return cls(**fields)
+
+
+def wire(kind: str, **kwargs: Any) -> dict[str, Any]:
+    """A valid envelope of ``kind`` as the JSON object it is on the wire."""
+    return json.loads(encode(make(kind, **kwargs)))
+
+
+def schema_error(data: Any) -> str:
+    raw = data if isinstance(data, (bytes, str)) else json.dumps(data)
+    with pytest.raises(SchemaError) as info:
+        decode(raw)
+    return str(info.value)
+
+
+# ---- coverage ----------------------------------------------------------------------------
+
+
+def test_the_samples_cover_every_kind_in_the_envelope_union():
+    union = typing.get_args(protocol.Envelope)[0]
+    kinds = {model.model_fields["kind"].default for model in typing.get_args(union)}
+    assert kinds == set(SAMPLES)
+    assert TERMINAL_EVENT_KINDS <= kinds
+
+
+# ---- round trips -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_round_trips_through_encode_and_decode(kind):
+    envelope = make(kind)
+    raw = encode(envelope)
+    decoded = decode(raw)
+    assert type(decoded) is type(envelope)
+    assert decoded == envelope
+    assert decoded.kind == kind
+    assert decoded.v == PROTOCOL_VERSION
+    assert encode(decoded) == raw  # canonical: decoding and re-encoding changes no byte
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_round_trips_with_a_body_ref_instead_of_a_body(kind):
+    envelope = make(kind, body_ref=REF)
+    decoded = decode(encode(envelope))
+    assert decoded == envelope
+    assert decoded.body is None
+    assert decoded.body_ref == REF
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_wire_form_is_canonical_json_with_the_full_header(kind):
+    raw = encode(make(kind))
+    assert raw == protocol.dumps(json.loads(raw))
+    data = json.loads(raw)
+    assert data["v"] == PROTOCOL_VERSION and data["kind"] == kind
+    assert len(data["message_id"]) == 32
+    if kind != "bindings":
+        assert data["execution_id"] == EXECUTION_ID
+        assert data["request_digest"] == HEADER["request_digest"]
+
+
+def test_each_envelope_gets_its_own_message_id_and_keeps_it_through_the_wire():
+    one, two = make("accepted"), make("accepted")
+    assert one.message_id != two.message_id
+    assert decode(encode(one)).message_id == one.message_id
+
+
+def test_the_scope_of_an_execution_envelope_is_namespace_slash_session():
+    assert make("execute").scope == "acme/sess-1"
+
+
+def test_body_bytes_are_the_canonical_json_of_the_body():
+    envelope = make("execute")
+    assert protocol.body_bytes(envelope) == protocol.dumps(envelope.body.model_dump(mode="json"))
+    assert protocol.loads(protocol.body_bytes(envelope)) == json.loads(encode(envelope))["body"]
+
+
+def test_envelopes_are_immutable():
+    envelope = make("execute")
+    with pytest.raises(ValidationError):
+        envelope.execution_id = "other"
+
+
+# ---- exactly one of body / body_ref ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_envelope_with_neither_body_nor_body_ref_is_refused(kind):
+    with pytest.raises(ValidationError, match="exactly one of body or body_ref"):
+        make(kind, use_sample_body=False)
+    data = wire(kind)
+    data["body"] = None
+    assert "exactly one of body or body_ref" in schema_error(data)
+    del data["body"]
+    assert "exactly one of body or body_ref" in schema_error(data)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_envelope_with_both_body_and_body_ref_is_refused(kind):
+    data = wire(kind)
+    data["body_ref"] = REF.model_dump(mode="json")
+    assert "exactly one of body or body_ref" in schema_error(data)
+
+
+# ---- malformed envelopes -----------------------------------------------------------------
+
+
+def test_an_unknown_kind_is_a_schema_error_that_names_it_and_the_known_kinds():
+    data = wire("execute")
+    data["kind"] = "explode"
+    message = schema_error(data)
+    assert "'explode'" in message
+    assert "kind" in message
+    assert "'execute'" in message and "'bindings'" in message
+
+
+def test_a_missing_kind_is_a_schema_error_that_mentions_kind():
+    data = wire("execute")
+    del data["kind"]
+    assert "'kind'" in schema_error(data)
+
+
+@pytest.mark.parametrize("version", [0, 2, 99, "1", None])
+def test_a_wrong_protocol_version_is_a_schema_error(version):
+    data = wire("accepted")
+    data["v"] = version
+    message = schema_error(data)
+    assert "accepted.v" in message
+    assert "Input should be 1" in message
+
+
+@pytest.mark.parametrize(
+    ("kind", "field"),
+    [
+        ("execute", "execution_id"),
+        ("execute", "namespace"),
+        ("execute", "session_id"),
+        ("execute", "request_digest"),
+        ("accepted", "seq"),
+        ("succeeded", "seq"),
+        ("replay", "request_digest"),
+    ],
+)
+def test_a_missing_header_field_is_a_schema_error_that_names_the_field(kind, field):
+    data = wire(kind)
+    del data[field]
+    message = schema_error(data)
+    assert f"{kind}.{field}" in message
+    assert "Field required" in message
+
+
+@pytest.mark.parametrize(
+    ("kind", "field"),
+    [
+        ("execute", "args"),
+        ("execute", "binding_digest"),
+        ("accepted", "worker"),
+        ("replay", "from_seq"),
+        ("unknown", "reason"),
+        ("bindings", "route"),
+    ],
+)
+def test_a_missing_body_field_is_a_schema_error_that_names_the_field(kind, field):
+    data = wire(kind)
+    del data["body"][field]
+    message = schema_error(data)
+    assert f"{kind}.body.{field}" in message
+    assert "Field required" in message
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_extra_header_field_is_a_schema_error(kind):
+    data = wire(kind)
+    data["priority"] = "high"
+    message = schema_error(data)
+    assert f"{kind}.priority" in message
+    assert "Extra inputs are not permitted" in message
+
+
+def test_an_extra_body_field_is_a_schema_error():
+    data = wire("execute")
+    data["body"]["sudo"] = True
+    message = schema_error(data)
+    assert "execute.body.sudo" in message
+    assert "Extra inputs are not permitted" in message
+
+
+def test_an_extra_field_in_a_body_ref_is_a_schema_error():
+    data = wire("execute", body_ref=REF)
+    data["body_ref"]["region"] = "eu"
+    assert "body_ref.region" in schema_error(data)
+
+
+@pytest.mark.parametrize(
+    ("kind", "field", "value", "words"),
+    [
+        ("accepted", "seq", 0, "greater than or equal to 1"),
+        ("execute", "request_digest", "abc", "at least 64"),
+        ("execute", "execution_id", "", "at least 1"),
+        ("execute", "execution_id", 42, "valid string"),
+    ],
+)
+def test_a_header_field_with_a_bad_value_is_a_schema_error_that_says_why(kind, field, value, words):
+    data = wire(kind)
+    data[field] = value
+    message = schema_error(data)
+    assert f"{kind}.{field}" in message
+    assert words in message
+
+
+def test_an_unknown_replay_policy_is_a_schema_error():
+    data = wire("execute")
+    data["body"]["replay_policy"] = "maybe"
+    message = schema_error(data)
+    assert "execute.body.replay_policy" in message
+    assert "'safe'" in message and "'unsafe'" in message
+
+
+def test_a_body_ref_outside_object_storage_is_a_schema_error():
+    data = wire("execute", body_ref=REF)
+    data["body_ref"]["uri"] = "http://example.com/payload"
+    assert "body_ref.uri" in schema_error(data)
+
+
+@pytest.mark.parametrize("raw", ["[]", "1", "null", '"execute"'])
+def test_json_that_is_not_an_object_is_a_schema_error(raw):
+    message = schema_error(raw)
+    assert "<root>" in message
+    assert "dictionary" in message or "object" in message
+
+
+def test_schema_errors_start_by_saying_the_envelope_does_not_match_the_protocol():
+    data = wire("execute")
+    del data["namespace"]
+    with pytest.raises(SchemaError) as info:
+        decode(json.dumps(data))
+    err = info.value
+    assert err.message.startswith("envelope does not match the protocol:")
+    assert isinstance(err, ProtocolError) and not err.retryable
+    assert err.as_dict()["code"] == "schema_error"
+
+
+def test_decode_goes_through_the_strict_codec():
+    raw = encode(make("execute")).decode()
+    with pytest.raises(DecodeError, match="duplicate"):
+        decode(raw[:-1] + ',"kind":"execute"}')
+    with pytest.raises(DecodeError, match="more than one JSON value"):
+        decode(raw + raw)
+    with pytest.raises(DecodeError, match="precision"):
+        decode(raw.replace('"amount":1250', '"amount":9007199254740993'))
+
+
+# ---- with_body ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_with_body_replaces_a_body_ref_with_the_validated_body(kind):
+    by_ref = make(kind, body_ref=REF)
+    sample_body = SAMPLES[kind][1]
+    resolved = with_body(by_ref, sample_body.model_dump(mode="json"))
+    assert type(resolved) is type(by_ref)
+    assert resolved.body_ref is None
+    assert resolved.body == sample_body
+    assert type(resolved.body) is type(sample_body)
+    assert resolved.message_id == by_ref.message_id
+    assert resolved.model_dump(exclude={"body", "body_ref"}) == by_ref.model_dump(
+        exclude={"body", "body_ref"}
+    )
+    assert by_ref.body_ref == REF and by_ref.body is None  # the original is untouched
+
+
+def test_with_body_accepts_a_body_model_instance():
+    resolved = with_body(make("execute", body_ref=REF), execute_body())
+    assert resolved.body == execute_body()
+
+
+def test_with_body_refuses_a_body_missing_a_field():
+    body = execute_body().model_dump(mode="json")
+    del body["args"]
+    with pytest.raises(SchemaError) as info:
+        with_body(make("execute", body_ref=REF), body)
+    message = str(info.value)
+    assert message.startswith("execute body does not match the protocol")
+    assert "body.args" in message and "Field required" in message
+
+
+def test_with_body_refuses_a_body_with_an_extra_field():
+    body = {**AcceptedBody(worker="w").model_dump(mode="json"), "sneaky": 1}
+    with pytest.raises(SchemaError, match="Extra inputs are not permitted"):
+        with_body(make("accepted", body_ref=REF), body)
+
+
+def test_with_body_refuses_the_body_of_another_kind():
+    with pytest.raises(SchemaError, match="execute body does not match"):
+        with_body(make("execute", body_ref=REF), CancelBody(reason="x"))
+    with pytest.raises(SchemaError, match="accepted body does not match"):
+        with_body(make("accepted", body_ref=REF), {"reason": "not an accepted body"})
+
+
+def test_with_body_refuses_no_body_at_all():
+    with pytest.raises(SchemaError, match="exactly one of body or body_ref"):
+        with_body(make("execute", body_ref=REF), None)
+
+
+# ---- request digest ----------------------------------------------------------------------
+
+
+def test_request_digest_is_stable_for_the_same_command():
+    assert request_digest(EXECUTION_ID, execute_body()) == request_digest(
+        EXECUTION_ID, execute_body()
+    )
+    reordered = execute_body(args={"rate": 0.1, "memo": "héllo", "currency": "EUR", "amount": 1250})
+    assert request_digest(EXECUTION_ID, reordered) == request_digest(EXECUTION_ID, execute_body())
+    # A replay policy given as its string value is the same command.
+    assert request_digest(EXECUTION_ID, execute_body(replay_policy="unsafe")) == request_digest(
+        EXECUTION_ID, execute_body()
+    )
+
+
+def test_request_digest_is_the_digest_of_the_canonical_command_and_is_pinned():
+    expected = protocol.digest(
+        {"execution_id": EXECUTION_ID, **execute_body().model_dump(mode="json")}
+    )
+    assert request_digest(EXECUTION_ID, execute_body()) == expected
+    # Pinned: a change here makes Hands see every redelivered command as a conflict.
+    assert expected == "c7411ffc296e90faea87178735196493fbb3ea9b35606f8750dcd5f6dbfb5362"
+
+
+BODY_CHANGES: dict[str, Any] = {
+    "turn_id": "turn-2",
+    "call_id": "call-2",
+    "route": "refunds",
+    "tool": "refund_card",
+    "binding_digest": "c" * 64,
+    "replay_policy": ReplayPolicy.SAFE,
+    "args": {"amount": 1251, "currency": "EUR", "memo": "héllo", "rate": 0.1},
+}
+
+
+def test_the_digest_change_table_covers_every_command_field():
+    assert set(BODY_CHANGES) == set(ExecuteBody.model_fields)
+
+
+@pytest.mark.parametrize("field", sorted(BODY_CHANGES))
+def test_request_digest_changes_when_any_command_field_changes(field):
+    changed = execute_body(**{field: BODY_CHANGES[field]})
+    assert request_digest(EXECUTION_ID, changed) != request_digest(EXECUTION_ID, execute_body())
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"amount": 1250, "currency": "EUR", "memo": "héllo"},
+        {"amount": 1250, "currency": "EUR", "memo": "héllo", "rate": 0.1, "extra": None},
+        {"amount": 1250.5, "currency": "EUR", "memo": "héllo", "rate": 0.1},
+        {"amount": "1250", "currency": "EUR", "memo": "héllo", "rate": 0.1},
+        {"amount": 1250, "currency": "EUR", "memo": "hello", "rate": 0.1},
+    ],
+)
+def test_request_digest_changes_with_any_change_inside_args(args):
+    assert request_digest(EXECUTION_ID, execute_body(args=args)) != request_digest(
+        EXECUTION_ID, execute_body()
+    )
+
+
+def test_request_digest_changes_with_the_execution_id():
+    assert request_digest("exec-0002", execute_body()) != request_digest(
+        EXECUTION_ID, execute_body()
+    )
+
+
+def test_request_digest_survives_the_wire():
+    body = execute_body()
+    envelope = ExecuteCommand(
+        **{**HEADER, "request_digest": request_digest(EXECUTION_ID, body)}, body=body
+    )
+    decoded = decode(encode(envelope))
+    assert request_digest(decoded.execution_id, decoded.body) == decoded.request_digest
+
+
+# ---- tool binding digest -----------------------------------------------------------------
+
+
+def test_a_binding_digest_is_stable_and_pins_its_fields():
+    one, two = binding(), binding()
+    assert one.digest == two.digest
+    fields = one.model_dump(exclude={"digest"})
+    assert one.digest == ToolBinding.compute_digest(**fields)
+
+
+def test_a_binding_digest_changes_with_the_replay_policy():
+    assert (
+        binding(replay_policy=ReplayPolicy.SAFE).digest
+        != binding(replay_policy=ReplayPolicy.UNSAFE).digest
+    )
+    assert binding(replay_policy="safe").digest == binding(replay_policy=ReplayPolicy.SAFE).digest
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("name", "charge_card_v2"),
+        ("version", "1.0.1"),
+        ("route", "refunds"),
+        ("description", "Charge a card."),
+        ("input_schema", {"type": "object"}),
+        ("has_query", False),
+    ],
+)
+def test_a_binding_digest_changes_with_every_other_field(field, value):
+    assert binding(**{field: value}).digest != binding().digest
+
+
+def test_a_binding_survives_the_bindings_announcement_round_trip():
+    envelope = make("bindings")
+    decoded = decode(encode(envelope))
+    assert decoded.body.bindings == [binding()]
+    assert decoded.body.bindings[0].digest == binding().digest
+
+
+# ---- hardening: inputs that once slipped through ------------------------------------------
+
+
+def test_a_binding_can_be_built_relying_on_the_model_defaults():
+    built = ToolBinding.build(
+        name="t", version="1", route="r", input_schema={}, replay_policy=ReplayPolicy.SAFE
+    )
+    assert built.description == "" and built.has_query is False
+
+
+def test_an_envelope_without_a_protocol_version_is_a_schema_error():
+    data = wire("accepted")
+    del data["v"]
+    assert "v" in schema_error(data)
+
+
+@pytest.mark.parametrize(("field", "value"), [("v", True), ("v", 1.0), ("seq", "5"), ("seq", 5.0)])
+def test_a_header_value_of_the_wrong_json_type_is_a_schema_error(field, value):
+    data = wire("accepted")
+    data[field] = value
+    assert field in schema_error(data)
