@@ -57,7 +57,7 @@ async def transact(pool: asyncpg.Pool, work: Callable[[asyncpg.Connection], Awai
     async for attempt in AsyncRetrying(
         retry=retry_if_exception(lambda e: isinstance(e, _TRANSIENT)),
         stop=stop_after_attempt(5),
-        wait=wait_exponential_jitter(initial=0.05, max=1.0),
+        wait=wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05),
         reraise=True,
     ):
         with attempt:

@@ -39,7 +39,10 @@ class PayloadCodec:
 
     async def unpack(self, raw: bytes) -> Any:
         """Decode one envelope and resolve its body reference, verified. Raises TendonError."""
-        envelope = decode(raw)
+        return await self.resolve(decode(raw))
+
+    async def resolve(self, envelope: Any) -> Any:
+        """Replace a decoded envelope's ``body_ref`` by its fetched, verified body."""
         if envelope.body_ref is None:
             return envelope
         if self.store is None:

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=30.0, gt=0)
     scan_interval: float = Field(default=0.5, gt=0)
     gap_timeout: float = Field(default=1.0, gt=0)
+    binding_wait_seconds: float = Field(
+        default=60.0, gt=0, description="how long a new turn waits for its tools to be announced"
+    )
 
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: str = "INFO"

@@ -9,6 +9,7 @@
     ├── IllegalTransitionError       a state machine was asked to make a move its table forbids
     ├── StaleOwnerError              a commit from an owner whose lease epoch is no longer current (fencing)
     ├── RoutingError                 an unknown route, tool or binding digest
+    ├── LimitReachedError            an agent hit one of its configured limits
     ├── ObjectRefError               a payload reference that fails verification (sha256, size, scope, missing)
     └── TransientError               a service is briefly unavailable; retryable
 """
@@ -61,6 +62,10 @@ class StaleOwnerError(TendonError):
 
 class RoutingError(TendonError):
     code = "routing_error"
+
+
+class LimitReachedError(TendonError):
+    code = "limit_reached"
 
 
 class ObjectRefError(TendonError):

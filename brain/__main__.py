@@ -1,0 +1,5 @@
+import sys
+
+from brain.cli import main
+
+sys.exit(main())

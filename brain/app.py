@@ -1,0 +1,103 @@
+"""The Brain process: composition of its parts, started and stopped in order."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import asyncpg
+
+from brain.loop import LoopContext, TurnDriver, drive_forever
+from brain.relay import OutboxRelay
+from brain.scanner import RepairScanner
+from brain.store.migrations import MIGRATIONS
+from brain.updates import BindingsConsumer, UpdateConsumer
+from infra.broker import Broker, Topology
+from infra.db import create_pool, migrate
+from infra.killpoints import KillPoints
+from infra.liveness import WorkerRegistration, owner_alive_sql
+from infra.logging import get_logger
+from infra.objectstore import S3ObjectStore
+from infra.payloads import PayloadCodec
+from infra.settings import Settings
+
+log = get_logger(__name__)
+
+
+def wake_channel(settings: Settings) -> str:
+    return f"{settings.brain_schema}_wake"
+
+
+async def open_store(settings: Settings) -> asyncpg.Pool:
+    """A migrated pool on the Brain's schema (used by `serve` and the CLI verbs)."""
+    pool = await create_pool(settings.database_url, settings.brain_schema,
+                             max_size=settings.concurrency + 6)
+    try:
+        await migrate(pool, settings.brain_schema, MIGRATIONS)
+    except BaseException:
+        await pool.close()
+        raise
+    return pool
+
+
+async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event) -> None:
+    """Run a Brain until ``stop`` is set; then stop consuming, let drivers finish, close."""
+    topology = Topology(settings.queue_prefix)
+    async with AsyncExitStack() as stack:
+        pool = await open_store(settings)
+        stack.push_async_callback(pool.close)
+        registration = await stack.enter_async_context(
+            WorkerRegistration(settings.database_url, settings.brain_schema, "brain")
+        )
+        store = None
+        if settings.s3_endpoint_url:
+            store = await stack.enter_async_context(
+                S3ObjectStore(bucket=settings.s3_bucket, endpoint_url=settings.s3_endpoint_url,
+                              region=settings.s3_region)
+            )
+        codec = PayloadCodec(store, settings.offload_threshold)
+        broker = await stack.enter_async_context(
+            Broker(settings.amqp_url, topology, delivery_limit=settings.delivery_limit)
+        )
+        channel = wake_channel(settings)
+        wake = asyncio.Event()
+        listener = await asyncpg.connect(settings.database_url)
+        stack.push_async_callback(listener.close)
+        await listener.add_listener(channel, lambda *_: wake.set())
+
+        relay = OutboxRelay(pool, broker, interval=settings.scan_interval)
+        ctx = LoopContext(
+            pool=pool, codec=codec, topology=topology, killpoints=killpoints,
+            wake_channel=channel, lease_seconds=settings.lease_seconds,
+            binding_wait_seconds=settings.binding_wait_seconds, outbox_ready=relay.notify,
+        )
+        alive = owner_alive_sql(settings.brain_schema)
+        scanner = RepairScanner(pool, topology, wake_channel=channel,
+                                gap_timeout=settings.gap_timeout, interval=settings.scan_interval,
+                                outbox_ready=relay.notify)
+        tasks = [asyncio.create_task(relay.run(), name="outbox-relay"),
+                 asyncio.create_task(scanner.run(), name="repair-scan")]
+        for i in range(settings.concurrency):
+            driver = TurnDriver(ctx, registration.worker_id, alive)
+            tasks.append(asyncio.create_task(
+                drive_forever(driver, wake, settings.scan_interval), name=f"driver-{i}"))
+
+        updates = UpdateConsumer(pool, broker, codec, killpoints, channel)
+        await broker.consume(updates.queue, updates.handle, prefetch=settings.concurrency * 8)
+        bindings = BindingsConsumer(pool, broker)
+        await broker.consume(bindings.queue, bindings.handle, prefetch=8)
+
+        log.info("brain_ready", worker=registration.worker_id, schema=settings.brain_schema)
+        if settings.ready_file:
+            Path(settings.ready_file).write_text(registration.worker_id)
+        await stop.wait()
+        log.info("brain_stopping")
+        # Nothing waits in memory, so cancelling mid-phase only loses uncommitted work,
+        # which the next run redoes from the last committed phase.
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,188 @@
+"""`brain`: serve the Brain, submit turns, wait for them and show what happened."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+
+from brain.agents import AgentDefinition
+from brain.app import open_store, serve, wake_channel
+from brain.states import TERMINAL_TURN, TurnStatus
+from brain.store import events, turns
+from infra.db import transact
+from infra.killpoints import KillPoints
+from infra.logging import configure_logging
+from infra.settings import Settings
+from protocol import TendonError
+
+EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="brain",
+        description="Tendon Brain: runs agent turns durably on PostgreSQL and sends tool calls "
+        "to Hands pools over RabbitMQ. Settings come from TENDON_* environment variables.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run a Brain process until SIGTERM/SIGINT")
+    s.add_argument("--concurrency", type=int, help="turns driven at once (TENDON_CONCURRENCY)")
+
+    s = sub.add_parser("submit", help="submit a turn; prints its turn id once it is durable")
+    s.add_argument("--session", required=True, help="session id (created on first use)")
+    s.add_argument("--request-id", required=True,
+                   help="idempotency key: the same id and input return the same turn")
+    s.add_argument("--agent", required=True, help="path to the agent definition (JSON)")
+    s.add_argument("input", help="the user's input for this turn")
+
+    s = sub.add_parser("wait", help="wait until a turn completes or fails (never cancels it)")
+    s.add_argument("turn_id")
+    s.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (default 300)")
+    s.add_argument("--json", action="store_true", help="print the final state as JSON")
+
+    s = sub.add_parser("show", help="show a turn: status, history, executions")
+    s.add_argument("turn_id")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+async def _with_store(settings: Settings, work: Callable[[asyncpg.Pool], Awaitable[int]]) -> int:
+    pool = await open_store(settings)
+    try:
+        return await work(pool)
+    finally:
+        await pool.close()
+
+
+async def _submit(settings: Settings, args: argparse.Namespace) -> int:
+    agent = AgentDefinition.from_file(args.agent)
+
+    async def work(pool: asyncpg.Pool) -> int:
+        async def commit(conn: asyncpg.Connection) -> tuple[str, bool]:
+            result = await turns.submit(
+                conn, namespace=settings.namespace, session_id=args.session,
+                request_id=args.request_id, user_input=args.input, agent=agent,
+            )
+            await events.wake(conn, wake_channel(settings))
+            return result
+
+        turn_id, _created = await transact(pool, commit)
+        print(turn_id)
+        return 0
+
+    return await _with_store(settings, work)
+
+
+async def describe(pool: asyncpg.Pool, turn_id: str) -> dict[str, Any]:
+    """Everything `show` prints, as plain data."""
+    async with pool.acquire() as conn:
+        t = await turns.load(conn, turn_id)
+        hist = await conn.fetch(
+            "SELECT position, role, content FROM history WHERE turn_id = $1 ORDER BY position", turn_id
+        )
+        exes = await conn.fetch(
+            "SELECT * FROM executions WHERE turn_id = $1 ORDER BY tool_step, call_id", turn_id
+        )
+        runs = await conn.fetchval("SELECT count(*) FROM runs WHERE turn_id = $1", turn_id)
+    return {
+        "turn_id": t["id"], "session_id": t["session_id"], "request_id": t["request_id"],
+        "status": t["status"], "phase": t["phase"], "waiting_for": t["waiting_for"],
+        "runs": runs, "result": t["result"], "error": t["error"],
+        "history": [{"role": h["role"], **h["content"]} for h in hist],
+        "executions": [
+            {k: e[k] for k in ("id", "call_id", "tool", "route", "status", "attempts", "how",
+                               "evidence", "result", "error", "last_seq")}
+            for e in exes
+        ],
+    }
+
+
+def _print_human(d: dict[str, Any]) -> None:
+    print(f"turn {d['turn_id']}  session {d['session_id']}  request {d['request_id']}")
+    print(f"status: {d['status']} (phase {d['phase']}, {d['runs']} run(s))")
+    if d["waiting_for"]:
+        print(f"waiting for: {d['waiting_for']}")
+    if d["error"]:
+        print(f"error: {d['error'].get('code')}: {d['error'].get('message')}")
+    if d["executions"]:
+        print("executions:")
+        for e in d["executions"]:
+            how = f" ({e['how']})" if e["how"] else ""
+            print(f"  {e['call_id']:<8} {e['tool']:<16} {e['status']:<10}{how}  {e['id']}")
+            if e["evidence"]:
+                print(f"           evidence: {e['evidence']}")
+    if d["result"]:
+        print("result:")
+        print("  " + str(d["result"].get("text")).replace("\n", "\n  "))
+
+
+async def _show(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(pool: asyncpg.Pool) -> int:
+        d = await describe(pool, args.turn_id)
+        print(json.dumps(d, indent=2, default=str)) if args.json else _print_human(d)
+        return 0
+
+    return await _with_store(settings, work)
+
+
+async def _wait(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(pool: asyncpg.Pool) -> int:
+        deadline = time.monotonic() + args.timeout
+        while True:
+            d = await describe(pool, args.turn_id)
+            if TurnStatus(d["status"]) in TERMINAL_TURN:
+                print(json.dumps(d, indent=2, default=str)) if args.json else _print_human(d)
+                return 0 if d["status"] == TurnStatus.COMPLETED else EXIT_FAILED
+            if time.monotonic() > deadline:
+                # Observers never change work: the turn goes on.
+                print(f"turn {args.turn_id} is still {d['status']}"
+                      + (f", waiting for {d['waiting_for']}" if d["waiting_for"] else "")
+                      + f" after {args.timeout:g}s (it keeps going)", file=sys.stderr)
+                return EXIT_TIMEOUT
+            await asyncio.sleep(0.2)
+
+    return await _with_store(settings, work)
+
+
+async def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    if args.concurrency:
+        settings = settings.model_copy(update={"concurrency": args.concurrency})
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await serve(settings, KillPoints(settings.kill_at), stop)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        settings = Settings()
+    except ValueError as exc:
+        print(f"brain: bad TENDON_* setting: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    configure_logging(settings.log_format, settings.log_level)
+    command = {"serve": _serve, "submit": _submit, "wait": _wait, "show": _show}[args.command]
+    try:
+        return asyncio.run(command(settings, args))
+    except TendonError as exc:
+        print(f"brain: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    except (OSError, asyncpg.PostgresError) as exc:
+        print(f"brain: cannot reach a service: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,340 @@
+"""The agent loop as a persisted state machine.
+
+A driver claims one turn (a new run under a lease with a fresh epoch) and executes its
+current phase; every phase ends in one fenced commit that names the next phase, so a Brain
+that dies anywhere resumes at the last committed phase with a new run of the same turn.
+Model calls happen outside transactions; tool waits are rows, not coroutines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+from structlog.contextvars import bound_contextvars
+
+from brain.agents import AgentDefinition
+from brain.models import Message, make_model
+from brain.states import TurnPhase, TurnStatus
+from brain.store import events, executions, outbox, turns
+from brain.store.turns import Lease
+from infra.broker import Topology
+from infra.db import transact
+from infra.killpoints import KillPoints
+from infra.logging import get_logger
+from infra.payloads import PayloadCodec
+from protocol import (
+    ExecuteBody,
+    ExecuteCommand,
+    LimitReachedError,
+    RoutingError,
+    StaleOwnerError,
+    TendonError,
+    new_id,
+    request_digest,
+)
+
+log = get_logger(__name__)
+
+
+@dataclass
+class LoopContext:
+    """What the phase handlers share: the database, codec, topology and knobs."""
+
+    pool: asyncpg.Pool
+    codec: PayloadCodec
+    topology: Topology
+    killpoints: KillPoints
+    wake_channel: str
+    lease_seconds: float
+    binding_wait_seconds: float
+    outbox_ready: Callable[[], None]
+
+
+class TurnDriver:
+    """Drives claimed turns phase by phase until they wait, finish, or lose their lease."""
+
+    def __init__(self, ctx: LoopContext, owner: str, alive_sql: str) -> None:
+        self.ctx = ctx
+        self.owner = owner
+        self.alive_sql = alive_sql
+
+    async def run_one(self) -> bool:
+        """Claim and drive one turn; False when nothing was claimable."""
+        claimed = await transact(
+            self.ctx.pool,
+            lambda c: turns.claim(c, self.owner, self.ctx.lease_seconds, self.alive_sql),
+        )
+        if claimed is None:
+            return False
+        lease, row = claimed
+        with bound_contextvars(turn_id=lease.turn_id, run_id=lease.run_id):
+            log.info("run_started", phase=row["phase"], epoch=lease.epoch)
+            try:
+                await self._drive(lease)
+            except StaleOwnerError as exc:
+                log.warning("run_fenced_out", reason=str(exc))
+            except TendonError as exc:
+                await self._fail(lease, exc.as_dict())
+        return True
+
+    async def _drive(self, lease: Lease) -> None:
+        handlers = {
+            TurnPhase.PREPARE: self._prepare,
+            TurnPhase.MODEL_REQUEST: self._model_request,
+            TurnPhase.DISPATCH_TOOLS: self._dispatch_tools,
+            TurnPhase.WAIT_TOOLS: self._wait_tools,
+            TurnPhase.APPLY_RESULTS: self._apply_results,
+            TurnPhase.FINALIZE: self._finalize,
+        }
+        while True:
+            row = await self._load(lease.turn_id)
+            if row["lease_owner"] != lease.owner or row["lease_epoch"] != lease.epoch:
+                return
+            if row["status"] not in (TurnStatus.RUNNING,):
+                return
+            keep_going = await handlers[TurnPhase(row["phase"])](lease, row)
+            if not keep_going:
+                return
+
+    async def _load(self, turn_id: str) -> asyncpg.Record:
+        async with self.ctx.pool.acquire() as conn:
+            return await turns.load(conn, turn_id)
+
+    async def _agent_and_thread(self, row: asyncpg.Record) -> tuple[AgentDefinition, asyncpg.Record]:
+        async with self.ctx.pool.acquire() as conn:
+            thread = await conn.fetchrow("SELECT * FROM threads WHERE id = $1", row["thread_id"])
+            definition = await conn.fetchval(
+                "SELECT definition FROM agents WHERE name = $1 AND version = $2",
+                thread["agent_name"], thread["agent_version"],
+            )
+        return AgentDefinition.model_validate(definition), thread
+
+    # ---- phases: each returns whether this run keeps driving the turn ----------------
+
+    async def _prepare(self, lease: Lease, row: asyncpg.Record) -> bool:
+        agent, thread = await self._agent_and_thread(row)
+
+        async def commit(conn: asyncpg.Connection) -> bool:
+            frozen = thread["bindings"]
+            if frozen is None:
+                found = await _latest_bindings(conn, agent.tools)
+                missing = sorted(set(agent.tools) - set(found))
+                if missing:
+                    age = await conn.fetchval(
+                        "SELECT extract(epoch FROM now() - created_at) FROM turns WHERE id = $1",
+                        lease.turn_id,
+                    )
+                    if age > self.ctx.binding_wait_seconds:
+                        raise _no_binding(missing, self.ctx.binding_wait_seconds)
+                    await turns.advance(
+                        conn, lease, phase=TurnPhase.PREPARE, release=True,
+                        waiting_for=f"a Hands pool to announce {', '.join(missing)}",
+                        wake_at=await conn.fetchval("SELECT now() + interval '0.5 second'"),
+                    )
+                    return False
+                # Freeze the bindings into the thread: later turns use these digests.
+                await conn.execute(
+                    "UPDATE threads SET bindings = $2 WHERE id = $1 AND bindings IS NULL",
+                    thread["id"], found,
+                )
+            await turns.append_history(conn, row["thread_id"], lease.turn_id, "user", row["input"])
+            await turns.advance(
+                conn, lease, phase=TurnPhase.MODEL_REQUEST, waiting_for=None,
+                lease_seconds=self.ctx.lease_seconds,
+            )
+            await events.append(conn, row["session_id"], lease.turn_id, "turn.prepared", {})
+            return True
+
+        return await transact(self.ctx.pool, commit)
+
+    async def _model_request(self, lease: Lease, row: asyncpg.Record) -> bool:
+        agent, thread = await self._agent_and_thread(row)
+        if row["model_calls"] >= agent.limits.max_model_calls:
+            raise _limit(agent.limits.max_model_calls)
+        async with self.ctx.pool.acquire() as conn:
+            entries = await turns.history(conn, row["thread_id"])
+        history = [Message(role=e["role"], turn_id=e["turn_id"], content=e["content"]) for e in entries]
+        model = make_model(agent.model)
+        # Outside any transaction: a slow model never holds a row lock.
+        reply = await model.complete(
+            instructions=agent.instructions, history=history, turn_id=lease.turn_id,
+            tools=list((thread["bindings"] or {}).values()),
+        )
+        content: dict[str, Any] = {"text": reply.content}
+        if reply.tool_calls:
+            content["tool_calls"] = [c.model_dump() for c in reply.tool_calls]
+        next_phase = TurnPhase.DISPATCH_TOOLS if reply.tool_calls else TurnPhase.FINALIZE
+
+        async def commit(conn: asyncpg.Connection) -> bool:
+            await conn.execute(
+                "INSERT INTO model_calls (turn_id, run_id, reply, usage) VALUES ($1, $2, $3, $4)",
+                lease.turn_id, lease.run_id, reply.model_dump(mode="json"), reply.usage,
+            )
+            await turns.append_history(conn, row["thread_id"], lease.turn_id, "assistant", content)
+            await turns.advance(
+                conn, lease, phase=next_phase, model_calls=row["model_calls"] + 1,
+                lease_seconds=self.ctx.lease_seconds,
+            )
+            await events.append(
+                conn, row["session_id"], lease.turn_id, "turn.model_replied",
+                {"tool_calls": len(reply.tool_calls)},
+            )
+            return True
+
+        return await transact(self.ctx.pool, commit)
+
+    async def _dispatch_tools(self, lease: Lease, row: asyncpg.Record) -> bool:
+        _agent, thread = await self._agent_and_thread(row)
+        bindings: dict[str, Any] = thread["bindings"] or {}
+        async with self.ctx.pool.acquire() as conn:
+            last = (await turns.history(conn, row["thread_id"]))[-1]
+        step = row["tool_step"] + 1
+        intents = []
+        for call in last["content"]["tool_calls"]:
+            binding = bindings.get(call["tool"])
+            if binding is None:
+                raise _unbound(call["tool"], sorted(bindings))
+            execution_id = f"exe-{new_id()}"
+            body = ExecuteBody(
+                turn_id=lease.turn_id, call_id=call["call_id"], route=binding["route"],
+                tool=binding["name"], binding_digest=binding["digest"],
+                replay_policy=binding["replay_policy"], args=call["args"],
+            )
+            envelope = ExecuteCommand(
+                execution_id=execution_id, namespace=row["namespace"], session_id=row["session_id"],
+                request_digest=request_digest(execution_id, body), body=body,
+            )
+            # Upload of a big body happens before the commit: content-addressed, so a crash
+            # here leaves at most an unreferenced object, never a reference to nothing.
+            payload = await self.ctx.codec.pack(envelope)
+            intents.append((call, binding, envelope, payload))
+
+        async def commit(conn: asyncpg.Connection) -> None:
+            for call, binding, envelope, payload in intents:
+                await executions.insert_intent(
+                    conn, execution_id=envelope.execution_id, turn_id=lease.turn_id, tool_step=step,
+                    call_id=call["call_id"], binding=binding, args=call["args"],
+                    request_digest=envelope.request_digest,
+                )
+                await outbox.add(
+                    conn, self.ctx.topology.commands(binding["route"]), envelope.message_id, payload
+                )
+                await events.append(
+                    conn, row["session_id"], lease.turn_id, "execution.intended",
+                    {"execution_id": envelope.execution_id, "call_id": call["call_id"],
+                     "tool": binding["name"]},
+                )
+            await turns.advance(
+                conn, lease, phase=TurnPhase.WAIT_TOOLS, status=TurnStatus.WAITING, release=True,
+                tool_step=step, waiting_for=f"{len(intents)} tool execution(s)",
+                detail={"executions": [i[2].execution_id for i in intents]},
+            )
+
+        await transact(self.ctx.pool, commit)
+        for call, *_ in intents:
+            self.ctx.killpoints.hit("brain.after_intent_commit", call["call_id"])
+        self.ctx.outbox_ready()
+        return False
+
+    async def _wait_tools(self, lease: Lease, row: asyncpg.Record) -> bool:
+        async def commit(conn: asyncpg.Connection) -> bool:
+            # Lock the turn first, then read executions: an update committing concurrently
+            # either is visible here or finds the turn WAITING and wakes it.
+            await conn.fetchrow("SELECT 1 FROM turns WHERE id = $1 FOR UPDATE", lease.turn_id)
+            rows = await executions.for_step(conn, lease.turn_id, row["tool_step"])
+            if executions.all_terminal(rows):
+                await turns.advance(conn, lease, phase=TurnPhase.APPLY_RESULTS, waiting_for=None,
+                                    lease_seconds=self.ctx.lease_seconds)
+                return True
+            pending = [r for r in rows if r["status"] not in ("succeeded", "failed", "cancelled")]
+            unknown = [r for r in pending if r["status"] == "unknown"]
+            reason = (
+                f"reconcile of {len(unknown)} UNKNOWN execution(s): "
+                + ", ".join(f"{r['id']} ({r['tool']} {r['call_id']})" for r in unknown)
+                if unknown else f"{len(pending)} tool execution(s)"
+            )
+            await turns.advance(conn, lease, phase=TurnPhase.WAIT_TOOLS, status=TurnStatus.WAITING,
+                                release=True, waiting_for=reason)
+            return False
+
+        return await transact(self.ctx.pool, commit)
+
+    async def _apply_results(self, lease: Lease, row: asyncpg.Record) -> bool:
+        async def commit(conn: asyncpg.Connection) -> bool:
+            for r in await executions.for_step(conn, lease.turn_id, row["tool_step"]):
+                await turns.append_history(
+                    conn, row["thread_id"], lease.turn_id, "tool",
+                    {"call_id": r["call_id"], "tool": r["tool"], "execution_id": r["id"],
+                     "status": r["status"], "result": r["result"], "error": r["error"], "how": r["how"]},
+                )
+            await turns.advance(conn, lease, phase=TurnPhase.MODEL_REQUEST,
+                                lease_seconds=self.ctx.lease_seconds)
+            return True
+
+        return await transact(self.ctx.pool, commit)
+
+    async def _finalize(self, lease: Lease, row: asyncpg.Record) -> bool:
+        async def commit(conn: asyncpg.Connection) -> bool:
+            last = (await turns.history(conn, row["thread_id"]))[-1]
+            result = {"text": last["content"].get("text")}
+            await turns.advance(conn, lease, phase=TurnPhase.DONE, status=TurnStatus.COMPLETED,
+                                release=True, result=result)
+            await events.append(conn, row["session_id"], lease.turn_id, "turn.completed", result)
+            return False
+
+        return await transact(self.ctx.pool, commit)
+
+    async def _fail(self, lease: Lease, error: dict[str, str]) -> None:
+        log.error("turn_failed", **error)
+
+        async def commit(conn: asyncpg.Connection) -> None:
+            current = await turns.load(conn, lease.turn_id)
+            await turns.advance(conn, lease, status=TurnStatus.FAILED, release=True, error=error)
+            await events.append(conn, current["session_id"], lease.turn_id, "turn.failed",
+                                {"error": error})
+
+        try:
+            await transact(self.ctx.pool, commit)
+        except StaleOwnerError:
+            pass
+
+
+async def _latest_bindings(conn: asyncpg.Connection, tools: list[str]) -> dict[str, Any]:
+    rows = await conn.fetch(
+        "SELECT DISTINCT ON (name) name, binding FROM bindings WHERE name = ANY($1::text[])"
+        " ORDER BY name, announced_at DESC",
+        tools,
+    )
+    return {r["name"]: r["binding"] for r in rows}
+
+
+def _no_binding(missing: list[str], waited: float) -> TendonError:
+    return RoutingError(
+        f"no Hands pool announced tool(s) {', '.join(missing)} within {waited:g}s; "
+        "start `hands serve --route ROUTE --tools MODULE` for them"
+    )
+
+
+def _unbound(tool: str, bound: list[str]) -> TendonError:
+    return RoutingError(f"the model asked for tool {tool!r}, which this thread has no binding for "
+                        f"(bound: {', '.join(bound) or 'none'})")
+
+
+def _limit(n: int) -> TendonError:
+    return LimitReachedError(f"the agent reached its limit of {n} model calls in one turn")
+
+
+async def drive_forever(driver: TurnDriver, wake: asyncio.Event, interval: float) -> None:
+    """Claim and drive turns; sleep until a wake hint or the periodic scan when idle."""
+    while True:
+        if await driver.run_one():
+            continue
+        wake.clear()
+        try:
+            await asyncio.wait_for(wake.wait(), timeout=interval)
+        except TimeoutError:
+            pass

@@ -1,0 +1,127 @@
+"""Consumers of what Hands send: sequenced execution events and tool binding announcements.
+
+An update is acked only after its effect (or its place in the held-events buffer) is
+committed. What can never be applied is parked in the dead-letter queue with a reason;
+a payload that fails verification also fails its turn with a clear error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+from aio_pika.abc import AbstractIncomingMessage
+from structlog.contextvars import bound_contextvars
+
+from brain.store import executions
+from infra.broker import Broker
+from infra.db import transact
+from infra.killpoints import KillPoints
+from infra.logging import get_logger
+from infra.payloads import PayloadCodec
+from protocol import (
+    TERMINAL_EVENT_KINDS,
+    BindingsAnnouncement,
+    ObjectRefError,
+    ProtocolError,
+    TendonError,
+    ToolBinding,
+    decode,
+)
+
+log = get_logger(__name__)
+
+EVENT_KINDS = TERMINAL_EVENT_KINDS | {"accepted", "started", "output_page", "unknown"}
+
+
+class UpdateConsumer:
+    def __init__(
+        self, pool: asyncpg.Pool, broker: Broker, codec: PayloadCodec, killpoints: KillPoints,
+        wake_channel: str,
+    ) -> None:
+        self.pool = pool
+        self.broker = broker
+        self.codec = codec
+        self.killpoints = killpoints
+        self.wake_channel = wake_channel
+        self.queue = broker.topology.updates
+
+    async def handle(self, message: AbstractIncomingMessage) -> None:
+        try:
+            header = decode(message.body)
+        except ProtocolError as exc:
+            await self.broker.dead_letter(self.queue, message, str(exc))
+            return
+        if header.kind not in EVENT_KINDS:
+            await self.broker.dead_letter(self.queue, message, f"{header.kind} is not an execution event")
+            return
+        with bound_contextvars(execution_id=header.execution_id, seq=header.seq, kind=header.kind):
+            self.killpoints.hit("brain.after_update_received", header.kind)
+            try:
+                event = await self.codec.resolve(header)
+            except ObjectRefError as exc:
+                error = {"code": exc.code, "message": f"update {header.kind} #{header.seq} of "
+                         f"execution {header.execution_id} refused: {exc.message}"}
+                await transact(self.pool, lambda c: self._fail_turn_of(c, header.execution_id, error))
+                await self.broker.dead_letter(self.queue, message, error["message"])
+                return
+            except TendonError as exc:
+                if exc.retryable:
+                    await message.nack(requeue=True)
+                else:
+                    await self.broker.dead_letter(self.queue, message, str(exc))
+                return
+            try:
+                arrival = await transact(
+                    self.pool, lambda c: executions.receive(c, event, self.wake_channel)
+                )
+            except TendonError as exc:
+                await self.broker.dead_letter(self.queue, message, str(exc))
+                return
+            log.debug("update_received", arrival=str(arrival))
+            await message.ack()
+
+    async def _fail_turn_of(self, conn: asyncpg.Connection, execution_id: str, error: dict[str, str]) -> None:
+        turn_id = await conn.fetchval("SELECT turn_id FROM executions WHERE id = $1", execution_id)
+        if turn_id is not None:
+            await executions.fail_turn(conn, turn_id, error, self.wake_channel)
+
+
+class BindingsConsumer:
+    """Stores what Hands pools announce; the Brain never imports tool code."""
+
+    def __init__(self, pool: asyncpg.Pool, broker: Broker) -> None:
+        self.pool = pool
+        self.broker = broker
+        self.queue = broker.topology.bindings
+
+    async def handle(self, message: AbstractIncomingMessage) -> None:
+        try:
+            announcement = decode(message.body)
+            if not isinstance(announcement, BindingsAnnouncement) or announcement.body is None:
+                raise ProtocolError("expected an inline bindings announcement")
+            for b in announcement.body.bindings:
+                _check_digest(b)
+        except ProtocolError as exc:
+            await self.broker.dead_letter(self.queue, message, str(exc))
+            return
+        bindings = announcement.body.bindings
+
+        async def store(conn: asyncpg.Connection) -> None:
+            for b in bindings:
+                await conn.execute(
+                    """INSERT INTO bindings (route, name, digest, binding) VALUES ($1, $2, $3, $4)
+                       ON CONFLICT (route, name, digest) DO UPDATE SET announced_at = now()""",
+                    b.route, b.name, b.digest, b.model_dump(mode="json"),
+                )
+
+        await transact(self.pool, store)
+        log.info("bindings_announced", route=announcement.body.route,
+                 tools=[b.name for b in bindings])
+        await message.ack()
+
+
+def _check_digest(binding: ToolBinding) -> None:
+    fields: dict[str, Any] = binding.model_dump(exclude={"digest"})
+    if ToolBinding.compute_digest(**fields) != binding.digest:
+        raise ProtocolError(f"binding {binding.name} carries a digest that does not match its fields")

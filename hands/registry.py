@@ -1,0 +1,119 @@
+"""Loading the tools a Hands pool serves, and finding them again by name and binding digest.
+
+``--tools`` names a module (``examples.email_tools``) or a file (``path/to/tools.py``); every
+module-level :class:`~hands.tools.Tool` whose route is the pool's route is served.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
+
+from hands.tools import Tool
+from protocol import RoutingError, TendonError, ToolBinding
+
+
+class ToolLoadError(TendonError):
+    """The ``--tools`` module could not be loaded, or serves nothing on this route."""
+
+    code = "tool_load_error"
+
+
+def _short(digest: str) -> str:
+    return f"{digest[:8]}…"
+
+
+class ToolRegistry:
+    """The tools of one route, by name; a binding digest must match to be served."""
+
+    def __init__(self, route: str, tools: Iterable[Tool]) -> None:
+        self.route = route
+        self._by_name: dict[str, Tool] = {}
+        for t in tools:
+            if t.binding.route != route:
+                raise ToolLoadError(f"tool {t.name} belongs to route {t.binding.route}, not {route}")
+            if t.name in self._by_name and self._by_name[t.name] is not t:
+                raise ToolLoadError(f"two tools named {t.name} are declared for route {route}")
+            self._by_name[t.name] = t
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._by_name)
+
+    @property
+    def bindings(self) -> list[ToolBinding]:
+        return [self._by_name[n].binding for n in self.names]
+
+    def get(self, name: str | None) -> Tool | None:
+        """The tool served under ``name``, whatever its digest (None if not served)."""
+        return self._by_name.get(name or "")
+
+    def served(self, name: str | None, binding_digest: str | None) -> Tool | None:
+        """The tool only if it is served under exactly this binding digest."""
+        found = self.get(name)
+        return found if found is not None and found.binding.digest == binding_digest else None
+
+    def resolve(self, name: str, binding_digest: str) -> Tool:
+        """The tool for a command, or RoutingError saying what this route serves instead."""
+        found = self.get(name)
+        if found is None:
+            raise RoutingError(
+                f"tool {name} is not served by route {self.route} "
+                f"(served: {', '.join(self.names) or 'nothing'})"
+            )
+        if found.binding.digest != binding_digest:
+            raise RoutingError(
+                f"binding digest {_short(binding_digest)} for tool {name} is not served by route "
+                f"{self.route} (served: {_short(found.binding.digest)}, version "
+                f"{found.binding.version})"
+            )
+        return found
+
+
+def _import(spec: str) -> ModuleType:
+    """Import ``spec`` as a file path if it looks like one, else as a dotted module name."""
+    if spec.endswith(".py") or "/" in spec or os.sep in spec:
+        path = Path(spec).resolve()
+        if not path.is_file():
+            raise ToolLoadError(f"tools file {spec} does not exist")
+        name = f"_hands_tools_{path.stem}"
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise ToolLoadError(f"cannot load tools file {spec}")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module  # dataclasses and pydantic look their module up here
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as exc:
+            sys.modules.pop(name, None)
+            raise ToolLoadError(f"tools file {spec} failed to import: {type(exc).__name__}: {exc}") from exc
+        return module
+    try:
+        return importlib.import_module(spec)
+    except ModuleNotFoundError as exc:
+        raise ToolLoadError(
+            f"tools module {spec} cannot be imported: {exc} "
+            "(give a dotted module name on the Python path or a path to a .py file)"
+        ) from exc
+    except Exception as exc:
+        raise ToolLoadError(f"tools module {spec} failed to import: {type(exc).__name__}: {exc}") from exc
+
+
+def load_tools(spec: str, route: str) -> ToolRegistry:
+    """Import ``spec`` and keep its tools declared for ``route``; ToolLoadError if none."""
+    module = _import(spec)
+    everything = [v for v in vars(module).values() if isinstance(v, Tool)]
+    mine = [t for t in everything if t.binding.route == route]
+    if not mine:
+        others = sorted({t.binding.route for t in everything})
+        hint = f"it declares tools for route(s) {', '.join(others)}" if others else "it declares no tools"
+        raise ToolLoadError(f"tools module {spec} serves nothing on route {route}: {hint}")
+    return ToolRegistry(route, mine)

@@ -1,0 +1,91 @@
+"""The Brain's business rules, without servers: state tables, sequencing, the scripted model."""
+
+from __future__ import annotations
+
+import pytest
+
+from brain.models import Message, ScriptedModel, make_model
+from brain.sequencing import Arrival, classify, drainable, replay_from
+from brain.states import (
+    EXECUTION_TRANSITIONS,
+    ExecutionStatus,
+    TurnPhase,
+    TurnStatus,
+    execution_transition,
+    phase_transition,
+    turn_transition,
+)
+from protocol import IllegalTransitionError, SchemaError
+
+
+def test_a_finished_turn_can_never_move_again():
+    for terminal in (TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.CANCELLED):
+        for target in TurnStatus:
+            with pytest.raises(IllegalTransitionError):
+                turn_transition(terminal, target)
+
+
+def test_the_agent_loop_phases_follow_their_table():
+    path = [TurnPhase.PREPARE, TurnPhase.MODEL_REQUEST, TurnPhase.DISPATCH_TOOLS,
+            TurnPhase.WAIT_TOOLS, TurnPhase.APPLY_RESULTS, TurnPhase.MODEL_REQUEST,
+            TurnPhase.FINALIZE, TurnPhase.DONE]
+    for old, new in zip(path, path[1:], strict=False):
+        assert phase_transition(old, new) is new
+    with pytest.raises(IllegalTransitionError, match="dispatch_tools to finalize"):
+        phase_transition(TurnPhase.DISPATCH_TOOLS, TurnPhase.FINALIZE)
+
+
+def test_only_reconcile_or_rerun_leaves_unknown_and_success_is_final():
+    assert EXECUTION_TRANSITIONS[ExecutionStatus.UNKNOWN] == {
+        ExecutionStatus.RUNNING, ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED}
+    with pytest.raises(IllegalTransitionError):
+        execution_transition(ExecutionStatus.SUCCEEDED, ExecutionStatus.RUNNING)
+    with pytest.raises(IllegalTransitionError):
+        execution_transition(ExecutionStatus.INTENDED, ExecutionStatus.SUCCEEDED)
+
+
+@pytest.mark.parametrize(
+    ("last", "seq", "expected"),
+    [(0, 1, Arrival.APPLY), (3, 4, Arrival.APPLY), (3, 3, Arrival.DUPLICATE),
+     (3, 1, Arrival.DUPLICATE), (3, 5, Arrival.HOLD), (0, 2, Arrival.HOLD)],
+)
+def test_events_are_applied_only_as_a_contiguous_prefix(last, seq, expected):
+    assert classify(last, seq) is expected
+
+
+def test_held_events_drain_in_order_up_to_the_next_gap():
+    assert drainable(2, [5, 3, 4, 7]) == [3, 4, 5]
+    assert drainable(2, [4, 5]) == []
+    assert drainable(2, [1, 2, 3, 3]) == [3]
+
+
+def test_a_replay_is_asked_from_the_first_missing_seq_only_when_there_is_a_gap():
+    assert replay_from(2, [4, 5]) == 3
+    assert replay_from(2, [3, 5]) is None
+    assert replay_from(2, []) is None
+
+
+async def test_the_scripted_model_answers_from_its_script_by_position_in_the_turn():
+    model = ScriptedModel([
+        {"tool_calls": [{"tool": "t", "args": {"n": 1}}, {"tool": "t", "args": {"n": 2}}]},
+        {"tool_calls": [{"tool": "t", "args": {"n": 3}}]},
+        {"content": "done:\n{results}"},
+    ])
+    history = [Message(role="user", turn_id="T", content={"text": "go"})]
+    first = await model.complete(instructions="", history=history, turn_id="T", tools=[])
+    assert [c.call_id for c in first.tool_calls] == ["call-1", "call-2"]
+    history += [
+        Message(role="assistant", turn_id="T", content={"tool_calls": [c.model_dump() for c in first.tool_calls]}),
+        Message(role="tool", turn_id="T", content={"call_id": "call-1", "result": {"ok": 1}}),
+        Message(role="tool", turn_id="T", content={"call_id": "call-2", "result": {"ok": 2}}),
+    ]
+    second = await model.complete(instructions="", history=history, turn_id="T", tools=[])
+    assert [c.call_id for c in second.tool_calls] == ["call-3"]
+    history.append(Message(role="assistant", turn_id="T", content={"tool_calls": [second.tool_calls[0].model_dump()]}))
+    final = await model.complete(instructions="", history=history, turn_id="T", tools=[])
+    assert final.content == 'done:\n- call-1: {"ok": 1}\n- call-2: {"ok": 2}'
+
+
+def test_an_unknown_model_kind_is_a_clear_error():
+    with pytest.raises(SchemaError, match="unknown model kind 'gpt'"):
+        make_model({"kind": "gpt"})

@@ -1,0 +1,140 @@
+"""The Brain's store on a real PostgreSQL: durable submit, fencing, atomic commits, sequencing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from brain.agents import AgentDefinition
+from brain.app import open_store
+from brain.sequencing import Arrival
+from brain.states import TurnPhase
+from brain.store import executions, turns
+from infra.db import transact
+from infra.liveness import WorkerRegistration, owner_alive_sql
+from protocol import (
+    AcceptedBody,
+    AcceptedEvent,
+    ConflictError,
+    RoutingError,
+    StaleOwnerError,
+    StartedBody,
+    StartedEvent,
+    SucceededBody,
+    SucceededEvent,
+)
+from tests.support import TendonEnv
+
+AGENT = AgentDefinition(name="a", version="1", model={"kind": "scripted", "script": [{"content": "hi"}]})
+
+
+@pytest.fixture
+async def pool(tendon: TendonEnv) -> AsyncIterator[asyncpg.Pool]:
+    p = await open_store(tendon.settings())
+    yield p
+    await p.close()
+
+
+async def _submit(pool: asyncpg.Pool, request_id: str = "r1", text: str = "hello") -> str:
+    turn_id, _ = await transact(pool, lambda c: turns.submit(
+        c, namespace="ns", session_id="s1", request_id=request_id, user_input=text, agent=AGENT))
+    return turn_id
+
+
+async def test_the_same_request_id_returns_the_original_turn_and_other_input_conflicts(pool):
+    first = await _submit(pool)
+    assert await _submit(pool) == first
+    with pytest.raises(ConflictError, match="already used for a different input"):
+        await _submit(pool, text="something else")
+    assert await pool.fetchval("SELECT count(*) FROM turns") == 1
+
+
+async def test_a_changed_agent_under_the_same_version_is_refused(pool):
+    await _submit(pool)
+    changed = AGENT.model_copy(update={"instructions": "be different"})
+    with pytest.raises(ConflictError, match="new version"):
+        await transact(pool, lambda c: turns.submit(
+            c, namespace="ns", session_id="s2", request_id="r", user_input="x", agent=changed))
+
+
+async def test_a_stale_owner_cannot_commit_and_its_whole_transaction_rolls_back(pool, tendon):
+    turn_id = await _submit(pool)
+    alive = owner_alive_sql(tendon.settings().brain_schema)
+    async with WorkerRegistration(tendon.database_url, tendon.settings().brain_schema, "brain") as a:
+        lease_a, _ = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
+        # Given A's lease expired and B took the turn over with a new epoch
+        await pool.execute("UPDATE turns SET lease_expires_at = now() - interval '1 second'")
+        async with WorkerRegistration(tendon.database_url, tendon.settings().brain_schema, "brain") as b:
+            lease_b, _ = await transact(pool, lambda c: turns.claim(c, b.worker_id, 30, alive))
+            assert lease_b.epoch == lease_a.epoch + 1
+
+            # When A tries to commit its next phase together with a history entry
+            async def stale_commit(conn: asyncpg.Connection) -> None:
+                await turns.append_history(conn, "s1", turn_id, "user", {"text": "late"})
+                await turns.advance(conn, lease_a, phase=TurnPhase.MODEL_REQUEST)
+
+            # Then it is fenced out and nothing of that transaction remains
+            with pytest.raises(StaleOwnerError):
+                await transact(pool, stale_commit)
+            assert await pool.fetchval("SELECT count(*) FROM history") == 0
+            row = await pool.fetchrow("SELECT phase, lease_owner FROM turns WHERE id = $1", turn_id)
+            assert (row["phase"], row["lease_owner"]) == ("prepare", b.worker_id)
+
+
+async def test_a_dead_owner_is_detected_at_once_without_waiting_for_its_lease(pool, tendon):
+    await _submit(pool)
+    schema = tendon.settings().brain_schema
+    alive = owner_alive_sql(schema)
+    async with WorkerRegistration(tendon.database_url, schema, "brain") as a:
+        await transact(pool, lambda c: turns.claim(c, a.worker_id, 3600, alive))
+        async with WorkerRegistration(tendon.database_url, schema, "brain") as b:
+            assert await transact(pool, lambda c: turns.claim(c, b.worker_id, 30, alive)) is None
+    # A's session is gone (as after SIGKILL): its one-hour lease no longer protects the turn.
+    async with WorkerRegistration(tendon.database_url, schema, "brain") as c:
+        claimed = await transact(pool, lambda conn: turns.claim(conn, c.worker_id, 30, alive))
+        assert claimed is not None and claimed[0].epoch == 2
+    assert await pool.fetchval("SELECT count(*) FROM runs") == 2
+
+
+async def test_events_apply_once_in_order_whatever_order_they_arrive_in(pool):
+    turn_id = await _submit(pool)
+    digest = "d" * 64
+    await transact(pool, lambda c: executions.insert_intent(
+        c, execution_id="e1", turn_id=turn_id, tool_step=1, call_id="call-1",
+        binding={"route": "lab", "name": "echo", "digest": "b" * 64, "replay_policy": "safe"},
+        args={}, request_digest=digest))
+    header = {"execution_id": "e1", "namespace": "ns", "session_id": "s1", "request_digest": digest}
+    accepted = AcceptedEvent(seq=1, body=AcceptedBody(worker="w"), **header)
+    started = StartedEvent(seq=2, body=StartedBody(attempt=1, worker="w"), **header)
+    done = SucceededEvent(seq=3, body=SucceededBody(result={"ok": True}), **header)
+
+    async def receive(event) -> Arrival:  # type: ignore[no-untyped-def]
+        return await transact(pool, lambda c: executions.receive(c, event, "unused_channel"))
+
+    assert await receive(done) is Arrival.HOLD
+    assert await receive(accepted) is Arrival.APPLY
+    assert await receive(accepted) is Arrival.DUPLICATE
+    assert await receive(done) is Arrival.HOLD  # a second copy of a held event is kept once
+    assert await pool.fetchval("SELECT count(*) FROM held_events") == 1
+    row = await pool.fetchrow("SELECT status, last_seq FROM executions WHERE id = 'e1'")
+    assert (row["status"], row["last_seq"]) == ("accepted", 1)
+    assert await receive(started) is Arrival.APPLY
+    row = await pool.fetchrow("SELECT status, last_seq, result FROM executions WHERE id = 'e1'")
+    assert (row["status"], row["last_seq"], row["result"]) == ("succeeded", 3, {"ok": True})
+    assert await pool.fetchval("SELECT count(*) FROM held_events") == 0
+    kinds = await pool.fetch("SELECT kind FROM public_events WHERE kind LIKE 'execution.%' ORDER BY seq")
+    assert [k["kind"] for k in kinds] == ["execution.accepted", "execution.running", "execution.succeeded"]
+
+
+async def test_an_event_from_another_session_is_refused(pool):
+    turn_id = await _submit(pool)
+    await transact(pool, lambda c: executions.insert_intent(
+        c, execution_id="e2", turn_id=turn_id, tool_step=1, call_id="call-1",
+        binding={"route": "lab", "name": "echo", "digest": "b" * 64, "replay_policy": "safe"},
+        args={}, request_digest="d" * 64))
+    forged = AcceptedEvent(seq=1, body=AcceptedBody(worker="w"), execution_id="e2", namespace="ns",
+                           session_id="other", request_digest="d" * 64)
+    with pytest.raises(RoutingError, match="belongs to ns/s1"):
+        await transact(pool, lambda c: executions.receive(c, forged, "unused_channel"))
