@@ -331,8 +331,12 @@ def _limit(n: int) -> TendonError:
 async def drive_forever(driver: TurnDriver, wake: asyncio.Event, interval: float) -> None:
     """Claim and drive turns; sleep until a wake hint or the periodic scan when idle."""
     while True:
-        if await driver.run_one():
-            continue
+        try:
+            if await driver.run_one():
+                continue
+        except (asyncpg.PostgresError, OSError) as exc:
+            # The database went away mid-run: nothing committed is lost; try again shortly.
+            log.warning("driver_error", error=repr(exc))
         wake.clear()
         try:
             await asyncio.wait_for(wake.wait(), timeout=interval)

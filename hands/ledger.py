@@ -191,7 +191,9 @@ async def get_execution(
     conn: asyncpg.Connection, execution_id: str, *, for_update: bool = False
 ) -> Execution | None:
     lock = " FOR UPDATE" if for_update else ""
-    rec = await conn.fetchrow(f"SELECT * FROM executions WHERE execution_id = $1{lock}", execution_id)
+    rec = await conn.fetchrow(
+        f"SELECT * FROM executions WHERE execution_id = $1{lock}", execution_id
+    )
     return Execution.from_record(rec) if rec is not None else None
 
 
@@ -232,6 +234,19 @@ async def move(
     return Execution.from_record(rec)
 
 
+async def release(conn: asyncpg.Connection, execution_id: str, owner: str) -> bool:
+    """Hand an open execution of ``owner`` to a name no live worker has (see Executor)."""
+    result = await conn.execute(
+        "UPDATE executions SET owner = $3, updated_at = now() "
+        "WHERE execution_id = $1 AND owner = $2 AND status = ANY($4::text[])",
+        execution_id,
+        owner,
+        f"released-by:{owner}",
+        [s.value for s in OPEN_STATUSES],
+    )
+    return result.endswith(" 1")
+
+
 async def request_cancel(conn: asyncpg.Connection, execution_id: str) -> Execution | None:
     rec = await conn.fetchrow(
         "UPDATE executions SET cancel_requested = true, updated_at = now() "
@@ -264,7 +279,16 @@ async def add_output(conn: asyncpg.Connection, execution_id: str, data: str) -> 
 
 def _owner_dead(schema: str) -> str:
     # An owner missing from ``workers`` counts as dead too: NOT EXISTS covers both.
-    return f"NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = e.owner AND {owner_alive_sql(schema)})"
+    return (
+        f"NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = e.owner AND {owner_alive_sql(schema)})"
+    )
+
+
+async def worker_alive(conn: asyncpg.Connection, schema: str, worker_id: str) -> bool:
+    """Whether others see ``worker_id`` as alive (the same predicate their scans use)."""
+    alive = owner_alive_sql(schema)
+    sql = f"SELECT EXISTS (SELECT 1 FROM workers w WHERE w.id = $1 AND {alive})"
+    return bool(await conn.fetchval(sql, worker_id))
 
 
 async def open_orphans(
@@ -378,11 +402,14 @@ async def pending_events(
     recs = await conn.fetch(
         f"""SELECT ev.execution_id, ev.seq, ev.payload, ev.pending_since
             FROM events ev JOIN executions e USING (execution_id)
-            WHERE {' AND '.join(where)}
+            WHERE {" AND ".join(where)}
             ORDER BY ev.execution_id, ev.seq LIMIT ${len(args)}""",
         *args,
     )
-    return [PendingEvent(r["execution_id"], r["seq"], bytes(r["payload"]), r["pending_since"]) for r in recs]
+    return [
+        PendingEvent(r["execution_id"], r["seq"], bytes(r["payload"]), r["pending_since"])
+        for r in recs
+    ]
 
 
 async def mark_published(conn: asyncpg.Connection, events: list[PendingEvent]) -> int:

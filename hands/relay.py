@@ -67,7 +67,10 @@ class EventRelay:
         while True:
             async with self._pool.acquire() as conn:
                 events = await ledger.pending_events(
-                    conn, route=self._route, execution_ids=ids, older_than=older_than,
+                    conn,
+                    route=self._route,
+                    execution_ids=ids,
+                    older_than=older_than,
                     limit=self._batch,
                 )
             if not events:
@@ -81,7 +84,9 @@ class EventRelay:
             for event, err in zip(events, results, strict=True):
                 if err is not None:
                     log.warning(
-                        "event_publish_failed", execution_id=event.execution_id, seq=event.seq,
+                        "event_publish_failed",
+                        execution_id=event.execution_id,
+                        seq=event.seq,
                         error=f"{type(err).__name__}: {err}",
                     )
             async with self._pool.acquire() as conn:
@@ -89,6 +94,11 @@ class EventRelay:
             confirmed_total += len(confirmed)
             if len(confirmed) < len(events) or len(events) < self._batch:
                 return confirmed_total
+
+    async def flush(self) -> int:
+        """Publish what recent commits produced now (at shutdown, after ``run`` stopped)."""
+        hot, self._hot = self._hot, set()
+        return await self.publish_pending(execution_ids=hot) if hot else 0
 
     async def run(self) -> None:
         """Publish on every wake-up, and scan for stale events every ``interval`` seconds."""
@@ -107,6 +117,7 @@ class EventRelay:
                     next_scan = time.monotonic() + self._interval
                     await self.publish_pending(older_than=self._stale_after)
             except asyncio.CancelledError:
+                self._hot |= hot  # for flush() at shutdown
                 raise
             except Exception:
                 # The rows are still there: the next round repairs whatever this one missed.

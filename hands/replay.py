@@ -74,7 +74,9 @@ def decide(
             "so it can be neither re-run nor queried",
         )
     if intent is ReplayPolicy.SAFE and now is ReplayPolicy.SAFE:
-        return Decision(Recovery.RERUN, f"worker died {where} of safe tool {tool}; running it again")
+        return Decision(
+            Recovery.RERUN, f"worker died {where} of safe tool {tool}; running it again"
+        )
     # From here on re-running is forbidden; say which half of the rule forbade it.
     why = (
         f"unsafe tool {tool}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -147,3 +148,63 @@ class Processes:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+async def run_cli(args: list[str], env: dict[str, str], timeout: float = 60.0) -> tuple[int, str, str]:
+    """Run a Tendon CLI verb as a real process; returns (exit code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *args, cwd=REPO, env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+class Observer:
+    """Reads the Brain's and the Hands' rows the way an operator would, for assertions."""
+
+    def __init__(self, world: TendonEnv) -> None:
+        self.world = world
+        self.brain = f"tb_{world.suffix}"
+        self.hands = f"th_{world.suffix}"
+
+    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(self.world.database_url)
+        for typename in ("json", "jsonb"):
+            await conn.set_type_codec(typename, encoder=json.dumps, decoder=json.loads,
+                                      schema="pg_catalog")
+        try:
+            return await conn.fetch(sql.replace("{brain}", self.brain).replace("{hands}", self.hands), *args)
+        finally:
+            await conn.close()
+
+    async def turn(self, turn_id: str) -> asyncpg.Record | None:
+        rows = await self.fetch("SELECT * FROM {brain}.turns WHERE id = $1", turn_id)
+        return rows[0] if rows else None
+
+    async def turn_status(self, turn_id: str) -> str | None:
+        row = await self.turn(turn_id)
+        return None if row is None else row["status"]
+
+    async def wait_turn(self, turn_id: str, status: str, timeout: float = 60.0) -> asyncpg.Record:
+        async def reached() -> asyncpg.Record | None:
+            row = await self.turn(turn_id)
+            if row is not None and row["status"] in ("failed", "cancelled") and status != row["status"]:
+                raise AssertionError(f"turn ended {row['status']}: {row['error']}")
+            return row if row is not None and row["status"] == status else None
+
+        return await wait_for(reached, timeout=timeout, what=f"turn {turn_id} to be {status}")
+
+    async def executions(self, turn_id: str) -> list[asyncpg.Record]:
+        return await self.fetch(
+            "SELECT * FROM {brain}.executions WHERE turn_id = $1 ORDER BY tool_step, call_id", turn_id
+        )
+
+    async def ledger(self) -> list[asyncpg.Record]:
+        return await self.fetch("SELECT * FROM {hands}.executions ORDER BY created_at")

@@ -1,0 +1,236 @@
+"""One Hands pool process, composed: ``async with HandsApp(...) as app: await app.serve()``.
+
+Start-up, in order: load the tools (fail before touching any service), open the ledger pool
+and apply migrations, register this worker (advisory-lock liveness), open the object store
+(if configured) and the broker, start the event relay and the recovery scan, announce the
+bindings, start consuming controls and commands, write the ready file.
+
+Shutdown (SIGTERM/SIGINT, or leaving the block) drains: stop taking commands, stop claiming
+orphans, let running tools finish for up to ``grace`` seconds, publish what is pending, and
+close everything in reverse order. Nothing is lost if this is cut short: the rows are the truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from contextlib import AsyncExitStack
+from pathlib import Path
+from types import TracebackType
+
+from aio_pika.abc import AbstractChannel
+
+from hands.controls import ControlConsumer
+from hands.executor import Executor
+from hands.ledger import MIGRATIONS
+from hands.recovery import RecoveryScanner
+from hands.registry import ToolRegistry, load_tools
+from hands.relay import EventRelay
+from hands.worker import CommandConsumer
+from infra.broker import Broker, Topology
+from infra.db import create_pool, migrate
+from infra.killpoints import KillPoints
+from infra.liveness import WorkerRegistration
+from infra.logging import get_logger
+from infra.objectstore import S3ObjectStore
+from infra.payloads import ObjectStore, PayloadCodec
+from infra.settings import Settings
+from protocol import BindingsAnnouncement, BindingsBody
+
+log = get_logger(__name__)
+
+
+class HandsApp:
+    """The Hands pool of one route in this process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        route: str,
+        tools: str,
+        kill: KillPoints | None = None,
+        concurrency: int | None = None,
+        grace: float = 10.0,
+    ) -> None:
+        self.settings = settings
+        self.route = route
+        self.tools_spec = tools
+        self.kill = kill or KillPoints()
+        self.concurrency = concurrency or settings.concurrency
+        self.grace = grace
+        self.topology = Topology(settings.queue_prefix)
+        self.registry: ToolRegistry | None = None
+        self.worker_id = ""
+        self._stack = AsyncExitStack()
+        self._stop = asyncio.Event()
+        self._background: list[asyncio.Task[None]] = []
+        self._channels: list[AbstractChannel] = []
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    async def __aenter__(self) -> HandsApp:
+        try:
+            await self._start()
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            await self._drain()
+        finally:
+            await self._stack.aclose()
+            log.info("hands_stopped", worker=self.worker_id)
+
+    def stop(self) -> None:
+        """Ask :meth:`serve` to return (signal handlers call this)."""
+        self._stop.set()
+
+    async def serve(self) -> None:
+        """Run until :meth:`stop`; a background loop that dies takes the process down."""
+        stop = asyncio.create_task(self._stop.wait())
+        done, _ = await asyncio.wait([stop, *self._background], return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        for task in done:
+            if task is not stop and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+
+    # ---- start --------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        s = self.settings
+        self.registry = load_tools(self.tools_spec, self.route)
+        schema = s.hands_schema
+
+        pool = await create_pool(s.ledger_database_url, schema, max_size=self.concurrency + 6)
+        self._stack.push_async_callback(pool.close)
+        applied = await migrate(pool, schema, MIGRATIONS)
+        registration = await self._stack.enter_async_context(
+            WorkerRegistration(s.ledger_database_url, schema, "hands")
+        )
+        self.worker_id = registration.worker_id
+
+        store: ObjectStore | None = None
+        if s.s3_endpoint_url:
+            store = await self._stack.enter_async_context(
+                S3ObjectStore(
+                    bucket=s.s3_bucket, endpoint_url=s.s3_endpoint_url, region=s.s3_region
+                )
+            )
+        codec = PayloadCodec(store, s.offload_threshold)
+        broker = await self._stack.enter_async_context(
+            Broker(s.amqp_url, self.topology, delivery_limit=s.delivery_limit)
+        )
+
+        self.relay = EventRelay(
+            pool, broker, route=self.route, interval=s.scan_interval, kill=self.kill
+        )
+        self.executor = Executor(
+            pool=pool,
+            codec=codec,
+            registry=self.registry,
+            worker_id=self.worker_id,
+            relay=self.relay,
+            kill=self.kill,
+            concurrency=self.concurrency,
+        )
+        self.recovery = RecoveryScanner(
+            pool=pool,
+            schema=schema,
+            route=self.route,
+            executor=self.executor,
+            interval=s.scan_interval,
+        )
+        self.commands = CommandConsumer(
+            route=self.route,
+            queue=self.topology.commands(self.route),
+            broker=broker,
+            codec=codec,
+            registry=self.registry,
+            executor=self.executor,
+            kill=self.kill,
+        )
+        self.controls = ControlConsumer(
+            route=self.route,
+            queue=self.topology.controls(self.route),
+            pool=pool,
+            broker=broker,
+            codec=codec,
+            relay=self.relay,
+            executor=self.executor,
+        )
+        self._background = [
+            asyncio.create_task(self.relay.run(), name="event-relay"),
+            asyncio.create_task(self.recovery.run(), name="recovery-scan"),
+        ]
+        self._stack.push_async_callback(self._cancel_background)
+
+        announcement = BindingsAnnouncement(
+            body=BindingsBody(
+                route=self.route, worker=self.worker_id, bindings=self.registry.bindings
+            )
+        )
+        await broker.publish(
+            self.topology.bindings,
+            await codec.pack(announcement),
+            message_id=announcement.message_id,
+        )
+        self._channels.append(
+            await broker.consume(
+                self.topology.controls(self.route), self.controls.handle, prefetch=self.concurrency
+            )
+        )
+        self._channels.append(
+            await broker.consume(
+                self.topology.commands(self.route), self.commands.handle, prefetch=self.concurrency
+            )
+        )
+        if s.ready_file:
+            ready = Path(s.ready_file)
+            await asyncio.to_thread(ready.write_text, self.worker_id + "\n")
+            self._stack.callback(ready.unlink, missing_ok=True)
+        log.info(
+            "hands_ready",
+            worker=self.worker_id,
+            route=self.route,
+            tools=self.registry.names,
+            concurrency=self.concurrency,
+            migrations_applied=applied,
+            object_store=bool(store),
+            schema=schema,
+        )
+
+    # ---- stop ---------------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        if not self._channels:  # never got to consuming
+            return
+        log.info("hands_draining", worker=self.worker_id, in_flight=self.executor.in_flight)
+        self.commands.stop()
+        await self.commands.wait_idle(5.0)
+        commands_channel = self._channels[-1]
+        # Closing the channel hands unacked (not yet accepted) deliveries back to the queue.
+        with contextlib.suppress(Exception):
+            await commands_channel.close()
+        await self._cancel(self._background[1:])  # no new claims while draining
+        await self.executor.drain(self.grace)
+        with contextlib.suppress(Exception):
+            await self._channels[0].close()
+        await self._cancel(self._background[:1])
+        try:  # what the last commits produced, so the Brain hears it without waiting for a scan
+            await self.relay.flush()
+        except Exception:
+            log.exception("final_publish_failed")
+
+    async def _cancel_background(self) -> None:
+        await self._cancel(self._background)
+
+    @staticmethod
+    async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,317 @@
+"""The ``hands`` command: serve a route's tools, and look at or reconcile ledger rows.
+
+    hands serve --route email --tools examples.email_tools [--concurrency N] [--grace S]
+    hands show EXECUTION_ID [--json]
+    hands reconcile EXECUTION_ID (--result JSON | --failed MESSAGE) --evidence TEXT
+                    [--actor NAME] [--json]
+
+Settings come from ``TENDON_*`` environment variables, read once here. A Tendon error reaches
+the user as one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import json
+import signal
+import sys
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from typing import Any
+
+import asyncpg
+from pydantic import ValidationError
+
+from hands import ledger
+from hands.app import HandsApp
+from hands.ledger import Execution
+from hands.reconcile import reconcile
+from hands.relay import EventRelay
+from infra.broker import Broker, Topology
+from infra.db import create_pool
+from infra.killpoints import KillPoints
+from infra.logging import configure_logging
+from infra.objectstore import S3ObjectStore
+from infra.payloads import ObjectStore, PayloadCodec
+from infra.settings import Settings
+from protocol import NotFoundError, TendonError, loads
+
+EXIT_ERROR = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hands",
+        description="Tendon Hands: run a route's tools durably, with a ledger in PostgreSQL. "
+        "Configuration comes from TENDON_* environment variables "
+        "(TENDON_DATABASE_URL, TENDON_HANDS_DATABASE_URL, TENDON_HANDS_SCHEMA, TENDON_AMQP_URL, "
+        "TENDON_S3_ENDPOINT_URL, TENDON_CONCURRENCY, ...).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve",
+        help="serve the tools of one route until SIGTERM/SIGINT",
+        description="Load the tools declared for ROUTE, announce their bindings, and execute "
+        "commands from the route's queue. SIGTERM or SIGINT drains: no new commands, running "
+        "tools get --grace seconds to finish.",
+    )
+    serve.add_argument("--route", required=True, help="the route (pool name) to serve, e.g. email")
+    serve.add_argument(
+        "--tools",
+        required=True,
+        metavar="MODULE",
+        help="where the tools are declared: a module name (examples.email_tools) or a .py file",
+    )
+    serve.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="how many executions at once, also the prefetch (default: TENDON_CONCURRENCY)",
+    )
+    serve.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on shutdown, how long running tools may take to finish (default: 10)",
+    )
+    serve.set_defaults(func=_serve)
+
+    show = sub.add_parser(
+        "show",
+        help="print an execution's ledger row, events and reconciliations",
+        description="Print what the ledger knows about one execution.",
+    )
+    show.add_argument("execution_id", metavar="EXECUTION_ID")
+    show.add_argument("--json", action="store_true", help="print one JSON document")
+    show.set_defaults(func=_show)
+
+    rec = sub.add_parser(
+        "reconcile",
+        help="resolve an UNKNOWN execution with a result or a failure, plus evidence",
+        description="Resolve an UNKNOWN execution after checking the external system by hand. "
+        "The resolution is audited (who, when, evidence) and published to the Brain as a "
+        "succeeded/failed event with how=reconciled.",
+    )
+    rec.add_argument("execution_id", metavar="EXECUTION_ID")
+    outcome = rec.add_mutually_exclusive_group(required=True)
+    outcome.add_argument(
+        "--result", metavar="JSON", help="the operation happened; this JSON is its result"
+    )
+    outcome.add_argument(
+        "--failed", metavar="MESSAGE", help="the operation did not happen (or failed); say why"
+    )
+    rec.add_argument(
+        "--evidence",
+        required=True,
+        metavar="TEXT",
+        help="how you know, e.g. 'provider dashboard shows message 123 sent 10:02'",
+    )
+    rec.add_argument(
+        "--actor", default=None, metavar="NAME", help="who vouches (default: your user name)"
+    )
+    rec.add_argument("--json", action="store_true", help="print one JSON document")
+    rec.set_defaults(func=_reconcile)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        print(
+            f"hands: bad setting TENDON_{str(first['loc'][0]).upper()}: {first['msg']}",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    configure_logging(settings.log_format, settings.log_level)
+    try:
+        return int(asyncio.run(args.func(args, settings)))
+    except TendonError as exc:
+        print(f"hands: {exc.message}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+# ---- serve ------------------------------------------------------------------------------
+
+
+async def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    app = HandsApp(
+        settings,
+        route=args.route,
+        tools=args.tools,
+        kill=KillPoints(settings.kill_at),
+        concurrency=args.concurrency,
+        grace=args.grace,
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, app.stop)
+    async with app:
+        await app.serve()
+    return 0
+
+
+# ---- show / reconcile -------------------------------------------------------------------
+
+
+async def _ledger_pool(stack: AsyncExitStack, settings: Settings) -> asyncpg.Pool:
+    pool = await create_pool(settings.ledger_database_url, settings.hands_schema, max_size=2)
+    stack.push_async_callback(pool.close)
+    async with pool.acquire() as conn:
+        exists = await conn.fetchval("SELECT to_regclass('executions') IS NOT NULL")
+    if not exists:
+        raise NotFoundError(
+            f"there is no Hands ledger in schema {settings.hands_schema} "
+            "(check TENDON_HANDS_SCHEMA and TENDON_HANDS_DATABASE_URL)"
+        )
+    return pool
+
+
+async def _codec(stack: AsyncExitStack, settings: Settings) -> PayloadCodec:
+    store: ObjectStore | None = None
+    if settings.s3_endpoint_url:
+        store = await stack.enter_async_context(
+            S3ObjectStore(
+                bucket=settings.s3_bucket,
+                endpoint_url=settings.s3_endpoint_url,
+                region=settings.s3_region,
+            )
+        )
+    return PayloadCodec(store, settings.offload_threshold)
+
+
+def _event_view(rec: Any) -> dict[str, Any]:
+    envelope = loads(bytes(rec["payload"]))
+    return {
+        "seq": rec["seq"],
+        "kind": rec["kind"],
+        "created_at": rec["created_at"].isoformat(),
+        "published_at": rec["published_at"].isoformat() if rec["published_at"] else None,
+        "body": envelope.get("body"),
+        "body_ref": envelope.get("body_ref"),
+    }
+
+
+def _audit_view(rec: Any) -> dict[str, Any]:
+    return {
+        "id": rec["id"],
+        "outcome": rec["outcome"],
+        "result": rec["result"],
+        "error": rec["error"],
+        "evidence": rec["evidence"],
+        "actor": rec["actor"],
+        "at": rec["at"].isoformat(),
+    }
+
+
+async def _show(args: argparse.Namespace, settings: Settings) -> int:
+    async with AsyncExitStack() as stack:
+        pool = await _ledger_pool(stack, settings)
+        async with pool.acquire() as conn:
+            row = await ledger.get_execution(conn, args.execution_id)
+            if row is None:
+                raise NotFoundError(f"execution {args.execution_id} is not in the ledger")
+            events = [_event_view(r) for r in await ledger.list_events(conn, args.execution_id)]
+            audits = [
+                _audit_view(r) for r in await ledger.list_reconciliations(conn, args.execution_id)
+            ]
+    if args.json:
+        print(
+            json.dumps(
+                {"execution": row.as_dict(), "events": events, "reconciliations": audits}, indent=2
+            )
+        )
+        return 0
+    print(_describe_row(row))
+    print("events:")
+    for ev in events:
+        state = f"published {ev['published_at']}" if ev["published_at"] else "NOT PUBLISHED"
+        content = ev["body"] if ev["body"] is not None else {"body_ref": ev["body_ref"]}
+        print(f"  {ev['seq']:>3} {ev['kind']:<12} {state}  {json.dumps(content)[:200]}")
+    for audit in audits:
+        print(
+            f"reconciled #{audit['id']}: {audit['outcome'].upper()} by {audit['actor']} at "
+            f"{audit['at']}; evidence: {audit['evidence']}"
+        )
+    return 0
+
+
+def _describe_row(row: Execution) -> str:
+    lines = [
+        f"execution {row.execution_id}: {row.status.value.upper()}",
+        f"  route {row.route}, tool {row.tool} (binding {str(row.binding_digest)[:12]}…, "
+        f"{row.replay_policy}), attempts {row.attempts}, owner {row.owner}",
+        f"  namespace {row.namespace}, session {row.session_id}, turn {row.turn_id}, "
+        f"call {row.call_id}",
+        f"  args {json.dumps(row.args)}",
+    ]
+    if row.result is not None:
+        lines.append(f"  result {json.dumps(row.result)[:500]}")
+    if row.error is not None:
+        lines.append(f"  error {row.error.get('code')}: {row.error.get('message')}")
+    lines.append(f"  output {row.output_bytes} bytes, cancel requested: {row.cancel_requested}")
+    return "\n".join(lines)
+
+
+async def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
+    extra: dict[str, Any] = {}
+    if args.result is not None:
+        extra["result"] = loads(args.result)  # strict: a DecodeError says what is wrong
+    else:
+        extra["failure"] = args.failed
+    actor = args.actor or getpass.getuser()
+    async with AsyncExitStack() as stack:
+        pool = await _ledger_pool(stack, settings)
+        codec = await _codec(stack, settings)
+        done = await reconcile(
+            pool, codec, args.execution_id, evidence=args.evidence, actor=actor, **extra
+        )
+        published: int | None
+        try:
+            broker = await stack.enter_async_context(
+                Broker(
+                    settings.amqp_url,
+                    Topology(settings.queue_prefix),
+                    delivery_limit=settings.delivery_limit,
+                )
+            )
+            relay = EventRelay(pool, broker, route=None, interval=settings.scan_interval)
+            published = await relay.publish_pending(execution_ids=[args.execution_id])
+        except Exception as exc:  # committed already: the pool's relay publishes it later
+            print(
+                f"hands: warning: reconciled, but publishing now failed ({type(exc).__name__}: "
+                f"{exc}); the Hands pool will publish the event",
+                file=sys.stderr,
+            )
+            published = None
+    outcome = done.execution.status.value
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "execution_id": args.execution_id,
+                    "status": outcome,
+                    "audit_id": done.audit_id,
+                    "event_seq": done.seq,
+                    "actor": actor,
+                    "evidence": args.evidence,
+                    "events_published": published,
+                }
+            )
+        )
+    else:
+        print(
+            f"reconciled execution {args.execution_id}: UNKNOWN -> {outcome.upper()} "
+            f"(audit #{done.audit_id} by {actor}; event seq {done.seq} {outcome} how=reconciled; "
+            f"{published if published is not None else 'no'} event(s) published now)"
+        )
+    return 0

@@ -1,0 +1,279 @@
+"""The command consumer: turns ``execute`` messages into accepted ledger rows, then work.
+
+For each delivery, in this order (invariants 3 and 4):
+
+1. decode strictly; anything that is not a valid ``execute`` command for this route is
+   dead-lettered with a reason (it can never succeed, so redelivery would not help);
+2. take a concurrency slot (prefetch = concurrency, so at most that many wait here);
+3. resolve a ``body_ref``; one that fails verification is recorded as FAILED (so the turn
+   hears about it) and the message dead-lettered;
+4. dedup by execution id: the same request digest again is a duplicate (ack, nothing runs),
+   a different one is a conflict (dead-letter);
+5. an unknown tool, binding digest or invalid arguments: commit FAILED + ``failed``
+   (how="rejected") and ack;
+6. otherwise commit ACCEPTED + ``accepted`` in one transaction, pass the kill point
+   ``hands.after_accept_commit`` (tag = call id), ack, and hand it to the executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+from aio_pika.abc import AbstractIncomingMessage
+from structlog.contextvars import bound_contextvars
+
+from hands import ledger
+from hands.executor import Executor
+from hands.ledger import Execution
+from hands.registry import ToolRegistry
+from hands.states import LedgerStatus
+from infra.broker import Broker
+from infra.killpoints import KillPoints
+from infra.logging import get_logger
+from infra.payloads import PayloadCodec
+from protocol import (
+    AcceptedBody,
+    ConflictError,
+    ExecuteCommand,
+    FailedBody,
+    ObjectRefError,
+    ProtocolError,
+    RoutingError,
+    SchemaError,
+    TendonError,
+    decode,
+    request_digest,
+)
+
+log = get_logger(__name__)
+
+# How long to wait before handing back a message we could not process for a passing reason
+# (database or object store briefly down): redelivering it at once would only burn attempts.
+RETRY_PAUSE = 1.0
+
+
+@dataclass(frozen=True)
+class _Inserted:
+    """What one insert-or-dedup transaction found."""
+
+    row: Execution
+    new: bool
+
+
+def _short(digest: str) -> str:
+    return f"{digest[:8]}…"
+
+
+class CommandConsumer:
+    """Handles deliveries from ``<prefix>.<route>.commands``."""
+
+    def __init__(
+        self,
+        *,
+        route: str,
+        queue: str,
+        broker: Broker,
+        codec: PayloadCodec,
+        registry: ToolRegistry,
+        executor: Executor,
+        kill: KillPoints,
+    ) -> None:
+        self.route = route
+        self.queue = queue
+        self._broker = broker
+        self._codec = codec
+        self._registry = registry
+        self._executor = executor
+        self._kill = kill
+        self._stopping = asyncio.Event()
+        self._busy = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def stop(self) -> None:
+        """Stop taking new work; deliveries not yet accepted stay unacked (requeued on close)."""
+        self._stopping.set()
+
+    async def wait_idle(self, limit: float) -> None:
+        """Wait (at most ``limit`` s) for handlers between 'slot taken' and 'acked'."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), limit)
+        except TimeoutError:
+            log.warning("commands_still_accepting", handlers=self._busy)
+
+    async def handle(self, message: AbstractIncomingMessage) -> None:
+        """aio-pika callback: one task per delivery."""
+        if self._stopping.is_set():
+            return
+        try:
+            header = decode(message.body)
+        except ProtocolError as exc:
+            await self._dead_letter(message, f"{exc.code}: {exc.message}")
+            return
+        if not isinstance(header, ExecuteCommand):
+            await self._dead_letter(
+                message,
+                f"schema_error: expected an execute command on {self.queue}, "
+                f"got a {header.kind} envelope",
+            )
+            return
+        await self._executor.slots.acquire()
+        if self._stopping.is_set():
+            self._executor.slots.release()
+            return
+        self._busy += 1
+        self._idle.clear()
+        handed_over = False
+        try:
+            with bound_contextvars(execution_id=header.execution_id):
+                handed_over = await self._process(message, header)
+        except Exception as exc:
+            # Not the message's fault (database, object store, broker trouble): give it back
+            # after a pause; the delivery limit parks it if this keeps happening.
+            log.exception("command_failed", error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(RETRY_PAUSE)
+            if not message.processed:
+                await message.nack(requeue=True)
+        finally:
+            if not handed_over:
+                self._executor.slots.release()
+            self._busy -= 1
+            if self._busy == 0:
+                self._idle.set()
+
+    async def _process(self, message: AbstractIncomingMessage, header: ExecuteCommand) -> bool:
+        """Returns True when the execution was accepted and handed to the executor."""
+        try:
+            command: ExecuteCommand = await self._codec.unpack(message.body)
+        except ObjectRefError as exc:
+            # The header is trustworthy enough to tell the turn; the body is not usable.
+            await self._record_rejection(header, None, exc)
+            await self._dead_letter(message, f"{exc.code}: {exc.message}")
+            return False
+        except ProtocolError as exc:
+            await self._dead_letter(message, f"{exc.code}: {exc.message}")
+            return False
+        body = command.body
+        assert body is not None
+        expected = request_digest(command.execution_id, body)
+        if expected != command.request_digest:
+            await self._dead_letter(
+                message,
+                f"schema_error: request_digest {_short(command.request_digest)} does not match "
+                f"the command (sha256 of the canonical command is {_short(expected)})",
+            )
+            return False
+        if body.route != self.route:
+            await self._dead_letter(
+                message,
+                f"routing_error: command for route {body.route} was delivered to {self.queue} "
+                f"(route {self.route})",
+            )
+            return False
+        try:
+            tool = self._registry.resolve(body.tool, body.binding_digest)
+            if tool.binding.replay_policy != body.replay_policy:
+                raise RoutingError(
+                    f"command says tool {body.tool} is {body.replay_policy} but its binding "
+                    f"{_short(body.binding_digest)} is {tool.binding.replay_policy}"
+                )
+            tool.validate_args(body.args)
+        except (RoutingError, SchemaError) as exc:
+            outcome = await self._record_rejection(command, command, exc)
+            if outcome.new or await self._same_request(message, outcome.row, command):
+                await message.ack()
+            return False
+        return await self._accept(message, command)
+
+    async def _accept(self, message: AbstractIncomingMessage, command: ExecuteCommand) -> bool:
+        body = command.body
+        assert body is not None
+        values = self._row_values(command, command) | {
+            "status": LedgerStatus.ACCEPTED,
+            "replay_policy": str(body.replay_policy),
+            "args": body.args,
+        }
+        outcome = await self._insert(values, AcceptedBody(worker=self._executor.worker_id))
+        if not outcome.new:
+            if await self._same_request(message, outcome.row, command):
+                await message.ack()
+            return False
+        log.info("command_accepted", call_id=body.call_id, tool=body.tool, turn_id=body.turn_id)
+        self._kill.hit("hands.after_accept_commit", body.call_id)
+        try:
+            await message.ack()
+        except Exception as exc:  # the row owns the work now; a redelivery is a duplicate
+            log.warning("ack_failed", error=f"{type(exc).__name__}: {exc}")
+        self._executor.launch(
+            command.execution_id, lambda: self._executor.run(command.execution_id)
+        )
+        return True
+
+    async def _same_request(
+        self, message: AbstractIncomingMessage, row: Execution, command: ExecuteCommand
+    ) -> bool:
+        """For an execution id already in the ledger: True for a duplicate (ack it), or
+        dead-letter a conflicting command and return False."""
+        if row.request_digest == command.request_digest:
+            log.info("command_duplicate", status=row.status.value)
+            return True
+        conflict = ConflictError(
+            f"execution {command.execution_id} is already in the ledger with request digest "
+            f"{_short(row.request_digest)}; this command has {_short(command.request_digest)}"
+        )
+        await self._dead_letter(message, f"{conflict.code}: {conflict.message}")
+        return False
+
+    def _row_values(self, header: ExecuteCommand, command: ExecuteCommand | None) -> dict[str, Any]:
+        body = command.body if command is not None else None
+        values: dict[str, Any] = {
+            "execution_id": header.execution_id,
+            "route": self.route,
+            "request_digest": header.request_digest,
+            "namespace": header.namespace,
+            "session_id": header.session_id,
+            "owner": self._executor.worker_id,
+        }
+        if body is not None:
+            values |= {
+                "turn_id": body.turn_id,
+                "call_id": body.call_id,
+                "tool": body.tool,
+                "binding_digest": body.binding_digest,
+            }
+        return values
+
+    async def _record_rejection(
+        self, header: ExecuteCommand, command: ExecuteCommand | None, exc: TendonError
+    ) -> _Inserted:
+        """Commit a FAILED row with a ``failed`` (how="rejected") event as its seq 1."""
+        values = self._row_values(header, command) | {
+            "status": LedgerStatus.FAILED,
+            "error": exc.as_dict(),
+        }
+        if command is not None and command.body is not None:
+            values |= {"replay_policy": str(command.body.replay_policy), "args": command.body.args}
+        outcome = await self._insert(values, FailedBody(error=exc.as_dict(), how="rejected"))
+        if outcome.new:
+            log.warning("command_rejected", reason=exc.message)
+        return outcome
+
+    async def _insert(self, values: dict[str, Any], first_event: Any) -> _Inserted:
+        execution_id = values["execution_id"]
+
+        async def work(conn: asyncpg.Connection) -> _Inserted:
+            row = await ledger.insert_execution(conn, **values)
+            if row is None:
+                existing = await ledger.get_execution(conn, execution_id)
+                assert existing is not None
+                return _Inserted(existing, new=False)
+            await ledger.append_event(conn, self._codec, execution_id, first_event)
+            return _Inserted(row, new=True)
+
+        return await self._executor.commit(execution_id, work)
+
+    async def _dead_letter(self, message: AbstractIncomingMessage, reason: str) -> None:
+        await self._broker.dead_letter(self.queue, message, reason)

@@ -1,0 +1,120 @@
+"""Tools of route ``lab`` for the Hands tests; they record what they do in files.
+
+- ``LAB_RUNS_FILE``: every tool body appends ``<tool> <operation id> <attempt>`` (one line per
+  run), so a test can count runs across processes;
+- ``LAB_CHARGES_FILE``: the "external system" of ``charge``: a JSON object keyed by operation
+  id. ``find_charge`` (its query) reads it; without the variable the query cannot answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from hands.tools import Found, NotFound, ToolContext, tool
+
+
+def _record_run(name: str, ctx: ToolContext) -> None:
+    path = os.environ.get("LAB_RUNS_FILE")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{name} {ctx.operation_id} {ctx.attempt}\n")
+
+
+def runs(path: Path) -> list[tuple[str, str, int]]:
+    """The runs recorded in a runs file: (tool, operation id, attempt)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        name, op, attempt = line.split()
+        out.append((name, op, int(attempt)))
+    return out
+
+
+def _charges() -> tuple[Path, dict[str, Any]]:
+    path = os.environ.get("LAB_CHARGES_FILE")
+    if not path:
+        raise RuntimeError("the charges service is not configured (LAB_CHARGES_FILE)")
+    p = Path(path)
+    return p, (json.loads(p.read_text(encoding="utf-8")) if p.exists() else {})
+
+
+def _store_charge(operation_id: str, amount: int) -> dict[str, Any]:
+    path, charges = _charges()
+    receipt = {"charge_id": f"ch_{operation_id[:8]}", "amount": amount}
+    charges[operation_id] = receipt
+    path.write_text(json.dumps(charges), encoding="utf-8")
+    return receipt
+
+
+@tool(route="lab", version="1", replay="safe")
+async def echo(ctx: ToolContext, text: str) -> dict:
+    """Return the text (safe: running it twice is harmless)."""
+    _record_run("echo", ctx)
+    return {"text": text, "attempt": ctx.attempt}
+
+
+async def find_charge(ctx: ToolContext, amount: int) -> Found | NotFound:
+    """Ask the charges service about this operation id."""
+    _, charges = _charges()
+    receipt = charges.get(ctx.operation_id)
+    return Found(receipt) if receipt is not None else NotFound()
+
+
+@tool(route="lab", version="1", replay="unsafe", query=find_charge)
+async def charge(ctx: ToolContext, amount: int) -> dict:
+    """Charge an amount (unsafe; the query asks the charges service by operation id)."""
+    _record_run("charge", ctx)
+    return _store_charge(ctx.operation_id, amount)
+
+
+@tool(route="lab", version="1", replay="unsafe")
+async def charge_noquery(ctx: ToolContext, amount: int) -> dict:
+    """Charge an amount through a service that cannot be asked afterwards."""
+    _record_run("charge_noquery", ctx)
+    return {"charged": amount}
+
+
+@tool(route="lab", version="1", replay="safe")
+async def slow(ctx: ToolContext, pages: int = 3, delay: float = 0.05) -> dict:
+    """Write ``pages`` output pages, ``delay`` seconds apart."""
+    _record_run("slow", ctx)
+    for i in range(pages):
+        await ctx.output.write(f"page {i}\n")
+        await asyncio.sleep(delay)
+    return {"pages": pages}
+
+
+@tool(route="lab", version="1", replay="safe")
+async def big(ctx: ToolContext, size: int) -> dict:
+    """Return a result of about ``size`` bytes (to cross the offload threshold)."""
+    _record_run("big", ctx)
+    return {"blob": "x" * size}
+
+
+@tool(route="lab", version="1", replay="safe")
+async def wait_cancel(ctx: ToolContext, seconds: float = 15.0) -> dict:
+    """Wait until cancelled (then stop with CancelledError), or give up after ``seconds``."""
+    _record_run("wait_cancel", ctx)
+    await ctx.output.write("waiting for a cancel\n")
+    try:
+        await asyncio.wait_for(ctx.cancelled.wait(), seconds)
+    except TimeoutError:
+        return {"cancelled": False}
+    raise asyncio.CancelledError()
+
+
+@tool(route="lab", version="1", replay="safe")
+async def boom(ctx: ToolContext, message: str) -> dict:
+    """Always raise."""
+    _record_run("boom", ctx)
+    raise ValueError(message)
+
+
+@tool(route="other", version="1", replay="safe")
+async def elsewhere(ctx: ToolContext) -> None:
+    """A tool of another route: a pool of route lab must not serve it."""

@@ -1,0 +1,206 @@
+"""Updates from Hands to the Brain: gaps, duplicates, reordering, S3 references, bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import aio_pika
+import pytest
+
+from examples.mailbox import MailboxServer
+from protocol import SucceededBody, decode, dumps, encode
+from tests.support import Observer, Processes, TendonEnv, run_cli, wait_for
+
+BRAIN = ["-m", "brain", "serve"]
+HANDS_EMAIL = ["-m", "hands", "serve", "--route", "email", "--tools", "examples.email_tools"]
+HANDS_BULK = ["-m", "hands", "serve", "--route", "bulk", "--tools", "tests.brain_e2e_tools"]
+
+pytestmark = pytest.mark.chaos
+
+
+@pytest.fixture
+def mailbox() -> Iterator[MailboxServer]:
+    with MailboxServer(port=0) as server:
+        yield server
+
+
+async def _drain(amqp_url: str, queue: str) -> list[bytes]:
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        q = await channel.get_queue(queue)
+        bodies = []
+        while (message := await q.get(no_ack=False, fail=False)) is not None:
+            bodies.append(message.body)
+            await message.ack()
+        return bodies
+
+
+async def _publish(amqp_url: str, queue: str, bodies: list[bytes]) -> None:
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        for body in bodies:
+            await channel.default_exchange.publish(
+                aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key=queue)
+
+
+async def test_duplicate_reordered_and_missing_updates_are_applied_once_and_the_gap_replayed(
+    tendon: TendonEnv, processes: Processes, mailbox: MailboxServer
+) -> None:
+    env = {**tendon.env, "TENDON_MAILBOX_URL": mailbox.url}
+    updates = f"t-{tendon.suffix}.updates"
+    obs = Observer(tendon)
+    await processes.start_ready("hands", HANDS_EMAIL, env)
+    # Given a Brain that dies on the first update, so Hands' events for call-1 pile up
+    doomed = await processes.start_ready(
+        "brain", BRAIN, {**env, "TENDON_KILL_AT": "brain.after_update_received@accepted"})
+    code, turn_id, err = await run_cli(
+        ["-m", "brain", "submit", "--session", "s-gap", "--request-id", "r", "--agent",
+         "examples/notice_agent.json", "notice"], env)
+    assert code == 0, err
+    turn_id = turn_id.strip()
+    assert await processes.wait_exit(doomed) == -signal.SIGKILL
+
+    async def all_published() -> bool:
+        rows = await obs.fetch("SELECT count(*) AS n FROM {hands}.events WHERE kind = 'succeeded'"
+                               " AND published_at IS NOT NULL")
+        return rows[0]["n"] == 1
+
+    await wait_for(all_published, timeout=30, what="Hands to publish call-1's events")
+    by_seq = {decode(b).seq: b for b in await _drain(tendon.amqp_url, updates)}
+    last = max(by_seq)
+    assert sorted(by_seq) == list(range(1, last + 1)) and last >= 3
+
+    # When the broker delivers the last event first, then the first one twice, and loses the rest
+    await _publish(tendon.amqp_url, updates, [by_seq[last], by_seq[1], by_seq[1]])
+    await processes.start_ready("brain", BRAIN, env)
+
+    # Then the turn completes: the gap was replayed from Hands' ledger, the tool ran once
+    await obs.wait_turn(turn_id, "completed")
+    first = (await obs.executions(turn_id))[0]
+    assert first["last_seq"] == last and first["status"] == "succeeded"
+    replays = await obs.fetch(
+        "SELECT payload FROM {brain}.outbox WHERE queue = $1", f"t-{tendon.suffix}.email.controls")
+    asked = [decode(bytes(r["payload"])) for r in replays]
+    assert [(a.kind, a.execution_id, a.body.from_seq) for a in asked] == [("replay", first["id"], 2)]
+    ledger = {r["execution_id"]: r for r in await obs.ledger()}
+    assert ledger[first["id"]]["attempts"] == 1
+    assert sorted(mailbox.stats()["posts_per_key"].values()) == [1, 1, 1, 1, 1]
+
+
+def _bulk_agent(tmp_path: Path, blob: str) -> str:
+    agent = {"name": "bulk", "version": "1", "tools": ["echo_blob"],
+             "model": {"kind": "scripted", "script": [
+                 {"tool_calls": [{"tool": "echo_blob", "args": {"blob": blob}}]},
+                 {"content": "echoed"}]}}
+    path = tmp_path / "bulk_agent.json"
+    path.write_text(json.dumps(agent))
+    return str(path)
+
+
+def _bucket_keys(s3_server, prefix: str) -> list[str]:  # type: ignore[no-untyped-def]
+    listing = s3_server.client().list_objects_v2(Bucket=s3_server.bucket, Prefix=prefix)
+    return [o["Key"] for o in listing.get("Contents", [])]
+
+
+async def test_arguments_and_results_over_the_threshold_travel_through_s3(
+    tendon: TendonEnv, processes: Processes, s3_server, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    tendon.routes.add("bulk")
+    env = {**tendon.env, "TENDON_OFFLOAD_THRESHOLD": "4096"}
+    blob = "x" * 20_000
+    await processes.start_ready("brain", BRAIN, env)
+    await processes.start_ready("hands", HANDS_BULK, env)
+    code, out, err = await run_cli(
+        ["-m", "brain", "submit", "--session", f"s-{tendon.suffix}", "--request-id", "r",
+         "--agent", _bulk_agent(tmp_path, blob), "echo"], env)
+    assert code == 0, err
+    obs = Observer(tendon)
+    await obs.wait_turn(out.strip(), "completed")
+    (row,) = await obs.executions(out.strip())
+    assert row["result"] == {"blob": blob, "length": 20_000}
+    # One object for the command's body and one for the result's, both in the session's scope
+    assert len(_bucket_keys(s3_server, f"default/s-{tendon.suffix}/sha256/")) == 2
+
+
+async def test_a_tampered_result_object_is_refused_and_fails_the_turn_with_a_clear_error(
+    tendon: TendonEnv, processes: Processes, s3_server, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    tendon.routes.add("bulk")
+    env = {**tendon.env, "TENDON_OFFLOAD_THRESHOLD": "4096"}
+    blob = "y" * 20_000
+    scope = f"default/s-{tendon.suffix}"
+    # Given the result's content-addressed key already holds other bytes of the same size
+    body = dumps(SucceededBody(result={"blob": blob, "length": 20_000}).model_dump(mode="json"))
+    key = f"{scope}/sha256/{hashlib.sha256(body).hexdigest()}"
+    s3_server.client().put_object(Bucket=s3_server.bucket, Key=key, Body=body.replace(b"y", b"z", 1))
+
+    await processes.start_ready("brain", BRAIN, env)
+    await processes.start_ready("hands", HANDS_BULK, env)
+    code, out, err = await run_cli(
+        ["-m", "brain", "submit", "--session", f"s-{tendon.suffix}", "--request-id", "r",
+         "--agent", _bulk_agent(tmp_path, blob), "echo"], env)
+    assert code == 0, err
+    obs = Observer(tendon)
+    turn = await obs.wait_turn(out.strip(), "failed")
+    assert turn["error"]["code"] == "object_ref_error"
+    assert "sha256 mismatch" in turn["error"]["message"]
+    parked = await _drain(tendon.amqp_url, f"t-{tendon.suffix}.updates.dlq")
+    assert [decode(b).kind for b in parked] == ["succeeded"]
+
+
+async def test_malformed_and_foreign_updates_are_dead_lettered_with_a_reason_and_nothing_changes(
+    tendon: TendonEnv, processes: Processes, mailbox: MailboxServer
+) -> None:
+    env = {**tendon.env, "TENDON_MAILBOX_URL": mailbox.url}
+    updates = f"t-{tendon.suffix}.updates"
+    await processes.start_ready("brain", BRAIN, env)
+    good = {"v": 1, "kind": "accepted", "message_id": "m", "execution_id": "exe-nope",
+            "namespace": "default", "session_id": "s", "request_digest": "a" * 64, "seq": 1,
+            "body": {"worker": "w"}, "body_ref": None}
+    bad = [
+        b'{"v": 1, "kind": "accepted"',                      # malformed JSON
+        b'{"v": 1, "v": 1}',                                   # duplicate keys
+        json.dumps({**good, "seq": "one"}).encode(),           # wrong schema
+        encode(decode(json.dumps(good).encode())),             # unknown execution
+    ]
+    await _publish(tendon.amqp_url, updates, bad)
+
+    connection = await aio_pika.connect(tendon.amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        dlq = await channel.get_queue(f"{updates}.dlq")
+        reasons: list[str] = []
+
+        async def parked() -> bool:
+            while (m := await dlq.get(no_ack=False, fail=False)) is not None:
+                reasons.append(str(m.headers.get("x-tendon-reason")))
+                await m.ack()
+            return len(reasons) == 4
+
+        await wait_for(parked, timeout=20, what="four dead-lettered updates")
+    assert "malformed JSON" in reasons[0]
+    assert "duplicate JSON key 'v'" in reasons[1]
+    assert "seq" in reasons[2]
+    assert "unknown execution exe-nope" in reasons[3]
+    obs = Observer(tendon)
+    assert await obs.fetch("SELECT * FROM {brain}.executions") == []
+
+
+async def test_a_turn_whose_tool_no_hands_pool_serves_fails_with_a_clear_error(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    env = {**tendon.env, "TENDON_BINDING_WAIT_SECONDS": "1"}
+    await processes.start_ready("brain", BRAIN, env)
+    code, out, err = await run_cli(
+        ["-m", "brain", "submit", "--session", "s", "--request-id", "r",
+         "--agent", _bulk_agent(tmp_path, "b"), "echo"], env)
+    assert code == 0, err
+    turn = await Observer(tendon).wait_turn(out.strip(), "failed", timeout=20)
+    assert turn["error"]["code"] == "routing_error"
+    assert "no Hands pool announced tool(s) echo_blob" in turn["error"]["message"]

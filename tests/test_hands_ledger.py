@@ -1,0 +1,203 @@
+"""The Hands ledger's SQL on a real PostgreSQL: migrations, fencing, claims and the outbox."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from hands import ledger
+from hands.states import LedgerStatus
+from infra.db import create_pool, migrate, transact
+from infra.liveness import WorkerRegistration
+from infra.payloads import PayloadCodec
+from protocol import (
+    AcceptedBody,
+    IllegalTransitionError,
+    StaleOwnerError,
+    StartedBody,
+    decode,
+    new_id,
+)
+from tests.support import TendonEnv
+
+CODEC = PayloadCodec(None, 1024 * 1024)
+
+
+@pytest.fixture
+async def pool(tendon: TendonEnv) -> AsyncIterator[asyncpg.Pool]:
+    schema = tendon.settings().hands_schema
+    pool = await create_pool(tendon.database_url, schema, max_size=4)
+    await migrate(pool, schema, ledger.MIGRATIONS)
+    yield pool
+    await pool.close()
+
+
+async def _execution(pool: asyncpg.Pool, owner: str, status: LedgerStatus) -> str:
+    execution_id = new_id()
+
+    async def work(conn: asyncpg.Connection) -> Any:
+        return await ledger.insert_execution(
+            conn,
+            execution_id=execution_id,
+            route="lab",
+            request_digest="d" * 64,
+            namespace="tests",
+            session_id="s1",
+            tool="echo",
+            binding_digest="b" * 64,
+            replay_policy="safe",
+            args={},
+            status=status,
+            owner=owner,
+        )
+
+    assert await transact(pool, work) is not None
+    return execution_id
+
+
+async def test_migrations_are_idempotent(tendon: TendonEnv, pool: asyncpg.Pool) -> None:
+    # Given a migrated ledger / When the migrations run again / Then nothing is applied
+    assert await migrate(pool, tendon.settings().hands_schema, ledger.MIGRATIONS) == 0
+
+
+async def test_an_execution_id_is_inserted_once(pool: asyncpg.Pool) -> None:
+    execution_id = await _execution(pool, "w1", LedgerStatus.ACCEPTED)
+    async with pool.acquire() as conn:
+        again = await ledger.insert_execution(
+            conn,
+            execution_id=execution_id,
+            route="lab",
+            request_digest="e" * 64,
+            namespace="tests",
+            session_id="s1",
+            owner="w2",
+        )
+    assert again is None
+
+
+async def test_a_commit_from_a_worker_that_no_longer_owns_the_row_is_refused(
+    pool: asyncpg.Pool,
+) -> None:
+    # Given an execution owned by w2
+    execution_id = await _execution(pool, "w2", LedgerStatus.RUNNING)
+
+    # When w1 tries to change it, Then it is fenced off
+    async def work(conn: asyncpg.Connection) -> None:
+        await ledger.lock_owned(conn, execution_id, "w1")
+
+    with pytest.raises(StaleOwnerError, match="owned by w2"):
+        await transact(pool, work)
+
+
+async def test_a_status_change_outside_the_table_is_refused_and_changes_nothing(
+    pool: asyncpg.Pool,
+) -> None:
+    execution_id = await _execution(pool, "w1", LedgerStatus.ACCEPTED)
+
+    async def work(conn: asyncpg.Connection) -> None:
+        row = await ledger.lock_owned(conn, execution_id, "w1")
+        await ledger.move(conn, row, LedgerStatus.SUCCEEDED, result={"x": 1})
+
+    with pytest.raises(IllegalTransitionError):
+        await transact(pool, work)
+    async with pool.acquire() as conn:
+        row = await ledger.get_execution(conn, execution_id)
+    assert row is not None and row.status is LedgerStatus.ACCEPTED and row.result is None
+
+
+async def test_an_owner_missing_from_workers_counts_as_dead_and_is_claimed_once(
+    tendon: TendonEnv, pool: asyncpg.Pool
+) -> None:
+    schema = tendon.settings().hands_schema
+    # Given a running execution whose owner never registered (or was cleaned away)
+    execution_id = await _execution(pool, "ghost", LedgerStatus.RUNNING)
+
+    # When two workers scan and claim it
+    async with pool.acquire() as conn:
+        orphans = await ledger.open_orphans(conn, schema, "lab", "w1", 10)
+        first = await ledger.claim_orphan(conn, schema, execution_id, "ghost", "w1")
+        second = await ledger.claim_orphan(conn, schema, execution_id, "ghost", "w2")
+
+    # Then it is an orphan, and only the first compare-and-set wins
+    assert orphans == [(execution_id, "ghost")]
+    assert first is not None and first.owner == "w1"
+    assert second is None
+
+
+async def test_a_live_owner_is_never_claimed_and_a_closed_one_is_at_once(
+    tendon: TendonEnv, pool: asyncpg.Pool
+) -> None:
+    schema = tendon.settings().hands_schema
+    # Given an execution owned by a registered, live worker
+    async with WorkerRegistration(tendon.database_url, schema, "hands") as reg:
+        execution_id = await _execution(pool, reg.worker_id, LedgerStatus.RUNNING)
+        async with pool.acquire() as conn:
+            # Then nobody may claim it while it lives
+            assert await ledger.worker_alive(conn, schema, reg.worker_id)
+            assert await ledger.open_orphans(conn, schema, "lab", "w1", 10) == []
+            assert (
+                await ledger.claim_orphan(conn, schema, execution_id, reg.worker_id, "w1") is None
+            )
+    # When its session ends, Then it is claimable without waiting for any lease
+    async with pool.acquire() as conn:
+        assert not await ledger.worker_alive(conn, schema, reg.worker_id)
+        claimed = await ledger.claim_orphan(conn, schema, execution_id, reg.worker_id, "w1")
+    assert claimed is not None and claimed.owner == "w1"
+
+
+async def test_a_released_execution_becomes_an_orphan_for_every_worker_including_its_owner(
+    tendon: TendonEnv, pool: asyncpg.Pool
+) -> None:
+    schema = tendon.settings().hands_schema
+    execution_id = await _execution(pool, "w1", LedgerStatus.RUNNING)
+    async with pool.acquire() as conn:
+        assert await ledger.release(conn, execution_id, "w1")
+        assert await ledger.open_orphans(conn, schema, "lab", "w1", 10) == [
+            (execution_id, "released-by:w1")
+        ]
+
+
+async def test_events_get_contiguous_seqs_and_carry_the_rows_headers(pool: asyncpg.Pool) -> None:
+    execution_id = await _execution(pool, "w1", LedgerStatus.ACCEPTED)
+
+    async def work(conn: asyncpg.Connection) -> list[int]:
+        return [
+            await ledger.append_event(conn, CODEC, execution_id, AcceptedBody(worker="w1")),
+            await ledger.append_event(
+                conn, CODEC, execution_id, StartedBody(attempt=1, worker="w1")
+            ),
+        ]
+
+    assert await transact(pool, work) == [1, 2]
+    async with pool.acquire() as conn:
+        pending = await ledger.pending_events(conn, route="lab", execution_ids=[execution_id])
+    envelopes = [decode(e.payload) for e in pending]
+    assert [(e.seq, e.kind) for e in envelopes] == [(1, "accepted"), (2, "started")]
+    assert {(e.namespace, e.session_id, e.request_digest) for e in envelopes} == {
+        ("tests", "s1", "d" * 64)
+    }
+
+
+async def test_a_replay_that_lands_while_publishing_is_not_marked_published(
+    pool: asyncpg.Pool,
+) -> None:
+    # Given two events read by the relay for publishing
+    execution_id = await _execution(pool, "w1", LedgerStatus.ACCEPTED)
+
+    async def add(conn: asyncpg.Connection) -> None:
+        await ledger.append_event(conn, CODEC, execution_id, AcceptedBody(worker="w1"))
+        await ledger.append_event(conn, CODEC, execution_id, StartedBody(attempt=1, worker="w1"))
+
+    await transact(pool, add)
+    async with pool.acquire() as conn:
+        read = await ledger.pending_events(conn, execution_ids=[execution_id])
+        # When a replay from seq 2 arrives before the relay marks them
+        assert await ledger.republish_from(conn, execution_id, 2) == 1
+        marked = await ledger.mark_published(conn, read)
+        left = await ledger.pending_events(conn, execution_ids=[execution_id])
+    # Then seq 1 is published, and seq 2 stays due to be published again
+    assert marked == 1
+    assert [e.seq for e in left] == [2]

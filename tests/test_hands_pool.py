@@ -1,0 +1,671 @@
+"""The Hands pool as real OS processes on real PostgreSQL, RabbitMQ and S3 (no mocks).
+
+Commands are published straight onto ``<prefix>.lab.commands``; what the pool says comes
+back on ``<prefix>.updates``. Chaos tests arm a kill point in one worker (SIGKILL at an exact
+step) and let a second worker recover by the replay rule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import asyncpg
+import pytest
+
+from hands.tools import Tool
+from infra.broker import Broker, Topology
+from infra.objectstore import S3ObjectStore
+from infra.payloads import PayloadCodec
+from protocol import (
+    CancelBody,
+    CancelControl,
+    ExecuteBody,
+    ExecuteCommand,
+    ObjectRef,
+    ReplayBody,
+    ReplayControl,
+    decode,
+    encode,
+    new_id,
+    request_digest,
+)
+from tests import hands_test_tools as lab
+from tests.support import Processes, TendonEnv, wait_for
+
+SERVE = ["-m", "hands", "serve", "--route", "lab", "--tools", "tests.hands_test_tools"]
+WAIT = 20.0
+
+
+@pytest.fixture
+def world(tendon: TendonEnv, tmp_path: Path) -> TendonEnv:
+    tendon.routes = {"lab"}
+    tendon.extra.update(
+        {
+            "LAB_RUNS_FILE": str(tmp_path / "runs.txt"),
+            "LAB_CHARGES_FILE": str(tmp_path / "charges.json"),
+        }
+    )
+    return tendon
+
+
+class Bus:
+    """The test's side of the broker: publish commands and controls, collect updates."""
+
+    def __init__(self, world: TendonEnv, broker: Broker) -> None:
+        self.world = world
+        self.broker = broker
+        self.topology = broker.topology
+        self.raw: dict[str, list[bytes]] = defaultdict(list)
+
+    async def _on_update(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        envelope = decode(message.body)
+        self.raw[envelope.execution_id].append(message.body)
+        await message.ack()
+
+    async def publish_command(self, command: ExecuteCommand | bytes) -> None:
+        body = command if isinstance(command, bytes) else encode(command)
+        await self.broker.publish(self.topology.commands("lab"), body, message_id=new_id())
+
+    async def publish_control(self, control: Any) -> None:
+        await self.broker.publish(
+            self.topology.controls("lab"), encode(control), message_id=new_id()
+        )
+
+    def events(self, execution_id: str) -> list[Any]:
+        """Every event received for ``execution_id``, in arrival order (duplicates included)."""
+        return [decode(raw) for raw in self.raw[execution_id]]
+
+    def by_seq(self, execution_id: str) -> dict[int, Any]:
+        return {e.seq: e for e in self.events(execution_id)}
+
+    async def wait_seqs(self, execution_id: str, last: int) -> dict[int, Any]:
+        """Wait until seqs 1..last of ``execution_id`` all arrived; return them by seq."""
+
+        async def complete() -> dict[int, Any] | None:
+            got = self.by_seq(execution_id)
+            return got if all(s in got for s in range(1, last + 1)) else None
+
+        return await wait_for(complete, timeout=WAIT, what=f"events 1..{last} of {execution_id}")
+
+    async def wait_kind(self, execution_id: str, kind: str) -> Any:
+        async def found() -> Any:
+            return next((e for e in self.events(execution_id) if e.kind == kind), None)
+
+        return await wait_for(found, timeout=WAIT, what=f"a {kind} event for {execution_id}")
+
+    async def dead_letters(self, queue: str) -> list[aio_pika.abc.AbstractIncomingMessage]:
+        channel = await self.broker._connection.channel()  # type: ignore[union-attr]
+        try:
+            dlq = await channel.declare_queue(
+                self.topology.dlq(queue), durable=True, arguments={"x-queue-type": "quorum"}
+            )
+            out = []
+            while (message := await dlq.get(no_ack=True, fail=False)) is not None:
+                out.append(message)
+            return out
+        finally:
+            await channel.close()
+
+
+@pytest.fixture
+async def bus(world: TendonEnv) -> AsyncIterator[Bus]:
+    settings = world.settings()
+    async with Broker(settings.amqp_url, Topology(settings.queue_prefix)) as broker:
+        bus = Bus(world, broker)
+        await broker.consume(broker.topology.updates, bus._on_update, prefetch=100)
+        yield bus
+
+
+def command(
+    t: Tool,
+    args: dict[str, Any],
+    *,
+    binding_digest: str | None = None,
+    execution_id: str | None = None,
+) -> ExecuteCommand:
+    """An execute command for test tool ``t`` as a Brain would publish it."""
+    execution_id = execution_id or new_id()
+    body = ExecuteBody(
+        turn_id=f"turn-{execution_id[:6]}",
+        call_id=f"call-{execution_id[:6]}",
+        route="lab",
+        tool=t.name,
+        binding_digest=binding_digest or t.binding.digest,
+        replay_policy=t.binding.replay_policy,
+        args=args,
+    )
+    return ExecuteCommand(
+        execution_id=execution_id,
+        namespace="tests",
+        session_id=f"s{execution_id[:8]}",
+        request_digest=request_digest(execution_id, body),
+        body=body,
+    )
+
+
+async def start_worker(processes: Processes, world: TendonEnv, **env: str) -> Any:
+    return await processes.start_ready("hands", SERVE, {**world.env, **env})
+
+
+def runs(world: TendonEnv) -> list[tuple[str, str, int]]:
+    return lab.runs(Path(world.extra["LAB_RUNS_FILE"]))
+
+
+async def ledger_fetch(world: TendonEnv, sql: str, *args: Any) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(
+        world.database_url, server_settings={"search_path": f"th_{world.suffix}"}
+    )
+    try:
+        return await conn.fetch(sql, *args)
+    finally:
+        await conn.close()
+
+
+# ---- the happy path ---------------------------------------------------------------------
+
+
+async def test_an_echo_command_is_accepted_started_and_succeeded_as_seq_1_to_3(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a Hands pool serving route lab
+    await start_worker(processes, world)
+    cmd = command(lab.echo, {"text": "hi"})
+
+    # When an echo command arrives
+    await bus.publish_command(cmd)
+
+    # Then its events arrive as accepted, started, succeeded with seq 1..3 and its headers
+    events = await bus.wait_seqs(cmd.execution_id, 3)
+    assert [events[s].kind for s in (1, 2, 3)] == ["accepted", "started", "succeeded"]
+    assert events[2].body.attempt == 1 and events[2].body.reason == "first_run"
+    assert events[3].body.result == {"text": "hi", "attempt": 1}
+    assert events[3].body.how == "ran"
+    for e in events.values():
+        assert (e.namespace, e.session_id) == (cmd.namespace, cmd.session_id)
+        assert e.request_digest == cmd.request_digest
+    assert runs(world) == [("echo", cmd.execution_id, 1)]
+
+
+async def test_output_pages_are_committed_with_byte_offsets_before_the_terminal_event(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a pool and a tool that writes three output pages
+    await start_worker(processes, world)
+    cmd = command(lab.slow, {"pages": 3, "delay": 0.01})
+
+    # When it runs
+    await bus.publish_command(cmd)
+    events = await bus.wait_seqs(cmd.execution_id, 6)
+
+    # Then the pages come between started and succeeded with contiguous byte offsets,
+    # and the terminal event carries the sealed output length
+    kinds = [events[s].kind for s in range(1, 7)]
+    assert kinds == [
+        "accepted",
+        "started",
+        "output_page",
+        "output_page",
+        "output_page",
+        "succeeded",
+    ]
+    pages = [events[s].body for s in (3, 4, 5)]
+    assert [p.offset for p in pages] == [0, 7, 14]
+    assert "".join(p.data for p in pages) == "page 0\npage 1\npage 2\n"
+    assert events[6].body.output_bytes == 21
+    chunks = await ledger_fetch(
+        world,
+        "SELECT byte_offset, data FROM output_chunks WHERE execution_id = $1 ORDER BY 1",
+        cmd.execution_id,
+    )
+    assert [(c["byte_offset"], c["data"]) for c in chunks] == [
+        (0, "page 0\n"),
+        (7, "page 1\n"),
+        (14, "page 2\n"),
+    ]
+
+
+async def test_the_same_command_delivered_twice_runs_once(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a pool that already ran a command
+    worker = await start_worker(processes, world)
+    cmd = command(lab.echo, {"text": "once"})
+    await bus.publish_command(cmd)
+    await bus.wait_seqs(cmd.execution_id, 3)
+
+    # When the broker delivers the very same command again
+    await bus.publish_command(cmd)
+
+    # Then it is acknowledged as a duplicate and nothing runs again
+    await wait_for(
+        lambda: _async(lambda: "command_duplicate" in processes.output(worker)),
+        timeout=WAIT,
+        what="the duplicate to be acknowledged",
+    )
+    assert runs(world) == [("echo", cmd.execution_id, 1)]
+    assert sorted(e.seq for e in bus.events(cmd.execution_id)) == [1, 2, 3]
+
+
+async def _async(fn: Any) -> Any:
+    return fn()
+
+
+# ---- rejected commands ------------------------------------------------------------------
+
+
+async def test_an_unknown_binding_digest_is_rejected_with_a_clear_failed_event_and_nothing_runs(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a pool serving echo under its current binding
+    await start_worker(processes, world)
+    stale = hashlib.sha256(b"echo, version 0").hexdigest()
+    cmd = command(lab.echo, {"text": "hi"}, binding_digest=stale)
+
+    # When a command names a binding digest the pool does not serve
+    await bus.publish_command(cmd)
+
+    # Then the only event is failed (how=rejected), seq 1, saying what was expected
+    failed = await bus.wait_kind(cmd.execution_id, "failed")
+    assert failed.seq == 1 and failed.body.how == "rejected"
+    assert failed.body.error["code"] == "routing_error"
+    message = failed.body.error["message"]
+    assert stale[:8] in message and lab.echo.binding.digest[:8] in message
+    assert "tool echo" in message and "route lab" in message
+    assert runs(world) == []
+    rows = await ledger_fetch(
+        world, "SELECT status FROM executions WHERE execution_id = $1", cmd.execution_id
+    )
+    assert [r["status"] for r in rows] == ["failed"]
+
+
+async def test_an_unknown_tool_or_invalid_arguments_are_rejected_and_nothing_runs(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a pool
+    await start_worker(processes, world)
+    unknown = command(lab.echo, {"text": "hi"})
+    body = unknown.body.model_copy(update={"tool": "shout"})
+    unknown = unknown.model_copy(
+        update={"body": body, "request_digest": request_digest(unknown.execution_id, body)}
+    )
+    invalid = command(lab.echo, {"text": 3, "volume": "loud"})
+
+    # When a command names a tool the route does not serve, and another has bad arguments
+    await bus.publish_command(unknown)
+    await bus.publish_command(invalid)
+
+    # Then each fails (how=rejected) as its seq 1 with a message saying what was expected
+    tool_error = (await bus.wait_kind(unknown.execution_id, "failed")).body.error
+    assert tool_error["code"] == "routing_error"
+    assert tool_error["message"].startswith("tool shout is not served by route lab (served: big")
+    args_error = (await bus.wait_kind(invalid.execution_id, "failed")).body.error
+    assert args_error["code"] == "schema_error"
+    assert "arguments for tool 'echo' are invalid" in args_error["message"]
+    assert "text" in args_error["message"] and "volume" in args_error["message"]
+    assert runs(world) == []
+
+
+async def test_the_same_execution_id_with_a_different_request_is_dead_lettered_as_a_conflict(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given an execution that ran
+    await start_worker(processes, world)
+    cmd = command(lab.echo, {"text": "first"})
+    await bus.publish_command(cmd)
+    await bus.wait_seqs(cmd.execution_id, 3)
+
+    # When another command arrives with the same execution id but different arguments
+    await bus.publish_command(command(lab.echo, {"text": "second"}, execution_id=cmd.execution_id))
+
+    # Then it is parked as a conflict and nothing runs again
+    queue = bus.topology.commands("lab")
+    parked = await wait_for(lambda: bus.dead_letters(queue), timeout=WAIT, what="a dead letter")
+    reason = parked[0].headers["x-tendon-reason"]
+    reason = reason.decode() if isinstance(reason, bytes) else reason
+    assert reason.startswith(f"conflict: execution {cmd.execution_id} is already in the ledger")
+    assert runs(world) == [("echo", cmd.execution_id, 1)]
+
+
+async def test_a_cancel_control_signals_the_running_tool_and_the_execution_ends_cancelled(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a tool that runs until it is cancelled
+    await start_worker(processes, world)
+    cmd = command(lab.wait_cancel, {})
+    await bus.publish_command(cmd)
+    await bus.wait_kind(cmd.execution_id, "output_page")
+
+    # When the Brain sends a cancel
+    await bus.publish_control(
+        CancelControl(
+            execution_id=cmd.execution_id,
+            namespace=cmd.namespace,
+            session_id=cmd.session_id,
+            request_digest=cmd.request_digest,
+            body=CancelBody(reason="user changed their mind"),
+        )
+    )
+
+    # Then the tool sees ctx.cancelled and the execution ends CANCELLED as its seq 4
+    cancelled = (await bus.wait_seqs(cmd.execution_id, 4))[4]
+    assert cancelled.kind == "cancelled" and "cancel requested" in cancelled.body.reason
+    rows = await ledger_fetch(
+        world,
+        "SELECT status, cancel_requested FROM executions WHERE execution_id = $1",
+        cmd.execution_id,
+    )
+    assert [tuple(r) for r in rows] == [("cancelled", True)]
+
+
+async def test_malformed_json_goes_to_the_commands_dead_letter_queue_with_a_reason(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a pool
+    await start_worker(processes, world)
+
+    # When a message with duplicate JSON keys arrives on the commands queue
+    await bus.publish_command(b'{"kind": "execute", "kind": "execute"}')
+
+    # Then it is parked in the commands DLQ with a reason header that says why
+    queue = bus.topology.commands("lab")
+    parked = await wait_for(lambda: bus.dead_letters(queue), timeout=WAIT, what="a dead letter")
+    assert len(parked) == 1
+    reason = parked[0].headers["x-tendon-reason"]
+    reason = reason.decode() if isinstance(reason, bytes) else reason
+    assert reason.startswith("decode_error:") and "duplicate JSON key 'kind'" in reason
+
+
+async def test_a_tool_that_raises_fails_with_its_exception_type_and_message(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a pool
+    await start_worker(processes, world)
+    cmd = command(lab.boom, {"message": "disk on fire"})
+
+    # When the tool raises
+    await bus.publish_command(cmd)
+
+    # Then the execution fails (how=ran) with code tool_error and "<Type>: <message>"
+    failed = (await bus.wait_seqs(cmd.execution_id, 3))[3]
+    assert failed.kind == "failed" and failed.body.how == "ran"
+    assert failed.body.error == {"code": "tool_error", "message": "ValueError: disk on fire"}
+
+
+async def test_a_command_whose_body_ref_fails_verification_is_failed_for_the_turn_and_dead_lettered(
+    world: TendonEnv, bus: Bus, processes: Processes, s3_server: Any
+) -> None:
+    # Given a pool, and a command whose body is "in S3" under a key that holds nothing
+    await start_worker(processes, world)
+    execution_id = new_id()
+    scope = f"tests/s{execution_id[:8]}"
+    sha = hashlib.sha256(b"never stored").hexdigest()
+    cmd = ExecuteCommand(
+        execution_id=execution_id,
+        namespace="tests",
+        session_id=f"s{execution_id[:8]}",
+        request_digest=hashlib.sha256(b"command").hexdigest(),
+        body_ref=ObjectRef(
+            uri=f"s3://{s3_server.bucket}/{scope}/sha256/{sha}", sha256=sha, size=100, scope=scope
+        ),
+    )
+
+    # When it arrives
+    await bus.publish_command(cmd)
+
+    # Then the turn hears a failed (rejected) event, and the message is parked with the reason
+    failed = await bus.wait_kind(execution_id, "failed")
+    assert failed.seq == 1 and failed.body.how == "rejected"
+    assert failed.body.error["code"] == "object_ref_error"
+    assert "missing" in failed.body.error["message"]
+    queue = bus.topology.commands("lab")
+    parked = await wait_for(lambda: bus.dead_letters(queue), timeout=WAIT, what="a dead letter")
+    reason = parked[0].headers["x-tendon-reason"]
+    reason = reason.decode() if isinstance(reason, bytes) else reason
+    assert reason.startswith("object_ref_error:")
+    assert runs(world) == []
+
+
+async def test_sigterm_lets_a_running_tool_finish_and_publishes_its_outcome_before_exit(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a worker running a tool that takes about a second
+    worker = await start_worker(processes, world)
+    cmd = command(lab.slow, {"pages": 4, "delay": 0.25})
+    await bus.publish_command(cmd)
+    await bus.wait_kind(cmd.execution_id, "output_page")
+
+    # When the worker is asked to stop
+    worker.send_signal(signal.SIGTERM)
+
+    # Then it drains: the tool finishes, its outcome is published, and the exit is clean
+    assert await processes.wait_exit(worker, timeout=WAIT) == 0
+    events = await bus.wait_seqs(cmd.execution_id, 7)
+    assert events[7].kind == "succeeded" and events[7].body.result == {"pages": 4}
+    assert runs(world) == [("slow", cmd.execution_id, 1)]
+
+
+# ---- crashes ----------------------------------------------------------------------------
+
+
+async def _crash_then_recover(
+    world: TendonEnv, bus: Bus, processes: Processes, cmd: ExecuteCommand, point: str
+) -> None:
+    """Run ``cmd`` on a worker that SIGKILLs itself at ``point``, then start a healthy one."""
+    doomed = await start_worker(processes, world, TENDON_KILL_AT=f"{point}@{cmd.body.call_id}")
+    await bus.publish_command(cmd)
+    assert await processes.wait_exit(doomed, timeout=WAIT) == -9
+    await start_worker(processes, world)
+
+
+@pytest.mark.chaos
+async def test_a_worker_killed_after_accepting_but_before_acking_is_started_once_by_another(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a worker that dies after committing acceptance, before acking the message
+    cmd = command(lab.echo, {"text": "accepted"})
+
+    # When a second worker gets the redelivery and notices the dead owner
+    await _crash_then_recover(world, bus, processes, cmd, "hands.after_accept_commit")
+
+    # Then the redelivery is a duplicate and the execution starts once, as its first run
+    events = await bus.wait_seqs(cmd.execution_id, 3)
+    assert [events[s].kind for s in (1, 2, 3)] == ["accepted", "started", "succeeded"]
+    assert (events[2].body.attempt, events[2].body.reason) == (1, "first_run")
+    assert events[2].body.worker != events[1].body.worker
+    assert runs(world) == [("echo", cmd.execution_id, 1)]
+
+
+@pytest.mark.chaos
+async def test_a_worker_killed_after_a_safe_tool_body_is_rerun_by_another_worker(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a worker that dies right after the body of safe tool echo returned
+    cmd = command(lab.echo, {"text": "again"})
+
+    # When a second worker notices the dead owner
+    await _crash_then_recover(world, bus, processes, cmd, "hands.after_tool_body")
+
+    # Then it runs the body again as attempt 2 and the execution succeeds
+    events = await bus.wait_seqs(cmd.execution_id, 4)
+    assert [events[s].kind for s in (1, 2, 3, 4)] == ["accepted", "started", "started", "succeeded"]
+    assert (events[3].body.attempt, events[3].body.reason) == (2, "rerun_after_crash")
+    assert events[4].body.result == {"text": "again", "attempt": 2}
+    assert runs(world) == [("echo", cmd.execution_id, 1), ("echo", cmd.execution_id, 2)]
+
+
+@pytest.mark.chaos
+async def test_a_worker_killed_after_an_unsafe_tool_body_is_verified_by_its_query_not_rerun(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a worker that dies after unsafe tool charge reached the charges service
+    cmd = command(lab.charge, {"amount": 42})
+
+    # When a second worker takes over
+    await _crash_then_recover(world, bus, processes, cmd, "hands.after_tool_body")
+
+    # Then the query finds the original charge: succeeded how=verified_by_query, one run only
+    events = await bus.wait_seqs(cmd.execution_id, 3)
+    assert [events[s].kind for s in (1, 2, 3)] == ["accepted", "started", "succeeded"]
+    assert events[3].body.how == "verified_by_query"
+    assert events[3].body.result == {"charge_id": f"ch_{cmd.execution_id[:8]}", "amount": 42}
+    assert runs(world) == [("charge", cmd.execution_id, 1)]
+
+
+@pytest.mark.chaos
+async def test_a_worker_killed_before_an_unsafe_body_ran_runs_it_once_the_query_says_not_found(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a worker that dies after committing RUNNING but before the body of charge began
+    cmd = command(lab.charge, {"amount": 7})
+
+    # When a second worker takes over
+    await _crash_then_recover(world, bus, processes, cmd, "hands.before_tool_body")
+
+    # Then the query says the service never saw the operation, so it runs now (attempt 2)
+    events = await bus.wait_seqs(cmd.execution_id, 4)
+    assert [events[s].kind for s in (1, 2, 3, 4)] == ["accepted", "started", "started", "succeeded"]
+    assert events[3].body.reason == "rerun_after_crash" and events[4].body.how == "ran"
+    assert runs(world) == [("charge", cmd.execution_id, 2)]
+
+
+@pytest.mark.chaos
+async def test_a_worker_killed_inside_an_unsafe_tool_without_query_stays_unknown_until_reconciled(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a worker that dies after the body of unsafe charge_noquery returned
+    cmd = command(lab.charge_noquery, {"amount": 5})
+    await _crash_then_recover(world, bus, processes, cmd, "hands.after_tool_body")
+
+    # Then the second worker does not re-run it: the execution becomes UNKNOWN, saying why
+    unknown = (await bus.wait_seqs(cmd.execution_id, 3))[3]
+    assert unknown.kind == "unknown"
+    assert "unsafe tool charge_noquery" in unknown.body.reason
+    assert "no query" in unknown.body.reason
+    assert runs(world) == [("charge_noquery", cmd.execution_id, 1)]
+
+    # When an operator reconciles it with a result and evidence
+    reconcile = [
+        "-m",
+        "hands",
+        "reconcile",
+        cmd.execution_id,
+        "--result",
+        '{"charged": 5}',
+        "--evidence",
+        "payment provider shows charge 5 at 10:02",
+        "--actor",
+        "alice",
+    ]
+    proc = processes.start("reconcile", reconcile, world.env)
+    assert await processes.wait_exit(proc, timeout=WAIT) == 0, processes.output(proc)
+    assert "UNKNOWN -> SUCCEEDED" in processes.output(proc)
+
+    # Then succeeded (how=reconciled, with the evidence) is published and audited
+    done = (await bus.wait_seqs(cmd.execution_id, 4))[4]
+    assert done.kind == "succeeded" and done.body.how == "reconciled"
+    assert done.body.result == {"charged": 5}
+    assert done.body.evidence == "payment provider shows charge 5 at 10:02"
+    audit = await ledger_fetch(
+        world,
+        "SELECT outcome, result, evidence, actor FROM reconciliations WHERE execution_id = $1",
+        cmd.execution_id,
+    )
+    assert [dict(a) | {"result": json.loads(a["result"])} for a in audit] == [
+        {
+            "outcome": "succeeded",
+            "result": {"charged": 5},
+            "evidence": "payment provider shows charge 5 at 10:02",
+            "actor": "alice",
+        }
+    ]
+
+    # And reconciling it a second time is refused, naming its status
+    again = processes.start(
+        "reconcile", [*reconcile[:4], "--failed", "no", "--evidence", "x"], world.env
+    )
+    assert await processes.wait_exit(again, timeout=WAIT) == 2
+    assert "is SUCCEEDED, not UNKNOWN" in processes.output(again)
+    assert runs(world) == [("charge_noquery", cmd.execution_id, 1)]
+
+    # And `hands show` tells the whole story
+    show = processes.start("show", ["-m", "hands", "show", cmd.execution_id, "--json"], world.env)
+    assert await processes.wait_exit(show, timeout=WAIT) == 0
+    story = json.loads(processes.output(show))
+    assert story["execution"]["status"] == "succeeded"
+    assert [e["kind"] for e in story["events"]] == ["accepted", "started", "unknown", "succeeded"]
+    assert story["reconciliations"][0]["actor"] == "alice"
+
+
+# ---- replay and big payloads ------------------------------------------------------------
+
+
+async def test_a_replay_control_republishes_events_from_seq_without_rerunning_the_tool(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given an execution whose three events were all delivered
+    await start_worker(processes, world)
+    cmd = command(lab.echo, {"text": "replay me"})
+    await bus.publish_command(cmd)
+    first = await bus.wait_seqs(cmd.execution_id, 3)
+
+    # When the Brain asks for a replay from seq 2
+    await bus.publish_control(
+        ReplayControl(
+            execution_id=cmd.execution_id,
+            namespace=cmd.namespace,
+            session_id=cmd.session_id,
+            request_digest=cmd.request_digest,
+            body=ReplayBody(from_seq=2),
+        )
+    )
+
+    # Then seq 2 and 3 arrive again, identical, seq 1 does not, and the tool did not run again
+    async def replayed() -> bool:
+        return len(bus.events(cmd.execution_id)) >= 5
+
+    await wait_for(replayed, timeout=WAIT, what="the replayed events")
+    seqs = sorted(e.seq for e in bus.events(cmd.execution_id))
+    assert seqs == [1, 2, 2, 3, 3]
+    again = bus.events(cmd.execution_id)[3:]
+    assert {e.message_id for e in again} == {first[2].message_id, first[3].message_id}
+    assert runs(world) == [("echo", cmd.execution_id, 1)]
+
+
+async def test_a_result_above_the_offload_threshold_arrives_as_a_body_ref_that_verifies(
+    world: TendonEnv, bus: Bus, processes: Processes, s3_server: Any
+) -> None:
+    # Given a pool whose offload threshold is 4 KiB
+    await start_worker(processes, world, TENDON_OFFLOAD_THRESHOLD="4096")
+    cmd = command(lab.big, {"size": 20_000})
+
+    # When a tool returns a 20 KB result
+    await bus.publish_command(cmd)
+    succeeded = await bus.wait_kind(cmd.execution_id, "succeeded")
+
+    # Then the event carries a body_ref (no inline body) scoped to the session...
+    ref = succeeded.body_ref
+    assert succeeded.body is None and ref is not None
+    assert ref.scope == f"{cmd.namespace}/{cmd.session_id}"
+
+    # ...whose stored bytes match its sha256 and size...
+    client = s3_server.client()
+    try:
+        key = ref.uri.removeprefix(f"s3://{s3_server.bucket}/")
+        data = client.get_object(Bucket=s3_server.bucket, Key=key)["Body"].read()
+    finally:
+        client.close()
+    assert (hashlib.sha256(data).hexdigest(), len(data)) == (ref.sha256, ref.size)
+
+    # ...and that a receiver resolves to the full result
+    raw = next(r for r in bus.raw[cmd.execution_id] if decode(r).kind == "succeeded")
+    async with S3ObjectStore(bucket=s3_server.bucket, endpoint_url=s3_server.endpoint_url) as store:
+        resolved = await PayloadCodec(store, 4096).unpack(raw)
+    assert resolved.body.result == {"blob": "x" * 20_000}
+    assert json.loads(data)["result"] == {"blob": "x" * 20_000}
