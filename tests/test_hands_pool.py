@@ -257,6 +257,30 @@ async def _async(fn: Any) -> Any:
     return fn()
 
 
+async def test_a_pool_with_concurrency_1_runs_one_execution_at_a_time(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a pool started with --concurrency 1
+    await processes.start_ready("hands", [*SERVE, "--concurrency", "1"], world.env)
+    first = command(lab.slow, {"pages": 2, "delay": 0.2})
+    second = command(lab.slow, {"pages": 2, "delay": 0.2})
+
+    # When two commands arrive together
+    await bus.publish_command(first)
+    await bus.publish_command(second)
+    await bus.wait_kind(first.execution_id, "succeeded")
+    await bus.wait_kind(second.execution_id, "succeeded")
+
+    # Then one started only after the other had finished
+    rows = await ledger_fetch(
+        world,
+        "SELECT execution_id, kind, created_at FROM events WHERE kind IN ('started', 'succeeded')",
+    )
+    at = {(r["execution_id"], r["kind"]): r["created_at"] for r in rows}
+    a, b = sorted((first.execution_id, second.execution_id), key=lambda e: at[(e, "started")])
+    assert at[(b, "started")] >= at[(a, "succeeded")]
+
+
 # ---- rejected commands ------------------------------------------------------------------
 
 
