@@ -19,8 +19,7 @@ from infra.db import create_pool, migrate
 from infra.killpoints import KillPoints
 from infra.liveness import WorkerRegistration, owner_alive_sql
 from infra.logging import get_logger
-from infra.objectstore import S3ObjectStore
-from infra.payloads import PayloadCodec
+from infra.payloads import open_payload_codec
 from infra.settings import Settings
 
 log = get_logger(__name__)
@@ -32,8 +31,7 @@ def wake_channel(settings: Settings) -> str:
 
 async def open_store(settings: Settings) -> asyncpg.Pool:
     """A migrated pool on the Brain's schema (used by `serve` and the CLI verbs)."""
-    pool = await create_pool(settings.database_url, settings.brain_schema,
-                             max_size=settings.concurrency + 6)
+    pool = await create_pool(settings.database_url, settings.brain_schema, max_size=settings.concurrency + 6)
     try:
         await migrate(pool, settings.brain_schema, MIGRATIONS)
     except BaseException:
@@ -51,13 +49,7 @@ async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event)
         registration = await stack.enter_async_context(
             WorkerRegistration(settings.database_url, settings.brain_schema, "brain")
         )
-        store = None
-        if settings.s3_endpoint_url:
-            store = await stack.enter_async_context(
-                S3ObjectStore(bucket=settings.s3_bucket, endpoint_url=settings.s3_endpoint_url,
-                              region=settings.s3_region)
-            )
-        codec = PayloadCodec(store, settings.offload_threshold)
+        codec = await stack.enter_async_context(open_payload_codec(settings))
         broker = await stack.enter_async_context(
             Broker(settings.amqp_url, topology, delivery_limit=settings.delivery_limit)
         )
@@ -69,20 +61,33 @@ async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event)
 
         relay = OutboxRelay(pool, broker, interval=settings.scan_interval)
         ctx = LoopContext(
-            pool=pool, codec=codec, topology=topology, killpoints=killpoints,
-            wake_channel=channel, lease_seconds=settings.lease_seconds,
-            binding_wait_seconds=settings.binding_wait_seconds, outbox_ready=relay.notify,
+            pool=pool,
+            codec=codec,
+            topology=topology,
+            killpoints=killpoints,
+            wake_channel=channel,
+            lease_seconds=settings.lease_seconds,
+            binding_wait_seconds=settings.binding_wait_seconds,
+            outbox_ready=relay.notify,
         )
         alive = owner_alive_sql(settings.brain_schema)
-        scanner = RepairScanner(pool, topology, wake_channel=channel,
-                                gap_timeout=settings.gap_timeout, interval=settings.scan_interval,
-                                outbox_ready=relay.notify)
-        tasks = [asyncio.create_task(relay.run(), name="outbox-relay"),
-                 asyncio.create_task(scanner.run(), name="repair-scan")]
+        scanner = RepairScanner(
+            pool,
+            topology,
+            wake_channel=channel,
+            gap_timeout=settings.gap_timeout,
+            interval=settings.scan_interval,
+            outbox_ready=relay.notify,
+        )
+        tasks = [
+            asyncio.create_task(relay.run(), name="outbox-relay"),
+            asyncio.create_task(scanner.run(), name="repair-scan"),
+        ]
         for i in range(settings.concurrency):
             driver = TurnDriver(ctx, registration.worker_id, alive)
-            tasks.append(asyncio.create_task(
-                drive_forever(driver, wake, settings.scan_interval), name=f"driver-{i}"))
+            tasks.append(
+                asyncio.create_task(drive_forever(driver, wake, settings.scan_interval), name=f"driver-{i}")
+            )
 
         updates = UpdateConsumer(pool, broker, codec, killpoints, channel)
         await broker.consume(updates.queue, updates.handle, prefetch=settings.concurrency * 8)
@@ -91,7 +96,9 @@ async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event)
 
         log.info("brain_ready", worker=registration.worker_id, schema=settings.brain_schema)
         if settings.ready_file:
-            Path(settings.ready_file).write_text(registration.worker_id)
+            ready = Path(settings.ready_file)
+            await asyncio.to_thread(ready.write_text, registration.worker_id + "\n")
+            stack.callback(ready.unlink, missing_ok=True)
         await stop.wait()
         log.info("brain_stopping")
         # Nothing waits in memory, so cancelling mid-phase only loses uncommitted work,

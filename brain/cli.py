@@ -38,8 +38,11 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("submit", help="submit a turn; prints its turn id once it is durable")
     s.add_argument("--session", required=True, help="session id (created on first use)")
-    s.add_argument("--request-id", required=True,
-                   help="idempotency key: the same id and input return the same turn")
+    s.add_argument(
+        "--request-id",
+        required=True,
+        help="idempotency key: the same id and input return the same turn",
+    )
     s.add_argument("--agent", required=True, help="path to the agent definition (JSON)")
     s.add_argument("input", help="the user's input for this turn")
 
@@ -68,8 +71,12 @@ async def _submit(settings: Settings, args: argparse.Namespace) -> int:
     async def work(pool: asyncpg.Pool) -> int:
         async def commit(conn: asyncpg.Connection) -> tuple[str, bool]:
             result = await turns.submit(
-                conn, namespace=settings.namespace, session_id=args.session,
-                request_id=args.request_id, user_input=args.input, agent=agent,
+                conn,
+                namespace=settings.namespace,
+                session_id=args.session,
+                request_id=args.request_id,
+                user_input=args.input,
+                agent=agent,
             )
             await events.wake(conn, wake_channel(settings))
             return result
@@ -86,20 +93,41 @@ async def describe(pool: asyncpg.Pool, turn_id: str) -> dict[str, Any]:
     async with pool.acquire() as conn:
         t = await turns.load(conn, turn_id)
         hist = await conn.fetch(
-            "SELECT position, role, content FROM history WHERE turn_id = $1 ORDER BY position", turn_id
+            "SELECT position, role, content FROM history WHERE turn_id = $1 ORDER BY position",
+            turn_id,
         )
         exes = await conn.fetch(
             "SELECT * FROM executions WHERE turn_id = $1 ORDER BY tool_step, call_id", turn_id
         )
         runs = await conn.fetchval("SELECT count(*) FROM runs WHERE turn_id = $1", turn_id)
     return {
-        "turn_id": t["id"], "session_id": t["session_id"], "request_id": t["request_id"],
-        "status": t["status"], "phase": t["phase"], "waiting_for": t["waiting_for"],
-        "runs": runs, "result": t["result"], "error": t["error"],
+        "turn_id": t["id"],
+        "session_id": t["session_id"],
+        "request_id": t["request_id"],
+        "status": t["status"],
+        "phase": t["phase"],
+        "waiting_for": t["waiting_for"],
+        "runs": runs,
+        "result": t["result"],
+        "error": t["error"],
         "history": [{"role": h["role"], **h["content"]} for h in hist],
         "executions": [
-            {k: e[k] for k in ("id", "call_id", "tool", "route", "status", "attempts", "how",
-                               "evidence", "result", "error", "last_seq")}
+            {
+                k: e[k]
+                for k in (
+                    "id",
+                    "call_id",
+                    "tool",
+                    "route",
+                    "status",
+                    "attempts",
+                    "how",
+                    "evidence",
+                    "result",
+                    "error",
+                    "last_seq",
+                )
+            }
             for e in exes
         ],
     }
@@ -143,9 +171,12 @@ async def _wait(settings: Settings, args: argparse.Namespace) -> int:
                 return 0 if d["status"] == TurnStatus.COMPLETED else EXIT_FAILED
             if time.monotonic() > deadline:
                 # Observers never change work: the turn goes on.
-                print(f"turn {args.turn_id} is still {d['status']}"
-                      + (f", waiting for {d['waiting_for']}" if d["waiting_for"] else "")
-                      + f" after {args.timeout:g}s (it keeps going)", file=sys.stderr)
+                print(
+                    f"turn {args.turn_id} is still {d['status']}"
+                    + (f", waiting for {d['waiting_for']}" if d["waiting_for"] else "")
+                    + f" after {args.timeout:g}s (it keeps going)",
+                    file=sys.stderr,
+                )
                 return EXIT_TIMEOUT
             await asyncio.sleep(0.2)
 

@@ -109,7 +109,8 @@ class TurnDriver:
             thread = await conn.fetchrow("SELECT * FROM threads WHERE id = $1", row["thread_id"])
             definition = await conn.fetchval(
                 "SELECT definition FROM agents WHERE name = $1 AND version = $2",
-                thread["agent_name"], thread["agent_version"],
+                thread["agent_name"],
+                thread["agent_version"],
             )
         return AgentDefinition.model_validate(definition), thread
 
@@ -131,7 +132,10 @@ class TurnDriver:
                     if age > self.ctx.binding_wait_seconds:
                         raise _no_binding(missing, self.ctx.binding_wait_seconds)
                     await turns.advance(
-                        conn, lease, phase=TurnPhase.PREPARE, release=True,
+                        conn,
+                        lease,
+                        phase=TurnPhase.PREPARE,
+                        release=True,
                         waiting_for=f"a Hands pool to announce {', '.join(missing)}",
                         wake_at=await conn.fetchval("SELECT now() + interval '0.5 second'"),
                     )
@@ -139,11 +143,15 @@ class TurnDriver:
                 # Freeze the bindings into the thread: later turns use these digests.
                 await conn.execute(
                     "UPDATE threads SET bindings = $2 WHERE id = $1 AND bindings IS NULL",
-                    thread["id"], found,
+                    thread["id"],
+                    found,
                 )
             await turns.append_history(conn, row["thread_id"], lease.turn_id, "user", row["input"])
             await turns.advance(
-                conn, lease, phase=TurnPhase.MODEL_REQUEST, waiting_for=None,
+                conn,
+                lease,
+                phase=TurnPhase.MODEL_REQUEST,
+                waiting_for=None,
                 lease_seconds=self.ctx.lease_seconds,
             )
             await events.append(conn, row["session_id"], lease.turn_id, "turn.prepared", {})
@@ -161,7 +169,9 @@ class TurnDriver:
         model = make_model(agent.model)
         # Outside any transaction: a slow model never holds a row lock.
         reply = await model.complete(
-            instructions=agent.instructions, history=history, turn_id=lease.turn_id,
+            instructions=agent.instructions,
+            history=history,
+            turn_id=lease.turn_id,
             tools=list((thread["bindings"] or {}).values()),
         )
         content: dict[str, Any] = {"text": reply.content}
@@ -172,15 +182,24 @@ class TurnDriver:
         async def commit(conn: asyncpg.Connection) -> bool:
             await conn.execute(
                 "INSERT INTO model_calls (turn_id, run_id, reply, usage) VALUES ($1, $2, $3, $4)",
-                lease.turn_id, lease.run_id, reply.model_dump(mode="json"), reply.usage,
+                lease.turn_id,
+                lease.run_id,
+                reply.model_dump(mode="json"),
+                reply.usage,
             )
             await turns.append_history(conn, row["thread_id"], lease.turn_id, "assistant", content)
             await turns.advance(
-                conn, lease, phase=next_phase, model_calls=row["model_calls"] + 1,
+                conn,
+                lease,
+                phase=next_phase,
+                model_calls=row["model_calls"] + 1,
                 lease_seconds=self.ctx.lease_seconds,
             )
             await events.append(
-                conn, row["session_id"], lease.turn_id, "turn.model_replied",
+                conn,
+                row["session_id"],
+                lease.turn_id,
+                "turn.model_replied",
                 {"tool_calls": len(reply.tool_calls)},
             )
             return True
@@ -200,13 +219,20 @@ class TurnDriver:
                 raise _unbound(call["tool"], sorted(bindings))
             execution_id = f"exe-{new_id()}"
             body = ExecuteBody(
-                turn_id=lease.turn_id, call_id=call["call_id"], route=binding["route"],
-                tool=binding["name"], binding_digest=binding["digest"],
-                replay_policy=binding["replay_policy"], args=call["args"],
+                turn_id=lease.turn_id,
+                call_id=call["call_id"],
+                route=binding["route"],
+                tool=binding["name"],
+                binding_digest=binding["digest"],
+                replay_policy=binding["replay_policy"],
+                args=call["args"],
             )
             envelope = ExecuteCommand(
-                execution_id=execution_id, namespace=row["namespace"], session_id=row["session_id"],
-                request_digest=request_digest(execution_id, body), body=body,
+                execution_id=execution_id,
+                namespace=row["namespace"],
+                session_id=row["session_id"],
+                request_digest=request_digest(execution_id, body),
+                body=body,
             )
             # Upload of a big body happens before the commit: content-addressed, so a crash
             # here leaves at most an unreferenced object, never a reference to nothing.
@@ -216,21 +242,37 @@ class TurnDriver:
         async def commit(conn: asyncpg.Connection) -> None:
             for call, binding, envelope, payload in intents:
                 await executions.insert_intent(
-                    conn, execution_id=envelope.execution_id, turn_id=lease.turn_id, tool_step=step,
-                    call_id=call["call_id"], binding=binding, args=call["args"],
+                    conn,
+                    execution_id=envelope.execution_id,
+                    turn_id=lease.turn_id,
+                    tool_step=step,
+                    call_id=call["call_id"],
+                    binding=binding,
+                    args=call["args"],
                     request_digest=envelope.request_digest,
                 )
                 await outbox.add(
                     conn, self.ctx.topology.commands(binding["route"]), envelope.message_id, payload
                 )
                 await events.append(
-                    conn, row["session_id"], lease.turn_id, "execution.intended",
-                    {"execution_id": envelope.execution_id, "call_id": call["call_id"],
-                     "tool": binding["name"]},
+                    conn,
+                    row["session_id"],
+                    lease.turn_id,
+                    "execution.intended",
+                    {
+                        "execution_id": envelope.execution_id,
+                        "call_id": call["call_id"],
+                        "tool": binding["name"],
+                    },
                 )
             await turns.advance(
-                conn, lease, phase=TurnPhase.WAIT_TOOLS, status=TurnStatus.WAITING, release=True,
-                tool_step=step, waiting_for=f"{len(intents)} tool execution(s)",
+                conn,
+                lease,
+                phase=TurnPhase.WAIT_TOOLS,
+                status=TurnStatus.WAITING,
+                release=True,
+                tool_step=step,
+                waiting_for=f"{len(intents)} tool execution(s)",
                 detail={"executions": [i[2].execution_id for i in intents]},
             )
 
@@ -247,18 +289,30 @@ class TurnDriver:
             await conn.fetchrow("SELECT 1 FROM turns WHERE id = $1 FOR UPDATE", lease.turn_id)
             rows = await executions.for_step(conn, lease.turn_id, row["tool_step"])
             if executions.all_terminal(rows):
-                await turns.advance(conn, lease, phase=TurnPhase.APPLY_RESULTS, waiting_for=None,
-                                    lease_seconds=self.ctx.lease_seconds)
+                await turns.advance(
+                    conn,
+                    lease,
+                    phase=TurnPhase.APPLY_RESULTS,
+                    waiting_for=None,
+                    lease_seconds=self.ctx.lease_seconds,
+                )
                 return True
             pending = [r for r in rows if r["status"] not in ("succeeded", "failed", "cancelled")]
             unknown = [r for r in pending if r["status"] == "unknown"]
             reason = (
                 f"reconcile of {len(unknown)} UNKNOWN execution(s): "
                 + ", ".join(f"{r['id']} ({r['tool']} {r['call_id']})" for r in unknown)
-                if unknown else f"{len(pending)} tool execution(s)"
+                if unknown
+                else f"{len(pending)} tool execution(s)"
             )
-            await turns.advance(conn, lease, phase=TurnPhase.WAIT_TOOLS, status=TurnStatus.WAITING,
-                                release=True, waiting_for=reason)
+            await turns.advance(
+                conn,
+                lease,
+                phase=TurnPhase.WAIT_TOOLS,
+                status=TurnStatus.WAITING,
+                release=True,
+                waiting_for=reason,
+            )
             return False
 
         return await transact(self.ctx.pool, commit)
@@ -267,12 +321,23 @@ class TurnDriver:
         async def commit(conn: asyncpg.Connection) -> bool:
             for r in await executions.for_step(conn, lease.turn_id, row["tool_step"]):
                 await turns.append_history(
-                    conn, row["thread_id"], lease.turn_id, "tool",
-                    {"call_id": r["call_id"], "tool": r["tool"], "execution_id": r["id"],
-                     "status": r["status"], "result": r["result"], "error": r["error"], "how": r["how"]},
+                    conn,
+                    row["thread_id"],
+                    lease.turn_id,
+                    "tool",
+                    {
+                        "call_id": r["call_id"],
+                        "tool": r["tool"],
+                        "execution_id": r["id"],
+                        "status": r["status"],
+                        "result": r["result"],
+                        "error": r["error"],
+                        "how": r["how"],
+                    },
                 )
-            await turns.advance(conn, lease, phase=TurnPhase.MODEL_REQUEST,
-                                lease_seconds=self.ctx.lease_seconds)
+            await turns.advance(
+                conn, lease, phase=TurnPhase.MODEL_REQUEST, lease_seconds=self.ctx.lease_seconds
+            )
             return True
 
         return await transact(self.ctx.pool, commit)
@@ -281,8 +346,14 @@ class TurnDriver:
         async def commit(conn: asyncpg.Connection) -> bool:
             last = (await turns.history(conn, row["thread_id"]))[-1]
             result = {"text": last["content"].get("text")}
-            await turns.advance(conn, lease, phase=TurnPhase.DONE, status=TurnStatus.COMPLETED,
-                                release=True, result=result)
+            await turns.advance(
+                conn,
+                lease,
+                phase=TurnPhase.DONE,
+                status=TurnStatus.COMPLETED,
+                release=True,
+                result=result,
+            )
             await events.append(conn, row["session_id"], lease.turn_id, "turn.completed", result)
             return False
 
@@ -294,8 +365,7 @@ class TurnDriver:
         async def commit(conn: asyncpg.Connection) -> None:
             current = await turns.load(conn, lease.turn_id)
             await turns.advance(conn, lease, status=TurnStatus.FAILED, release=True, error=error)
-            await events.append(conn, current["session_id"], lease.turn_id, "turn.failed",
-                                {"error": error})
+            await events.append(conn, current["session_id"], lease.turn_id, "turn.failed", {"error": error})
 
         try:
             await transact(self.ctx.pool, commit)
@@ -320,8 +390,10 @@ def _no_binding(missing: list[str], waited: float) -> TendonError:
 
 
 def _unbound(tool: str, bound: list[str]) -> TendonError:
-    return RoutingError(f"the model asked for tool {tool!r}, which this thread has no binding for "
-                        f"(bound: {', '.join(bound) or 'none'})")
+    return RoutingError(
+        f"the model asked for tool {tool!r}, which this thread has no binding for "
+        f"(bound: {', '.join(bound) or 'none'})"
+    )
 
 
 def _limit(n: int) -> TendonError:

@@ -22,8 +22,14 @@ log = get_logger(__name__)
 
 class RepairScanner:
     def __init__(
-        self, pool: asyncpg.Pool, topology: Topology, *, wake_channel: str, gap_timeout: float,
-        interval: float, outbox_ready: Callable[[], None],
+        self,
+        pool: asyncpg.Pool,
+        topology: Topology,
+        *,
+        wake_channel: str,
+        gap_timeout: float,
+        interval: float,
+        outbox_ready: Callable[[], None],
     ) -> None:
         self.pool = pool
         self.topology = topology
@@ -39,14 +45,16 @@ class RepairScanner:
             gaps = await executions.gaps_to_replay(conn, self.gap_timeout)
             for g in gaps:
                 control = ReplayControl(
-                    execution_id=g["id"], namespace=g["namespace"], session_id=g["session_id"],
-                    request_digest=g["request_digest"], body=ReplayBody(from_seq=g["last_seq"] + 1),
+                    execution_id=g["id"],
+                    namespace=g["namespace"],
+                    session_id=g["session_id"],
+                    request_digest=g["request_digest"],
+                    body=ReplayBody(from_seq=g["last_seq"] + 1),
                 )
-                await outbox.add(conn, self.topology.controls(g["route"]), control.message_id,
-                                 encode(control))
-                await conn.execute(
-                    "UPDATE executions SET replay_requested_at = now() WHERE id = $1", g["id"]
+                await outbox.add(
+                    conn, self.topology.controls(g["route"]), control.message_id, encode(control)
                 )
+                await conn.execute("UPDATE executions SET replay_requested_at = now() WHERE id = $1", g["id"])
                 log.info("replay_requested", execution_id=g["id"], from_seq=g["last_seq"] + 1)
             await executions.wake_stuck_turns(conn, self.wake_channel)
             return len(gaps)

@@ -46,15 +46,18 @@ class ExecutionStatus(StrEnum):
 
 
 TERMINAL_TURN = frozenset({TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.CANCELLED})
-TERMINAL_EXECUTION = frozenset(
-    {ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED}
-)
+TERMINAL_EXECUTION = frozenset({ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED})
 
 TURN_TRANSITIONS: dict[TurnStatus, frozenset[TurnStatus]] = {
     TurnStatus.QUEUED: frozenset({TurnStatus.RUNNING, TurnStatus.FAILED, TurnStatus.CANCELLED}),
     TurnStatus.RUNNING: frozenset(
-        {TurnStatus.RUNNING, TurnStatus.WAITING, TurnStatus.COMPLETED, TurnStatus.FAILED,
-         TurnStatus.CANCELLED}
+        {
+            TurnStatus.RUNNING,
+            TurnStatus.WAITING,
+            TurnStatus.COMPLETED,
+            TurnStatus.FAILED,
+            TurnStatus.CANCELLED,
+        }
     ),
     TurnStatus.WAITING: frozenset({TurnStatus.RUNNING, TurnStatus.FAILED, TurnStatus.CANCELLED}),
     TurnStatus.COMPLETED: frozenset(),
@@ -74,7 +77,9 @@ PHASE_TRANSITIONS: dict[TurnPhase, frozenset[TurnPhase]] = {
 
 _I, _A, _R = ExecutionStatus.INTENDED, ExecutionStatus.ACCEPTED, ExecutionStatus.RUNNING
 _S, _F, _C, _U = (
-    ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED,
+    ExecutionStatus.SUCCEEDED,
+    ExecutionStatus.FAILED,
+    ExecutionStatus.CANCELLED,
     ExecutionStatus.UNKNOWN,
 )
 EXECUTION_TRANSITIONS: dict[ExecutionStatus, frozenset[ExecutionStatus]] = {

@@ -36,7 +36,11 @@ EVENT_KINDS = TERMINAL_EVENT_KINDS | {"accepted", "started", "output_page", "unk
 
 class UpdateConsumer:
     def __init__(
-        self, pool: asyncpg.Pool, broker: Broker, codec: PayloadCodec, killpoints: KillPoints,
+        self,
+        pool: asyncpg.Pool,
+        broker: Broker,
+        codec: PayloadCodec,
+        killpoints: KillPoints,
         wake_channel: str,
     ) -> None:
         self.pool = pool
@@ -60,8 +64,11 @@ class UpdateConsumer:
             try:
                 event = await self.codec.resolve(header)
             except ObjectRefError as exc:
-                error = {"code": exc.code, "message": f"update {header.kind} #{header.seq} of "
-                         f"execution {header.execution_id} refused: {exc.message}"}
+                error = {
+                    "code": exc.code,
+                    "message": f"update {header.kind} #{header.seq} of "
+                    f"execution {header.execution_id} refused: {exc.message}",
+                }
                 await transact(self.pool, lambda c: self._fail_turn_of(c, header.execution_id, error))
                 await self.broker.dead_letter(self.queue, message, error["message"])
                 return
@@ -72,9 +79,7 @@ class UpdateConsumer:
                     await self.broker.dead_letter(self.queue, message, str(exc))
                 return
             try:
-                arrival = await transact(
-                    self.pool, lambda c: executions.receive(c, event, self.wake_channel)
-                )
+                arrival = await transact(self.pool, lambda c: executions.receive(c, event, self.wake_channel))
             except TendonError as exc:
                 await self.broker.dead_letter(self.queue, message, str(exc))
                 return
@@ -112,12 +117,14 @@ class BindingsConsumer:
                 await conn.execute(
                     """INSERT INTO bindings (route, name, digest, binding) VALUES ($1, $2, $3, $4)
                        ON CONFLICT (route, name, digest) DO UPDATE SET announced_at = now()""",
-                    b.route, b.name, b.digest, b.model_dump(mode="json"),
+                    b.route,
+                    b.name,
+                    b.digest,
+                    b.model_dump(mode="json"),
                 )
 
         await transact(self.pool, store)
-        log.info("bindings_announced", route=announcement.body.route,
-                 tools=[b.name for b in bindings])
+        log.info("bindings_announced", route=announcement.body.route, tools=[b.name for b in bindings])
         await message.ack()
 
 

@@ -32,8 +32,7 @@ from infra.db import create_pool, migrate
 from infra.killpoints import KillPoints
 from infra.liveness import WorkerRegistration
 from infra.logging import get_logger
-from infra.objectstore import S3ObjectStore
-from infra.payloads import ObjectStore, PayloadCodec
+from infra.payloads import open_payload_codec
 from infra.settings import Settings
 from protocol import BindingsAnnouncement, BindingsBody
 
@@ -114,21 +113,12 @@ class HandsApp:
         )
         self.worker_id = registration.worker_id
 
-        store: ObjectStore | None = None
-        if s.s3_endpoint_url:
-            store = await self._stack.enter_async_context(
-                S3ObjectStore(
-                    bucket=s.s3_bucket, endpoint_url=s.s3_endpoint_url, region=s.s3_region
-                )
-            )
-        codec = PayloadCodec(store, s.offload_threshold)
+        codec = await self._stack.enter_async_context(open_payload_codec(s))
         broker = await self._stack.enter_async_context(
             Broker(s.amqp_url, self.topology, delivery_limit=s.delivery_limit)
         )
 
-        self.relay = EventRelay(
-            pool, broker, route=self.route, interval=s.scan_interval, kill=self.kill
-        )
+        self.relay = EventRelay(pool, broker, route=self.route, interval=s.scan_interval, kill=self.kill)
         self.executor = Executor(
             pool=pool,
             codec=codec,
@@ -170,9 +160,7 @@ class HandsApp:
         self._stack.push_async_callback(self._cancel_background)
 
         announcement = BindingsAnnouncement(
-            body=BindingsBody(
-                route=self.route, worker=self.worker_id, bindings=self.registry.bindings
-            )
+            body=BindingsBody(route=self.route, worker=self.worker_id, bindings=self.registry.bindings)
         )
         await broker.publish(
             self.topology.bindings,
@@ -200,7 +188,7 @@ class HandsApp:
             tools=self.registry.names,
             concurrency=self.concurrency,
             migrations_applied=applied,
-            object_store=bool(store),
+            object_store=codec.store is not None,
             schema=schema,
         )
 

@@ -33,8 +33,7 @@ from infra.broker import Broker, Topology
 from infra.db import create_pool
 from infra.killpoints import KillPoints
 from infra.logging import configure_logging
-from infra.objectstore import S3ObjectStore
-from infra.payloads import ObjectStore, PayloadCodec
+from infra.payloads import PayloadCodec, open_payload_codec
 from infra.settings import Settings
 from protocol import NotFoundError, TendonError, loads
 
@@ -99,9 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rec.add_argument("execution_id", metavar="EXECUTION_ID")
     outcome = rec.add_mutually_exclusive_group(required=True)
-    outcome.add_argument(
-        "--result", metavar="JSON", help="the operation happened; this JSON is its result"
-    )
+    outcome.add_argument("--result", metavar="JSON", help="the operation happened; this JSON is its result")
     outcome.add_argument(
         "--failed", metavar="MESSAGE", help="the operation did not happen (or failed); say why"
     )
@@ -111,9 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TEXT",
         help="how you know, e.g. 'provider dashboard shows message 123 sent 10:02'",
     )
-    rec.add_argument(
-        "--actor", default=None, metavar="NAME", help="who vouches (default: your user name)"
-    )
+    rec.add_argument("--actor", default=None, metavar="NAME", help="who vouches (default: your user name)")
     rec.add_argument("--json", action="store_true", help="print one JSON document")
     rec.set_defaults(func=_reconcile)
     return parser
@@ -177,16 +172,7 @@ async def _ledger_pool(stack: AsyncExitStack, settings: Settings) -> asyncpg.Poo
 
 
 async def _codec(stack: AsyncExitStack, settings: Settings) -> PayloadCodec:
-    store: ObjectStore | None = None
-    if settings.s3_endpoint_url:
-        store = await stack.enter_async_context(
-            S3ObjectStore(
-                bucket=settings.s3_bucket,
-                endpoint_url=settings.s3_endpoint_url,
-                region=settings.s3_region,
-            )
-        )
-    return PayloadCodec(store, settings.offload_threshold)
+    return await stack.enter_async_context(open_payload_codec(settings))
 
 
 def _event_view(rec: Any) -> dict[str, Any]:
@@ -221,15 +207,9 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
             if row is None:
                 raise NotFoundError(f"execution {args.execution_id} is not in the ledger")
             events = [_event_view(r) for r in await ledger.list_events(conn, args.execution_id)]
-            audits = [
-                _audit_view(r) for r in await ledger.list_reconciliations(conn, args.execution_id)
-            ]
+            audits = [_audit_view(r) for r in await ledger.list_reconciliations(conn, args.execution_id)]
     if args.json:
-        print(
-            json.dumps(
-                {"execution": row.as_dict(), "events": events, "reconciliations": audits}, indent=2
-            )
-        )
+        print(json.dumps({"execution": row.as_dict(), "events": events, "reconciliations": audits}, indent=2))
         return 0
     print(_describe_row(row))
     print("events:")
@@ -250,8 +230,7 @@ def _describe_row(row: Execution) -> str:
         f"execution {row.execution_id}: {row.status.value.upper()}",
         f"  route {row.route}, tool {row.tool} (binding {str(row.binding_digest)[:12]}…, "
         f"{row.replay_policy}), attempts {row.attempts}, owner {row.owner}",
-        f"  namespace {row.namespace}, session {row.session_id}, turn {row.turn_id}, "
-        f"call {row.call_id}",
+        f"  namespace {row.namespace}, session {row.session_id}, turn {row.turn_id}, call {row.call_id}",
         f"  args {json.dumps(row.args)}",
     ]
     if row.result is not None:
@@ -272,9 +251,7 @@ async def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
     async with AsyncExitStack() as stack:
         pool = await _ledger_pool(stack, settings)
         codec = await _codec(stack, settings)
-        done = await reconcile(
-            pool, codec, args.execution_id, evidence=args.evidence, actor=actor, **extra
-        )
+        done = await reconcile(pool, codec, args.execution_id, evidence=args.evidence, actor=actor, **extra)
         published: int | None
         try:
             broker = await stack.enter_async_context(

@@ -64,8 +64,7 @@ class ControlConsumer:
             control = await self._codec.unpack(message.body)
             if not isinstance(control, ReplayControl | CancelControl):
                 raise RoutingError(
-                    f"expected a replay or cancel control on {self.queue}, "
-                    f"got a {control.kind} envelope"
+                    f"expected a replay or cancel control on {self.queue}, got a {control.kind} envelope"
                 )
             with bound_contextvars(execution_id=control.execution_id):
                 if isinstance(control, ReplayControl):
@@ -82,18 +81,12 @@ class ControlConsumer:
             return
         await message.ack()
 
-    async def _owned_by_route(
-        self, conn: asyncpg.Connection, execution_id: str
-    ) -> ledger.Execution:
+    async def _owned_by_route(self, conn: asyncpg.Connection, execution_id: str) -> ledger.Execution:
         row = await ledger.get_execution(conn, execution_id)
         if row is None:
-            raise NotFoundError(
-                f"execution {execution_id} is not in the ledger of route {self.route}"
-            )
+            raise NotFoundError(f"execution {execution_id} is not in the ledger of route {self.route}")
         if row.route != self.route:
-            raise RoutingError(
-                f"execution {execution_id} belongs to route {row.route}, not {self.route}"
-            )
+            raise RoutingError(f"execution {execution_id} belongs to route {row.route}, not {self.route}")
         return row
 
     async def _replay(self, control: ReplayControl) -> None:

@@ -126,9 +126,7 @@ class Executor:
 
     # ---- plumbing -----------------------------------------------------------------------
 
-    async def commit(
-        self, execution_id: str, work: Callable[[asyncpg.Connection], Awaitable[T]]
-    ) -> T:
+    async def commit(self, execution_id: str, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         """One ledger transaction for ``execution_id``, then wake the relay."""
         result = await transact(self.pool, work)
         self.relay.wake(execution_id)
@@ -136,9 +134,7 @@ class Executor:
 
     def launch(self, execution_id: str, work: Callable[[], Awaitable[None]]) -> None:
         """Run ``work`` as this execution's task; the caller's slot is released when it ends."""
-        task = asyncio.create_task(
-            self._guard(execution_id, work), name=f"execution-{execution_id}"
-        )
+        task = asyncio.create_task(self._guard(execution_id, work), name=f"execution-{execution_id}")
         self._tasks[execution_id] = task
 
     async def _guard(self, execution_id: str, work: Callable[[], Awaitable[None]]) -> None:
@@ -206,9 +202,7 @@ class Executor:
 
     # ---- outcomes -----------------------------------------------------------------------
 
-    async def _finish(
-        self, execution_id: str, status: LedgerStatus, body: Any, **changes: Any
-    ) -> None:
+    async def _finish(self, execution_id: str, status: LedgerStatus, body: Any, **changes: Any) -> None:
         """Move to a final (or UNKNOWN) status and append its event, in one transaction."""
 
         async def work(conn: asyncpg.Connection) -> None:
@@ -254,9 +248,7 @@ class Executor:
             )
 
     async def fail(self, execution_id: str, error: dict[str, str], how: FailureHow = "ran") -> None:
-        await self._finish(
-            execution_id, LedgerStatus.FAILED, FailedBody(error=error, how=how), error=error
-        )
+        await self._finish(execution_id, LedgerStatus.FAILED, FailedBody(error=error, how=how), error=error)
 
     async def mark_unknown(self, execution_id: str, reason: str) -> None:
         await self._finish(
@@ -420,6 +412,5 @@ class Executor:
         else:
             await self.mark_unknown(
                 execution_id,
-                f"the query of {tool.name} returned {type(answer).__name__}, "
-                "expected Found or NotFound",
+                f"the query of {tool.name} returned {type(answer).__name__}, expected Found or NotFound",
             )

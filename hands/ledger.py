@@ -191,9 +191,7 @@ async def get_execution(
     conn: asyncpg.Connection, execution_id: str, *, for_update: bool = False
 ) -> Execution | None:
     lock = " FOR UPDATE" if for_update else ""
-    rec = await conn.fetchrow(
-        f"SELECT * FROM executions WHERE execution_id = $1{lock}", execution_id
-    )
+    rec = await conn.fetchrow(f"SELECT * FROM executions WHERE execution_id = $1{lock}", execution_id)
     return Execution.from_record(rec) if rec is not None else None
 
 
@@ -279,9 +277,7 @@ async def add_output(conn: asyncpg.Connection, execution_id: str, data: str) -> 
 
 def _owner_dead(schema: str) -> str:
     # An owner missing from ``workers`` counts as dead too: NOT EXISTS covers both.
-    return (
-        f"NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = e.owner AND {owner_alive_sql(schema)})"
-    )
+    return f"NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = e.owner AND {owner_alive_sql(schema)})"
 
 
 async def worker_alive(conn: asyncpg.Connection, schema: str, worker_id: str) -> bool:
@@ -342,9 +338,7 @@ _EVENT_CLASSES: dict[type, type] = {
 }
 
 
-async def append_event(
-    conn: asyncpg.Connection, codec: PayloadCodec, execution_id: str, body: Any
-) -> int:
+async def append_event(conn: asyncpg.Connection, codec: PayloadCodec, execution_id: str, body: Any) -> int:
     """Add the next event of an execution to the outbox; returns its seq.
 
     The seq is taken from the row in this same transaction, so seqs are contiguous even when
@@ -406,10 +400,7 @@ async def pending_events(
             ORDER BY ev.execution_id, ev.seq LIMIT ${len(args)}""",
         *args,
     )
-    return [
-        PendingEvent(r["execution_id"], r["seq"], bytes(r["payload"]), r["pending_since"])
-        for r in recs
-    ]
+    return [PendingEvent(r["execution_id"], r["seq"], bytes(r["payload"]), r["pending_since"]) for r in recs]
 
 
 async def mark_published(conn: asyncpg.Connection, events: list[PendingEvent]) -> int:

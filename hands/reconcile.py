@@ -89,9 +89,7 @@ async def reconcile(
         else:
             updated = await ledger.move(conn, row, outcome, reconcile=True, error=error)
             assert error is not None
-            body = FailedBody(
-                error=error, output_bytes=row.output_bytes, how="reconciled", evidence=evidence
-            )
+            body = FailedBody(error=error, output_bytes=row.output_bytes, how="reconciled", evidence=evidence)
         seq = await ledger.append_event(conn, codec, execution_id, body)
         return Reconciliation(updated, audit_id, seq)
 

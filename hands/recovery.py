@@ -40,9 +40,7 @@ class RecoveryScanner:
         if ex.slots.locked():
             return 0
         async with self._pool.acquire() as conn:
-            orphans = await ledger.open_orphans(
-                conn, self._schema, self._route, ex.worker_id, ex.concurrency
-            )
+            orphans = await ledger.open_orphans(conn, self._schema, self._route, ex.worker_id, ex.concurrency)
         claimed = 0
         for execution_id, dead_owner in orphans:
             if ex.slots.locked():

@@ -36,9 +36,7 @@ class ToolRegistry:
         self._by_name: dict[str, Tool] = {}
         for t in tools:
             if t.binding.route != route:
-                raise ToolLoadError(
-                    f"tool {t.name} belongs to route {t.binding.route}, not {route}"
-                )
+                raise ToolLoadError(f"tool {t.name} belongs to route {t.binding.route}, not {route}")
             if t.name in self._by_name and self._by_name[t.name] is not t:
                 raise ToolLoadError(f"two tools named {t.name} are declared for route {route}")
             self._by_name[t.name] = t
@@ -96,9 +94,7 @@ def _import(spec: str) -> ModuleType:
             module_spec.loader.exec_module(module)
         except Exception as exc:
             sys.modules.pop(name, None)
-            raise ToolLoadError(
-                f"tools file {spec} failed to import: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise ToolLoadError(f"tools file {spec} failed to import: {type(exc).__name__}: {exc}") from exc
         return module
     try:
         return importlib.import_module(spec)
@@ -108,9 +104,7 @@ def _import(spec: str) -> ModuleType:
             "(give a dotted module name on the Python path or a path to a .py file)"
         ) from exc
     except Exception as exc:
-        raise ToolLoadError(
-            f"tools module {spec} failed to import: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise ToolLoadError(f"tools module {spec} failed to import: {type(exc).__name__}: {exc}") from exc
 
 
 def load_tools(spec: str, route: str) -> ToolRegistry:
@@ -120,10 +114,6 @@ def load_tools(spec: str, route: str) -> ToolRegistry:
     mine = [t for t in everything if t.binding.route == route]
     if not mine:
         others = sorted({t.binding.route for t in everything})
-        hint = (
-            f"it declares tools for route(s) {', '.join(others)}"
-            if others
-            else "it declares no tools"
-        )
+        hint = f"it declares tools for route(s) {', '.join(others)}" if others else "it declares no tools"
         raise ToolLoadError(f"tools module {spec} serves nothing on route {route}: {hint}")
     return ToolRegistry(route, mine)

@@ -63,9 +63,7 @@ def decide(
     if status is LedgerStatus.ACCEPTED:
         return Decision(Recovery.START, f"{tool} was accepted but its body never started")
     if status not in (LedgerStatus.RUNNING, LedgerStatus.QUERYING):
-        raise IllegalTransitionError(
-            f"an execution in status {status.value.upper()} needs no recovery"
-        )
+        raise IllegalTransitionError(f"an execution in status {status.value.upper()} needs no recovery")
     where = "inside the query" if status is LedgerStatus.QUERYING else "inside the body"
     if now is None:
         return Decision(
@@ -74,9 +72,7 @@ def decide(
             "so it can be neither re-run nor queried",
         )
     if intent is ReplayPolicy.SAFE and now is ReplayPolicy.SAFE:
-        return Decision(
-            Recovery.RERUN, f"worker died {where} of safe tool {tool}; running it again"
-        )
+        return Decision(Recovery.RERUN, f"worker died {where} of safe tool {tool}; running it again")
     # From here on re-running is forbidden; say which half of the rule forbade it.
     why = (
         f"unsafe tool {tool}"

@@ -56,9 +56,7 @@ OPEN_STATUSES: frozenset[LedgerStatus] = frozenset({S.ACCEPTED, S.RUNNING, S.QUE
 TERMINAL_STATUSES: frozenset[LedgerStatus] = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
 
 
-def transition(
-    old: LedgerStatus | str, new: LedgerStatus | str, *, reconcile: bool = False
-) -> LedgerStatus:
+def transition(old: LedgerStatus | str, new: LedgerStatus | str, *, reconcile: bool = False) -> LedgerStatus:
     """Return ``new`` if the table allows ``old -> new``; raise IllegalTransitionError if not.
 
     ``reconcile=True`` additionally allows the UNKNOWN exits, which nothing automatic may take.

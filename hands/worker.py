@@ -116,8 +116,7 @@ class CommandConsumer:
         if not isinstance(header, ExecuteCommand):
             await self._dead_letter(
                 message,
-                f"schema_error: expected an execute command on {self.queue}, "
-                f"got a {header.kind} envelope",
+                f"schema_error: expected an execute command on {self.queue}, got a {header.kind} envelope",
             )
             return
         await self._executor.slots.acquire()
@@ -207,9 +206,7 @@ class CommandConsumer:
             await message.ack()
         except Exception as exc:  # the row owns the work now; a redelivery is a duplicate
             log.warning("ack_failed", error=f"{type(exc).__name__}: {exc}")
-        self._executor.launch(
-            command.execution_id, lambda: self._executor.run(command.execution_id)
-        )
+        self._executor.launch(command.execution_id, lambda: self._executor.run(command.execution_id))
         return True
 
     async def _same_request(

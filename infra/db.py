@@ -95,8 +95,6 @@ async def migrate(pool: asyncpg.Pool, schema: str, migrations: Sequence[tuple[in
                 if done:
                     continue
                 await conn.execute(sql)
-                await conn.execute(
-                    f'INSERT INTO "{schema}".schema_migrations (version) VALUES ($1)', version
-                )
+                await conn.execute(f'INSERT INTO "{schema}".schema_migrations (version) VALUES ($1)', version)
                 applied += 1
     return applied

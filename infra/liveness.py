@@ -53,7 +53,9 @@ class WorkerRegistration:
             await conn.execute("SELECT pg_advisory_lock($1, $2)", lock_class(self._schema), lock_key)
             await conn.execute(
                 "INSERT INTO workers (id, kind, lock_key) VALUES ($1, $2, $3)",
-                self.worker_id, self.kind, lock_key,
+                self.worker_id,
+                self.kind,
+                lock_key,
             )
         except BaseException:
             await conn.close()

@@ -31,8 +31,10 @@ _TRANSFER = TransferConfig(multipart_threshold=8 * 1024 * 1024, multipart_chunks
 def _check_scope(scope: str) -> str:
     """Return ``scope`` if it is ``namespace/session_id``; raise ObjectRefError otherwise."""
     # "." and ".." are refused too: some proxies and tools normalise them out of paths.
-    if not isinstance(scope, str) or not _SCOPE.fullmatch(scope) or any(
-        part in (".", "..") for part in scope.split("/")
+    if (
+        not isinstance(scope, str)
+        or not _SCOPE.fullmatch(scope)
+        or any(part in (".", "..") for part in scope.split("/"))
     ):
         raise ObjectRefError(
             f"invalid object scope {scope!r}: expected 'namespace/session_id', "
@@ -60,9 +62,7 @@ class S3ObjectStore:
     AWS environment variables; ``endpoint_url`` points at MinIO or moto instead of AWS.
     """
 
-    def __init__(
-        self, *, bucket: str, endpoint_url: str | None = None, region: str = "us-east-1"
-    ) -> None:
+    def __init__(self, *, bucket: str, endpoint_url: str | None = None, region: str = "us-east-1") -> None:
         self._bucket = bucket
         self._endpoint_url = endpoint_url
         self._region = region
@@ -92,17 +92,13 @@ class S3ObjectStore:
     async def get(self, ref: ObjectRef, *, expected_scope: str) -> bytes:
         """Fetch the bytes behind ``ref``, verified; raise ObjectRefError if anything is off."""
         if ref.scope != expected_scope:
-            raise ObjectRefError(
-                f"object ref scope {ref.scope!r} does not match expected {expected_scope!r}"
-            )
+            raise ObjectRefError(f"object ref scope {ref.scope!r} does not match expected {expected_scope!r}")
         _check_scope(ref.scope)
         key = f"{ref.scope}/sha256/{ref.sha256}"
         # The key must be derived from scope and digest, never trusted as sent: otherwise a ref
         # could point at another session's object while claiming this session's scope.
         if ref.uri != f"s3://{self._bucket}/{key}":
-            raise ObjectRefError(
-                f"object ref uri {ref.uri!r} does not match s3://{self._bucket}/{key}"
-            )
+            raise ObjectRefError(f"object ref uri {ref.uri!r} does not match s3://{self._bucket}/{key}")
         data = await self._call(self._get_sync, key, ref)
         digest = hashlib.sha256(data).hexdigest()
         if len(data) != ref.size or digest != ref.sha256:

@@ -7,8 +7,12 @@ and verifies sha256, size and scope before anything trusts the body.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Protocol
 
+if TYPE_CHECKING:
+    from infra.settings import Settings
 from protocol import ObjectRef, ObjectRefError, body_bytes, decode, encode, loads, with_body
 
 
@@ -51,3 +55,17 @@ class PayloadCodec:
             raise ObjectRefError(f"{envelope.kind} envelopes may not carry a body_ref")
         data = await self.store.get(envelope.body_ref, expected_scope=envelope.scope)
         return with_body(envelope, loads(data))
+
+
+@asynccontextmanager
+async def open_payload_codec(settings: Settings) -> AsyncIterator[PayloadCodec]:
+    """The codec a process uses: S3-backed when ``TENDON_S3_ENDPOINT_URL`` is set."""
+    if not settings.s3_endpoint_url:
+        yield PayloadCodec(None, settings.offload_threshold)
+        return
+    from infra.objectstore import S3ObjectStore  # boto3 is only loaded when S3 is in use
+
+    async with S3ObjectStore(
+        bucket=settings.s3_bucket, endpoint_url=settings.s3_endpoint_url, region=settings.s3_region
+    ) as store:
+        yield PayloadCodec(store, settings.offload_threshold)

@@ -70,9 +70,7 @@ def loads(data: bytes | str) -> Any:
         raise DecodeError("JSON nested too deeply") from exc
     except json.JSONDecodeError as exc:
         if exc.msg == "Extra data":
-            raise DecodeError(
-                f"more than one JSON value in body (extra data at char {exc.pos})"
-            ) from exc
+            raise DecodeError(f"more than one JSON value in body (extra data at char {exc.pos})") from exc
         raise DecodeError(f"malformed JSON: {exc.msg} at line {exc.lineno} col {exc.colno}") from exc
 
 

@@ -218,8 +218,16 @@ ExecutionEvent = (
 )
 Control = CancelControl | ReplayControl
 Envelope = Annotated[
-    ExecuteCommand | CancelControl | ReplayControl | AcceptedEvent | StartedEvent
-    | OutputPageEvent | SucceededEvent | FailedEvent | CancelledEvent | UnknownEvent
+    ExecuteCommand
+    | CancelControl
+    | ReplayControl
+    | AcceptedEvent
+    | StartedEvent
+    | OutputPageEvent
+    | SucceededEvent
+    | FailedEvent
+    | CancelledEvent
+    | UnknownEvent
     | BindingsAnnouncement,
     Field(discriminator="kind"),
 ]

@@ -1,17 +1,17 @@
 """The one error tree of Tendon.
 
-    TendonError                      root; ``retryable`` says whether trying again can help
-    ├── ProtocolError                a message or input that can never be accepted as it is
-    │   ├── DecodeError              not strict JSON (duplicate keys, trailing values, lossy numbers)
-    │   └── SchemaError              valid JSON, wrong shape for its kind
-    ├── ConflictError                same request id, different input; same execution id, different digest
-    ├── NotFoundError                an id that does not exist
-    ├── IllegalTransitionError       a state machine was asked to make a move its table forbids
-    ├── StaleOwnerError              a commit from an owner whose lease epoch is no longer current (fencing)
-    ├── RoutingError                 an unknown route, tool or binding digest
-    ├── LimitReachedError            an agent hit one of its configured limits
-    ├── ObjectRefError               a payload reference that fails verification (sha256, size, scope, missing)
-    └── TransientError               a service is briefly unavailable; retryable
+TendonError                      root; ``retryable`` says whether trying again can help
+├── ProtocolError                a message or input that can never be accepted as it is
+│   ├── DecodeError              not strict JSON (duplicate keys, trailing values, lossy numbers)
+│   └── SchemaError              valid JSON, wrong shape for its kind
+├── ConflictError                same request id, different input; same execution id, different digest
+├── NotFoundError                an id that does not exist
+├── IllegalTransitionError       a state machine was asked to make a move its table forbids
+├── StaleOwnerError              a commit from an owner whose lease epoch is no longer current (fencing)
+├── RoutingError                 an unknown route, tool or binding digest
+├── LimitReachedError            an agent hit one of its configured limits
+├── ObjectRefError               a payload reference that fails verification (sha256, size, scope, missing)
+└── TransientError               a service is briefly unavailable; retryable
 """
 
 from __future__ import annotations

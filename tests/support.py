@@ -49,7 +49,9 @@ class TendonEnv:
         }
 
     def settings(self, **overrides: Any) -> Settings:
-        values = {k.removeprefix("TENDON_").lower(): v for k, v in self.env.items() if k.startswith("TENDON_")}
+        values = {
+            k.removeprefix("TENDON_").lower(): v for k, v in self.env.items() if k.startswith("TENDON_")
+        }
         values.update(overrides)
         return Settings(**values)
 
@@ -79,7 +81,10 @@ class TendonEnv:
 
 
 async def wait_for(
-    predicate: Callable[[], Awaitable[Any]], *, timeout: float = 30.0, interval: float = 0.1,
+    predicate: Callable[[], Awaitable[Any]],
+    *,
+    timeout: float = 30.0,
+    interval: float = 0.1,
     what: str = "condition",
 ) -> Any:
     """Poll ``predicate`` until it returns something truthy, or fail after ``timeout`` seconds."""
@@ -153,8 +158,12 @@ class Processes:
 async def run_cli(args: list[str], env: dict[str, str], timeout: float = 60.0) -> tuple[int, str, str]:
     """Run a Tendon CLI verb as a real process; returns (exit code, stdout, stderr)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, *args, cwd=REPO, env={**os.environ, **env},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        *args,
+        cwd=REPO,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout)
@@ -177,8 +186,7 @@ class Observer:
     async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         conn = await asyncpg.connect(self.world.database_url)
         for typename in ("json", "jsonb"):
-            await conn.set_type_codec(typename, encoder=json.dumps, decoder=json.loads,
-                                      schema="pg_catalog")
+            await conn.set_type_codec(typename, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
         try:
             return await conn.fetch(sql.replace("{brain}", self.brain).replace("{hands}", self.hands), *args)
         finally:
@@ -203,7 +211,8 @@ class Observer:
 
     async def executions(self, turn_id: str) -> list[asyncpg.Record]:
         return await self.fetch(
-            "SELECT * FROM {brain}.executions WHERE turn_id = $1 ORDER BY tool_step, call_id", turn_id
+            "SELECT * FROM {brain}.executions WHERE turn_id = $1 ORDER BY tool_step, call_id",
+            turn_id,
         )
 
     async def ledger(self) -> list[asyncpg.Record]:

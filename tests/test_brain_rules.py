@@ -26,9 +26,16 @@ def test_a_finished_turn_can_never_move_again():
 
 
 def test_the_agent_loop_phases_follow_their_table():
-    path = [TurnPhase.PREPARE, TurnPhase.MODEL_REQUEST, TurnPhase.DISPATCH_TOOLS,
-            TurnPhase.WAIT_TOOLS, TurnPhase.APPLY_RESULTS, TurnPhase.MODEL_REQUEST,
-            TurnPhase.FINALIZE, TurnPhase.DONE]
+    path = [
+        TurnPhase.PREPARE,
+        TurnPhase.MODEL_REQUEST,
+        TurnPhase.DISPATCH_TOOLS,
+        TurnPhase.WAIT_TOOLS,
+        TurnPhase.APPLY_RESULTS,
+        TurnPhase.MODEL_REQUEST,
+        TurnPhase.FINALIZE,
+        TurnPhase.DONE,
+    ]
     for old, new in zip(path, path[1:], strict=False):
         assert phase_transition(old, new) is new
     with pytest.raises(IllegalTransitionError, match="dispatch_tools to finalize"):
@@ -37,7 +44,10 @@ def test_the_agent_loop_phases_follow_their_table():
 
 def test_only_reconcile_or_rerun_leaves_unknown_and_success_is_final():
     assert EXECUTION_TRANSITIONS[ExecutionStatus.UNKNOWN] == {
-        ExecutionStatus.RUNNING, ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED}
+        ExecutionStatus.RUNNING,
+        ExecutionStatus.SUCCEEDED,
+        ExecutionStatus.FAILED,
+    }
     with pytest.raises(IllegalTransitionError):
         execution_transition(ExecutionStatus.SUCCEEDED, ExecutionStatus.RUNNING)
     with pytest.raises(IllegalTransitionError):
@@ -46,8 +56,14 @@ def test_only_reconcile_or_rerun_leaves_unknown_and_success_is_final():
 
 @pytest.mark.parametrize(
     ("last", "seq", "expected"),
-    [(0, 1, Arrival.APPLY), (3, 4, Arrival.APPLY), (3, 3, Arrival.DUPLICATE),
-     (3, 1, Arrival.DUPLICATE), (3, 5, Arrival.HOLD), (0, 2, Arrival.HOLD)],
+    [
+        (0, 1, Arrival.APPLY),
+        (3, 4, Arrival.APPLY),
+        (3, 3, Arrival.DUPLICATE),
+        (3, 1, Arrival.DUPLICATE),
+        (3, 5, Arrival.HOLD),
+        (0, 2, Arrival.HOLD),
+    ],
 )
 def test_events_are_applied_only_as_a_contiguous_prefix(last, seq, expected):
     assert classify(last, seq) is expected
@@ -66,22 +82,34 @@ def test_a_replay_is_asked_from_the_first_missing_seq_only_when_there_is_a_gap()
 
 
 async def test_the_scripted_model_answers_from_its_script_by_position_in_the_turn():
-    model = ScriptedModel([
-        {"tool_calls": [{"tool": "t", "args": {"n": 1}}, {"tool": "t", "args": {"n": 2}}]},
-        {"tool_calls": [{"tool": "t", "args": {"n": 3}}]},
-        {"content": "done:\n{results}"},
-    ])
+    model = ScriptedModel(
+        [
+            {"tool_calls": [{"tool": "t", "args": {"n": 1}}, {"tool": "t", "args": {"n": 2}}]},
+            {"tool_calls": [{"tool": "t", "args": {"n": 3}}]},
+            {"content": "done:\n{results}"},
+        ]
+    )
     history = [Message(role="user", turn_id="T", content={"text": "go"})]
     first = await model.complete(instructions="", history=history, turn_id="T", tools=[])
     assert [c.call_id for c in first.tool_calls] == ["call-1", "call-2"]
     history += [
-        Message(role="assistant", turn_id="T", content={"tool_calls": [c.model_dump() for c in first.tool_calls]}),
+        Message(
+            role="assistant",
+            turn_id="T",
+            content={"tool_calls": [c.model_dump() for c in first.tool_calls]},
+        ),
         Message(role="tool", turn_id="T", content={"call_id": "call-1", "result": {"ok": 1}}),
         Message(role="tool", turn_id="T", content={"call_id": "call-2", "result": {"ok": 2}}),
     ]
     second = await model.complete(instructions="", history=history, turn_id="T", tools=[])
     assert [c.call_id for c in second.tool_calls] == ["call-3"]
-    history.append(Message(role="assistant", turn_id="T", content={"tool_calls": [second.tool_calls[0].model_dump()]}))
+    history.append(
+        Message(
+            role="assistant",
+            turn_id="T",
+            content={"tool_calls": [second.tool_calls[0].model_dump()]},
+        )
+    )
     final = await model.complete(instructions="", history=history, turn_id="T", tools=[])
     assert final.content == 'done:\n- call-1: {"ok": 1}\n- call-2: {"ok": 2}'
 

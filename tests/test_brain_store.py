@@ -38,8 +38,12 @@ async def pool(tendon: TendonEnv) -> AsyncIterator[asyncpg.Pool]:
 
 
 async def _submit(pool: asyncpg.Pool, request_id: str = "r1", text: str = "hello") -> str:
-    turn_id, _ = await transact(pool, lambda c: turns.submit(
-        c, namespace="ns", session_id="s1", request_id=request_id, user_input=text, agent=AGENT))
+    turn_id, _ = await transact(
+        pool,
+        lambda c: turns.submit(
+            c, namespace="ns", session_id="s1", request_id=request_id, user_input=text, agent=AGENT
+        ),
+    )
     return turn_id
 
 
@@ -55,8 +59,12 @@ async def test_a_changed_agent_under_the_same_version_is_refused(pool):
     await _submit(pool)
     changed = AGENT.model_copy(update={"instructions": "be different"})
     with pytest.raises(ConflictError, match="new version"):
-        await transact(pool, lambda c: turns.submit(
-            c, namespace="ns", session_id="s2", request_id="r", user_input="x", agent=changed))
+        await transact(
+            pool,
+            lambda c: turns.submit(
+                c, namespace="ns", session_id="s2", request_id="r", user_input="x", agent=changed
+            ),
+        )
 
 
 async def test_a_stale_owner_cannot_commit_and_its_whole_transaction_rolls_back(pool, tendon):
@@ -101,10 +109,19 @@ async def test_a_dead_owner_is_detected_at_once_without_waiting_for_its_lease(po
 async def test_events_apply_once_in_order_whatever_order_they_arrive_in(pool):
     turn_id = await _submit(pool)
     digest = "d" * 64
-    await transact(pool, lambda c: executions.insert_intent(
-        c, execution_id="e1", turn_id=turn_id, tool_step=1, call_id="call-1",
-        binding={"route": "lab", "name": "echo", "digest": "b" * 64, "replay_policy": "safe"},
-        args={}, request_digest=digest))
+    await transact(
+        pool,
+        lambda c: executions.insert_intent(
+            c,
+            execution_id="e1",
+            turn_id=turn_id,
+            tool_step=1,
+            call_id="call-1",
+            binding={"route": "lab", "name": "echo", "digest": "b" * 64, "replay_policy": "safe"},
+            args={},
+            request_digest=digest,
+        ),
+    )
     header = {"execution_id": "e1", "namespace": "ns", "session_id": "s1", "request_digest": digest}
     accepted = AcceptedEvent(seq=1, body=AcceptedBody(worker="w"), **header)
     started = StartedEvent(seq=2, body=StartedBody(attempt=1, worker="w"), **header)
@@ -125,16 +142,35 @@ async def test_events_apply_once_in_order_whatever_order_they_arrive_in(pool):
     assert (row["status"], row["last_seq"], row["result"]) == ("succeeded", 3, {"ok": True})
     assert await pool.fetchval("SELECT count(*) FROM held_events") == 0
     kinds = await pool.fetch("SELECT kind FROM public_events WHERE kind LIKE 'execution.%' ORDER BY seq")
-    assert [k["kind"] for k in kinds] == ["execution.accepted", "execution.running", "execution.succeeded"]
+    assert [k["kind"] for k in kinds] == [
+        "execution.accepted",
+        "execution.running",
+        "execution.succeeded",
+    ]
 
 
 async def test_an_event_from_another_session_is_refused(pool):
     turn_id = await _submit(pool)
-    await transact(pool, lambda c: executions.insert_intent(
-        c, execution_id="e2", turn_id=turn_id, tool_step=1, call_id="call-1",
-        binding={"route": "lab", "name": "echo", "digest": "b" * 64, "replay_policy": "safe"},
-        args={}, request_digest="d" * 64))
-    forged = AcceptedEvent(seq=1, body=AcceptedBody(worker="w"), execution_id="e2", namespace="ns",
-                           session_id="other", request_digest="d" * 64)
+    await transact(
+        pool,
+        lambda c: executions.insert_intent(
+            c,
+            execution_id="e2",
+            turn_id=turn_id,
+            tool_step=1,
+            call_id="call-1",
+            binding={"route": "lab", "name": "echo", "digest": "b" * 64, "replay_policy": "safe"},
+            args={},
+            request_digest="d" * 64,
+        ),
+    )
+    forged = AcceptedEvent(
+        seq=1,
+        body=AcceptedBody(worker="w"),
+        execution_id="e2",
+        namespace="ns",
+        session_id="other",
+        request_digest="d" * 64,
+    )
     with pytest.raises(RoutingError, match="belongs to ns/s1"):
         await transact(pool, lambda c: executions.receive(c, forged, "unused_channel"))

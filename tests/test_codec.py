@@ -229,9 +229,7 @@ def test_digest_is_the_sha256_of_the_canonical_bytes_and_is_pinned():
     value = {"b": [1, 2.5, None, True], "a": {"z": "é", "y": "x"}}
     assert protocol.digest(value) == hashlib.sha256(protocol.dumps(value)).hexdigest()
     # Pinned: a change here silently invalidates every stored request and binding digest.
-    assert protocol.digest(value) == (
-        "a65589f336d078d14e9bcf0fe260bd0f28aece65b004aeb70c116e4cae0035bd"
-    )
+    assert protocol.digest(value) == ("a65589f336d078d14e9bcf0fe260bd0f28aece65b004aeb70c116e4cae0035bd")
 
 
 def test_digest_is_stable_across_key_order_and_changes_with_any_value():

@@ -38,8 +38,20 @@ def blind_mailbox() -> Iterator[MailboxServer]:
 
 async def submit(env: dict[str, str], request_id: str = "notice-1") -> str:
     code, out, err = await run_cli(
-        ["-m", "brain", "submit", "--session", "s-notice", "--request-id", request_id,
-         "--agent", AGENT, "Send the maintenance notice to our five customers"], env)
+        [
+            "-m",
+            "brain",
+            "submit",
+            "--session",
+            "s-notice",
+            "--request-id",
+            request_id,
+            "--agent",
+            AGENT,
+            "Send the maintenance notice to our five customers",
+        ],
+        env,
+    )
     assert code == 0, err
     return out.strip()
 
@@ -114,7 +126,8 @@ async def test_with_a_mailbox_that_cannot_be_queried_email_four_stays_unknown_un
     env = {**tendon.env, "TENDON_MAILBOX_URL": blind_mailbox.url}
     await processes.start_ready("brain", BRAIN, env)
     doomed = await processes.start_ready(
-        "hands", HANDS, {**env, "TENDON_KILL_AT": "hands.after_tool_body@call-4"})
+        "hands", HANDS, {**env, "TENDON_KILL_AT": "hands.after_tool_body@call-4"}
+    )
 
     turn_id = await submit(env)
     await processes.wait_exit(doomed)
@@ -134,11 +147,20 @@ async def test_with_a_mailbox_that_cannot_be_queried_email_four_stays_unknown_un
     assert len(blind_mailbox.stats()["deliveries"]) == 4
 
     # An operator reconciles it with the mailbox's own record as evidence.
-    receipt = next(d for d in blind_mailbox.stats()["deliveries"]
-                   if d["idempotency_key"] == fourth["id"])
+    receipt = next(d for d in blind_mailbox.stats()["deliveries"] if d["idempotency_key"] == fourth["id"])
     code, out, err = await run_cli(
-        ["-m", "hands", "reconcile", fourth["id"], "--result", json.dumps(receipt),
-         "--evidence", f"mailbox delivery log lists {receipt['message_id']} for this key"], env)
+        [
+            "-m",
+            "hands",
+            "reconcile",
+            fourth["id"],
+            "--result",
+            json.dumps(receipt),
+            "--evidence",
+            f"mailbox delivery log lists {receipt['message_id']} for this key",
+        ],
+        env,
+    )
     assert code == 0, err
 
     await obs.wait_turn(turn_id, "completed")

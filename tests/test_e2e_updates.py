@@ -46,7 +46,9 @@ async def _publish(amqp_url: str, queue: str, bodies: list[bytes]) -> None:
         channel = await connection.channel(publisher_confirms=True)
         for body in bodies:
             await channel.default_exchange.publish(
-                aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), routing_key=queue)
+                aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                routing_key=queue,
+            )
 
 
 async def test_duplicate_reordered_and_missing_updates_are_applied_once_and_the_gap_replayed(
@@ -58,17 +60,31 @@ async def test_duplicate_reordered_and_missing_updates_are_applied_once_and_the_
     await processes.start_ready("hands", HANDS_EMAIL, env)
     # Given a Brain that dies on the first update, so Hands' events for call-1 pile up
     doomed = await processes.start_ready(
-        "brain", BRAIN, {**env, "TENDON_KILL_AT": "brain.after_update_received@accepted"})
+        "brain", BRAIN, {**env, "TENDON_KILL_AT": "brain.after_update_received@accepted"}
+    )
     code, turn_id, err = await run_cli(
-        ["-m", "brain", "submit", "--session", "s-gap", "--request-id", "r", "--agent",
-         "examples/notice_agent.json", "notice"], env)
+        [
+            "-m",
+            "brain",
+            "submit",
+            "--session",
+            "s-gap",
+            "--request-id",
+            "r",
+            "--agent",
+            "examples/notice_agent.json",
+            "notice",
+        ],
+        env,
+    )
     assert code == 0, err
     turn_id = turn_id.strip()
     assert await processes.wait_exit(doomed) == -signal.SIGKILL
 
     async def all_published() -> bool:
-        rows = await obs.fetch("SELECT count(*) AS n FROM {hands}.events WHERE kind = 'succeeded'"
-                               " AND published_at IS NOT NULL")
+        rows = await obs.fetch(
+            "SELECT count(*) AS n FROM {hands}.events WHERE kind = 'succeeded' AND published_at IS NOT NULL"
+        )
         return rows[0]["n"] == 1
 
     await wait_for(all_published, timeout=30, what="Hands to publish call-1's events")
@@ -85,7 +101,8 @@ async def test_duplicate_reordered_and_missing_updates_are_applied_once_and_the_
     first = (await obs.executions(turn_id))[0]
     assert first["last_seq"] == last and first["status"] == "succeeded"
     replays = await obs.fetch(
-        "SELECT payload FROM {brain}.outbox WHERE queue = $1", f"t-{tendon.suffix}.email.controls")
+        "SELECT payload FROM {brain}.outbox WHERE queue = $1", f"t-{tendon.suffix}.email.controls"
+    )
     asked = [decode(bytes(r["payload"])) for r in replays]
     assert [(a.kind, a.execution_id, a.body.from_seq) for a in asked] == [("replay", first["id"], 2)]
     ledger = {r["execution_id"]: r for r in await obs.ledger()}
@@ -94,10 +111,18 @@ async def test_duplicate_reordered_and_missing_updates_are_applied_once_and_the_
 
 
 def _bulk_agent(tmp_path: Path, blob: str) -> str:
-    agent = {"name": "bulk", "version": "1", "tools": ["echo_blob"],
-             "model": {"kind": "scripted", "script": [
-                 {"tool_calls": [{"tool": "echo_blob", "args": {"blob": blob}}]},
-                 {"content": "echoed"}]}}
+    agent = {
+        "name": "bulk",
+        "version": "1",
+        "tools": ["echo_blob"],
+        "model": {
+            "kind": "scripted",
+            "script": [
+                {"tool_calls": [{"tool": "echo_blob", "args": {"blob": blob}}]},
+                {"content": "echoed"},
+            ],
+        },
+    }
     path = tmp_path / "bulk_agent.json"
     path.write_text(json.dumps(agent))
     return str(path)
@@ -109,7 +134,10 @@ def _bucket_keys(s3_server, prefix: str) -> list[str]:  # type: ignore[no-untype
 
 
 async def test_arguments_and_results_over_the_threshold_travel_through_s3(
-    tendon: TendonEnv, processes: Processes, s3_server, tmp_path: Path  # type: ignore[no-untyped-def]
+    tendon: TendonEnv,
+    processes: Processes,
+    s3_server,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     tendon.routes.add("bulk")
     env = {**tendon.env, "TENDON_OFFLOAD_THRESHOLD": "4096"}
@@ -117,8 +145,20 @@ async def test_arguments_and_results_over_the_threshold_travel_through_s3(
     await processes.start_ready("brain", BRAIN, env)
     await processes.start_ready("hands", HANDS_BULK, env)
     code, out, err = await run_cli(
-        ["-m", "brain", "submit", "--session", f"s-{tendon.suffix}", "--request-id", "r",
-         "--agent", _bulk_agent(tmp_path, blob), "echo"], env)
+        [
+            "-m",
+            "brain",
+            "submit",
+            "--session",
+            f"s-{tendon.suffix}",
+            "--request-id",
+            "r",
+            "--agent",
+            _bulk_agent(tmp_path, blob),
+            "echo",
+        ],
+        env,
+    )
     assert code == 0, err
     obs = Observer(tendon)
     await obs.wait_turn(out.strip(), "completed")
@@ -129,7 +169,10 @@ async def test_arguments_and_results_over_the_threshold_travel_through_s3(
 
 
 async def test_a_tampered_result_object_is_refused_and_fails_the_turn_with_a_clear_error(
-    tendon: TendonEnv, processes: Processes, s3_server, tmp_path: Path  # type: ignore[no-untyped-def]
+    tendon: TendonEnv,
+    processes: Processes,
+    s3_server,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     tendon.routes.add("bulk")
     env = {**tendon.env, "TENDON_OFFLOAD_THRESHOLD": "4096"}
@@ -143,8 +186,20 @@ async def test_a_tampered_result_object_is_refused_and_fails_the_turn_with_a_cle
     await processes.start_ready("brain", BRAIN, env)
     await processes.start_ready("hands", HANDS_BULK, env)
     code, out, err = await run_cli(
-        ["-m", "brain", "submit", "--session", f"s-{tendon.suffix}", "--request-id", "r",
-         "--agent", _bulk_agent(tmp_path, blob), "echo"], env)
+        [
+            "-m",
+            "brain",
+            "submit",
+            "--session",
+            f"s-{tendon.suffix}",
+            "--request-id",
+            "r",
+            "--agent",
+            _bulk_agent(tmp_path, blob),
+            "echo",
+        ],
+        env,
+    )
     assert code == 0, err
     obs = Observer(tendon)
     turn = await obs.wait_turn(out.strip(), "failed")
@@ -160,14 +215,23 @@ async def test_malformed_and_foreign_updates_are_dead_lettered_with_a_reason_and
     env = {**tendon.env, "TENDON_MAILBOX_URL": mailbox.url}
     updates = f"t-{tendon.suffix}.updates"
     await processes.start_ready("brain", BRAIN, env)
-    good = {"v": 1, "kind": "accepted", "message_id": "m", "execution_id": "exe-nope",
-            "namespace": "default", "session_id": "s", "request_digest": "a" * 64, "seq": 1,
-            "body": {"worker": "w"}, "body_ref": None}
+    good = {
+        "v": 1,
+        "kind": "accepted",
+        "message_id": "m",
+        "execution_id": "exe-nope",
+        "namespace": "default",
+        "session_id": "s",
+        "request_digest": "a" * 64,
+        "seq": 1,
+        "body": {"worker": "w"},
+        "body_ref": None,
+    }
     bad = [
-        b'{"v": 1, "kind": "accepted"',                      # malformed JSON
-        b'{"v": 1, "v": 1}',                                   # duplicate keys
-        json.dumps({**good, "seq": "one"}).encode(),           # wrong schema
-        encode(decode(json.dumps(good).encode())),             # unknown execution
+        b'{"v": 1, "kind": "accepted"',  # malformed JSON
+        b'{"v": 1, "v": 1}',  # duplicate keys
+        json.dumps({**good, "seq": "one"}).encode(),  # wrong schema
+        encode(decode(json.dumps(good).encode())),  # unknown execution
     ]
     await _publish(tendon.amqp_url, updates, bad)
 
@@ -198,8 +262,20 @@ async def test_a_turn_whose_tool_no_hands_pool_serves_fails_with_a_clear_error(
     env = {**tendon.env, "TENDON_BINDING_WAIT_SECONDS": "1"}
     await processes.start_ready("brain", BRAIN, env)
     code, out, err = await run_cli(
-        ["-m", "brain", "submit", "--session", "s", "--request-id", "r",
-         "--agent", _bulk_agent(tmp_path, "b"), "echo"], env)
+        [
+            "-m",
+            "brain",
+            "submit",
+            "--session",
+            "s",
+            "--request-id",
+            "r",
+            "--agent",
+            _bulk_agent(tmp_path, "b"),
+            "echo",
+        ],
+        env,
+    )
     assert code == 0, err
     turn = await Observer(tendon).wait_turn(out.strip(), "failed", timeout=20)
     assert turn["error"]["code"] == "routing_error"

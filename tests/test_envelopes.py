@@ -450,9 +450,7 @@ def test_with_body_refuses_no_body_at_all():
 
 
 def test_request_digest_is_stable_for_the_same_command():
-    assert request_digest(EXECUTION_ID, execute_body()) == request_digest(
-        EXECUTION_ID, execute_body()
-    )
+    assert request_digest(EXECUTION_ID, execute_body()) == request_digest(EXECUTION_ID, execute_body())
     reordered = execute_body(args={"rate": 0.1, "memo": "héllo", "currency": "EUR", "amount": 1250})
     assert request_digest(EXECUTION_ID, reordered) == request_digest(EXECUTION_ID, execute_body())
     # A replay policy given as its string value is the same command.
@@ -462,9 +460,7 @@ def test_request_digest_is_stable_for_the_same_command():
 
 
 def test_request_digest_is_the_digest_of_the_canonical_command_and_is_pinned():
-    expected = protocol.digest(
-        {"execution_id": EXECUTION_ID, **execute_body().model_dump(mode="json")}
-    )
+    expected = protocol.digest({"execution_id": EXECUTION_ID, **execute_body().model_dump(mode="json")})
     assert request_digest(EXECUTION_ID, execute_body()) == expected
     # Pinned: a change here makes Hands see every redelivered command as a conflict.
     assert expected == "c7411ffc296e90faea87178735196493fbb3ea9b35606f8750dcd5f6dbfb5362"
@@ -508,16 +504,12 @@ def test_request_digest_changes_with_any_change_inside_args(args):
 
 
 def test_request_digest_changes_with_the_execution_id():
-    assert request_digest("exec-0002", execute_body()) != request_digest(
-        EXECUTION_ID, execute_body()
-    )
+    assert request_digest("exec-0002", execute_body()) != request_digest(EXECUTION_ID, execute_body())
 
 
 def test_request_digest_survives_the_wire():
     body = execute_body()
-    envelope = ExecuteCommand(
-        **{**HEADER, "request_digest": request_digest(EXECUTION_ID, body)}, body=body
-    )
+    envelope = ExecuteCommand(**{**HEADER, "request_digest": request_digest(EXECUTION_ID, body)}, body=body)
     decoded = decode(encode(envelope))
     assert request_digest(decoded.execution_id, decoded.body) == decoded.request_digest
 
@@ -534,8 +526,7 @@ def test_a_binding_digest_is_stable_and_pins_its_fields():
 
 def test_a_binding_digest_changes_with_the_replay_policy():
     assert (
-        binding(replay_policy=ReplayPolicy.SAFE).digest
-        != binding(replay_policy=ReplayPolicy.UNSAFE).digest
+        binding(replay_policy=ReplayPolicy.SAFE).digest != binding(replay_policy=ReplayPolicy.UNSAFE).digest
     )
     assert binding(replay_policy="safe").digest == binding(replay_policy=ReplayPolicy.SAFE).digest
 

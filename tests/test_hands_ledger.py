@@ -138,9 +138,7 @@ async def test_a_live_owner_is_never_claimed_and_a_closed_one_is_at_once(
             # Then nobody may claim it while it lives
             assert await ledger.worker_alive(conn, schema, reg.worker_id)
             assert await ledger.open_orphans(conn, schema, "lab", "w1", 10) == []
-            assert (
-                await ledger.claim_orphan(conn, schema, execution_id, reg.worker_id, "w1") is None
-            )
+            assert await ledger.claim_orphan(conn, schema, execution_id, reg.worker_id, "w1") is None
     # When its session ends, Then it is claimable without waiting for any lease
     async with pool.acquire() as conn:
         assert not await ledger.worker_alive(conn, schema, reg.worker_id)
@@ -155,9 +153,7 @@ async def test_a_released_execution_becomes_an_orphan_for_every_worker_including
     execution_id = await _execution(pool, "w1", LedgerStatus.RUNNING)
     async with pool.acquire() as conn:
         assert await ledger.release(conn, execution_id, "w1")
-        assert await ledger.open_orphans(conn, schema, "lab", "w1", 10) == [
-            (execution_id, "released-by:w1")
-        ]
+        assert await ledger.open_orphans(conn, schema, "lab", "w1", 10) == [(execution_id, "released-by:w1")]
 
 
 async def test_events_get_contiguous_seqs_and_carry_the_rows_headers(pool: asyncpg.Pool) -> None:
@@ -166,9 +162,7 @@ async def test_events_get_contiguous_seqs_and_carry_the_rows_headers(pool: async
     async def work(conn: asyncpg.Connection) -> list[int]:
         return [
             await ledger.append_event(conn, CODEC, execution_id, AcceptedBody(worker="w1")),
-            await ledger.append_event(
-                conn, CODEC, execution_id, StartedBody(attempt=1, worker="w1")
-            ),
+            await ledger.append_event(conn, CODEC, execution_id, StartedBody(attempt=1, worker="w1")),
         ]
 
     assert await transact(pool, work) == [1, 2]
@@ -176,9 +170,7 @@ async def test_events_get_contiguous_seqs_and_carry_the_rows_headers(pool: async
         pending = await ledger.pending_events(conn, route="lab", execution_ids=[execution_id])
     envelopes = [decode(e.payload) for e in pending]
     assert [(e.seq, e.kind) for e in envelopes] == [(1, "accepted"), (2, "started")]
-    assert {(e.namespace, e.session_id, e.request_digest) for e in envelopes} == {
-        ("tests", "s1", "d" * 64)
-    }
+    assert {(e.namespace, e.session_id, e.request_digest) for e in envelopes} == {("tests", "s1", "d" * 64)}
 
 
 async def test_a_replay_that_lands_while_publishing_is_not_marked_published(

@@ -74,9 +74,7 @@ class Bus:
         await self.broker.publish(self.topology.commands("lab"), body, message_id=new_id())
 
     async def publish_control(self, control: Any) -> None:
-        await self.broker.publish(
-            self.topology.controls("lab"), encode(control), message_id=new_id()
-        )
+        await self.broker.publish(self.topology.controls("lab"), encode(control), message_id=new_id())
 
     def events(self, execution_id: str) -> list[Any]:
         """Every event received for ``execution_id``, in arrival order (duplicates included)."""
@@ -159,9 +157,7 @@ def runs(world: TendonEnv) -> list[tuple[str, str, int]]:
 
 
 async def ledger_fetch(world: TendonEnv, sql: str, *args: Any) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(
-        world.database_url, server_settings={"search_path": f"th_{world.suffix}"}
-    )
+    conn = await asyncpg.connect(world.database_url, server_settings={"search_path": f"th_{world.suffix}"})
     try:
         return await conn.fetch(sql, *args)
     finally:
@@ -611,9 +607,7 @@ async def test_a_worker_killed_inside_an_unsafe_tool_without_query_stays_unknown
     ]
 
     # And reconciling it a second time is refused, naming its status
-    again = processes.start(
-        "reconcile", [*reconcile[:4], "--failed", "no", "--evidence", "x"], world.env
-    )
+    again = processes.start("reconcile", [*reconcile[:4], "--failed", "no", "--evidence", "x"], world.env)
     assert await processes.wait_exit(again, timeout=WAIT) == 2
     assert "is SUCCEEDED, not UNKNOWN" in processes.output(again)
     assert runs(world) == [("charge_noquery", cmd.execution_id, 1)]

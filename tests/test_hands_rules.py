@@ -21,10 +21,18 @@ S = LedgerStatus
 SAFE, UNSAFE = ReplayPolicy.SAFE, ReplayPolicy.UNSAFE
 
 ALLOWED = {
-    (S.ACCEPTED, S.RUNNING), (S.ACCEPTED, S.FAILED), (S.ACCEPTED, S.CANCELLED),
-    (S.RUNNING, S.RUNNING), (S.RUNNING, S.QUERYING), (S.RUNNING, S.SUCCEEDED),
-    (S.RUNNING, S.FAILED), (S.RUNNING, S.CANCELLED), (S.RUNNING, S.UNKNOWN),
-    (S.QUERYING, S.QUERYING), (S.QUERYING, S.RUNNING), (S.QUERYING, S.SUCCEEDED),
+    (S.ACCEPTED, S.RUNNING),
+    (S.ACCEPTED, S.FAILED),
+    (S.ACCEPTED, S.CANCELLED),
+    (S.RUNNING, S.RUNNING),
+    (S.RUNNING, S.QUERYING),
+    (S.RUNNING, S.SUCCEEDED),
+    (S.RUNNING, S.FAILED),
+    (S.RUNNING, S.CANCELLED),
+    (S.RUNNING, S.UNKNOWN),
+    (S.QUERYING, S.QUERYING),
+    (S.QUERYING, S.RUNNING),
+    (S.QUERYING, S.SUCCEEDED),
     (S.QUERYING, S.UNKNOWN),
 }
 
@@ -70,7 +78,13 @@ def test_reconcile_cannot_skip_the_replay_rule_for_open_executions() -> None:
 
 def test_statuses_are_stored_as_lowercase_strings() -> None:
     assert [s.value for s in S] == [
-        "accepted", "running", "querying", "succeeded", "failed", "cancelled", "unknown",
+        "accepted",
+        "running",
+        "querying",
+        "succeeded",
+        "failed",
+        "cancelled",
+        "unknown",
     ]
     assert transition("running", "succeeded") is S.SUCCEEDED
 
@@ -80,20 +94,31 @@ def test_statuses_are_stored_as_lowercase_strings() -> None:
 # (status, policy at intent, policy now, has query) -> decision; every row of the rule.
 RULE = [
     # The body never started: run it whatever the policy and whether or not still served.
-    *[((S.ACCEPTED, intent, now, q), Recovery.START)
-      for intent in (SAFE, UNSAFE) for now in (SAFE, UNSAFE, None) for q in (True, False)],
+    *[
+        ((S.ACCEPTED, intent, now, q), Recovery.START)
+        for intent in (SAFE, UNSAFE)
+        for now in (SAFE, UNSAFE, None)
+        for q in (True, False)
+    ],
     # A crash inside the body (or inside the query that followed one):
-    *[((status, SAFE, SAFE, q), Recovery.RERUN)
-      for status in (S.RUNNING, S.QUERYING) for q in (True, False)],
-    *[((status, intent, now, True), Recovery.QUERY)
-      for status in (S.RUNNING, S.QUERYING) for intent, now in
-      ((SAFE, UNSAFE), (UNSAFE, SAFE), (UNSAFE, UNSAFE))],
-    *[((status, intent, now, False), Recovery.UNKNOWN)
-      for status in (S.RUNNING, S.QUERYING) for intent, now in
-      ((SAFE, UNSAFE), (UNSAFE, SAFE), (UNSAFE, UNSAFE))],
+    *[((status, SAFE, SAFE, q), Recovery.RERUN) for status in (S.RUNNING, S.QUERYING) for q in (True, False)],
+    *[
+        ((status, intent, now, True), Recovery.QUERY)
+        for status in (S.RUNNING, S.QUERYING)
+        for intent, now in ((SAFE, UNSAFE), (UNSAFE, SAFE), (UNSAFE, UNSAFE))
+    ],
+    *[
+        ((status, intent, now, False), Recovery.UNKNOWN)
+        for status in (S.RUNNING, S.QUERYING)
+        for intent, now in ((SAFE, UNSAFE), (UNSAFE, SAFE), (UNSAFE, UNSAFE))
+    ],
     # No longer served: neither re-run nor query, even if it was safe.
-    *[((status, intent, None, q), Recovery.UNKNOWN)
-      for status in (S.RUNNING, S.QUERYING) for intent in (SAFE, UNSAFE) for q in (True, False)],
+    *[
+        ((status, intent, None, q), Recovery.UNKNOWN)
+        for status in (S.RUNNING, S.QUERYING)
+        for intent in (SAFE, UNSAFE)
+        for q in (True, False)
+    ],
 ]
 
 
@@ -113,9 +138,7 @@ def test_an_unsafe_tool_is_never_rerun_whatever_else_holds() -> None:
 
 def test_the_unknown_reason_says_which_tool_and_why() -> None:
     decision = decide(S.RUNNING, UNSAFE, UNSAFE, False, tool="send_email")
-    assert decision.reason == (
-        "worker died inside the body of unsafe tool send_email, which has no query"
-    )
+    assert decision.reason == ("worker died inside the body of unsafe tool send_email, which has no query")
     changed = decide(S.RUNNING, SAFE, UNSAFE, False, tool="sync").reason
     assert "declared safe at intent but unsafe now" in changed
     gone = decide(S.RUNNING, SAFE, None, True, tool="sync").reason

@@ -167,9 +167,7 @@ def test_a_post_without_an_idempotency_key_is_rejected(mailbox: MailboxServer) -
     [b"{not json", [1, 2], {"to": "a@example.com", "subject": "s"}, {**MESSAGE, "to": 3}],
     ids=["bad-json", "not-an-object", "missing-body", "non-string-to"],
 )
-def test_a_post_with_a_bad_body_is_rejected_but_still_counted(
-    mailbox: MailboxServer, payload: Any
-) -> None:
+def test_a_post_with_a_bad_body_is_rejected_but_still_counted(mailbox: MailboxServer, payload: Any) -> None:
     status, answer = post(mailbox.url, "op-bad", payload)
 
     assert status == 400
@@ -327,9 +325,7 @@ async def test_the_mailbox_url_is_read_when_the_tool_runs_not_at_import(
 async def test_list_customers_returns_five_fixed_customers() -> None:
     customers = await list_customers.fn(ToolContext(operation_id="op-list"))
 
-    assert customers == [
-        {"name": f"Customer {n}", "email": f"customer{n}@example.com"} for n in range(1, 6)
-    ]
+    assert customers == [{"name": f"Customer {n}", "email": f"customer{n}@example.com"} for n in range(1, 6)]
     customers[0]["email"] = "changed@example.com"
     assert CUSTOMERS[0]["email"] == "customer1@example.com"
 

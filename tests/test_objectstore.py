@@ -127,9 +127,7 @@ async def test_a_tampered_object_is_refused(object_store: S3ObjectStore, s3_serv
         await object_store.get(ref, expected_scope=scope)
 
 
-async def test_a_tampered_object_of_another_size_is_refused(
-    object_store: S3ObjectStore, s3_server
-) -> None:
+async def test_a_tampered_object_of_another_size_is_refused(object_store: S3ObjectStore, s3_server) -> None:
     scope = _scope()
     ref = await object_store.put(scope, b"original payload")
     _overwrite(s3_server, ref, b"x" * 1000)
@@ -182,17 +180,27 @@ async def test_a_ref_claiming_our_scope_for_another_sessions_object_is_refused(
 
 @pytest.mark.parametrize(
     "scope",
-    ["", "ns", "ns/", "/session", "ns/session/extra", "ns/sess ion", "ns/sess\n", "../x",
-     "ns/..", "ns/s*", "ns\\session", "ns/séance"],
+    [
+        "",
+        "ns",
+        "ns/",
+        "/session",
+        "ns/session/extra",
+        "ns/sess ion",
+        "ns/sess\n",
+        "../x",
+        "ns/..",
+        "ns/s*",
+        "ns\\session",
+        "ns/séance",
+    ],
 )
 async def test_a_bad_scope_string_is_refused(object_store: S3ObjectStore, scope: str) -> None:
     with pytest.raises(ObjectRefError, match="invalid object scope"):
         await object_store.put(scope, b"data")
 
 
-async def test_a_ref_with_a_bad_scope_is_refused_on_get(
-    object_store: S3ObjectStore, s3_server
-) -> None:
+async def test_a_ref_with_a_bad_scope_is_refused_on_get(object_store: S3ObjectStore, s3_server) -> None:
     digest = hashlib.sha256(b"x").hexdigest()
     scope = "a/b/c"
     ref = ObjectRef(

@@ -77,9 +77,7 @@ def test_check_mode_passes_on_a_fresh_directory_and_writes_nothing(tmp_path: Pat
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
-def test_check_mode_fails_listing_stale_missing_and_extra_files_and_writes_nothing(
-    tmp_path: Path, capsys
-):
+def test_check_mode_fails_listing_stale_missing_and_extra_files_and_writes_nothing(tmp_path: Path, capsys):
     schemas.main(["--dir", str(tmp_path)])
     (tmp_path / "execute.json").write_text("{}\n")
     (tmp_path / "accepted.json").unlink()

@@ -37,5 +37,10 @@ class Message(BaseModel):
 
 class ModelAdapter(Protocol):
     async def complete(
-        self, *, instructions: str, history: list[Message], turn_id: str, tools: list[dict[str, Any]]
+        self,
+        *,
+        instructions: str,
+        history: list[Message],
+        turn_id: str,
+        tools: list[dict[str, Any]],
     ) -> ModelReply: ...

@@ -26,7 +26,12 @@ class ScriptedModel:
         self.script = script
 
     async def complete(
-        self, *, instructions: str, history: list[Message], turn_id: str, tools: list[dict[str, Any]]
+        self,
+        *,
+        instructions: str,
+        history: list[Message],
+        turn_id: str,
+        tools: list[dict[str, Any]],
     ) -> ModelReply:
         mine = [m for m in history if m.turn_id == turn_id]
         replies = sum(1 for m in mine if m.role == "assistant")

@@ -17,7 +17,11 @@ async def append(
     )
     await conn.execute(
         "INSERT INTO public_events (session_id, seq, turn_id, kind, data) VALUES ($1, $2, $3, $4, $5)",
-        session_id, seq, turn_id, kind, data,
+        session_id,
+        seq,
+        turn_id,
+        kind,
+        data,
     )
     return seq
 

@@ -33,15 +33,25 @@ async def insert_intent(
         """INSERT INTO executions (id, turn_id, tool_step, call_id, route, tool, binding_digest,
                                    replay_policy, args, request_digest, status)
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)""",
-        execution_id, turn_id, tool_step, call_id, binding["route"], binding["name"],
-        binding["digest"], binding["replay_policy"], args, request_digest, ExecutionStatus.INTENDED,
+        execution_id,
+        turn_id,
+        tool_step,
+        call_id,
+        binding["route"],
+        binding["name"],
+        binding["digest"],
+        binding["replay_policy"],
+        args,
+        request_digest,
+        ExecutionStatus.INTENDED,
     )
 
 
 async def for_step(conn: asyncpg.Connection, turn_id: str, tool_step: int) -> list[asyncpg.Record]:
     return await conn.fetch(
         "SELECT * FROM executions WHERE turn_id = $1 AND tool_step = $2 ORDER BY call_id",
-        turn_id, tool_step,
+        turn_id,
+        tool_step,
     )
 
 
@@ -76,9 +86,10 @@ async def receive(conn: asyncpg.Connection, event: Any, wake_channel: str) -> Ar
         return arrival
     if arrival is Arrival.HOLD:
         await conn.execute(
-            "INSERT INTO held_events (execution_id, seq, payload) VALUES ($1, $2, $3)"
-            " ON CONFLICT DO NOTHING",
-            event.execution_id, event.seq, encode(event),
+            "INSERT INTO held_events (execution_id, seq, payload) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+            event.execution_id,
+            event.seq,
+            encode(event),
         )
         return arrival
 
@@ -87,7 +98,8 @@ async def receive(conn: asyncpg.Connection, event: Any, wake_channel: str) -> Ar
     last = event.seq
     held = await conn.fetch(
         "SELECT seq, payload FROM held_events WHERE execution_id = $1 AND seq > $2 ORDER BY seq",
-        event.execution_id, last,
+        event.execution_id,
+        last,
     )
     payloads = {r["seq"]: r["payload"] for r in held}
     for seq in drainable(last, list(payloads)):
@@ -97,9 +109,9 @@ async def receive(conn: asyncpg.Connection, event: Any, wake_channel: str) -> Ar
         "DELETE FROM held_events WHERE execution_id = $1 AND seq <= $2", event.execution_id, last
     )
     await conn.execute(
-        "UPDATE executions SET last_seq = $2, updated_at = now(), replay_requested_at = NULL"
-        " WHERE id = $1",
-        event.execution_id, last,
+        "UPDATE executions SET last_seq = $2, updated_at = now(), replay_requested_at = NULL WHERE id = $1",
+        event.execution_id,
+        last,
     )
     if status in TERMINAL_EXECUTION:
         await _wake_turn_if_step_done(conn, row["turn_id"], row["tool_step"], wake_channel)
@@ -114,7 +126,9 @@ async def _apply(
         await conn.execute(
             "INSERT INTO execution_output (execution_id, byte_offset, data) VALUES ($1, $2, $3)"
             " ON CONFLICT DO NOTHING",
-            row["id"], body.offset, body.data,
+            row["id"],
+            body.offset,
+            body.data,
         )
         return status
     new = EVENT_STATUS[event.kind]
@@ -124,19 +138,28 @@ async def _apply(
     if event.kind == "started":
         sets["attempts"] = body.attempt
     elif event.kind == "succeeded":
-        sets.update(result=body.result, how=body.how, evidence=body.evidence,
-                    output_bytes=body.output_bytes, error=None)
+        sets.update(
+            result=body.result,
+            how=body.how,
+            evidence=body.evidence,
+            output_bytes=body.output_bytes,
+            error=None,
+        )
     elif event.kind == "failed":
-        sets.update(error=body.error, how=body.how, evidence=body.evidence,
-                    output_bytes=body.output_bytes)
+        sets.update(error=body.error, how=body.how, evidence=body.evidence, output_bytes=body.output_bytes)
     elif event.kind == "unknown":
         sets["error"] = {"code": "unknown", "message": body.reason}
     cols = list(sets)
     await conn.execute(
         f"UPDATE executions SET {', '.join(f'{c} = ${i + 2}' for i, c in enumerate(cols))} WHERE id = $1",
-        row["id"], *[sets[c] for c in cols],
+        row["id"],
+        *[sets[c] for c in cols],
     )
-    detail: dict[str, Any] = {"execution_id": row["id"], "call_id": row["call_id"], "tool": row["tool"]}
+    detail: dict[str, Any] = {
+        "execution_id": row["id"],
+        "call_id": row["call_id"],
+        "tool": row["tool"],
+    }
     if event.kind in ("succeeded", "failed"):
         detail["how"] = body.how
     if event.kind == "started":
@@ -196,9 +219,7 @@ async def gaps_to_replay(conn: asyncpg.Connection, gap_seconds: float) -> list[a
     )
 
 
-async def fail_turn(
-    conn: asyncpg.Connection, turn_id: str, error: dict[str, str], wake_channel: str
-) -> None:
+async def fail_turn(conn: asyncpg.Connection, turn_id: str, error: dict[str, str], wake_channel: str) -> None:
     """Fail a turn from outside its run (e.g. an update that cannot be verified).
 
     Bumping the epoch fences out whichever run still holds the lease.
@@ -208,7 +229,8 @@ async def fail_turn(
                   lease_epoch = lease_epoch + 1, updated_at = now()
             WHERE id = $1 AND status NOT IN ('completed', 'failed', 'cancelled')
         RETURNING session_id""",
-        turn_id, error,
+        turn_id,
+        error,
     )
     if row is not None:
         await events.append(conn, row["session_id"], turn_id, "turn.failed", {"error": error})

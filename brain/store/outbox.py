@@ -7,7 +7,10 @@ import asyncpg
 
 async def add(conn: asyncpg.Connection, queue: str, message_id: str, payload: bytes) -> None:
     await conn.execute(
-        "INSERT INTO outbox (queue, message_id, payload) VALUES ($1, $2, $3)", queue, message_id, payload
+        "INSERT INTO outbox (queue, message_id, payload) VALUES ($1, $2, $3)",
+        queue,
+        message_id,
+        payload,
     )
 
 

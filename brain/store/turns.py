@@ -41,7 +41,9 @@ async def submit(
     input_digest = digest(input_doc)
     existing = await conn.fetchrow(
         "SELECT id, input_digest FROM turns WHERE namespace = $1 AND session_id = $2 AND request_id = $3",
-        namespace, session_id, request_id,
+        namespace,
+        session_id,
+        request_id,
     )
     if existing is not None:
         if existing["input_digest"] != input_digest:
@@ -58,7 +60,10 @@ async def submit(
         await conn.execute(
             "INSERT INTO agents (name, version, digest, definition) VALUES ($1, $2, $3, $4)"
             " ON CONFLICT DO NOTHING",
-            agent.name, agent.version, agent.digest, agent.model_dump(mode="json"),
+            agent.name,
+            agent.version,
+            agent.digest,
+            agent.model_dump(mode="json"),
         )
     elif stored != agent.digest:
         raise ConflictError(
@@ -71,7 +76,9 @@ async def submit(
         await conn.execute("INSERT INTO sessions (id, namespace) VALUES ($1, $2)", session_id, namespace)
         await conn.execute(
             "INSERT INTO threads (id, session_id, agent_name, agent_version) VALUES ($1, $1, $2, $3)",
-            session_id, agent.name, agent.version,
+            session_id,
+            agent.name,
+            agent.version,
         )
     elif session_ns != namespace:
         raise ConflictError(f"session {session_id!r} belongs to another namespace")
@@ -81,8 +88,14 @@ async def submit(
         """INSERT INTO turns (id, namespace, session_id, thread_id, request_id, input_digest, input,
                               status, phase)
            VALUES ($1, $2, $3, $3, $4, $5, $6, $7, $8)""",
-        turn_id, namespace, session_id, request_id, input_digest, input_doc,
-        TurnStatus.QUEUED, TurnPhase.PREPARE,
+        turn_id,
+        namespace,
+        session_id,
+        request_id,
+        input_digest,
+        input_doc,
+        TurnStatus.QUEUED,
+        TurnPhase.PREPARE,
     )
     await events.append(conn, session_id, turn_id, "turn.accepted", {"request_id": request_id})
     return turn_id, True
@@ -119,10 +132,16 @@ async def claim(
         return None
     run_id = await conn.fetchval(
         "INSERT INTO runs (turn_id, owner, epoch, started_phase) VALUES ($1, $2, $3, $4) RETURNING id",
-        row["id"], owner, row["lease_epoch"], row["phase"],
+        row["id"],
+        owner,
+        row["lease_epoch"],
+        row["phase"],
     )
     await events.append(
-        conn, row["session_id"], row["id"], "turn.run_started",
+        conn,
+        row["session_id"],
+        row["id"],
+        "turn.run_started",
         {"run_id": run_id, "phase": row["phase"], "epoch": row["lease_epoch"]},
     )
     return Lease(row["id"], owner, row["lease_epoch"], run_id), row
@@ -173,11 +192,15 @@ async def advance(
     row = await conn.fetchrow(
         f"UPDATE turns SET {assignments}{', ' if assignments else ''}revision = revision + 1,"
         f" updated_at = now(){extend} WHERE id = $1 RETURNING *",
-        lease.turn_id, *[sets[c] for c in columns],
+        lease.turn_id,
+        *[sets[c] for c in columns],
     )
     await conn.execute(
         "INSERT INTO steps (turn_id, run_id, phase, detail) VALUES ($1, $2, $3, $4)",
-        lease.turn_id, lease.run_id, str(sets.get("phase", current["phase"])), detail or {},
+        lease.turn_id,
+        lease.run_id,
+        str(sets.get("phase", current["phase"])),
+        detail or {},
     )
     return row
 
@@ -188,7 +211,10 @@ async def append_history(
     await conn.execute(
         """INSERT INTO history (thread_id, position, turn_id, role, content)
            SELECT $1, coalesce(max(position), 0) + 1, $2, $3, $4 FROM history WHERE thread_id = $1""",
-        thread_id, turn_id, role, content,
+        thread_id,
+        turn_id,
+        role,
+        content,
     )
 
 
