@@ -17,7 +17,7 @@ from brain.updates import BindingsConsumer, UpdateConsumer
 from infra.broker import Broker, Topology
 from infra.db import create_pool, migrate
 from infra.killpoints import KillPoints
-from infra.liveness import WorkerRegistration, owner_alive_sql
+from infra.liveness import WorkerRegistration, owner_alive_sql, worker_alive
 from infra.logging import get_logger
 from infra.payloads import open_payload_codec
 from infra.settings import Settings
@@ -40,8 +40,29 @@ async def open_store(settings: Settings) -> asyncpg.Pool:
     return pool
 
 
-async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event) -> None:
-    """Run a Brain until ``stop`` is set; then stop consuming, let drivers finish, close."""
+async def watch_liveness(pool: asyncpg.Pool, schema: str, worker_id: str, interval: float) -> None:
+    """Return (ending the Brain) once others would take this Brain for dead.
+
+    That happens when its liveness session ended while the process lives on (a database
+    restart, a cut connection): other Brains may then claim its turns, so it must stop.
+    """
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            async with pool.acquire() as conn:
+                if not await worker_alive(conn, schema, worker_id):
+                    log.error("liveness_lost", worker=worker_id)
+                    return
+        except Exception as exc:  # noqa: BLE001 - a failed check is not yet a lost lock
+            log.warning("liveness_check_failed", error=repr(exc))
+
+
+async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event) -> int:
+    """Run a Brain until ``stop`` is set; then stop consuming and close in reverse order.
+
+    Returns 0 after a requested stop, 1 when a background task ended on its own (which
+    should never happen: it is logged and the process exits so a supervisor restarts it).
+    """
     topology = Topology(settings.queue_prefix)
     async with AsyncExitStack() as stack:
         pool = await open_store(settings)
@@ -76,12 +97,17 @@ async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event)
             topology,
             wake_channel=channel,
             gap_timeout=settings.gap_timeout,
+            stall_seconds=settings.stall_seconds,
             interval=settings.scan_interval,
             outbox_ready=relay.notify,
         )
         tasks = [
             asyncio.create_task(relay.run(), name="outbox-relay"),
             asyncio.create_task(scanner.run(), name="repair-scan"),
+            asyncio.create_task(
+                watch_liveness(pool, settings.brain_schema, registration.worker_id, settings.scan_interval),
+                name="liveness",
+            ),
         ]
         for i in range(settings.concurrency):
             driver = TurnDriver(ctx, registration.worker_id, alive)
@@ -99,12 +125,24 @@ async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event)
             ready = Path(settings.ready_file)
             await asyncio.to_thread(ready.write_text, registration.worker_id + "\n")
             stack.callback(ready.unlink, missing_ok=True)
+        crashed: list[asyncio.Task[None]] = []
+
+        def on_task_end(task: asyncio.Task[None]) -> None:
+            if not task.cancelled():
+                log.error("background_task_ended", task=task.get_name(), error=repr(task.exception()))
+                crashed.append(task)
+                stop.set()
+
+        for task in tasks:
+            task.add_done_callback(on_task_end)
         await stop.wait()
         log.info("brain_stopping")
         # Nothing waits in memory, so cancelling mid-phase only loses uncommitted work,
         # which the next run redoes from the last committed phase.
         for task in tasks:
+            task.remove_done_callback(on_task_end)
             task.cancel()
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+    return 1 if crashed else 0

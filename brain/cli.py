@@ -190,8 +190,7 @@ async def _serve(settings: Settings, args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await serve(settings, KillPoints(settings.kill_at), stop)
-    return 0
+    return await serve(settings, KillPoints(settings.kill_at), stop)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,8 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     except TendonError as exc:
         print(f"brain: {exc.message}", file=sys.stderr)
         return EXIT_USAGE
-    except (OSError, asyncpg.PostgresError) as exc:
+    except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
         print(f"brain: cannot reach a service: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except asyncpg.PostgresError as exc:
+        print(f"brain: the database refused the request: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

@@ -18,11 +18,12 @@ from structlog.contextvars import bound_contextvars
 
 from brain.agents import AgentDefinition
 from brain.models import Message, make_model
+from brain.retry import RetryPolicy
 from brain.states import TurnPhase, TurnStatus
 from brain.store import events, executions, outbox, turns
 from brain.store.turns import Lease
 from infra.broker import Topology
-from infra.db import transact
+from infra.db import is_transient, transact
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec
@@ -52,6 +53,7 @@ class LoopContext:
     lease_seconds: float
     binding_wait_seconds: float
     outbox_ready: Callable[[], None]
+    retry: RetryPolicy = RetryPolicy()
 
 
 class TurnDriver:
@@ -77,9 +79,47 @@ class TurnDriver:
                 await self._drive(lease)
             except StaleOwnerError as exc:
                 log.warning("run_fenced_out", reason=str(exc))
-            except TendonError as exc:
-                await self._fail(lease, exc.as_dict())
+            except Exception as exc:  # noqa: BLE001 - every failure ends this run somehow
+                await self._end_run_after(lease, exc)
         return True
+
+    async def _end_run_after(self, lease: Lease, exc: Exception) -> None:
+        """Retry a passing fault later (persisted backoff); fail the turn for anything else."""
+        if is_transient(exc) or (isinstance(exc, TendonError) and exc.retryable):
+            log.warning("run_interrupted", error=repr(exc))
+            try:
+                await transact(self.ctx.pool, lambda c: self._schedule_retry(c, lease, exc))
+                return
+            except StaleOwnerError:
+                return
+            except LimitReachedError as exhausted:
+                await self._fail(lease, exhausted.as_dict())
+                return
+            except Exception as again:  # noqa: BLE001
+                # The database is gone too: the lease expires and another run takes over.
+                log.warning("retry_not_scheduled", error=repr(again))
+                return
+        if isinstance(exc, TendonError):
+            error = exc.as_dict()
+        else:
+            log.exception("run_crashed")
+            error = {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
+        await self._fail(lease, error)
+
+    async def _schedule_retry(self, conn: asyncpg.Connection, lease: Lease, exc: Exception) -> None:
+        retries = await conn.fetchval("SELECT retries + 1 FROM turns WHERE id = $1", lease.turn_id)
+        if self.ctx.retry.exhausted(retries):
+            raise LimitReachedError(f"gave up after {retries - 1} retries; last error: {exc}")
+        await turns.advance(
+            conn,
+            lease,
+            release=True,
+            retries=retries,
+            wake_at=await conn.fetchval(
+                "SELECT now() + make_interval(secs => $1)", self.ctx.retry.delay(retries)
+            ),
+            detail={"retry": retries, "error": repr(exc)},
+        )
 
     async def _drive(self, lease: Lease) -> None:
         handlers = {
@@ -125,11 +165,12 @@ class TurnDriver:
                 found = await _latest_bindings(conn, agent.tools)
                 missing = sorted(set(agent.tools) - set(found))
                 if missing:
-                    age = await conn.fetchval(
-                        "SELECT extract(epoch FROM now() - created_at) FROM turns WHERE id = $1",
+                    overdue = await conn.fetchval(
+                        "SELECT created_at < now() - make_interval(secs => $2) FROM turns WHERE id = $1",
                         lease.turn_id,
+                        self.ctx.binding_wait_seconds,
                     )
-                    if age > self.ctx.binding_wait_seconds:
+                    if overdue:
                         raise _no_binding(missing, self.ctx.binding_wait_seconds)
                     await turns.advance(
                         conn,
@@ -137,7 +178,7 @@ class TurnDriver:
                         phase=TurnPhase.PREPARE,
                         release=True,
                         waiting_for=f"a Hands pool to announce {', '.join(missing)}",
-                        wake_at=await conn.fetchval("SELECT now() + interval '0.5 second'"),
+                        wake_at=await conn.fetchval("SELECT now() + make_interval(secs => 0.5)"),
                     )
                     return False
                 # Freeze the bindings into the thread: later turns use these digests.
@@ -250,6 +291,7 @@ class TurnDriver:
                     binding=binding,
                     args=call["args"],
                     request_digest=envelope.request_digest,
+                    command_message_id=envelope.message_id,
                 )
                 await outbox.add(
                     conn, self.ctx.topology.commands(binding["route"]), envelope.message_id, payload
@@ -371,6 +413,9 @@ class TurnDriver:
             await transact(self.ctx.pool, commit)
         except StaleOwnerError:
             pass
+        except Exception as exc:  # noqa: BLE001
+            # Not recorded: the lease expires and a later run meets the same error again.
+            log.warning("failure_not_recorded", error=repr(exc))
 
 
 async def _latest_bindings(conn: asyncpg.Connection, tools: list[str]) -> dict[str, Any]:
@@ -406,8 +451,8 @@ async def drive_forever(driver: TurnDriver, wake: asyncio.Event, interval: float
         try:
             if await driver.run_one():
                 continue
-        except (asyncpg.PostgresError, OSError) as exc:
-            # The database went away mid-run: nothing committed is lost; try again shortly.
+        except Exception as exc:  # noqa: BLE001 - e.g. the database is briefly unreachable
+            # Nothing committed is lost; claim again after the scan interval.
             log.warning("driver_error", error=repr(exc))
         wake.clear()
         try:

@@ -1,7 +1,9 @@
 """The periodic repair scan: wake-ups are hints, this makes sure none is lost for good.
 
 It asks Hands to replay events when a gap persists (held events waiting for a missing seq)
-and wakes waiting turns whose executions have all finished.
+or when an execution made no progress for a while (its last event may be lost), publishes
+a command again when Hands never acknowledged it (Hands dedups by execution id), and wakes
+waiting turns whose executions have all finished.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class RepairScanner:
         *,
         wake_channel: str,
         gap_timeout: float,
+        stall_seconds: float,
         interval: float,
         outbox_ready: Callable[[], None],
     ) -> None:
@@ -35,39 +38,53 @@ class RepairScanner:
         self.topology = topology
         self.wake_channel = wake_channel
         self.gap_timeout = gap_timeout
+        self.stall_seconds = stall_seconds
         self.interval = interval
         self.outbox_ready = outbox_ready
 
     async def scan_once(self) -> int:
-        """One pass; returns how many replay requests it committed."""
+        """One pass; returns how many messages it queued (replay requests, re-sent commands)."""
 
         async def work(conn: asyncpg.Connection) -> int:
-            gaps = await executions.gaps_to_replay(conn, self.gap_timeout)
-            for g in gaps:
-                control = ReplayControl(
-                    execution_id=g["id"],
-                    namespace=g["namespace"],
-                    session_id=g["session_id"],
-                    request_digest=g["request_digest"],
-                    body=ReplayBody(from_seq=g["last_seq"] + 1),
-                )
-                await outbox.add(
-                    conn, self.topology.controls(g["route"]), control.message_id, encode(control)
-                )
-                await conn.execute("UPDATE executions SET replay_requested_at = now() WHERE id = $1", g["id"])
-                log.info("replay_requested", execution_id=g["id"], from_seq=g["last_seq"] + 1)
+            queued = 0
+            for g in await executions.gaps_to_replay(conn, self.gap_timeout):
+                await self._ask_replay(conn, g, reason="gap")
+                queued += 1
+            for s in await executions.stalled(conn, self.stall_seconds):
+                if s["status"] == "intended" and s["command_message_id"]:
+                    # Hands never acknowledged the command: publish it again.
+                    await outbox.republish(conn, s["command_message_id"])
+                    await conn.execute(
+                        "UPDATE executions SET replay_requested_at = now() WHERE id = $1", s["id"]
+                    )
+                    log.info("command_resent", execution_id=s["id"])
+                else:
+                    await self._ask_replay(conn, s, reason="stalled")
+                queued += 1
             await executions.wake_stuck_turns(conn, self.wake_channel)
-            return len(gaps)
+            return queued
 
-        requested = await transact(self.pool, work)
-        if requested:
+        queued = await transact(self.pool, work)
+        if queued:
             self.outbox_ready()
-        return requested
+        return queued
+
+    async def _ask_replay(self, conn: asyncpg.Connection, e: asyncpg.Record, *, reason: str) -> None:
+        control = ReplayControl(
+            execution_id=e["id"],
+            namespace=e["namespace"],
+            session_id=e["session_id"],
+            request_digest=e["request_digest"],
+            body=ReplayBody(from_seq=e["last_seq"] + 1),
+        )
+        await outbox.add(conn, self.topology.controls(e["route"]), control.message_id, encode(control))
+        await conn.execute("UPDATE executions SET replay_requested_at = now() WHERE id = $1", e["id"])
+        log.info("replay_requested", execution_id=e["id"], from_seq=e["last_seq"] + 1, reason=reason)
 
     async def run(self) -> None:
         while True:
             try:
                 await self.scan_once()
-            except (asyncpg.PostgresError, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 - the scan must outlive any one bad pass
                 log.warning("repair_scan_error", error=repr(exc))
             await asyncio.sleep(self.interval)

@@ -7,6 +7,7 @@ a payload that fails verification also fails its turn with a clear error.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import asyncpg
@@ -51,6 +52,14 @@ class UpdateConsumer:
         self.queue = broker.topology.updates
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
+        """Apply one update; whatever happens, the message is acked, parked or requeued."""
+        try:
+            await self._handle(message)
+        except Exception as exc:  # noqa: BLE001 - never leave a message unacked
+            log.warning("update_requeued", error=repr(exc), message_id=message.message_id)
+            await requeue_later(message)
+
+    async def _handle(self, message: AbstractIncomingMessage) -> None:
         try:
             header = decode(message.body)
         except ProtocolError as exc:
@@ -92,6 +101,12 @@ class UpdateConsumer:
             await executions.fail_turn(conn, turn_id, error, self.wake_channel)
 
 
+async def requeue_later(message: AbstractIncomingMessage, pause: float = 1.0) -> None:
+    """Give a message back after a pause, so a short outage does not burn its delivery limit."""
+    await asyncio.sleep(pause)
+    await message.nack(requeue=True)
+
+
 class BindingsConsumer:
     """Stores what Hands pools announce; the Brain never imports tool code."""
 
@@ -101,6 +116,13 @@ class BindingsConsumer:
         self.queue = broker.topology.bindings
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
+        try:
+            await self._handle(message)
+        except Exception as exc:  # noqa: BLE001 - never leave a message unacked
+            log.warning("bindings_requeued", error=repr(exc))
+            await requeue_later(message)
+
+    async def _handle(self, message: AbstractIncomingMessage) -> None:
         try:
             announcement = decode(message.body)
             if not isinstance(announcement, BindingsAnnouncement) or announcement.body is None:

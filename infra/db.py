@@ -8,21 +8,43 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import asyncpg
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
 
-from protocol import codec
+from protocol import TransientError, codec
 
 T = TypeVar("T")
 
-_TRANSIENT = (
-    asyncpg.SerializationError,
-    asyncpg.DeadlockDetectedError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.ConnectionDoesNotExistError,
+# Errors after which the transaction certainly did not commit: safe to run it again.
+_ROLLED_BACK = (asyncpg.SerializationError, asyncpg.DeadlockDetectedError)
+# Errors that mean the connection broke: before BEGIN it is safe to retry, after it the
+# outcome of COMMIT is unknown and the caller must decide (it gets a TransientError).
+_CONNECTION_LOST = (
+    asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
     ConnectionError,
     OSError,
 )
+# SQLSTATE classes that a later attempt may not hit: connection, resources, operator
+# intervention (e.g. a restart), transaction rollback.
+_TRANSIENT_SQLSTATE_CLASSES = ("08", "40", "53", "57", "58")
+
+
+class _NotStarted(Exception):
+    """The transaction never began (no connection): retrying cannot double-apply anything."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a database error may go away on its own (vs. bad data or a bug)."""
+    if isinstance(exc, (*_CONNECTION_LOST, *_ROLLED_BACK, TransientError)):
+        return True
+    state = getattr(exc, "sqlstate", None)
+    return isinstance(state, str) and state[:2] in _TRANSIENT_SQLSTATE_CLASSES
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -49,20 +71,37 @@ async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int
 
 
 async def transact(pool: asyncpg.Pool, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-    """Run ``work(conn)`` in one transaction; retry the whole transaction on transient faults.
+    """Run ``work(conn)`` in one transaction; the one way Tendon commits a state change.
 
-    This is the only place that opens a transaction for a state change, so "every state
-    change is one transaction" holds by construction. Business errors are never retried.
+    A transaction that certainly did not commit (serialization failure, deadlock, no
+    connection to begin with) is retried as a whole. A connection lost mid-transaction
+    raises ``TransientError``: the commit may or may not have happened, so the caller
+    re-reads the state instead of blindly doing the work twice. Business errors are never
+    retried.
     """
-    async for attempt in AsyncRetrying(
-        retry=retry_if_exception(lambda e: isinstance(e, _TRANSIENT)),
-        stop=stop_after_attempt(5),
-        wait=wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05),
-        reraise=True,
-    ):
-        with attempt:
-            async with pool.acquire() as conn, conn.transaction():
-                return await work(conn)
+    try:
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type((*_ROLLED_BACK, _NotStarted)),
+            stop=stop_after_attempt(5),
+            wait=wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05),
+            reraise=True,
+        ):
+            with attempt:
+                try:
+                    conn = await pool.acquire()
+                except _CONNECTION_LOST as exc:
+                    raise _NotStarted(str(exc)) from exc
+                try:
+                    async with conn.transaction():
+                        return await work(conn)
+                except _CONNECTION_LOST as exc:
+                    raise TransientError(
+                        f"database connection lost during a transaction (outcome unknown): {exc}"
+                    ) from exc
+                finally:
+                    await pool.release(conn)
+    except _NotStarted as exc:
+        raise TransientError(f"cannot reach the database: {exc}") from exc
     raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -36,6 +36,15 @@ def owner_alive_sql(schema: str) -> str:
     return OWNER_ALIVE_SQL.replace("$LOCK_CLASS", str(lock_class(schema)))
 
 
+async def worker_alive(conn: asyncpg.Connection, schema: str, worker_id: str) -> bool:
+    """Whether others would take ``worker_id`` for alive right now."""
+    return bool(
+        await conn.fetchval(
+            f"SELECT {owner_alive_sql(schema)} FROM workers w WHERE w.id = $1", worker_id
+        )
+    )
+
+
 class WorkerRegistration:
     """``async with WorkerRegistration(dsn, schema, kind) as reg``: ``reg.worker_id`` is alive."""
 

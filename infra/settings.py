@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=30.0, gt=0)
     scan_interval: float = Field(default=0.5, gt=0)
     gap_timeout: float = Field(default=1.0, gt=0)
+    stall_seconds: float = Field(
+        default=10.0, gt=0, description="after this long without progress, re-send or ask for a replay"
+    )
     binding_wait_seconds: float = Field(
         default=60.0, gt=0, description="how long a new turn waits for its tools to be announced"
     )

@@ -174,3 +174,33 @@ async def test_an_event_from_another_session_is_refused(pool):
     )
     with pytest.raises(RoutingError, match="belongs to ns/s1"):
         await transact(pool, lambda c: executions.receive(c, forged, "unused_channel"))
+
+
+async def test_a_lost_wake_up_is_repaired_by_the_periodic_scan(pool):
+    # Given a turn parked WAITING whose only execution finished, but whose wake hint was lost
+    turn_id = await _submit(pool)
+    await transact(
+        pool,
+        lambda c: executions.insert_intent(
+            c,
+            execution_id="e3",
+            turn_id=turn_id,
+            tool_step=1,
+            call_id="call-1",
+            binding={"route": "lab", "name": "echo", "digest": "b" * 64, "replay_policy": "safe"},
+            args={},
+            request_digest="d" * 64,
+        ),
+    )
+    await pool.execute("UPDATE executions SET status = 'succeeded' WHERE id = 'e3'")
+    await pool.execute(
+        "UPDATE turns SET status = 'waiting', phase = 'wait_tools', tool_step = 1 WHERE id = $1", turn_id
+    )
+    # When the repair scan runs
+    await transact(pool, lambda c: executions.wake_stuck_turns(c, "unused_channel"))
+    # Then the turn is claimable again; a turn still waiting on a running tool is left alone
+    assert await pool.fetchval("SELECT status FROM turns WHERE id = $1", turn_id) == "running"
+    await pool.execute("UPDATE executions SET status = 'running' WHERE id = 'e3'")
+    await pool.execute("UPDATE turns SET status = 'waiting' WHERE id = $1", turn_id)
+    await transact(pool, lambda c: executions.wake_stuck_turns(c, "unused_channel"))
+    assert await pool.fetchval("SELECT status FROM turns WHERE id = $1", turn_id) == "waiting"

@@ -28,11 +28,12 @@ async def insert_intent(
     binding: dict[str, Any],
     args: dict[str, Any],
     request_digest: str,
+    command_message_id: str | None = None,
 ) -> None:
     await conn.execute(
         """INSERT INTO executions (id, turn_id, tool_step, call_id, route, tool, binding_digest,
-                                   replay_policy, args, request_digest, status)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)""",
+                                   replay_policy, args, request_digest, status, command_message_id)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)""",
         execution_id,
         turn_id,
         tool_step,
@@ -44,6 +45,7 @@ async def insert_intent(
         args,
         request_digest,
         ExecutionStatus.INTENDED,
+        command_message_id,
     )
 
 
@@ -178,7 +180,9 @@ async def _apply(
 async def _wake_turn_if_step_done(
     conn: asyncpg.Connection, turn_id: str, tool_step: int, wake_channel: str
 ) -> None:
-    current = await conn.fetchrow("SELECT status, tool_step FROM turns WHERE id = $1", turn_id)
+    # Lock the turn so that two sibling executions finishing at once are serialised here:
+    # the second one then sees the first one's committed status and wakes the turn.
+    current = await conn.fetchrow("SELECT status, tool_step FROM turns WHERE id = $1 FOR UPDATE", turn_id)
     if current["status"] != TurnStatus.WAITING or current["tool_step"] != tool_step:
         return  # the owning run re-checks its executions under the turn lock
     if all_terminal(await for_step(conn, turn_id, tool_step)):
@@ -216,6 +220,24 @@ async def gaps_to_replay(conn: asyncpg.Connection, gap_seconds: float) -> list[a
                    OR e.replay_requested_at < now() - make_interval(secs => $1 * 4))
             FOR UPDATE OF e SKIP LOCKED""",
         gap_seconds,
+    )
+
+
+async def stalled(conn: asyncpg.Connection, stall_seconds: float) -> list[asyncpg.Record]:
+    """Unfinished executions with no progress for ``stall_seconds`` (lost command or last event).
+
+    UNKNOWN is not a stall: it waits for a reconcile on purpose.
+    """
+    return await conn.fetch(
+        """SELECT e.id, e.status, e.last_seq, e.route, e.request_digest, e.command_message_id,
+                  t.namespace, t.session_id
+             FROM executions e JOIN turns t ON t.id = e.turn_id
+            WHERE e.status IN ('intended', 'accepted', 'running')
+              AND e.updated_at < now() - make_interval(secs => $1)
+              AND (e.replay_requested_at IS NULL
+                   OR e.replay_requested_at < now() - make_interval(secs => $1))
+            FOR UPDATE OF e SKIP LOCKED""",
+        stall_seconds,
     )
 
 

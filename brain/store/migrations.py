@@ -92,4 +92,11 @@ CREATE TABLE public_events (
     created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (session_id, seq));
 """,
     ),
+    (
+        2,
+        """
+ALTER TABLE turns ADD COLUMN retries int NOT NULL DEFAULT 0;
+ALTER TABLE executions ADD COLUMN command_message_id text;
+""",
+    ),
 ]

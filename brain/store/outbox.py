@@ -23,3 +23,8 @@ async def unpublished(conn: asyncpg.Connection, limit: int = 200) -> list[asyncp
 
 async def mark_published(conn: asyncpg.Connection, ids: list[int]) -> None:
     await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY($1::bigint[])", ids)
+
+
+async def republish(conn: asyncpg.Connection, message_id: str) -> None:
+    """Queue an already published row again (same bytes, same message id)."""
+    await conn.execute("UPDATE outbox SET published_at = NULL WHERE message_id = $1", message_id)
