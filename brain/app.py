@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -19,8 +22,9 @@ from infra.db import create_pool, migrate
 from infra.killpoints import KillPoints
 from infra.liveness import WorkerRegistration, owner_alive_sql, worker_alive
 from infra.logging import get_logger
-from infra.payloads import open_payload_codec
+from infra.payloads import PayloadCodec, open_payload_codec
 from infra.settings import Settings
+from infra.transport import Transport
 
 log = get_logger(__name__)
 
@@ -57,13 +61,20 @@ async def watch_liveness(pool: asyncpg.Pool, schema: str, worker_id: str, interv
             log.warning("liveness_check_failed", error=repr(exc))
 
 
-async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event) -> int:
-    """Run a Brain until ``stop`` is set; then stop consuming and close in reverse order.
+@dataclass
+class Backends:
+    """What a Brain runs on: PostgreSQL/RabbitMQ/S3, or the embedded SQLite/local queue/dir."""
 
-    Returns 0 after a requested stop, 1 when a background task ended on its own (which
-    should never happen: it is logged and the process exits so a supervisor restarts it).
-    """
-    topology = Topology(settings.queue_prefix)
+    pool: Any  # an asyncpg pool or an infra.sqlite.SqlitePool
+    transport: Transport
+    codec: PayloadCodec
+    worker_id: str
+    listen: Callable[[str, Callable[..., Any]], Awaitable[None]]  # wake-up hints
+
+
+@asynccontextmanager
+async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
+    """The distributed backends, opened in order and closed in reverse."""
     async with AsyncExitStack() as stack:
         pool = await open_store(settings)
         stack.push_async_callback(pool.close)
@@ -72,13 +83,31 @@ async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event)
         )
         codec = await stack.enter_async_context(open_payload_codec(settings))
         broker = await stack.enter_async_context(
-            Broker(settings.amqp_url, topology, delivery_limit=settings.delivery_limit)
+            Broker(settings.amqp_url, Topology(settings.queue_prefix), delivery_limit=settings.delivery_limit)
         )
-        channel = wake_channel(settings)
-        wake = asyncio.Event()
         listener = await asyncpg.connect(settings.database_url)
         stack.push_async_callback(listener.close)
-        await listener.add_listener(channel, lambda *_: wake.set())
+        yield Backends(pool, broker, codec, registration.worker_id, listener.add_listener)
+
+
+async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event) -> int:
+    """Run a distributed Brain until ``stop`` is set (see :func:`run`)."""
+    async with open_backends(settings) as backends:
+        return await run(backends, settings, killpoints, stop)
+
+
+async def run(backends: Backends, settings: Settings, killpoints: KillPoints, stop: asyncio.Event) -> int:
+    """Run a Brain on ``backends`` until ``stop`` is set; then stop and close in reverse order.
+
+    Returns 0 after a requested stop, 1 when a background task ended on its own (which
+    should never happen: it is logged and the process exits so a supervisor restarts it).
+    """
+    pool, broker, codec = backends.pool, backends.transport, backends.codec
+    topology = broker.topology
+    async with AsyncExitStack() as stack:
+        channel = wake_channel(settings)
+        wake = asyncio.Event()
+        await backends.listen(channel, lambda *_: wake.set())
 
         relay = OutboxRelay(pool, broker, interval=settings.scan_interval)
         ctx = LoopContext(
@@ -91,7 +120,7 @@ async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event)
             binding_wait_seconds=settings.binding_wait_seconds,
             outbox_ready=relay.notify,
         )
-        alive = owner_alive_sql(settings.brain_schema)
+        alive = owner_alive_sql(settings.brain_schema, pool)
         scanner = RepairScanner(
             pool,
             topology,
@@ -105,12 +134,12 @@ async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event)
             asyncio.create_task(relay.run(), name="outbox-relay"),
             asyncio.create_task(scanner.run(), name="repair-scan"),
             asyncio.create_task(
-                watch_liveness(pool, settings.brain_schema, registration.worker_id, settings.scan_interval),
+                watch_liveness(pool, settings.brain_schema, backends.worker_id, settings.scan_interval),
                 name="liveness",
             ),
         ]
         for i in range(settings.concurrency):
-            driver = TurnDriver(ctx, registration.worker_id, alive)
+            driver = TurnDriver(ctx, backends.worker_id, alive)
             tasks.append(
                 asyncio.create_task(drive_forever(driver, wake, settings.scan_interval), name=f"driver-{i}")
             )
@@ -120,10 +149,10 @@ async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event)
         bindings = BindingsConsumer(pool, broker)
         await broker.consume(bindings.queue, bindings.handle, prefetch=8)
 
-        log.info("brain_ready", worker=registration.worker_id, schema=settings.brain_schema)
+        log.info("brain_ready", worker=backends.worker_id, schema=settings.brain_schema)
         if settings.ready_file:
             ready = Path(settings.ready_file)
-            await asyncio.to_thread(ready.write_text, registration.worker_id + "\n")
+            await asyncio.to_thread(ready.write_text, backends.worker_id + "\n")
             stack.callback(ready.unlink, missing_ok=True)
         crashed: list[asyncio.Task[None]] = []
 

@@ -419,12 +419,12 @@ class TurnDriver:
 
 
 async def _latest_bindings(conn: asyncpg.Connection, tools: list[str]) -> dict[str, Any]:
+    """The most recently announced binding of each tool."""
     rows = await conn.fetch(
-        "SELECT DISTINCT ON (name) name, binding FROM bindings WHERE name = ANY($1::text[])"
-        " ORDER BY name, announced_at DESC",
+        "SELECT name, binding FROM bindings WHERE name = ANY($1::text[]) ORDER BY announced_at",
         tools,
     )
-    return {r["name"]: r["binding"] for r in rows}
+    return {r["name"]: r["binding"] for r in rows}  # later rows win
 
 
 def _no_binding(missing: list[str], waited: float) -> TendonError:

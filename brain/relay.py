@@ -11,15 +11,15 @@ import asyncio
 import asyncpg
 
 from brain.store import outbox
-from infra.broker import Broker
 from infra.db import transact
 from infra.logging import get_logger
+from infra.transport import Transport
 
 log = get_logger(__name__)
 
 
 class OutboxRelay:
-    def __init__(self, pool: asyncpg.Pool, broker: Broker, *, interval: float, batch: int = 200) -> None:
+    def __init__(self, pool: asyncpg.Pool, broker: Transport, *, interval: float, batch: int = 200) -> None:
         self.pool = pool
         self.broker = broker
         self.interval = interval

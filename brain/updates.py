@@ -11,15 +11,14 @@ import asyncio
 from typing import Any
 
 import asyncpg
-from aio_pika.abc import AbstractIncomingMessage
 from structlog.contextvars import bound_contextvars
 
 from brain.store import executions
-from infra.broker import Broker
 from infra.db import transact
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec
+from infra.transport import Delivery, Transport
 from protocol import (
     TERMINAL_EVENT_KINDS,
     BindingsAnnouncement,
@@ -39,7 +38,7 @@ class UpdateConsumer:
     def __init__(
         self,
         pool: asyncpg.Pool,
-        broker: Broker,
+        broker: Transport,
         codec: PayloadCodec,
         killpoints: KillPoints,
         wake_channel: str,
@@ -51,7 +50,7 @@ class UpdateConsumer:
         self.wake_channel = wake_channel
         self.queue = broker.topology.updates
 
-    async def handle(self, message: AbstractIncomingMessage) -> None:
+    async def handle(self, message: Delivery) -> None:
         """Apply one update; whatever happens, the message is acked, parked or requeued."""
         try:
             await self._handle(message)
@@ -59,7 +58,7 @@ class UpdateConsumer:
             log.warning("update_requeued", error=repr(exc), message_id=message.message_id)
             await requeue_later(message)
 
-    async def _handle(self, message: AbstractIncomingMessage) -> None:
+    async def _handle(self, message: Delivery) -> None:
         try:
             header = decode(message.body)
         except ProtocolError as exc:
@@ -101,7 +100,7 @@ class UpdateConsumer:
             await executions.fail_turn(conn, turn_id, error, self.wake_channel)
 
 
-async def requeue_later(message: AbstractIncomingMessage, pause: float = 1.0) -> None:
+async def requeue_later(message: Delivery, pause: float = 1.0) -> None:
     """Give a message back after a pause, so a short outage does not burn its delivery limit."""
     await asyncio.sleep(pause)
     await message.nack(requeue=True)
@@ -110,19 +109,19 @@ async def requeue_later(message: AbstractIncomingMessage, pause: float = 1.0) ->
 class BindingsConsumer:
     """Stores what Hands pools announce; the Brain never imports tool code."""
 
-    def __init__(self, pool: asyncpg.Pool, broker: Broker) -> None:
+    def __init__(self, pool: asyncpg.Pool, broker: Transport) -> None:
         self.pool = pool
         self.broker = broker
         self.queue = broker.topology.bindings
 
-    async def handle(self, message: AbstractIncomingMessage) -> None:
+    async def handle(self, message: Delivery) -> None:
         try:
             await self._handle(message)
         except Exception as exc:  # noqa: BLE001 - never leave a message unacked
             log.warning("bindings_requeued", error=repr(exc))
             await requeue_later(message)
 
-    async def _handle(self, message: AbstractIncomingMessage) -> None:
+    async def _handle(self, message: Delivery) -> None:
         try:
             announcement = decode(message.body)
             if not isinstance(announcement, BindingsAnnouncement) or announcement.body is None:

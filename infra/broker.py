@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aio_pika
 from aio_pika.abc import (
@@ -23,6 +23,9 @@ from aio_pika.abc import (
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from infra.logging import get_logger
+
+if TYPE_CHECKING:
+    from infra.transport import Delivery
 
 log = get_logger(__name__)
 
@@ -146,7 +149,7 @@ class Broker:
         )
         return [r if isinstance(r, BaseException) else None for r in results]
 
-    async def dead_letter(self, queue: str, message: AbstractIncomingMessage, reason: str) -> None:
+    async def dead_letter(self, queue: str, message: Delivery, reason: str) -> None:
         """Park ``message`` in ``queue``'s dead-letter queue with a readable reason, then ack it."""
         await self.declare(queue)
         parked = aio_pika.Message(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import asyncpg
 from tenacity import (
@@ -110,30 +110,45 @@ def lock_class(schema: str) -> int:
     return zlib.crc32(schema.encode()) & 0x7FFFFFFF
 
 
-async def migrate(pool: asyncpg.Pool, schema: str, migrations: Sequence[tuple[int, str]]) -> int:
+Migrations = Sequence[tuple[int, str]]
+
+
+def dialect(pool: Any) -> str:
+    """``postgres`` for an asyncpg pool, ``sqlite`` for infra.sqlite's."""
+    return str(getattr(pool, "dialect", "postgres"))
+
+
+async def migrate(pool: Any, schema: str, migrations: Mapping[str, Migrations] | Migrations) -> int:
     """Apply versioned migrations in order, idempotently and safely from several processes.
 
-    Returns how many were applied now. Each migration runs in its own transaction together
-    with its bookkeeping row; a transaction-level advisory lock serialises concurrent starts.
+    ``migrations`` is one list, or one list per dialect. Returns how many were applied
+    now. Each migration runs in its own transaction together with its bookkeeping row; on
+    PostgreSQL a transaction-level advisory lock serialises concurrent starts (SQLite's
+    write lock does the same there).
     """
+    kind = dialect(pool)
+    steps = migrations[kind] if isinstance(migrations, Mapping) else migrations
+    postgres = kind == "postgres"
+    table = f'"{schema}".schema_migrations' if postgres else "schema_migrations"
     applied = 0
     async with pool.acquire() as conn:
         async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1, 0)", lock_class(schema))
-            await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-            await conn.execute(
-                f'CREATE TABLE IF NOT EXISTS "{schema}".schema_migrations ('
-                " version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-        for version, sql in migrations:
-            async with conn.transaction():
+            if postgres:
                 await conn.execute("SELECT pg_advisory_xact_lock($1, 0)", lock_class(schema))
-                done = await conn.fetchval(
-                    f'SELECT 1 FROM "{schema}".schema_migrations WHERE version = $1', version
-                )
-                if done:
+                await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+            await conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {table} ("
+                " version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+                if postgres
+                else f"CREATE TABLE IF NOT EXISTS {table} (version int PRIMARY KEY)"
+            )
+        for version, sql in steps:
+            async with conn.transaction():
+                if postgres:
+                    await conn.execute("SELECT pg_advisory_xact_lock($1, 0)", lock_class(schema))
+                if await conn.fetchval(f"SELECT 1 FROM {table} WHERE version = $1", version):
                     continue
                 await conn.execute(sql)
-                await conn.execute(f'INSERT INTO "{schema}".schema_migrations (version) VALUES ($1)', version)
+                await conn.execute(f"INSERT INTO {table} (version) VALUES ($1)", version)
                 applied += 1
     return applied

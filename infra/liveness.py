@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import socket
 from types import TracebackType
+from typing import Any
 
 import asyncpg
 
@@ -31,8 +32,15 @@ OWNER_ALIVE_SQL = """EXISTS (
       AND l.classid = $LOCK_CLASS::oid AND l.objid = w.lock_key::oid AND l.objsubid = 2)"""
 
 
-def owner_alive_sql(schema: str) -> str:
-    """The liveness predicate with this schema's lock class filled in."""
+def owner_alive_sql(schema: str, db: Any = None) -> str:
+    """The liveness predicate for ``w`` (a workers row), for the database ``db`` is on.
+
+    On the embedded SQLite store one process owns the data directory (it holds a file
+    lock), so exactly the workers registered since this process opened it are alive.
+    """
+    boot_id = getattr(db, "boot_id", None)
+    if boot_id is not None:
+        return f"(w.lock_key = {int(boot_id)})"
     return OWNER_ALIVE_SQL.replace("$LOCK_CLASS", str(lock_class(schema)))
 
 
@@ -40,7 +48,7 @@ async def worker_alive(conn: asyncpg.Connection, schema: str, worker_id: str) ->
     """Whether others would take ``worker_id`` for alive right now."""
     return bool(
         await conn.fetchval(
-            f"SELECT {owner_alive_sql(schema)} FROM workers w WHERE w.id = $1", worker_id
+            f"SELECT {owner_alive_sql(schema, conn)} FROM workers w WHERE w.id = $1", worker_id
         )
     )
 
@@ -79,3 +87,22 @@ class WorkerRegistration:
             # Closing the session releases the lock: the same signal a crash gives, on purpose.
             await self._conn.close()
             self._conn = None
+
+
+class LocalWorkerRegistration:
+    """The embedded-mode registration: a row stamped with this process's boot id."""
+
+    def __init__(self, pool: Any, kind: str) -> None:
+        self._pool = pool
+        self.kind = kind
+        self.worker_id = f"{kind}-{socket.gethostname()}-{os.getpid()}-{new_id()[:6]}"
+
+    async def __aenter__(self) -> LocalWorkerRegistration:
+        await self._pool.execute(
+            "INSERT INTO workers (id, kind, lock_key) VALUES ($1, $2, $3)",
+            self.worker_id, self.kind, self._pool.boot_id,
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 import asyncpg
@@ -38,10 +40,16 @@ async def _probe_amqp() -> None:
     await conn.close()
 
 
+def _run_probe(probe: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    # On its own thread: the fixture may be first asked for from inside a running loop.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, probe()).result()
+
+
 @pytest.fixture(scope="session")
 def pg_url() -> str:
     try:
-        asyncio.run(_probe_pg())
+        _run_probe(_probe_pg)
     except Exception as exc:  # noqa: BLE001
         _unavailable(f"PostgreSQL at {PG_URL}", exc)
     return PG_URL
@@ -50,7 +58,7 @@ def pg_url() -> str:
 @pytest.fixture(scope="session")
 def amqp_url() -> str:
     try:
-        asyncio.run(_probe_amqp())
+        _run_probe(_probe_amqp)
     except Exception as exc:  # noqa: BLE001
         _unavailable(f"RabbitMQ at {AMQP_URL}", exc)
     return AMQP_URL

@@ -1,8 +1,12 @@
-"""The Brain's store on a real PostgreSQL: durable submit, fencing, atomic commits, sequencing."""
+"""The Brain's store contract, run against PostgreSQL and the embedded SQLite store alike:
+durable submit, fencing, atomic commits, sequencing, repairs. The same store functions run on
+both, so these tests are what keeps the two backends from drifting."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -12,8 +16,10 @@ from brain.app import open_store
 from brain.sequencing import Arrival
 from brain.states import TurnPhase
 from brain.store import executions, turns
-from infra.db import transact
-from infra.liveness import WorkerRegistration, owner_alive_sql
+from brain.store.migrations import MIGRATIONS
+from infra.db import dialect, migrate, transact
+from infra.liveness import LocalWorkerRegistration, WorkerRegistration, owner_alive_sql
+from infra.sqlite import open_pool
 from protocol import (
     AcceptedBody,
     AcceptedEvent,
@@ -30,11 +36,28 @@ from tests.support import TendonEnv
 AGENT = AgentDefinition(name="a", version="1", model={"kind": "scripted", "script": [{"content": "hi"}]})
 
 
-@pytest.fixture
-async def pool(tendon: TendonEnv) -> AsyncIterator[asyncpg.Pool]:
-    p = await open_store(tendon.settings())
+@pytest.fixture(params=["postgres", "sqlite"])
+async def pool(request: pytest.FixtureRequest, tmp_path: Path, tendon: TendonEnv) -> AsyncIterator[Any]:
+    if request.param == "postgres":
+        p: Any = await open_store(tendon.settings())
+    else:
+        p = await open_pool(tmp_path / "brain.sqlite3")
+        await migrate(p, "brain", MIGRATIONS)
     yield p
     await p.close()
+
+
+@pytest.fixture
+def schema(pool: Any, tendon: TendonEnv) -> str:
+    return tendon.settings().brain_schema if dialect(pool) == "postgres" else "brain"
+
+
+def register(pool: Any, schema: str, database_url: str | None = None) -> Any:
+    """A live worker registration on whichever backend ``pool`` is."""
+    if dialect(pool) == "sqlite":
+        return LocalWorkerRegistration(pool, "brain")
+    assert database_url is not None
+    return WorkerRegistration(database_url, schema, "brain")
 
 
 async def _submit(pool: asyncpg.Pool, request_id: str = "r1", text: str = "hello") -> str:
@@ -67,14 +90,14 @@ async def test_a_changed_agent_under_the_same_version_is_refused(pool):
         )
 
 
-async def test_a_stale_owner_cannot_commit_and_its_whole_transaction_rolls_back(pool, tendon):
+async def test_a_stale_owner_cannot_commit_and_its_whole_transaction_rolls_back(pool, schema, pg_url):
     turn_id = await _submit(pool)
-    alive = owner_alive_sql(tendon.settings().brain_schema)
-    async with WorkerRegistration(tendon.database_url, tendon.settings().brain_schema, "brain") as a:
+    alive = owner_alive_sql(schema, pool)
+    async with register(pool, schema, pg_url) as a:
         lease_a, _ = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
         # Given A's lease expired and B took the turn over with a new epoch
-        await pool.execute("UPDATE turns SET lease_expires_at = now() - interval '1 second'")
-        async with WorkerRegistration(tendon.database_url, tendon.settings().brain_schema, "brain") as b:
+        await pool.execute("UPDATE turns SET lease_expires_at = now() - make_interval(secs => 1)")
+        async with register(pool, schema, pg_url) as b:
             lease_b, _ = await transact(pool, lambda c: turns.claim(c, b.worker_id, 30, alive))
             assert lease_b.epoch == lease_a.epoch + 1
 
@@ -91,7 +114,15 @@ async def test_a_stale_owner_cannot_commit_and_its_whole_transaction_rolls_back(
             assert (row["phase"], row["lease_owner"]) == ("prepare", b.worker_id)
 
 
-async def test_a_dead_owner_is_detected_at_once_without_waiting_for_its_lease(pool, tendon):
+async def test_a_dead_owner_is_detected_at_once_without_waiting_for_its_lease(tendon):
+    pool = await open_store(tendon.settings())
+    try:
+        await _dead_owner_is_detected(pool, tendon)
+    finally:
+        await pool.close()
+
+
+async def _dead_owner_is_detected(pool: Any, tendon: TendonEnv) -> None:
     await _submit(pool)
     schema = tendon.settings().brain_schema
     alive = owner_alive_sql(schema)
@@ -204,3 +235,21 @@ async def test_a_lost_wake_up_is_repaired_by_the_periodic_scan(pool):
     await pool.execute("UPDATE turns SET status = 'waiting' WHERE id = $1", turn_id)
     await transact(pool, lambda c: executions.wake_stuck_turns(c, "unused_channel"))
     assert await pool.fetchval("SELECT status FROM turns WHERE id = $1", turn_id) == "waiting"
+
+
+async def test_on_sqlite_only_workers_of_the_process_that_has_the_file_open_are_alive(tmp_path):
+    first = await open_pool(tmp_path / "brain.sqlite3")
+    await migrate(first, "brain", MIGRATIONS)
+    await _submit(first)
+    async with LocalWorkerRegistration(first, "brain") as a:
+        await transact(first, lambda c: turns.claim(c, a.worker_id, 3600, owner_alive_sql("brain", first)))
+    await first.close()  # the process "dies": its one-hour lease must not protect the turn
+    second = await open_pool(tmp_path / "brain.sqlite3")
+    try:
+        async with LocalWorkerRegistration(second, "brain") as b:
+            alive = owner_alive_sql("brain", second)
+            claimed = await transact(second, lambda c: turns.claim(c, b.worker_id, 30, alive))
+            assert claimed is not None and claimed[0].epoch == 2
+            assert await transact(second, lambda c: turns.claim(c, "other", 30, alive)) is None
+    finally:
+        await second.close()

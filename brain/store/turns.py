@@ -115,7 +115,7 @@ def claim_sql(alive: str) -> str:
         ORDER BY t.wake_at, t.seq
         LIMIT 1
         FOR UPDATE OF t SKIP LOCKED)
-    UPDATE turns t
+    UPDATE turns AS t
        SET lease_owner = $1, lease_epoch = t.lease_epoch + 1,
            lease_expires_at = now() + make_interval(secs => $2), status = 'running',
            updated_at = now()
