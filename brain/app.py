@@ -17,14 +17,14 @@ from brain.relay import OutboxRelay
 from brain.scanner import RepairScanner
 from brain.store.migrations import MIGRATIONS
 from brain.updates import BindingsConsumer, UpdateConsumer
-from infra.broker import Broker, Topology
+from infra.broker import Broker
 from infra.db import create_pool, migrate
 from infra.killpoints import KillPoints
 from infra.liveness import WorkerRegistration, owner_alive_sql, worker_alive
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec, open_payload_codec
 from infra.settings import Settings
-from infra.transport import Transport
+from infra.transport import Topology, Transport
 
 log = get_logger(__name__)
 

@@ -22,11 +22,11 @@ from brain.retry import RetryPolicy
 from brain.states import TurnPhase, TurnStatus
 from brain.store import events, executions, outbox, turns
 from brain.store.turns import Lease
-from infra.broker import Topology
 from infra.db import is_transient, transact
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec
+from infra.transport import Topology
 from protocol import (
     ExecuteBody,
     ExecuteCommand,

@@ -14,9 +14,9 @@ from collections.abc import Callable
 import asyncpg
 
 from brain.store import executions, outbox
-from infra.broker import Topology
 from infra.db import transact
 from infra.logging import get_logger
+from infra.transport import Topology
 from protocol import ReplayBody, ReplayControl, encode
 
 log = get_logger(__name__)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -23,42 +22,16 @@ from aio_pika.abc import (
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from infra.logging import get_logger
+from infra.transport import Topology
 
 if TYPE_CHECKING:
     from infra.transport import Delivery
 
+__all__ = ["Broker", "Topology"]
+
 log = get_logger(__name__)
 
 Handler = Callable[[AbstractIncomingMessage], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class Topology:
-    """Queue names, all under one prefix so that tests and tenants do not collide."""
-
-    prefix: str = "tendon"
-
-    def commands(self, route: str) -> str:
-        return f"{self.prefix}.{route}.commands"
-
-    def controls(self, route: str) -> str:
-        return f"{self.prefix}.{route}.controls"
-
-    @property
-    def updates(self) -> str:
-        return f"{self.prefix}.updates"
-
-    @property
-    def bindings(self) -> str:
-        return f"{self.prefix}.bindings"
-
-    @property
-    def dlx(self) -> str:
-        return f"{self.prefix}.dlx"
-
-    @staticmethod
-    def dlq(queue: str) -> str:
-        return f"{queue}.dlq"
 
 
 class Broker:

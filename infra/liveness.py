@@ -100,7 +100,9 @@ class LocalWorkerRegistration:
     async def __aenter__(self) -> LocalWorkerRegistration:
         await self._pool.execute(
             "INSERT INTO workers (id, kind, lock_key) VALUES ($1, $2, $3)",
-            self.worker_id, self.kind, self._pool.boot_id,
+            self.worker_id,
+            self.kind,
+            self._pool.boot_id,
         )
         return self
 

@@ -227,7 +227,9 @@ class SqlitePool:
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         raw = sqlite3.connect(
-            self.path, detect_types=sqlite3.PARSE_DECLTYPES, isolation_level=None,
+            self.path,
+            detect_types=sqlite3.PARSE_DECLTYPES,
+            isolation_level=None,
             check_same_thread=False,
         )
         raw.row_factory = sqlite3.Row

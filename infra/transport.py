@@ -17,14 +17,41 @@ runs unchanged on both. The shared contract (tests/test_conformance_transport.py
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import Any, Protocol, Self
 
-if TYPE_CHECKING:
-    # Only for annotations: infra.broker imports aio-pika, which the embedded mode can skip.
-    from infra.broker import Topology
+__all__ = ["Consumer", "Delivery", "DeliveryHandler", "Topology", "Transport", "REASON_HEADER"]
 
-__all__ = ["Consumer", "Delivery", "DeliveryHandler", "Transport", "REASON_HEADER"]
+
+@dataclass(frozen=True)
+class Topology:
+    """Queue names, all under one prefix so that tests and tenants do not collide."""
+
+    prefix: str = "tendon"
+
+    def commands(self, route: str) -> str:
+        return f"{self.prefix}.{route}.commands"
+
+    def controls(self, route: str) -> str:
+        return f"{self.prefix}.{route}.controls"
+
+    @property
+    def updates(self) -> str:
+        return f"{self.prefix}.updates"
+
+    @property
+    def bindings(self) -> str:
+        return f"{self.prefix}.bindings"
+
+    @property
+    def dlx(self) -> str:
+        return f"{self.prefix}.dlx"
+
+    @staticmethod
+    def dlq(queue: str) -> str:
+        return f"{queue}.dlq"
+
 
 # Header carried by a message that ``dead_letter`` parked: why it was parked.
 REASON_HEADER = "x-tendon-reason"
