@@ -47,11 +47,28 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(state, str) and state[:2] in _TRANSIENT_SQLSTATE_CLASSES
 
 
+class Json:
+    """A value bound for a JSON column that may be a bare string or number.
+
+    PostgreSQL knows a parameter's column type; SQLite does not, and would store a bare
+    string as text that no longer reads back as JSON. Wrapping says "encode me as JSON".
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _encode_json(value: Any) -> str:
+    return codec.dumps(value.value if isinstance(value, Json) else value).decode("utf-8")
+
+
 async def _init_connection(conn: asyncpg.Connection) -> None:
     for typename in ("json", "jsonb"):
         await conn.set_type_codec(
             typename,
-            encoder=lambda v: codec.dumps(v).decode("utf-8"),
+            encoder=_encode_json,
             decoder=json.loads,
             schema="pg_catalog",
         )

@@ -14,6 +14,7 @@ PostgreSQL                            SQLite
 ``FOR UPDATE [OF t] [SKIP LOCKED]``   dropped: every transaction is ``BEGIN IMMEDIATE``,
                                       so writers are serialised anyway
 ``RETURNING t.*``                     ``RETURNING *``
+``clock_timestamp()``                 ``now()`` (one writer: no difference)
 ``pg_notify(channel, payload)``       wakes in-process listeners
 ====================================  ================================================
 
@@ -39,19 +40,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from infra.db import Json
 from protocol import codec
 
 DIALECT = "sqlite"
 _TS_FORMAT = "%Y-%m-%dT%H:%M:%S"
-
-
-class Json:
-    """A value bound for a JSON column, kept apart from plain text for SQLite's sake."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
 
 
 def format_ts(moment: datetime) -> str:
@@ -238,6 +231,7 @@ class SqlitePool:
         raw.execute("PRAGMA busy_timeout=10000")
         raw.execute("PRAGMA foreign_keys=ON")
         raw.create_function("now", 0, _now)
+        raw.create_function("clock_timestamp", 0, _now)
         raw.create_function("ts_add", 2, _ts_add)
         raw.create_function("pg_notify", 2, self._queue_notification)
         return raw

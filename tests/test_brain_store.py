@@ -253,3 +253,30 @@ async def test_on_sqlite_only_workers_of_the_process_that_has_the_file_open_are_
             assert await transact(second, lambda c: turns.claim(c, "other", 30, alive)) is None
     finally:
         await second.close()
+
+
+@pytest.mark.parametrize("result", ["plain text", 42, None, [1, "two"], {"ok": True}, True])
+async def test_a_result_of_any_json_type_reads_back_as_it_was_sent(pool, result):
+    turn_id = await _submit(pool)
+    await transact(
+        pool,
+        lambda c: executions.insert_intent(
+            c,
+            execution_id="e4",
+            turn_id=turn_id,
+            tool_step=1,
+            call_id="call-1",
+            binding={"route": "lab", "name": "echo", "digest": "b" * 64, "replay_policy": "safe"},
+            args={},
+            request_digest="d" * 64,
+        ),
+    )
+    header = {"execution_id": "e4", "namespace": "ns", "session_id": "s1", "request_digest": "d" * 64}
+    for event in (
+        AcceptedEvent(seq=1, body=AcceptedBody(worker="w"), **header),
+        StartedEvent(seq=2, body=StartedBody(attempt=1, worker="w"), **header),
+        SucceededEvent(seq=3, body=SucceededBody(result=result), **header),
+    ):
+        await transact(pool, lambda c, e=event: executions.receive(c, e, "unused_channel"))
+    row = await pool.fetchrow("SELECT result FROM executions WHERE id = 'e4'")
+    assert row["result"] == result and type(row["result"]) is type(result)

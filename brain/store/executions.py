@@ -15,6 +15,7 @@ from brain.states import (
     execution_transition,
 )
 from brain.store import events
+from infra.db import Json
 from protocol import ConflictError, NotFoundError, RoutingError, decode, encode
 
 
@@ -141,7 +142,7 @@ async def _apply(
         sets["attempts"] = body.attempt
     elif event.kind == "succeeded":
         sets.update(
-            result=body.result,
+            result=Json(body.result),
             how=body.how,
             evidence=body.evidence,
             output_bytes=body.output_bytes,
