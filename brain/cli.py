@@ -5,16 +5,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 from brain.agents import AgentDefinition
 from brain.app import open_store, serve, wake_channel
+from brain.demo import main_demo
 from brain.states import TERMINAL_TURN, TurnStatus
 from brain.store import events, turns
 from infra.db import transact
@@ -50,6 +53,28 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("turn_id")
     s.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (default 300)")
     s.add_argument("--json", action="store_true", help="print the final state as JSON")
+
+    s = sub.add_parser(
+        "demo",
+        help="run the five-email story on this machine, no servers needed",
+        description="Runs a Brain, a Hands pool and a mailbox in this process on a data "
+        "directory (SQLite, a local queue, a directory object store) and shows the timeline. "
+        "Run it again on the same directory to resume after a crash.",
+    )
+    s.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(".tendon/demo"),
+        help="where everything is kept (default: .tendon/demo)",
+    )
+    s.add_argument("--fresh", action="store_true", help="start over: forget the data directory")
+    s.add_argument(
+        "--crash-at",
+        type=int,
+        choices=range(1, 6),
+        metavar="N",
+        help="SIGKILL this process while email N (1-5) is inside send_email, after the mailbox accepted it",
+    )
 
     s = sub.add_parser("show", help="show a turn: status, history, executions")
     s.add_argument("turn_id")
@@ -200,6 +225,18 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"brain: bad TENDON_* setting: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if args.command == "demo":
+        # The timeline is the output; logs only for what goes wrong.
+        configure_logging(
+            "console", "WARNING" if "TENDON_LOG_LEVEL" not in os.environ else settings.log_level
+        )
+        try:
+            return main_demo(settings, args.data_dir, fresh=args.fresh, crash_at=args.crash_at)
+        except TendonError as exc:
+            print(f"brain: {exc.message}", file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt:
+            return 130
     configure_logging(settings.log_format, settings.log_level)
     command = {"serve": _serve, "submit": _submit, "wait": _wait, "show": _show}[args.command]
     try:

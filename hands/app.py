@@ -8,6 +8,11 @@ bindings, start consuming controls and commands, write the ready file.
 Shutdown (SIGTERM/SIGINT, or leaving the block) drains: stop taking commands, stop claiming
 orphans, let running tools finish for up to ``grace`` seconds, publish what is pending, and
 close everything in reverse order. Nothing is lost if this is cut short: the rows are the truth.
+
+If the worker loses its liveness while the process lives on (its lock session ended), other
+workers may already be claiming its executions: the recovery scan cancels every local body
+at once, nothing more is committed, and :meth:`HandsApp.serve` raises StaleOwnerError (the
+CLI exits with code 2; whatever runs the process restarts it under a new worker id).
 """
 
 from __future__ import annotations
@@ -15,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-
-from aio_pika.abc import AbstractChannel
+from typing import Any
 
 from hands.controls import ControlConsumer
 from hands.executor import Executor
@@ -28,15 +33,25 @@ from hands.registry import ToolRegistry, load_tools
 from hands.relay import EventRelay
 from hands.worker import CommandConsumer
 from infra.broker import Broker, Topology
-from infra.db import create_pool, migrate
+from infra.db import create_pool, dialect, migrate
 from infra.killpoints import KillPoints
-from infra.liveness import WorkerRegistration
+from infra.liveness import LocalWorkerRegistration, WorkerRegistration
 from infra.logging import get_logger
-from infra.payloads import open_payload_codec
+from infra.payloads import PayloadCodec, open_payload_codec
 from infra.settings import Settings
+from infra.transport import Consumer, Transport
 from protocol import BindingsAnnouncement, BindingsBody
 
 log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class HandsBackends:
+    """Backends opened by someone else (the embedded mode); the app uses but never closes them."""
+
+    pool: Any  # an asyncpg pool or an infra.sqlite.SqlitePool
+    transport: Transport
+    codec: PayloadCodec
 
 
 class HandsApp:
@@ -51,8 +66,10 @@ class HandsApp:
         kill: KillPoints | None = None,
         concurrency: int | None = None,
         grace: float = 10.0,
+        backends: HandsBackends | None = None,
     ) -> None:
         self.settings = settings
+        self.backends = backends
         self.route = route
         self.tools_spec = tools
         self.kill = kill or KillPoints()
@@ -64,7 +81,7 @@ class HandsApp:
         self._stack = AsyncExitStack()
         self._stop = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
-        self._channels: list[AbstractChannel] = []
+        self._channels: list[Consumer] = []
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -105,18 +122,15 @@ class HandsApp:
         self.registry = load_tools(self.tools_spec, self.route)
         schema = s.hands_schema
 
-        pool = await create_pool(s.ledger_database_url, schema, max_size=self.concurrency + 6)
-        self._stack.push_async_callback(pool.close)
+        pool, broker, codec = await self._open_backends()
         applied = await migrate(pool, schema, MIGRATIONS)
-        registration = await self._stack.enter_async_context(
-            WorkerRegistration(s.ledger_database_url, schema, "hands")
+        registration: WorkerRegistration | LocalWorkerRegistration = (
+            LocalWorkerRegistration(pool, "hands")
+            if dialect(pool) == "sqlite"
+            else WorkerRegistration(s.ledger_database_url, schema, "hands")
         )
+        await self._stack.enter_async_context(registration)
         self.worker_id = registration.worker_id
-
-        codec = await self._stack.enter_async_context(open_payload_codec(s))
-        broker = await self._stack.enter_async_context(
-            Broker(s.amqp_url, self.topology, delivery_limit=s.delivery_limit)
-        )
 
         self.relay = EventRelay(pool, broker, route=self.route, interval=s.scan_interval, kill=self.kill)
         self.executor = Executor(
@@ -191,6 +205,18 @@ class HandsApp:
             object_store=codec.store is not None,
             schema=schema,
         )
+
+    async def _open_backends(self) -> tuple[Any, Transport, PayloadCodec]:
+        if self.backends is not None:
+            return self.backends.pool, self.backends.transport, self.backends.codec
+        s = self.settings
+        pool = await create_pool(s.ledger_database_url, s.hands_schema, max_size=self.concurrency + 6)
+        self._stack.push_async_callback(pool.close)
+        codec = await self._stack.enter_async_context(open_payload_codec(s))
+        broker = await self._stack.enter_async_context(
+            Broker(s.amqp_url, self.topology, delivery_limit=s.delivery_limit)
+        )
+        return pool, broker, codec
 
     # ---- stop ---------------------------------------------------------------------------
 

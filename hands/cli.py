@@ -5,8 +5,9 @@
     hands reconcile EXECUTION_ID (--result JSON | --failed MESSAGE) --evidence TEXT
                     [--actor NAME] [--json]
 
-Settings come from ``TENDON_*`` environment variables, read once here. A Tendon error reaches
-the user as one line on stderr and exit code 2.
+Settings come from ``TENDON_*`` environment variables, read once here. A Tendon error, or a
+service that cannot be reached or refuses (PostgreSQL, RabbitMQ, S3), reaches the user as one
+line on stderr and exit code 2; tracebacks are for bugs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import asyncpg
+from aio_pika import exceptions as amqp
 from pydantic import ValidationError
 
 from hands import ledger
@@ -35,7 +37,7 @@ from infra.killpoints import KillPoints
 from infra.logging import configure_logging
 from infra.payloads import PayloadCodec, open_payload_codec
 from infra.settings import Settings
-from protocol import NotFoundError, TendonError, loads
+from protocol import NotFoundError, TendonError, TransientError, loads
 
 EXIT_ERROR = 2
 
@@ -128,11 +130,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(settings.log_format, settings.log_level)
     try:
         return int(asyncio.run(args.func(args, settings)))
-    except TendonError as exc:
-        print(f"hands: {exc.message}", file=sys.stderr)
-        return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        line = _one_line(exc)
+        if line is None:
+            raise  # a bug: the traceback is what helps
+        print("hands: " + " ".join(line.split()), file=sys.stderr)  # one line, even with a DETAIL
+        return EXIT_ERROR
+
+
+def _one_line(exc: BaseException) -> str | None:
+    """What to tell the user about ``exc`` in one line, or None if it is a bug."""
+    if isinstance(exc, TendonError):
+        return exc.message
+    if isinstance(exc, amqp.ProbableAuthenticationError):
+        return f"the broker refused the login: {exc}"
+    if isinstance(exc, OSError | asyncpg.PostgresConnectionError | asyncpg.InterfaceError):
+        # Refused, unreachable or dropped connections (AMQP connection errors are OSErrors too).
+        return f"cannot reach a service: {type(exc).__name__}: {exc}"
+    if isinstance(exc, asyncpg.InvalidAuthorizationSpecificationError):
+        return f"the database refused the login: {exc}"
+    if isinstance(exc, asyncpg.PostgresError):
+        return f"the database refused the request: {type(exc).__name__}: {exc}"
+    if isinstance(exc, amqp.AMQPError):
+        return f"the broker refused the request: {type(exc).__name__}: {exc}"
+    # botocore is only imported when S3 is configured: if it is not loaded, this is no S3 error.
+    boto = sys.modules.get("botocore.exceptions")
+    if boto is not None and isinstance(exc, boto.BotoCoreError | boto.ClientError):
+        return f"the object store refused the request: {type(exc).__name__}: {exc}"
+    return None
 
 
 # ---- serve ------------------------------------------------------------------------------
@@ -251,7 +278,16 @@ async def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
     async with AsyncExitStack() as stack:
         pool = await _ledger_pool(stack, settings)
         codec = await _codec(stack, settings)
-        done = await reconcile(pool, codec, args.execution_id, evidence=args.evidence, actor=actor, **extra)
+        try:
+            done = await reconcile(
+                pool, codec, args.execution_id, evidence=args.evidence, actor=actor, **extra
+            )
+        except TransientError as exc:
+            # The connection may have dropped during COMMIT: the reconcile may be saved or not.
+            raise TransientError(
+                f"{exc.message}; run `hands show {args.execution_id}` to see whether the "
+                "reconcile was saved before trying again"
+            ) from exc
         published: int | None
         try:
             broker = await stack.enter_async_context(

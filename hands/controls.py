@@ -1,6 +1,8 @@
 """The control consumer: replay requests and cancels for this route's executions.
 
-Controls have their own queue so that a backlog of commands never delays them.
+Controls have their own queue so that a backlog of commands never delays them. A control
+that can never be carried out (malformed, unknown execution, wrong route) is dead-lettered
+with a reason; anything else that goes wrong hands it back after a pause (``hands.delivery``).
 
 - ``replay`` (from_seq): the Brain saw a gap. The events from ``from_seq`` on are made due
   again in the ledger and the relay republishes the stored bytes; no tool is re-run
@@ -15,23 +17,23 @@ from __future__ import annotations
 import asyncio
 
 import asyncpg
-from aio_pika.abc import AbstractIncomingMessage
 from structlog.contextvars import bound_contextvars
 
 from hands import ledger
+from hands.delivery import hand_back
 from hands.executor import Executor
 from hands.relay import EventRelay
-from infra.broker import Broker
 from infra.db import transact
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec
+from infra.transport import Delivery, Transport
 from protocol import (
     CancelControl,
     NotFoundError,
     ReplayControl,
     RoutingError,
     TendonError,
-    TransientError,
+    is_retryable,
 )
 
 log = get_logger(__name__)
@@ -46,7 +48,7 @@ class ControlConsumer:
         route: str,
         queue: str,
         pool: asyncpg.Pool,
-        broker: Broker,
+        broker: Transport,
         codec: PayloadCodec,
         relay: EventRelay,
         executor: Executor,
@@ -59,7 +61,23 @@ class ControlConsumer:
         self._relay = relay
         self._executor = executor
 
-    async def handle(self, message: AbstractIncomingMessage) -> None:
+    async def handle(self, message: Delivery) -> None:
+        """aio-pika callback: every delivery ends acked, dead-lettered or handed back."""
+        try:
+            await self._handle(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # A passing fault (database, broker) or one we did not foresee: never leave the
+            # message unacked; give it back after a pause, and let the delivery limit park it
+            # if this keeps happening.
+            if is_retryable(exc):
+                log.warning("control_retry", error=f"{type(exc).__name__}: {exc}")
+            else:
+                log.exception("control_failed", error=f"{type(exc).__name__}: {exc}")
+            await hand_back(message)
+
+    async def _handle(self, message: Delivery) -> None:
         try:
             control = await self._codec.unpack(message.body)
             if not isinstance(control, ReplayControl | CancelControl):
@@ -71,12 +89,9 @@ class ControlConsumer:
                     await self._replay(control)
                 else:
                     await self._cancel(control)
-        except TransientError as exc:
-            log.warning("control_retry", error=exc.message)
-            await asyncio.sleep(1.0)
-            await message.nack(requeue=True)
-            return
         except TendonError as exc:
+            if exc.retryable:
+                raise  # e.g. the database or object store is briefly away: handle() retries
             await self._broker.dead_letter(self.queue, message, f"{exc.code}: {exc.message}")
             return
         await message.ack()

@@ -5,6 +5,15 @@ tool body and its query run *outside* any transaction (a ten-minute tool never h
 Every commit checks that this worker still owns the row (fencing, invariant 10), and after
 every commit the relay is woken to publish the new events.
 
+A commit whose connection broke may have landed or not (``transact`` raises TransientError,
+outcome unknown), so :meth:`Executor.save` never repeats one blindly: before trying again it
+looks at the locked row to see whether the earlier attempt is already in.
+
+An execution must never stay open under this live worker with nobody working on it: no other
+worker would ever claim it (they only claim rows of dead owners). So a task that fails for
+good closes its row (FAILED or UNKNOWN) or releases it to the replay rule, and the recovery
+scan adopts any open row of this worker that has no task here (see ``hands.recovery``).
+
 Kill points on this path (armed with ``TENDON_KILL_AT``, tag = the tool call id):
 ``hands.before_tool_body`` and ``hands.after_tool_body`` (the body returned, so the
 external system may have acted, but nothing about it is saved yet).
@@ -19,16 +28,22 @@ from typing import Any, Literal, TypeVar
 import asyncpg
 from pydantic_core import to_jsonable_python
 from structlog.contextvars import bound_contextvars
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
 
 from hands import ledger
 from hands.ledger import Execution
 from hands.registry import ToolRegistry
 from hands.relay import EventRelay
 from hands.replay import Recovery, decide
-from hands.states import LedgerStatus
+from hands.states import OPEN_STATUSES, LedgerStatus
 from hands.tools import Found, NotFound, Tool, ToolContext
-from infra.db import transact
+from infra.db import is_transient, transact
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec
@@ -47,10 +62,12 @@ from protocol import (
 
 log = get_logger(__name__)
 T = TypeVar("T")
+Change = Callable[[asyncpg.Connection, Execution], Awaitable[None]]
 StartReason = Literal["first_run", "rerun_after_crash"]
 SuccessHow = Literal["ran", "verified_by_query", "reconciled"]
 FailureHow = Literal["ran", "rejected", "verified_by_query", "reconciled"]
-# How long the outcome of a body that already ran waits out a passing object-store fault.
+# How long a state change waits out a passing database or object-store fault before giving up
+# (giving up on the outcome of a body that already ran costs a re-run or an UNKNOWN).
 SAVE_PATIENCE = 30.0
 
 
@@ -68,9 +85,24 @@ def _jsonable(value: Any) -> Any:
     return plain
 
 
+def _storable(text: str) -> str:
+    """``text`` as PostgreSQL text and jsonb accept it (they refuse NUL characters and lone
+    surrogates), at most 2000 characters: a saved error must never fail for the very reason
+    it reports."""
+    safe = text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    return safe if len(safe) <= 2000 else safe[:2000] + "…"
+
+
 def _describe(exc: BaseException) -> str:
+    """``Type: message``, storable."""
     text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return _storable(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
+def _passing(exc: BaseException) -> bool:
+    """Whether the same step may work when tried again later: a service fault (connection,
+    restart, object store), as opposed to data the database refuses or a bug."""
+    return is_transient(exc) or is_retryable(exc)
 
 
 class LedgerOutput:
@@ -84,22 +116,29 @@ class LedgerOutput:
         if not data:
             return
         ex = self._executor
+        offset: int | None = None  # where the last attempt put the page
 
-        async def work(conn: asyncpg.Connection) -> None:
-            await ledger.lock_owned(conn, self._execution_id, ex.worker_id)
+        async def page(conn: asyncpg.Connection, row: Execution) -> None:
+            nonlocal offset
             offset = await ledger.add_output(conn, self._execution_id, data)
             await ledger.append_event(
                 conn, ex.codec, self._execution_id, OutputPageBody(offset=offset, data=data)
             )
 
-        await ex.commit(self._execution_id, work)
+        async def landed(conn: asyncpg.Connection, row: Execution) -> bool:
+            # Only this task writes this execution's output, so a chunk at the offset the
+            # earlier attempt got, with these bytes, is that attempt's.
+            return offset is not None and await ledger.has_output(conn, self._execution_id, offset, data)
+
+        await ex.save(self._execution_id, page, landed=landed)
 
 
 class Executor:
     """Runs this worker's executions as tasks, at most ``concurrency`` at once.
 
-    A caller takes a slot (``await slots.acquire()``) before it commits to new work and
-    hands the slot over with :meth:`launch`; the task gives it back when it ends.
+    A caller takes a slot (``await slots.acquire()``) and reserves the execution id
+    (:meth:`reserve`) before it commits to new work, then hands both over with :meth:`launch`;
+    the task gives them back when it ends.
     """
 
     def __init__(
@@ -122,18 +161,92 @@ class Executor:
         self.concurrency = concurrency
         self.slots = asyncio.Semaphore(concurrency)
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        # Execution ids this process works on: from reserve() until their task ends.
+        self._reserved: set[str] = set()
         self._cancelled: dict[str, asyncio.Event] = {}
+        self._abandoned: str | None = None  # why this worker stopped committing, once it did
 
     # ---- plumbing -----------------------------------------------------------------------
 
+    def _fence(self) -> None:
+        if self._abandoned is not None:
+            raise StaleOwnerError(f"worker {self.worker_id} commits nothing more: {self._abandoned}")
+
     async def commit(self, execution_id: str, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         """One ledger transaction for ``execution_id``, then wake the relay."""
+        self._fence()
         result = await transact(self.pool, work)
         self.relay.wake(execution_id)
         return result
 
+    async def save(
+        self,
+        execution_id: str,
+        change: Change,
+        *,
+        landed: Callable[[asyncpg.Connection, Execution], Awaitable[bool]] | None = None,
+        patience: float = SAVE_PATIENCE,
+    ) -> None:
+        """Commit ``change`` on the row this worker owns (locked and fenced), waiting out
+        passing faults for up to ``patience`` seconds.
+
+        An attempt that failed may still have committed (a connection lost during COMMIT).
+        So every later attempt first asks ``landed`` about the locked row and does nothing if
+        the earlier attempt is already in; redoing it would add a second event or page.
+        Without ``landed``, ``change`` must be harmless to repeat.
+        """
+        tried = False
+
+        async def work(conn: asyncpg.Connection) -> None:
+            row = await ledger.lock_owned(conn, execution_id, self.worker_id)
+            if tried and landed is not None and await landed(conn, row):
+                log.info("unclear_commit_had_landed", execution_id=execution_id)
+                return
+            await change(conn, row)
+
+        def retrying(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            log.warning("save_retry", execution_id=execution_id, error=_describe(error or Exception()))
+
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(_passing),
+            stop=stop_after_delay(patience),
+            wait=wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.5),
+            before_sleep=retrying,
+            reraise=True,
+        ):
+            with attempt:
+                try:
+                    await self.commit(execution_id, work)
+                finally:
+                    tried = True
+
+    def reserve(self, execution_id: str) -> bool:
+        """Take ``execution_id`` for this process before committing to work on it.
+
+        False if something here already has it (a task, or another handler of the same
+        command), or if this worker was abandoned. The recovery scan adopts open rows of this
+        worker that nobody here reserved, so reserving *before* the commit is what keeps a
+        command handler and the scan from running the same execution twice.
+        """
+        if self._abandoned is not None or execution_id in self._reserved:
+            return False
+        self._reserved.add(execution_id)
+        return True
+
+    def unreserve(self, execution_id: str) -> None:
+        """Give back a reservation that did not lead to :meth:`launch`."""
+        if execution_id not in self._tasks:
+            self._reserved.discard(execution_id)
+
+    @property
+    def reserved(self) -> frozenset[str]:
+        return frozenset(self._reserved)
+
     def launch(self, execution_id: str, work: Callable[[], Awaitable[None]]) -> None:
-        """Run ``work`` as this execution's task; the caller's slot is released when it ends."""
+        """Run ``work`` as this (reserved) execution's task; the caller's slot and reservation
+        are released when it ends."""
+        assert execution_id in self._reserved and execution_id not in self._tasks, execution_id
         task = asyncio.create_task(self._guard(execution_id, work), name=f"execution-{execution_id}")
         self._tasks[execution_id] = task
 
@@ -141,28 +254,83 @@ class Executor:
         try:
             await work()
         except asyncio.CancelledError:
-            # Shutdown ran out of grace: the row stays open and, once this process is gone,
-            # the replay rule decides what happens to it.
+            # Shutdown ran out of grace, or the worker was abandoned: the row stays open and,
+            # once this worker counts as dead, the replay rule decides what happens to it.
             log.warning("execution_interrupted", execution_id=execution_id)
             raise
         except StaleOwnerError as exc:
             log.warning("execution_fenced", execution_id=execution_id, reason=exc.message)
         except Exception as exc:
-            log.exception("execution_crashed", execution_id=execution_id)
-            if is_retryable(exc):
+            if self._abandoned is not None:
+                log.warning("execution_abandoned", execution_id=execution_id, error=_describe(exc))
+            elif _passing(exc):
+                log.exception("execution_interrupted_by_a_fault", execution_id=execution_id)
                 await self._release(execution_id)
+            else:
+                log.exception("execution_crashed", execution_id=execution_id)
+                await self._salvage(execution_id, exc)
         finally:
             self._tasks.pop(execution_id, None)
+            self._reserved.discard(execution_id)
             self._cancelled.pop(execution_id, None)
             self.slots.release()
+
+    async def _salvage(self, execution_id: str, exc: Exception) -> None:
+        """Close an execution whose task failed in a way that trying again will not fix.
+
+        Typically the body ran but PostgreSQL refuses its result (a ``"\\x00"`` in jsonb).
+        Left alone, the row would stay open under this live worker forever. In order:
+
+        - FAILED when that move is allowed: from ACCEPTED (nothing ran) or RUNNING (the body
+          ran, and its outcome is what cannot be saved: code ``bad_result``);
+        - else UNKNOWN (QUERYING, or the FAILED write was refused too): the body ran, and
+          nothing is guessed;
+        - if no write works, release the row: the replay rule takes over, and it never
+          re-runs an unsafe tool. If even that fails, the recovery scan adopts the row.
+        """
+        detail = _storable(exc.message) if isinstance(exc, TendonError) else _describe(exc)
+        code = exc.code if isinstance(exc, TendonError) else "bad_result"
+        try:
+            row = await self._row(execution_id)
+            if row.owner != self.worker_id or row.status not in OPEN_STATUSES:
+                return  # closed after all (an unclear commit that landed), or not ours now
+            if row.status is LedgerStatus.ACCEPTED:
+                error = {"code": code, "message": f"the execution could not be started: {detail}"}
+                await self.fail(execution_id, error, how="rejected")
+                return
+            if row.status is LedgerStatus.RUNNING:
+                error = {
+                    "code": code,
+                    "message": f"the tool ran, but its outcome could not be saved: {detail}",
+                }
+                try:
+                    await self.fail(execution_id, error)
+                    return
+                except Exception as again:
+                    if isinstance(again, StaleOwnerError) or _passing(again):
+                        raise
+                    log.exception("failure_not_saved", execution_id=execution_id)
+            await self.mark_unknown(
+                execution_id,
+                f"the outcome of {row.tool} could not be saved ({detail}), so whether operation "
+                f"{execution_id} took effect is not on record",
+            )
+        except StaleOwnerError as fenced:
+            log.warning("execution_fenced", execution_id=execution_id, reason=fenced.message)
+        except Exception:
+            log.exception("outcome_not_saved", execution_id=execution_id)
+            await self._release(execution_id)
 
     async def _release(self, execution_id: str) -> None:
         """Give up ownership of an execution this worker could not finish (services down).
 
         The row is handed to a released-owner name that no live worker has, so the recovery
         scan (of any worker, this one included) applies the replay rule to it, exactly as if
-        this process had died; nothing waits in this process's memory.
+        this process had died; nothing waits in this process's memory. If the release itself
+        fails, the row is still this worker's with no task here, and the scan adopts it.
         """
+        if self._abandoned is not None:
+            return  # others already take this worker for dead: its rows are theirs to claim
         try:
             async with self.pool.acquire() as conn:
                 await ledger.release(conn, execution_id, self.worker_id)
@@ -181,6 +349,24 @@ class Executor:
             return False
         event.set()
         return True
+
+    def abandon(self, reason: str) -> None:
+        """Stop all local work now: this worker no longer counts as alive.
+
+        Other workers may be claiming its executions already, so a body left running (even
+        for the shutdown grace) would be a second copy of the same execution. Every local
+        body is told (``ctx.cancelled``) and its task cancelled, and no commit, so no event,
+        leaves this worker any more; the rows stay as they are, for the replay rule of
+        whichever worker claims them.
+        """
+        if self._abandoned is not None:
+            return
+        self._abandoned = reason
+        log.error("worker_abandoned", reason=reason, executions=len(self._tasks))
+        for event in self._cancelled.values():
+            event.set()
+        for task in self._tasks.values():
+            task.cancel()
 
     async def drain(self, grace: float) -> None:
         """Let running executions finish for up to ``grace`` seconds, then cancel the rest."""
@@ -205,8 +391,7 @@ class Executor:
     async def _finish(self, execution_id: str, status: LedgerStatus, body: Any, **changes: Any) -> None:
         """Move to a final (or UNKNOWN) status and append its event, in one transaction."""
 
-        async def work(conn: asyncpg.Connection) -> None:
-            row = await ledger.lock_owned(conn, execution_id, self.worker_id)
+        async def close(conn: asyncpg.Connection, row: Execution) -> None:
             # The output is sealed: every page was committed before this, so output_bytes
             # in the terminal event is the final length (invariant 8).
             final = body
@@ -215,37 +400,23 @@ class Executor:
             await ledger.move(conn, row, status, **changes)
             await ledger.append_event(conn, self.codec, execution_id, final)
 
-        # The body already ran: giving up here costs a re-run or an UNKNOWN, so a passing
-        # object-store fault (PostgreSQL faults are retried inside transact) is waited out.
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception(lambda e: isinstance(e, TendonError) and e.retryable),
-            stop=stop_after_delay(SAVE_PATIENCE),
-            wait=wait_exponential_jitter(initial=0.2, max=5.0),
-            reraise=True,
-        ):
-            with attempt:
-                await self.commit(execution_id, work)
+        async def landed(conn: asyncpg.Connection, row: Execution) -> bool:
+            # Only the owner closes an open row, so a closed row this worker still owns was
+            # closed by the earlier attempt.
+            return row.status not in OPEN_STATUSES
+
+        await self.save(execution_id, close, landed=landed)
         log.info("execution_" + status.value, execution_id=execution_id)
 
     async def succeed(self, execution_id: str, result: Any, how: SuccessHow = "ran") -> None:
-        try:
-            await self._finish(
-                execution_id,
-                LedgerStatus.SUCCEEDED,
-                SucceededBody(result=result, how=how),
-                result=result,
-            )
-        except StaleOwnerError:
-            raise
-        except TendonError as exc:
-            if exc.retryable:
-                raise
-            # E.g. a result over the offload threshold with no object store configured: it
-            # will never fit, so say so instead of leaving the execution open.
-            await self.fail(
-                execution_id,
-                {"code": exc.code, "message": f"the result could not be saved: {exc.message}"},
-            )
+        # A result that can never be saved (PostgreSQL refuses it, or it is over the offload
+        # threshold with no object store) raises here and _guard's _salvage closes the row.
+        await self._finish(
+            execution_id,
+            LedgerStatus.SUCCEEDED,
+            SucceededBody(result=result, how=how),
+            result=result,
+        )
 
     async def fail(self, execution_id: str, error: dict[str, str], how: FailureHow = "ran") -> None:
         await self._finish(execution_id, LedgerStatus.FAILED, FailedBody(error=error, how=how), error=error)
@@ -289,8 +460,10 @@ class Executor:
             await self._body(row, tool, attempt)
 
     async def _start(self, execution_id: str, reason: StartReason) -> int:
-        async def work(conn: asyncpg.Connection) -> int:
-            row = await ledger.lock_owned(conn, execution_id, self.worker_id)
+        attempt = 0
+
+        async def start(conn: asyncpg.Connection, row: Execution) -> None:
+            nonlocal attempt
             attempt = row.attempts + 1
             await ledger.move(conn, row, LedgerStatus.RUNNING, attempts=attempt)
             await ledger.append_event(
@@ -299,9 +472,12 @@ class Executor:
                 execution_id,
                 StartedBody(attempt=attempt, worker=self.worker_id, reason=reason),
             )
-            return attempt
 
-        attempt = await self.commit(execution_id, work)
+        async def landed(conn: asyncpg.Connection, row: Execution) -> bool:
+            # Only the owner counts attempts, so this count is the earlier attempt's doing.
+            return row.status is LedgerStatus.RUNNING and row.attempts == attempt
+
+        await self.save(execution_id, start, landed=landed)
         log.info("execution_started", attempt=attempt, reason=reason)
         return attempt
 
@@ -355,8 +531,21 @@ class Executor:
 
     # ---- recovery -----------------------------------------------------------------------
 
+    async def adopt(self, execution_id: str) -> None:
+        """Recover an open execution this worker owns but has no task for.
+
+        That happens when a commit's outcome was unclear (an accept that did land, a claim)
+        or a release failed. Nothing here knows how far the body got, so it is treated like
+        an orphan: the replay rule decides.
+        """
+        row = await self._row(execution_id)
+        if row.owner != self.worker_id or row.status not in OPEN_STATUSES:
+            return  # closed or released meanwhile
+        log.warning("execution_adopted", execution_id=execution_id, status=row.status.value)
+        await self.recover(row)
+
     async def recover(self, row: Execution) -> None:
-        """Apply the replay rule to an execution just claimed from a dead owner."""
+        """Apply the replay rule to an execution claimed from a dead owner (or adopted)."""
         with bound_contextvars(execution_id=row.execution_id, turn_id=row.turn_id, tool=row.tool):
             served = self.registry.served(row.tool, row.binding_digest)
             decision = decide(
@@ -381,11 +570,12 @@ class Executor:
         """Ask the tool's query about the original operation; never re-run blindly."""
         execution_id = row.execution_id
 
-        async def to_querying(conn: asyncpg.Connection) -> None:
-            current = await ledger.lock_owned(conn, execution_id, self.worker_id)
+        async def to_querying(conn: asyncpg.Connection, current: Execution) -> None:
             await ledger.move(conn, current, LedgerStatus.QUERYING)
 
-        await transact(self.pool, to_querying)  # no event: the Brain still sees "started"
+        # No event: the Brain still sees "started". QUERYING -> QUERYING is allowed, so a
+        # repeat after an unclear commit is harmless.
+        await self.save(execution_id, to_querying)
         assert tool.query is not None
         ctx = self._context(execution_id, max(row.attempts, 1), output=False)
         try:

@@ -1,4 +1,6 @@
-"""The Hands ledger in PostgreSQL: its migrations and the SQL that reads and changes it.
+"""The Hands ledger: its migrations and the SQL that reads and changes it.
+
+The same SQL runs on PostgreSQL (distributed) and SQLite (embedded, via infra.sqlite).
 
 Every function takes the ``conn`` of a transaction its caller owns (see ``infra.db.transact``),
 so one state change (status, output, events) commits together or not at all (invariant 2).
@@ -22,6 +24,7 @@ from typing import Any
 import asyncpg
 
 from hands.states import OPEN_STATUSES, LedgerStatus, transition
+from infra.db import Json
 from infra.liveness import owner_alive_sql
 from infra.payloads import PayloadCodec
 from protocol import (
@@ -45,7 +48,7 @@ from protocol import (
 
 _STATUSES = ", ".join(f"'{s.value}'" for s in LedgerStatus)
 
-MIGRATIONS: list[tuple[int, str]] = [
+POSTGRES: list[tuple[int, str]] = [
     (
         1,
         f"""
@@ -112,6 +115,77 @@ MIGRATIONS: list[tuple[int, str]] = [
         """,
     ),
 ]
+
+
+_NOW = "(strftime('%Y-%m-%dT%H:%M:%f', 'now'))"
+
+SQLITE: list[tuple[int, str]] = [
+    (
+        1,
+        f"""
+        CREATE TABLE workers (
+            id text PRIMARY KEY,
+            kind text NOT NULL,
+            lock_key int NOT NULL,
+            started_at timestamptz TEXT NOT NULL DEFAULT {_NOW}
+        );
+        CREATE TABLE executions (
+            execution_id text PRIMARY KEY,
+            route text NOT NULL,
+            request_digest text NOT NULL,
+            namespace text NOT NULL,
+            session_id text NOT NULL,
+            turn_id text,
+            call_id text,
+            tool text,
+            binding_digest text,
+            replay_policy text CHECK (replay_policy IN ('safe', 'unsafe')),
+            args jsonb TEXT,
+            status text NOT NULL CHECK (status IN ({_STATUSES})),
+            owner text NOT NULL,
+            attempts int NOT NULL DEFAULT 0,
+            last_seq int NOT NULL DEFAULT 0,
+            result jsonb TEXT,
+            error jsonb TEXT,
+            output_bytes int NOT NULL DEFAULT 0,
+            cancel_requested boolean NOT NULL DEFAULT false,
+            created_at timestamptz TEXT NOT NULL DEFAULT {_NOW},
+            updated_at timestamptz TEXT NOT NULL DEFAULT {_NOW}
+        );
+        CREATE INDEX executions_open ON executions (route, updated_at)
+            WHERE status IN ('accepted', 'running', 'querying');
+        CREATE TABLE output_chunks (
+            execution_id text NOT NULL REFERENCES executions ON DELETE CASCADE,
+            byte_offset int NOT NULL CHECK (byte_offset >= 0),
+            data text NOT NULL,
+            PRIMARY KEY (execution_id, byte_offset)
+        );
+        CREATE TABLE events (
+            execution_id text NOT NULL REFERENCES executions ON DELETE CASCADE,
+            seq int NOT NULL CHECK (seq >= 1),
+            kind text NOT NULL,
+            payload bytea BLOB NOT NULL,
+            created_at timestamptz TEXT NOT NULL DEFAULT {_NOW},
+            pending_since timestamptz TEXT NOT NULL DEFAULT {_NOW},
+            published_at timestamptz TEXT,
+            PRIMARY KEY (execution_id, seq)
+        );
+        CREATE INDEX events_unpublished ON events (pending_since) WHERE published_at IS NULL;
+        CREATE TABLE reconciliations (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            execution_id text NOT NULL REFERENCES executions ON DELETE CASCADE,
+            outcome text NOT NULL CHECK (outcome IN ('succeeded', 'failed')),
+            result jsonb TEXT,
+            error jsonb TEXT,
+            evidence text NOT NULL CHECK (evidence <> ''),
+            actor text NOT NULL,
+            at timestamptz TEXT NOT NULL DEFAULT {_NOW}
+        );
+        """,
+    ),
+]
+
+MIGRATIONS: dict[str, list[tuple[int, str]]] = {"postgres": POSTGRES, "sqlite": SQLITE}
 
 
 @dataclass(frozen=True)
@@ -223,6 +297,8 @@ async def move(
     """Change a (locked) row's status through the transition table, plus other columns."""
     transition(row.status, new, reconcile=reconcile)
     changes["status"] = LedgerStatus(new).value
+    if "result" in changes:
+        changes["result"] = Json(changes["result"])  # any JSON type, on either store
     sets = ", ".join(f"{name} = ${i}" for i, name in enumerate(changes, start=2))
     rec = await conn.fetchrow(
         f"UPDATE executions SET {sets}, updated_at = now() WHERE execution_id = $1 RETURNING *",
@@ -272,17 +348,28 @@ async def add_output(conn: asyncpg.Connection, execution_id: str, data: str) -> 
     return offset
 
 
+async def has_output(conn: asyncpg.Connection, execution_id: str, offset: int, data: str) -> bool:
+    """Whether the page ``data`` is stored at ``offset`` (did an unclear commit land?)."""
+    found = await conn.fetchval(
+        "SELECT data = $3 FROM output_chunks WHERE execution_id = $1 AND byte_offset = $2",
+        execution_id,
+        offset,
+        data,
+    )
+    return bool(found)
+
+
 # ---- recovery ---------------------------------------------------------------------------
 
 
-def _owner_dead(schema: str) -> str:
+def _owner_dead(schema: str, db: Any) -> str:
     # An owner missing from ``workers`` counts as dead too: NOT EXISTS covers both.
-    return f"NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = e.owner AND {owner_alive_sql(schema)})"
+    return f"NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = e.owner AND {owner_alive_sql(schema, db)})"
 
 
 async def worker_alive(conn: asyncpg.Connection, schema: str, worker_id: str) -> bool:
     """Whether others see ``worker_id`` as alive (the same predicate their scans use)."""
-    alive = owner_alive_sql(schema)
+    alive = owner_alive_sql(schema, conn)
     sql = f"SELECT EXISTS (SELECT 1 FROM workers w WHERE w.id = $1 AND {alive})"
     return bool(await conn.fetchval(sql, worker_id))
 
@@ -294,7 +381,7 @@ async def open_orphans(
     recs = await conn.fetch(
         f"""SELECT e.execution_id, e.owner FROM executions e
             WHERE e.route = $1 AND e.status = ANY($2::text[]) AND e.owner <> $3
-              AND {_owner_dead(schema)}
+              AND {_owner_dead(schema, conn)}
             ORDER BY e.updated_at LIMIT $4""",
         route,
         [s.value for s in OPEN_STATUSES],
@@ -302,6 +389,28 @@ async def open_orphans(
         limit,
     )
     return [(r["execution_id"], r["owner"]) for r in recs]
+
+
+async def open_owned(
+    conn: asyncpg.Connection, route: str, owner: str, skip: list[str], limit: int
+) -> list[str]:
+    """Open executions of ``route`` that ``owner`` holds, except those in ``skip``, oldest first.
+
+    The owner's own scan uses it to find rows it holds but has no task for (see
+    ``RecoveryScanner``); ``skip`` is the set it does have tasks for.
+    """
+    recs = await conn.fetch(
+        """SELECT execution_id FROM executions
+           WHERE route = $1 AND owner = $2 AND status = ANY($3::text[])
+             AND NOT (execution_id = ANY($4::text[]))
+           ORDER BY updated_at LIMIT $5""",
+        route,
+        owner,
+        [s.value for s in OPEN_STATUSES],
+        skip,
+        limit,
+    )
+    return [r["execution_id"] for r in recs]
 
 
 async def claim_orphan(
@@ -313,9 +422,9 @@ async def claim_orphan(
                 SELECT execution_id FROM executions
                 WHERE execution_id = $1 AND owner = $2 AND status = ANY($4::text[])
                 FOR UPDATE SKIP LOCKED)
-            UPDATE executions e SET owner = $3, updated_at = now()
+            UPDATE executions AS e SET owner = $3, updated_at = now()
             FROM target
-            WHERE e.execution_id = target.execution_id AND {_owner_dead(schema)}
+            WHERE e.execution_id = target.execution_id AND {_owner_dead(schema, conn)}
             RETURNING e.*""",
         execution_id,
         dead_owner,
@@ -404,19 +513,21 @@ async def pending_events(
 
 
 async def mark_published(conn: asyncpg.Connection, events: list[PendingEvent]) -> int:
-    """Mark confirmed events published, unless a replay request made them due again meanwhile."""
-    if not events:
-        return 0
-    result = await conn.execute(
-        """UPDATE events ev SET published_at = now()
-           FROM unnest($1::text[], $2::int[], $3::timestamptz[]) AS p(execution_id, seq, since)
-           WHERE ev.execution_id = p.execution_id AND ev.seq = p.seq
-             AND ev.pending_since = p.since AND ev.published_at IS NULL""",
-        [e.execution_id for e in events],
-        [e.seq for e in events],
-        [e.pending_since for e in events],
-    )
-    return int(result.split()[-1])
+    """Mark confirmed events published, unless a replay request made them due again meanwhile.
+
+    Returns how many it marked (one statement per event keeps the SQL portable).
+    """
+    marked = 0
+    for e in events:
+        status = await conn.execute(
+            """UPDATE events SET published_at = now()
+               WHERE execution_id = $1 AND seq = $2 AND pending_since = $3 AND published_at IS NULL""",
+            e.execution_id,
+            e.seq,
+            e.pending_since,
+        )
+        marked += int(status.split()[-1])
+    return marked
 
 
 async def republish_from(conn: asyncpg.Connection, execution_id: str, from_seq: int) -> int:
@@ -456,7 +567,7 @@ async def insert_reconciliation(
         "VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
         execution_id,
         LedgerStatus(outcome).value,
-        result,
+        Json(result),
         error,
         evidence,
         actor,

@@ -17,9 +17,9 @@ from collections.abc import Iterable
 import asyncpg
 
 from hands import ledger
-from infra.broker import Broker
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
+from infra.transport import Transport
 
 log = get_logger(__name__)
 
@@ -30,7 +30,7 @@ class EventRelay:
     def __init__(
         self,
         pool: asyncpg.Pool,
-        broker: Broker,
+        broker: Transport,
         *,
         route: str | None,
         interval: float,

@@ -7,33 +7,40 @@ For each delivery, in this order (invariants 3 and 4):
 2. take a concurrency slot (prefetch = concurrency, so at most that many wait here);
 3. resolve a ``body_ref``; one that fails verification is recorded as FAILED (so the turn
    hears about it) and the message dead-lettered;
-4. dedup by execution id: the same request digest again is a duplicate (ack, nothing runs),
-   a different one is a conflict (dead-letter);
+4. dedup by execution id: the same request digest again is a duplicate (ack, nothing runs
+   again), a different one is a conflict (dead-letter);
 5. an unknown tool, binding digest or invalid arguments: commit FAILED + ``failed``
    (how="rejected") and ack;
 6. otherwise commit ACCEPTED + ``accepted`` in one transaction, pass the kill point
    ``hands.after_accept_commit`` (tag = call id), ack, and hand it to the executor.
+
+A duplicate of a row that this worker owns, still open, with no task here, is our own accept
+whose commit looked failed but landed (the message was handed back and came again): it is
+acked and its execution started now instead of being left ACCEPTED under a live owner.
+
+Anything else that goes wrong hands the message back after a pause (``hands.delivery``).
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import asyncpg
-from aio_pika.abc import AbstractIncomingMessage
 from structlog.contextvars import bound_contextvars
 
 from hands import ledger
+from hands.delivery import hand_back
 from hands.executor import Executor
 from hands.ledger import Execution
 from hands.registry import ToolRegistry
-from hands.states import LedgerStatus
-from infra.broker import Broker
+from hands.states import OPEN_STATUSES, LedgerStatus
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec
+from infra.transport import Delivery, Transport
 from protocol import (
     AcceptedBody,
     ConflictError,
@@ -49,10 +56,6 @@ from protocol import (
 )
 
 log = get_logger(__name__)
-
-# How long to wait before handing back a message we could not process for a passing reason
-# (database or object store briefly down): redelivering it at once would only burn attempts.
-RETRY_PAUSE = 1.0
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ class CommandConsumer:
         *,
         route: str,
         queue: str,
-        broker: Broker,
+        broker: Transport,
         codec: PayloadCodec,
         registry: ToolRegistry,
         executor: Executor,
@@ -104,8 +107,20 @@ class CommandConsumer:
         except TimeoutError:
             log.warning("commands_still_accepting", handlers=self._busy)
 
-    async def handle(self, message: AbstractIncomingMessage) -> None:
-        """aio-pika callback: one task per delivery."""
+    async def handle(self, message: Delivery) -> None:
+        """aio-pika callback: one task per delivery; no exception ever leaves it."""
+        try:
+            await self._handle(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # Not the message's fault as far as we can tell (database, object store, broker
+            # trouble, or a bug): give it back after a pause; the delivery limit parks it if
+            # this keeps happening.
+            log.exception("command_failed", error=f"{type(exc).__name__}: {exc}")
+            await hand_back(message)
+
+    async def _handle(self, message: Delivery) -> None:
         if self._stopping.is_set():
             return
         try:
@@ -129,13 +144,6 @@ class CommandConsumer:
         try:
             with bound_contextvars(execution_id=header.execution_id):
                 handed_over = await self._process(message, header)
-        except Exception as exc:
-            # Not the message's fault (database, object store, broker trouble): give it back
-            # after a pause; the delivery limit parks it if this keeps happening.
-            log.exception("command_failed", error=f"{type(exc).__name__}: {exc}")
-            await asyncio.sleep(RETRY_PAUSE)
-            if not message.processed:
-                await message.nack(requeue=True)
         finally:
             if not handed_over:
                 self._executor.slots.release()
@@ -143,7 +151,7 @@ class CommandConsumer:
             if self._busy == 0:
                 self._idle.set()
 
-    async def _process(self, message: AbstractIncomingMessage, header: ExecuteCommand) -> bool:
+    async def _process(self, message: Delivery, header: ExecuteCommand) -> bool:
         """Returns True when the execution was accepted and handed to the executor."""
         try:
             command: ExecuteCommand = await self._codec.unpack(message.body)
@@ -187,31 +195,54 @@ class CommandConsumer:
             return False
         return await self._accept(message, command)
 
-    async def _accept(self, message: AbstractIncomingMessage, command: ExecuteCommand) -> bool:
+    async def _accept(self, message: Delivery, command: ExecuteCommand) -> bool:
         body = command.body
         assert body is not None
+        ex = self._executor
+        execution_id = command.execution_id
         values = self._row_values(command, command) | {
             "status": LedgerStatus.ACCEPTED,
             "replay_policy": str(body.replay_policy),
             "args": body.args,
         }
-        outcome = await self._insert(values, AcceptedBody(worker=self._executor.worker_id))
-        if not outcome.new:
-            if await self._same_request(message, outcome.row, command):
-                await message.ack()
-            return False
-        log.info("command_accepted", call_id=body.call_id, tool=body.tool, turn_id=body.turn_id)
-        self._kill.hit("hands.after_accept_commit", body.call_id)
+        # Reserved before the commit: from the commit on, the recovery scan would otherwise
+        # see a row of this worker with no task here and start it too. If something here has
+        # it already (another delivery of the same command), that one starts it.
+        reserved = ex.reserve(execution_id)
+        launched = False
+        try:
+            outcome = await self._insert(values, AcceptedBody(worker=ex.worker_id))
+            if outcome.new:
+                log.info("command_accepted", call_id=body.call_id, tool=body.tool, turn_id=body.turn_id)
+                self._kill.hit("hands.after_accept_commit", body.call_id)
+                await self._ack(message)
+                if reserved:
+                    ex.launch(execution_id, partial(ex.run, execution_id))
+                    launched = True
+                return launched
+            if not await self._same_request(message, outcome.row, command):
+                return False
+            await self._ack(message)
+            row = outcome.row
+            if reserved and row.owner == ex.worker_id and row.status in OPEN_STATUSES:
+                # Our own accept landed although its commit looked failed (the message came
+                # back): nothing here runs it, and no other worker would while we live.
+                ex.launch(execution_id, partial(ex.adopt, execution_id))
+                launched = True
+            return launched
+        finally:
+            if reserved and not launched:
+                ex.unreserve(execution_id)
+
+    async def _ack(self, message: Delivery) -> None:
+        """Ack a delivery whose execution is in the ledger now: a failed ack only means a
+        redelivery, which is a duplicate."""
         try:
             await message.ack()
-        except Exception as exc:  # the row owns the work now; a redelivery is a duplicate
+        except Exception as exc:
             log.warning("ack_failed", error=f"{type(exc).__name__}: {exc}")
-        self._executor.launch(command.execution_id, lambda: self._executor.run(command.execution_id))
-        return True
 
-    async def _same_request(
-        self, message: AbstractIncomingMessage, row: Execution, command: ExecuteCommand
-    ) -> bool:
+    async def _same_request(self, message: Delivery, row: Execution, command: ExecuteCommand) -> bool:
         """For an execution id already in the ledger: True for a duplicate (ack it), or
         dead-letter a conflicting command and return False."""
         if row.request_digest == command.request_digest:
@@ -272,5 +303,5 @@ class CommandConsumer:
 
         return await self._executor.commit(execution_id, work)
 
-    async def _dead_letter(self, message: AbstractIncomingMessage, reason: str) -> None:
+    async def _dead_letter(self, message: Delivery, reason: str) -> None:
         await self._broker.dead_letter(self.queue, message, reason)

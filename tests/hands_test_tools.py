@@ -109,10 +109,17 @@ async def wait_cancel(ctx: ToolContext, seconds: float = 15.0) -> dict:
 
 
 @tool(route="lab", version="1", replay="safe")
-async def boom(ctx: ToolContext, message: str) -> dict:
-    """Always raise."""
+async def boom(ctx: ToolContext, message: str, nul: bool = False) -> dict:
+    """Always raise (with a NUL appended to the message if ``nul``: text PostgreSQL refuses)."""
     _record_run("boom", ctx)
-    raise ValueError(message)
+    raise ValueError(message + ("\x00" if nul else ""))
+
+
+@tool(route="lab", version="1", replay="unsafe")
+async def nul_result(ctx: ToolContext, text: str) -> dict:
+    """Return ``text`` with a NUL appended: valid JSON, but PostgreSQL jsonb refuses it."""
+    _record_run("nul_result", ctx)
+    return {"text": text + "\x00"}
 
 
 @tool(route="other", version="1", replay="safe")

@@ -2,11 +2,14 @@
 
 Commands are published straight onto ``<prefix>.lab.commands``; what the pool says comes
 back on ``<prefix>.updates``. Chaos tests arm a kill point in one worker (SIGKILL at an exact
-step) and let a second worker recover by the replay rule.
+step) and let a second worker recover by the replay rule. Fault tests end a live worker's
+liveness session, lose the answer to its COMMIT (``tests.hands_pg_proxy``), or feed a control
+that makes PostgreSQL raise.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import signal
@@ -21,6 +24,8 @@ import pytest
 
 from hands.tools import Tool
 from infra.broker import Broker, Topology
+from infra.db import lock_class
+from infra.liveness import owner_alive_sql
 from infra.objectstore import S3ObjectStore
 from infra.payloads import PayloadCodec
 from protocol import (
@@ -37,6 +42,7 @@ from protocol import (
     request_digest,
 )
 from tests import hands_test_tools as lab
+from tests.hands_pg_proxy import CommitCutter
 from tests.support import Processes, TendonEnv, wait_for
 
 SERVE = ["-m", "hands", "serve", "--route", "lab", "--tools", "tests.hands_test_tools"]
@@ -687,3 +693,134 @@ async def test_a_result_above_the_offload_threshold_arrives_as_a_body_ref_that_v
         resolved = await PayloadCodec(store, 4096).unpack(raw)
     assert resolved.body.result == {"blob": "x" * 20_000}
     assert json.loads(data)["result"] == {"blob": "x" * 20_000}
+
+
+# ---- liveness ---------------------------------------------------------------------------
+
+
+async def _the_worker(world: TendonEnv) -> asyncpg.Record:
+    """The one registered worker of this test's ledger (id and liveness lock key)."""
+    rows = await ledger_fetch(world, "SELECT id, lock_key FROM workers")
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+async def test_a_worker_whose_liveness_session_ends_cancels_its_bodies_at_once_and_stops(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a worker with a long shutdown grace, running a tool that takes about ten seconds
+    worker = await processes.start_ready("hands", [*SERVE, "--grace", "60"], world.env)
+    cmd = command(lab.slow, {"pages": 100, "delay": 0.1})
+    await bus.publish_command(cmd)
+    await bus.wait_kind(cmd.execution_id, "output_page")
+    me = await _the_worker(world)
+
+    # When its liveness session is terminated while the process lives on (others now take
+    # it for dead and may claim its executions)
+    ended = await ledger_fetch(
+        world,
+        """SELECT pg_terminate_backend(l.pid) AS ended FROM pg_locks l
+           WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1::oid
+             AND l.objid = $2::oid AND l.objsubid = 2""",
+        lock_class(world.settings().hands_schema),
+        me["lock_key"],
+    )
+    assert [r["ended"] for r in ended] == [True]
+
+    # Then it stops within a scan or two, not after the body (10 s) or the grace (60 s)...
+    assert await processes.wait_exit(worker, timeout=5.0) == 2, processes.output(worker)
+    assert "lost its liveness lock" in processes.output(worker)
+
+    # ...without a word more about the execution: no outcome, the row still open under the
+    # dead owner, where the replay rule of whichever worker claims it decides
+    kinds = [r["kind"] for r in await ledger_fetch(world, "SELECT kind FROM events ORDER BY seq")]
+    assert kinds[:2] == ["accepted", "started"] and set(kinds[2:]) <= {"output_page"}
+    assert len(kinds) < 2 + 100
+    rows = await ledger_fetch(world, "SELECT status, owner FROM executions")
+    assert [tuple(r) for r in rows] == [("running", me["id"])]
+    orphans = await ledger_fetch(
+        world,
+        "SELECT 1 FROM executions e WHERE NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = e.owner AND "
+        + owner_alive_sql(world.settings().hands_schema)
+        + ")",
+    )
+    assert len(orphans) == 1
+
+
+# ---- an accept whose commit looked failed -----------------------------------------------
+
+
+@pytest.fixture
+async def proxy(world: TendonEnv) -> AsyncIterator[CommitCutter]:
+    async with CommitCutter(world.database_url) as proxy:
+        yield proxy
+
+
+async def test_a_command_whose_accept_commit_looked_failed_but_landed_is_started_when_it_comes_back(
+    proxy: CommitCutter, world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a worker whose ledger connection will lose the answer to its next COMMIT, and
+    # whose recovery scan is too slow to help (so the redelivery must start the execution)
+    worker = await start_worker(
+        processes, world, TENDON_HANDS_DATABASE_URL=proxy.dsn, TENDON_SCAN_INTERVAL="30"
+    )
+    proxy.arm(cut=1)
+    cmd = command(lab.echo, {"text": "landed"})
+
+    # When a command arrives: its accept commits, but the worker sees the connection lost,
+    # so it hands the message back and gets it again
+    await bus.publish_command(cmd)
+
+    # Then it finds its own ACCEPTED row, acks and starts it (once) instead of taking it for a
+    # duplicate and leaving it accepted under a live owner
+    events = await bus.wait_seqs(cmd.execution_id, 3)
+    assert proxy.cuts == 1
+    assert [events[s].kind for s in (1, 2, 3)] == ["accepted", "started", "succeeded"]
+    assert events[2].body.worker == events[1].body.worker
+    assert runs(world) == [("echo", cmd.execution_id, 1)]
+
+    # (Stopped here, while the proxy it talks through still runs in this event loop.)
+    worker.send_signal(signal.SIGTERM)
+    assert await processes.wait_exit(worker, timeout=WAIT) == 0
+
+
+# ---- controls ---------------------------------------------------------------------------
+
+
+async def test_a_control_that_raises_an_unforeseen_error_is_handed_back_until_it_is_dead_lettered(
+    world: TendonEnv, processes: Processes
+) -> None:
+    # Given a worker whose queues park a message after 2 redeliveries
+    world.extra["TENDON_DELIVERY_LIMIT"] = "2"
+    worker = await start_worker(processes, world)
+    settings = world.settings()
+    topology = Topology(settings.queue_prefix)
+
+    # When a replay control arrives that makes PostgreSQL raise (a NUL in its execution id)
+    control = ReplayControl(
+        execution_id="bad\x00id",
+        namespace="tests",
+        session_id="s1",
+        request_digest="0" * 64,
+        body=ReplayBody(from_seq=1),
+    )
+    async with Broker(settings.amqp_url, topology, delivery_limit=2) as broker:
+        await broker.publish(topology.controls("lab"), encode(control), message_id=new_id())
+
+        # Then it is never left unacked: it is handed back after a pause each time, and the
+        # delivery limit parks it in the controls' dead-letter queue
+        channel = await broker._connection.channel()  # type: ignore[union-attr]
+        try:
+            dlq = await channel.declare_queue(
+                topology.dlq(topology.controls("lab")), durable=True, arguments={"x-queue-type": "quorum"}
+            )
+
+            async def parked() -> Any:
+                return await dlq.get(no_ack=True, fail=False)
+
+            message = await wait_for(parked, timeout=WAIT, what="the control in the dead-letter queue")
+        finally:
+            await channel.close()
+    assert message.body == encode(control)
+    log = await asyncio.to_thread(Path(worker.log_path).read_text, errors="replace")
+    assert log.count('"event": "control_failed"') >= 2, log[-3000:]

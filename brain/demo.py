@@ -1,0 +1,210 @@
+"""`brain demo`: the five-email story on a bare machine, with a readable timeline.
+
+Everything runs in this process on a data directory: the Brain, the Hands pool of route
+``email``, and the mailbox that plays the external system (its state is a file too, so it
+survives a crash like a real service would). ``--crash-at N`` SIGKILLs the process while
+the N-th email is inside ``send_email``, after the mailbox accepted it; running the same
+command again resumes the same turn, reuses the confirmed receipts, verifies the N-th by
+its operation id instead of sending it again, and sends the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, TextIO
+
+from brain.agents import AgentDefinition
+from brain.embedded import DataDir, LocalSystem, exclusive, run_local
+from brain.states import TERMINAL_TURN
+from brain.store import turns
+from infra.db import transact
+from infra.killpoints import KillPoints
+from infra.settings import Settings
+
+SESSION, REQUEST = "demo", "five-emails"
+TASK = "Send the maintenance notice to our five customers, then summarize the receipts."
+HOW = {
+    "ran": "sent",
+    "verified_by_query": "verified by its operation id, not resent",
+    "reconciled": "reconciled",
+}
+
+
+@dataclass
+class Timeline:
+    """Prints public events as they are committed, plus a progress line."""
+
+    out: TextIO
+    emails: dict[str, str] = field(default_factory=dict)  # execution id -> "email N (to)"
+    delivered: set[str] = field(default_factory=set)
+    started: float = field(default_factory=time.monotonic)
+    tty: bool = False
+
+    def line(self, text: str) -> None:
+        stamp = f"{time.monotonic() - self.started:6.2f}s"
+        self.clear_progress()
+        print(f"{stamp}  {text}", file=self.out, flush=True)
+
+    def clear_progress(self) -> None:
+        if self.tty:
+            print("\r\033[K", end="", file=self.out)
+
+    def progress(self) -> None:
+        bar = "#" * len(self.delivered) + "." * (5 - len(self.delivered))
+        text = f"[{bar}] {len(self.delivered)}/5 emails confirmed"
+        if self.tty:
+            print(f"\r{text}", end="", file=self.out, flush=True)
+
+    def show(self, kind: str, data: dict[str, Any], label: str) -> None:
+        if kind == "turn.accepted":
+            self.line("turn accepted and committed")
+        elif kind == "turn.run_started":
+            self.line(f"run {data['run_id']} claimed the turn at phase {data['phase']}")
+        elif kind == "execution.intended":
+            self.line(f"{label}: intent committed (operation id {data['execution_id']})")
+        elif kind == "execution.running":
+            again = " again after a crash" if data.get("reason") == "rerun_after_crash" else ""
+            self.line(f"{label}: sending{again} (attempt {data.get('attempt', 1)})")
+        elif kind == "execution.succeeded":
+            self.delivered.add(data["execution_id"])
+            self.line(f"{label}: confirmed, {HOW.get(data.get('how', 'ran'), data.get('how'))}")
+        elif kind == "execution.unknown":
+            self.line(f"{label}: UNKNOWN ({data.get('reason')}); the turn waits for a reconcile")
+        elif kind == "execution.failed":
+            self.line(f"{label}: failed")
+        elif kind == "turn.failed":
+            self.line(f"turn failed: {data['error'].get('message')}")
+        self.progress()
+
+
+async def _label(system: LocalSystem, execution_id: str, cache: dict[str, str]) -> str:
+    if execution_id not in cache:
+        row = await system.brain_pool.fetchrow(
+            "SELECT call_id, args FROM executions WHERE id = $1", execution_id
+        )
+        cache[execution_id] = (
+            f"email {row['call_id'].removeprefix('call-')} to {row['args']['to']}" if row else execution_id
+        )
+    return cache[execution_id]
+
+
+async def _recap(system: LocalSystem, turn_id: str, before: dict[str, str], out: TextIO) -> None:
+    rows = await system.brain_pool.fetch(
+        "SELECT id, call_id, args, how, result FROM executions WHERE turn_id = $1 ORDER BY tool_step",
+        turn_id,
+    )
+    print("\nwhat happened to each email:", file=out)
+    for r in rows:
+        if before.get(r["id"]) == "succeeded":
+            what = "reused the receipt confirmed before"
+        else:
+            what = HOW.get(r["how"], r["how"] or "?")
+        receipt = (r["result"] or {}).get("message_id", "-")
+        print(f"  {r['call_id']}  {r['args']['to']:<24} {receipt:<8} {what}", file=out)
+
+
+async def run_demo(settings: Settings, data: DataDir, *, crash_at: int | None, out: TextIO) -> int:
+    """Run (or resume) the five-email turn; returns 0 when it completed."""
+    from examples.mailbox import MailboxServer
+
+    agent = AgentDefinition.model_validate_json(
+        resources.files("examples").joinpath("notice_agent.json").read_text()
+    )
+    spec = settings.kill_at
+    if crash_at is not None:
+        spec = ",".join(filter(None, [spec, f"hands.after_tool_body@call-{crash_at}"]))
+        print(f"(will SIGKILL this process while email {crash_at} is inside send_email)", file=out)
+    timeline = Timeline(out, tty=out.isatty())
+    with MailboxServer(port=0, state_path=data.root / "mailbox.json") as mailbox:
+        os.environ["TENDON_MAILBOX_URL"] = mailbox.url
+        async with run_local(
+            settings, data, route="email", tools="examples.email_tools", killpoints=KillPoints(spec)
+        ) as system:
+            turn_id, created = await transact(
+                system.brain_pool,
+                lambda c: turns.submit(
+                    c,
+                    namespace=settings.namespace,
+                    session_id=SESSION,
+                    request_id=REQUEST,
+                    user_input=TASK,
+                    agent=agent,
+                ),
+            )
+            before = {
+                r["id"]: r["status"]
+                for r in await system.brain_pool.fetch(
+                    "SELECT id, status FROM executions WHERE turn_id = $1", turn_id
+                )
+            }
+            cursor = 0
+            if not created:
+                cursor = await system.brain_pool.fetchval(
+                    "SELECT coalesce(max(seq), 0) FROM public_events WHERE session_id = $1", SESSION
+                )
+                done = sum(1 for s in before.values() if s == "succeeded")
+                print(
+                    f"resuming turn {turn_id} from {data.root}: {done} of 5 emails already confirmed",
+                    file=out,
+                )
+                timeline.delivered.update(k for k, s in before.items() if s == "succeeded")
+            else:
+                print(f"turn {turn_id} in {data.root}", file=out)
+            labels: dict[str, str] = {}
+            while True:
+                events = await system.brain_pool.fetch(
+                    "SELECT seq, kind, data FROM public_events WHERE session_id = $1 AND seq > $2"
+                    " ORDER BY seq",
+                    SESSION,
+                    cursor,
+                )
+                for e in events:
+                    cursor = e["seq"]
+                    eid = e["data"].get("execution_id")
+                    label = await _label(system, eid, labels) if eid else ""
+                    timeline.show(e["kind"], e["data"], label)
+                row = await system.brain_pool.fetchrow(
+                    "SELECT status, result, error FROM turns WHERE id = $1", turn_id
+                )
+                if row["status"] in TERMINAL_TURN and not events:
+                    break
+                if system.brain_task.done():
+                    break
+                await asyncio.sleep(0.1)
+            timeline.clear_progress()
+            await _recap(system, turn_id, before, out)
+            if row["status"] != "completed":
+                print(f"\nturn {row['status']}: {row['error']}", file=out)
+                return 1
+            print(f"\nsummary from the agent:\n{row['result']['text']}", file=out)
+            print(f"\nmailbox: {len(mailbox.stats()['deliveries'])} deliveries", file=out)
+            return 0
+
+
+def reset(data: DataDir) -> None:
+    """``--fresh``: forget everything in the data directory (refused while it is in use)."""
+    if not data.root.exists():
+        return
+    with exclusive(data):
+        for child in data.root.iterdir():
+            if child.name != data.lock.name:
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+
+
+def demo_settings(base: Settings) -> Settings:
+    """Snappy defaults for one process: short scans so recovery shows within a second."""
+    return base.model_copy(update={"scan_interval": min(base.scan_interval, 0.2)})
+
+
+def main_demo(base: Settings, data_dir: Path, *, fresh: bool, crash_at: int | None) -> int:
+    data = DataDir(data_dir)
+    if fresh:
+        reset(data)
+    return asyncio.run(run_demo(demo_settings(base), data, crash_at=crash_at, out=sys.stdout))

@@ -1,0 +1,136 @@
+"""The embedded mode: a Brain and one Hands pool in one process, on one data directory.
+
+Same code as the distributed mode, other backends behind the same interfaces:
+
+=============  ==========================  ===============================
+component      distributed                 embedded (under ``data_dir``)
+=============  ==========================  ===============================
+Brain store    PostgreSQL (asyncpg)        ``brain.sqlite3``
+Hands ledger   PostgreSQL, own schema      ``hands.sqlite3``
+transport      RabbitMQ (aio-pika)         ``queue.sqlite3`` (LocalBroker)
+object store   S3 (boto3)                  ``objects/`` (DirectoryObjectStore)
+liveness       advisory locks              the data directory's file lock
+=============  ==========================  ===============================
+
+One process owns a data directory at a time (an exclusive ``flock``); that is what lets
+"registered since this process opened the file" mean "alive" for leases and recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from brain.app import Backends
+from brain.app import run as run_brain
+from brain.store.migrations import MIGRATIONS
+from hands.app import HandsApp, HandsBackends
+from infra.db import migrate
+from infra.dirstore import DirectoryObjectStore
+from infra.killpoints import KillPoints
+from infra.liveness import LocalWorkerRegistration
+from infra.localqueue import LocalBroker
+from infra.payloads import PayloadCodec
+from infra.settings import Settings
+from infra.sqlite import SqlitePool, open_pool
+from infra.transport import Topology
+from protocol import ConflictError
+
+
+@dataclass(frozen=True)
+class DataDir:
+    """Where an embedded Tendon keeps everything."""
+
+    root: Path
+
+    @property
+    def brain_db(self) -> Path:
+        return self.root / "brain.sqlite3"
+
+    @property
+    def hands_db(self) -> Path:
+        return self.root / "hands.sqlite3"
+
+    @property
+    def queue(self) -> Path:
+        return self.root / "queue.sqlite3"
+
+    @property
+    def objects(self) -> Path:
+        return self.root / "objects"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "lock"
+
+
+@contextlib.contextmanager
+def exclusive(data: DataDir) -> Iterator[None]:
+    """Hold the data directory's lock, or fail at once with a clear error."""
+    data.root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data.lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise ConflictError(f"another Tendon process is using {data.root}") from exc
+        yield  # the kernel drops the lock when the process dies, SIGKILL included
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class LocalSystem:
+    """A running embedded Tendon: its stores, for reading, and how to stop it."""
+
+    brain_pool: SqlitePool
+    ledger_pool: SqlitePool
+    brain_task: asyncio.Task[int]
+    hands: HandsApp
+    stop: asyncio.Event
+
+
+@asynccontextmanager
+async def run_local(
+    settings: Settings, data: DataDir, *, route: str, tools: str, killpoints: KillPoints
+) -> AsyncIterator[LocalSystem]:
+    """Start a Brain and the Hands pool of ``route`` on ``data``; stop both on exit."""
+    async with AsyncExitStack() as stack:
+        stack.enter_context(exclusive(data))
+        brain_pool = await open_pool(data.brain_db)
+        stack.push_async_callback(brain_pool.close)
+        await migrate(brain_pool, "brain", MIGRATIONS)
+        ledger_pool = await open_pool(data.hands_db)
+        stack.push_async_callback(ledger_pool.close)
+        store = await stack.enter_async_context(DirectoryObjectStore(data.objects))
+        codec = PayloadCodec(store, settings.offload_threshold)
+        transport = await stack.enter_async_context(
+            LocalBroker(data.queue, Topology(settings.queue_prefix), delivery_limit=settings.delivery_limit)
+        )
+        registration = await stack.enter_async_context(LocalWorkerRegistration(brain_pool, "brain"))
+        hands = await stack.enter_async_context(
+            HandsApp(
+                settings,
+                route=route,
+                tools=tools,
+                kill=killpoints,
+                backends=HandsBackends(pool=ledger_pool, transport=transport, codec=codec),
+            )
+        )
+        stop = asyncio.Event()
+        backends = Backends(brain_pool, transport, codec, registration.worker_id, brain_pool.add_listener)
+        brain_task = asyncio.create_task(run_brain(backends, settings, killpoints, stop))
+        hands_task = asyncio.create_task(hands.serve())
+        try:
+            yield LocalSystem(brain_pool, ledger_pool, brain_task, hands, stop)
+        finally:
+            stop.set()
+            hands.stop()
+            await brain_task
+            await hands_task

@@ -1,0 +1,99 @@
+"""A TCP proxy in front of PostgreSQL that makes a COMMIT's outcome unclear, for real.
+
+Armed, it forwards a client's ``COMMIT;`` to the server, waits for the server's answer (so
+the transaction *did* commit), then drops that answer and cuts the connection: the client
+sees its connection lost during COMMIT and cannot tell whether it committed. That is the
+case ``transact`` reports as TransientError (outcome unknown). Loopback only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from urllib.parse import urlsplit, urlunsplit
+
+_COMMIT = b"Q\x00\x00\x00\x0cCOMMIT;\x00"  # asyncpg's simple-query COMMIT message
+
+
+class CommitCutter:
+    """``async with CommitCutter(dsn) as proxy``: ``proxy.dsn`` goes through it."""
+
+    def __init__(self, dsn: str) -> None:
+        parts = urlsplit(dsn)
+        self._target = (parts.hostname or "127.0.0.1", parts.port or 5432)
+        self._parts = parts
+        self._server: asyncio.Server | None = None
+        self._skip = 0
+        self._cut = 0
+        self.cuts = 0  # how many COMMITs were cut so far
+        self._pumps: set[asyncio.Task[None]] = set()
+
+    @property
+    def dsn(self) -> str:
+        assert self._server is not None
+        port = self._server.sockets[0].getsockname()[1]
+        netloc = self._parts.netloc.rsplit("@", 1)
+        host = f"127.0.0.1:{port}"
+        return urlunsplit(self._parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host))
+
+    def arm(self, *, skip: int = 0, cut: int = 1) -> None:
+        """Let the next ``skip`` COMMITs through, then cut the ``cut`` after them."""
+        self._skip, self._cut = skip, cut
+
+    async def __aenter__(self) -> CommitCutter:
+        self._server = await asyncio.start_server(self._connected, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._pumps):
+            task.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _connected(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection(*self._target)
+        cutting = asyncio.Event()  # set: drop the server's next answer and hang up
+        up = asyncio.create_task(self._upstream(client_r, server_w, cutting))
+        down = asyncio.create_task(self._downstream(server_r, client_w, cutting))
+        self._pumps |= {up, down}
+        try:
+            await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (up, down):
+                task.cancel()
+            for writer in (client_w, server_w):
+                writer.close()
+            self._pumps -= {up, down}
+
+    def _should_cut(self) -> bool:
+        if self._skip > 0:
+            self._skip -= 1
+            return False
+        if self._cut > 0:
+            self._cut -= 1
+            self.cuts += 1
+            return True
+        return False
+
+    async def _upstream(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, cutting: asyncio.Event
+    ) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                if data.endswith(_COMMIT) and self._should_cut():
+                    cutting.set()
+                writer.write(data)
+                await writer.drain()
+
+    @staticmethod
+    async def _downstream(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, cutting: asyncio.Event
+    ) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                if cutting.is_set():
+                    return  # the server answered COMMIT: it committed; the client never hears
+                writer.write(data)
+                await writer.drain()

@@ -1,0 +1,255 @@
+"""The executor and the recovery scan in this process, on a real PostgreSQL ledger.
+
+No broker is needed: events stay in the ledger's outbox, where these tests read them. The
+worker is registered for real (advisory-lock liveness), so "dead owner" and "this live
+worker" mean what they mean in production.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from hands import ledger
+from hands.executor import Executor
+from hands.recovery import RecoveryScanner
+from hands.registry import ToolRegistry, load_tools
+from hands.relay import EventRelay
+from hands.states import OPEN_STATUSES, LedgerStatus
+from infra.broker import Broker, Topology
+from infra.db import create_pool, migrate, transact
+from infra.killpoints import KillPoints
+from infra.liveness import WorkerRegistration
+from infra.payloads import PayloadCodec
+from protocol import decode, new_id
+from tests import hands_test_tools as tools
+from tests.hands_pg_proxy import CommitCutter
+from tests.support import TendonEnv, wait_for
+
+
+@dataclass
+class Lab:
+    pool: asyncpg.Pool
+    registry: ToolRegistry
+    executor: Executor
+    scanner: RecoveryScanner
+    runs_file: Path
+    charges_file: Path
+
+    @property
+    def me(self) -> str:
+        return self.executor.worker_id
+
+    async def add(self, tool: str, args: dict[str, Any], status: LedgerStatus, owner: str) -> str:
+        """An execution row as a worker would have left it; returns its id."""
+        served = self.registry.get(tool)
+        assert served is not None
+        execution_id = new_id()
+        values = {
+            "execution_id": execution_id,
+            "route": "lab",
+            "request_digest": "d" * 64,
+            "namespace": "tests",
+            "session_id": "s1",
+            "turn_id": "t1",
+            "call_id": f"call-{execution_id[:6]}",
+            "tool": tool,
+            "binding_digest": served.binding.digest,
+            "replay_policy": served.binding.replay_policy.value,
+            "args": args,
+            "status": status,
+            "owner": owner,
+            "attempts": 0 if status is LedgerStatus.ACCEPTED else 1,
+        }
+
+        async def work(conn: asyncpg.Connection) -> Any:
+            return await ledger.insert_execution(conn, **values)
+
+        assert await transact(self.pool, work) is not None
+        return execution_id
+
+    async def settled(self, execution_id: str) -> ledger.Execution:
+        """Wait until the execution is no longer open; return its row."""
+
+        async def closed() -> ledger.Execution | None:
+            async with self.pool.acquire() as conn:
+                row = await ledger.get_execution(conn, execution_id)
+            return row if row is not None and row.status not in OPEN_STATUSES else None
+
+        row: ledger.Execution = await wait_for(closed, timeout=10, what=f"{execution_id} to be closed")
+        return row
+
+    async def event_kinds(self, execution_id: str) -> list[tuple[int, str]]:
+        async with self.pool.acquire() as conn:
+            return [(r["seq"], r["kind"]) for r in await ledger.list_events(conn, execution_id)]
+
+    async def last_event(self, execution_id: str) -> Any:
+        async with self.pool.acquire() as conn:
+            rows = await ledger.list_events(conn, execution_id)
+        return decode(bytes(rows[-1]["payload"]))
+
+    def runs(self) -> list[tuple[str, str, int]]:
+        return tools.runs(self.runs_file)
+
+
+@asynccontextmanager
+async def _lab(
+    tendon: TendonEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dsn: str
+) -> AsyncIterator[Lab]:
+    """An executor and scanner of route lab whose ledger pool connects to ``dsn``."""
+    runs_file, charges_file = tmp_path / "runs.txt", tmp_path / "charges.json"
+    monkeypatch.setenv("LAB_RUNS_FILE", str(runs_file))
+    monkeypatch.setenv("LAB_CHARGES_FILE", str(charges_file))
+    settings = tendon.settings()
+    schema = settings.hands_schema
+    pool = await create_pool(dsn, schema, max_size=6)
+    try:
+        await migrate(pool, schema, ledger.MIGRATIONS)
+        async with WorkerRegistration(tendon.database_url, schema, "hands") as registration:
+            registry = load_tools("tests.hands_test_tools", "lab")
+            # The relay is only woken here, never run: the events stay in the outbox.
+            relay = EventRelay(
+                pool, Broker(tendon.amqp_url, Topology(settings.queue_prefix)), route="lab", interval=0.2
+            )
+            executor = Executor(
+                pool=pool,
+                codec=PayloadCodec(None, 1024 * 1024),
+                registry=registry,
+                worker_id=registration.worker_id,
+                relay=relay,
+                kill=KillPoints(),
+                concurrency=4,
+            )
+            scanner = RecoveryScanner(pool=pool, schema=schema, route="lab", executor=executor, interval=0.2)
+            yield Lab(pool, registry, executor, scanner, runs_file, charges_file)
+            await executor.drain(5.0)
+    finally:
+        await pool.close()
+
+
+@pytest.fixture
+async def lab(tendon: TendonEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Lab]:
+    async with _lab(tendon, tmp_path, monkeypatch, tendon.database_url) as lab:
+        yield lab
+
+
+@pytest.fixture
+async def proxy(tendon: TendonEnv) -> AsyncIterator[CommitCutter]:
+    async with CommitCutter(tendon.database_url) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+async def cut_lab(
+    tendon: TendonEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, proxy: CommitCutter
+) -> AsyncIterator[Lab]:
+    """A lab whose ledger connections go through ``proxy``."""
+    async with _lab(tendon, tmp_path, monkeypatch, proxy.dsn) as lab:
+        yield lab
+
+
+async def test_a_result_postgresql_refuses_fails_the_execution_as_bad_result_not_left_running(
+    lab: Lab,
+) -> None:
+    # Given an accepted execution of a tool whose result holds a NUL (valid JSON; jsonb refuses
+    # it), left by a dead worker
+    execution_id = await lab.add("nul_result", {"text": "hi"}, LedgerStatus.ACCEPTED, "dead-worker")
+
+    # When this worker claims it, runs the body and tries to save the result
+    assert await lab.scanner.scan_once() == 1
+    row = await lab.settled(execution_id)
+
+    # Then the execution is FAILED with code bad_result, saying why, and the body ran once
+    assert row.status is LedgerStatus.FAILED and row.owner == lab.me
+    assert row.error is not None and row.error["code"] == "bad_result"
+    assert row.error["message"].startswith("the tool ran, but its outcome could not be saved:")
+    assert "unsupported Unicode escape sequence" in row.error["message"]
+    assert await lab.event_kinds(execution_id) == [(1, "started"), (2, "failed")]
+    assert lab.runs() == [("nul_result", execution_id, 1)]
+
+
+async def test_an_error_message_with_a_nul_is_saved_escaped_as_the_tools_failure(lab: Lab) -> None:
+    # Given a tool that raises with a NUL in its message
+    execution_id = await lab.add(
+        "boom", {"message": "disk", "nul": True}, LedgerStatus.ACCEPTED, "dead-worker"
+    )
+
+    # When it runs
+    assert await lab.scanner.scan_once() == 1
+    row = await lab.settled(execution_id)
+
+    # Then its failure is saved as the tool's error, the NUL written out as text
+    assert row.status is LedgerStatus.FAILED
+    assert row.error == {"code": "tool_error", "message": "ValueError: disk\\x00"}
+
+
+async def test_a_query_answer_postgresql_refuses_leaves_the_execution_unknown_and_never_reruns_it(
+    lab: Lab,
+) -> None:
+    # Given unsafe tool charge, left RUNNING by a dead worker, whose charges service has a
+    # receipt for the operation that the ledger cannot store
+    execution_id = await lab.add("charge", {"amount": 5}, LedgerStatus.RUNNING, "dead-worker")
+    lab.charges_file.write_text(json.dumps({execution_id: {"charge_id": "ch\x00"}}), encoding="utf-8")
+
+    # When this worker takes it over and its query finds the original charge
+    assert await lab.scanner.scan_once() == 1
+    row = await lab.settled(execution_id)
+
+    # Then, since QUERYING cannot become FAILED and nothing is guessed, it is UNKNOWN
+    assert row.status is LedgerStatus.UNKNOWN
+    assert row.error is not None and "could not be saved" in row.error["message"]
+    unknown = await lab.last_event(execution_id)
+    assert unknown.kind == "unknown" and "took effect is not on record" in unknown.body.reason
+    assert lab.runs() == []
+
+
+async def test_open_rows_of_this_live_worker_with_no_task_here_are_adopted_by_its_own_scan(
+    lab: Lab,
+) -> None:
+    # Given rows this (live) worker owns but has no task for, as an accept or a release whose
+    # commit outcome was unclear leaves them: one never started, one inside an unsafe body
+    accepted = await lab.add("echo", {"text": "mine"}, LedgerStatus.ACCEPTED, lab.me)
+    running = await lab.add("charge_noquery", {"amount": 3}, LedgerStatus.RUNNING, lab.me)
+
+    # When its recovery scan runs
+    assert await lab.scanner.scan_once() == 2
+
+    # Then the replay rule applies as for an orphan: the first starts and succeeds, the
+    # second becomes UNKNOWN (never re-run)
+    done = await lab.settled(accepted)
+    assert done.status is LedgerStatus.SUCCEEDED and done.result == {"text": "mine", "attempt": 1}
+    assert (await lab.settled(running)).status is LedgerStatus.UNKNOWN
+    assert lab.runs() == [("echo", accepted, 1)]
+
+    # And a row that has a task here is left alone by the next scan
+    assert await lab.scanner.scan_once() == 0
+
+
+@pytest.mark.parametrize("cut", ["start", "page", "outcome"])
+async def test_a_commit_whose_outcome_was_unclear_but_landed_is_not_repeated(
+    cut_lab: Lab, proxy: CommitCutter, cut: str
+) -> None:
+    # Given an execution left by a dead worker, and a ledger connection that loses the answer
+    # to one COMMIT of its run (the commit lands; the worker sees its connection lost, so
+    # the outcome is unknown to it)
+    lab = cut_lab
+    execution_id = await lab.add("slow", {"pages": 1, "delay": 0}, LedgerStatus.ACCEPTED, "dead-worker")
+    # Its commits: the claim, the start, the page, the outcome.
+    proxy.arm(skip={"start": 1, "page": 2, "outcome": 3}[cut], cut=1)
+
+    # When this worker claims and runs it
+    assert await lab.scanner.scan_once() == 1
+    row = await lab.settled(execution_id)
+
+    # Then that commit happened exactly once: one attempt, one page, one outcome
+    assert proxy.cuts == 1
+    assert row.status is LedgerStatus.SUCCEEDED and row.attempts == 1 and row.output_bytes == 7
+    assert await lab.event_kinds(execution_id) == [(1, "started"), (2, "output_page"), (3, "succeeded")]
+    assert lab.runs() == [("slow", execution_id, 1)]
