@@ -11,11 +11,12 @@ its operation id instead of sending it again, and sends the rest.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 import sys
-import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
@@ -44,11 +45,11 @@ class Timeline:
     out: TextIO
     emails: dict[str, str] = field(default_factory=dict)  # execution id -> "email N (to)"
     delivered: set[str] = field(default_factory=set)
-    started: float = field(default_factory=time.monotonic)
+    started: datetime = field(default_factory=lambda: datetime.now(UTC))
     tty: bool = False
 
-    def line(self, text: str) -> None:
-        stamp = f"{time.monotonic() - self.started:6.2f}s"
+    def line(self, text: str, at: datetime | None = None) -> None:
+        stamp = f"{((at or datetime.now(UTC)) - self.started).total_seconds():6.2f}s"
         self.clear_progress()
         print(f"{stamp}  {text}", file=self.out, flush=True)
 
@@ -62,25 +63,26 @@ class Timeline:
         if self.tty:
             print(f"\r{text}", end="", file=self.out, flush=True)
 
-    def show(self, kind: str, data: dict[str, Any], label: str) -> None:
+    def show(self, kind: str, data: dict[str, Any], label: str, at: datetime) -> None:
+        line = functools.partial(self.line, at=at)
         if kind == "turn.accepted":
-            self.line("turn accepted and committed")
+            line("turn accepted and committed")
         elif kind == "turn.run_started":
-            self.line(f"run {data['run_id']} claimed the turn at phase {data['phase']}")
+            line(f"run {data['run_id']} claimed the turn at phase {data['phase']}")
         elif kind == "execution.intended":
-            self.line(f"{label}: intent committed (operation id {data['execution_id']})")
+            line(f"{label}: intent committed (operation id {data['execution_id']})")
         elif kind == "execution.running":
             again = " again after a crash" if data.get("reason") == "rerun_after_crash" else ""
-            self.line(f"{label}: sending{again} (attempt {data.get('attempt', 1)})")
+            line(f"{label}: sending{again} (attempt {data.get('attempt', 1)})")
         elif kind == "execution.succeeded":
             self.delivered.add(data["execution_id"])
-            self.line(f"{label}: confirmed, {HOW.get(data.get('how', 'ran'), data.get('how'))}")
+            line(f"{label}: confirmed, {HOW.get(data.get('how', 'ran'), data.get('how'))}")
         elif kind == "execution.unknown":
-            self.line(f"{label}: UNKNOWN ({data.get('reason')}); the turn waits for a reconcile")
+            line(f"{label}: UNKNOWN ({data.get('reason')}); the turn waits for a reconcile")
         elif kind == "execution.failed":
-            self.line(f"{label}: failed")
+            line(f"{label}: failed")
         elif kind == "turn.failed":
-            self.line(f"turn failed: {data['error'].get('message')}")
+            line(f"turn failed: {data['error'].get('message')}")
         self.progress()
 
 
@@ -108,6 +110,29 @@ async def _recap(system: LocalSystem, turn_id: str, before: dict[str, str], out:
             what = HOW.get(r["how"], r["how"] or "?")
         receipt = (r["result"] or {}).get("message_id", "-")
         print(f"  {r['call_id']}  {r['args']['to']:<24} {receipt:<8} {what}", file=out)
+
+
+async def _follow(system: LocalSystem, turn_id: str, cursor: int, timeline: Timeline) -> Any:
+    """Show the session's public events until the turn ends; returns the final turn row."""
+    labels: dict[str, str] = {}
+    while True:
+        events = await system.brain_pool.fetch(
+            "SELECT seq, kind, data, created_at FROM public_events WHERE session_id = $1 AND seq > $2"
+            " ORDER BY seq",
+            SESSION,
+            cursor,
+        )
+        for e in events:
+            cursor = e["seq"]
+            eid = e["data"].get("execution_id")
+            label = await _label(system, eid, labels) if eid else ""
+            timeline.show(e["kind"], e["data"], label, e["created_at"])
+        row: Any = await system.brain_pool.fetchrow(
+            "SELECT status, result, error FROM turns WHERE id = $1", turn_id
+        )
+        if (row["status"] in TERMINAL_TURN and not events) or system.brain_task.done():
+            return row
+        await asyncio.sleep(0.1)
 
 
 async def run_demo(settings: Settings, data: DataDir, *, crash_at: int | None, out: TextIO) -> int:
@@ -157,27 +182,7 @@ async def run_demo(settings: Settings, data: DataDir, *, crash_at: int | None, o
                 timeline.delivered.update(k for k, s in before.items() if s == "succeeded")
             else:
                 print(f"turn {turn_id} in {data.root}", file=out)
-            labels: dict[str, str] = {}
-            while True:
-                events = await system.brain_pool.fetch(
-                    "SELECT seq, kind, data FROM public_events WHERE session_id = $1 AND seq > $2"
-                    " ORDER BY seq",
-                    SESSION,
-                    cursor,
-                )
-                for e in events:
-                    cursor = e["seq"]
-                    eid = e["data"].get("execution_id")
-                    label = await _label(system, eid, labels) if eid else ""
-                    timeline.show(e["kind"], e["data"], label)
-                row = await system.brain_pool.fetchrow(
-                    "SELECT status, result, error FROM turns WHERE id = $1", turn_id
-                )
-                if row["status"] in TERMINAL_TURN and not events:
-                    break
-                if system.brain_task.done():
-                    break
-                await asyncio.sleep(0.1)
+            row = await _follow(system, turn_id, cursor, timeline)
             timeline.clear_progress()
             await _recap(system, turn_id, before, out)
             if row["status"] != "completed":

@@ -1,0 +1,95 @@
+"""The embedded demo as a newcomer runs it: real processes, a real SIGKILL, a rerun that resumes.
+
+No PostgreSQL, RabbitMQ or S3 is touched: the demo keeps everything under --data-dir.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import signal
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.support import run_cli
+
+DEMO = ["-m", "brain", "demo"]
+CUSTOMERS = [f"customer{i}@example.com" for i in range(1, 6)]
+
+pytestmark = pytest.mark.chaos
+
+
+def final_state(data_dir: Path) -> dict[str, object]:
+    """What a rerun must always end with, read straight from the files."""
+    mailbox = json.loads((data_dir / "mailbox.json").read_text())
+    with sqlite3.connect(data_dir / "brain.sqlite3") as db:
+        turns = db.execute("SELECT status FROM turns").fetchall()
+        executions = db.execute("SELECT call_id, status FROM executions ORDER BY call_id").fetchall()
+    return {
+        "turns": turns,
+        "executions": executions,
+        "deliveries": sorted(d["to"] for d in mailbox["deliveries"]),
+        "posts_per_key": sorted(mailbox["posts_per_key"].values()),
+    }
+
+
+EXPECTED = {
+    "turns": [("completed",)],
+    "executions": [(f"call-{i}", "succeeded") for i in range(1, 6)],
+    "deliveries": CUSTOMERS,
+    "posts_per_key": [1, 1, 1, 1, 1],  # nothing was ever sent twice
+}
+
+
+async def test_a_crash_at_email_four_then_a_rerun_reuses_verifies_and_sends_the_rest(tmp_path: Path) -> None:
+    data = tmp_path / "demo"
+    code, out, err = await run_cli([*DEMO, "--data-dir", str(data), "--crash-at", "4"], {})
+    assert code == -signal.SIGKILL, out + err
+    assert "will SIGKILL this process while email 4 is inside send_email" in out
+
+    code, out, err = await run_cli([*DEMO, "--data-dir", str(data)], {})
+    assert code == 0, out + err
+    assert "resuming turn" in out and "3 of 5 emails already confirmed" in out
+    recap = out.split("what happened to each email:")[1]
+    for i in (1, 2, 3):
+        assert f"call-{i}  customer{i}@example.com    msg-{i}    reused" in recap
+    assert "call-4  customer4@example.com    msg-4    verified by its operation id" in recap
+    assert "call-5  customer5@example.com    msg-5    sent" in recap
+    assert final_state(data) == EXPECTED
+
+
+@pytest.mark.parametrize(
+    "kill_at",
+    [
+        "brain.after_intent_commit@call-2",
+        "hands.after_accept_commit@call-3",
+        "hands.before_tool_body@call-1",
+        "brain.after_update_received@succeeded",
+        "hands.after_tool_body@call-5",
+    ],
+)
+async def test_a_data_dir_killed_at_any_point_ends_in_the_same_final_state(
+    tmp_path: Path, kill_at: str
+) -> None:
+    data = tmp_path / "demo"
+    code, out, err = await run_cli([*DEMO, "--data-dir", str(data)], {"TENDON_KILL_AT": kill_at})
+    assert code == -signal.SIGKILL, out + err
+    code, out, err = await run_cli([*DEMO, "--data-dir", str(data)], {})
+    assert code == 0, out + err
+    assert final_state(data) == EXPECTED
+
+
+async def test_fresh_starts_over_and_a_busy_data_dir_is_refused_clearly(tmp_path: Path) -> None:
+    data = tmp_path / "demo"
+    assert (await run_cli([*DEMO, "--data-dir", str(data)], {}))[0] == 0
+    code, out, _ = await run_cli([*DEMO, "--data-dir", str(data), "--fresh"], {})
+    assert code == 0 and "resuming" not in out
+    assert final_state(data) == EXPECTED  # a new turn, a new mailbox: still five, once each
+
+    with open(data / "lock") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        code, _, err = await run_cli([*DEMO, "--data-dir", str(data)], {})
+    assert code == 2
+    assert f"another Tendon process is using {data}" in err
