@@ -533,7 +533,10 @@ async def mark_published(conn: asyncpg.Connection, events: list[PendingEvent]) -
 async def republish_from(conn: asyncpg.Connection, execution_id: str, from_seq: int) -> int:
     """Make events with ``seq >= from_seq`` due again (a replay request); returns how many."""
     result = await conn.execute(
-        "UPDATE events SET published_at = NULL, pending_since = clock_timestamp() "
+        # Strictly later than before, even within one clock tick, so that a relay holding
+        # the old stamp cannot mark the replayed event published (see mark_published).
+        "UPDATE events SET published_at = NULL,"
+        " pending_since = GREATEST(clock_timestamp(), pending_since + make_interval(secs => 0.001)) "
         "WHERE execution_id = $1 AND seq >= $2",
         execution_id,
         from_seq,

@@ -9,7 +9,8 @@ PostgreSQL                            SQLite
 ====================================  ================================================
 ``$1``                                ``?1``
 ``x = ANY($1::text[])``               ``x IN (SELECT value FROM json_each(?1))``
-``now() ± make_interval(secs => e)``  ``ts_add(now(), ±(e))`` (a Python function)
+``t ± make_interval(secs => e)``      ``ts_add(t, ±(e))`` (a Python function)
+``GREATEST(a, b)``                     ``max(a, b)``
 ``::type`` casts                      dropped
 ``FOR UPDATE [OF t] [SKIP LOCKED]``   dropped: every transaction is ``BEGIN IMMEDIATE``,
                                       so writers are serialised anyway
@@ -82,7 +83,8 @@ _PARAM = re.compile(r"\$(\d+)")
 _CAST = re.compile(r"::[a-zA-Z_]+(\[\])?")
 _ANY = re.compile(r"=\s*ANY\(\?(\d+)\)")
 _LOCKING = re.compile(r"\s+FOR UPDATE(\s+OF\s+\w+)?(\s+SKIP LOCKED)?", re.IGNORECASE)
-_INTERVAL = re.compile(r"now\(\)\s*([+-])\s*make_interval\(secs\s*=>\s*([^()]+?)\)")
+_INTERVAL = re.compile(r"(now\(\)|[a-z_]+(?:\.[a-z_]+)?)\s*([+-])\s*make_interval\(secs\s*=>\s*([^()]+?)\)")
+_GREATEST = re.compile(r"\bGREATEST\(", re.IGNORECASE)
 _RETURNING_ALIAS = re.compile(r"RETURNING\s+\w+\.\*")
 
 
@@ -93,7 +95,8 @@ def translate(sql: str) -> str:
     sql = _PARAM.sub(r"?\1", sql)
     sql = _ANY.sub(r"IN (SELECT value FROM json_each(?\1))", sql)
     sql = _LOCKING.sub("", sql)
-    sql = _INTERVAL.sub(lambda m: f"ts_add(now(), {m.group(1)}({m.group(2)}))", sql)
+    sql = _INTERVAL.sub(lambda m: f"ts_add({m.group(1)}, {m.group(2)}({m.group(3)}))", sql)
+    sql = _GREATEST.sub("max(", sql)
     return _RETURNING_ALIAS.sub("RETURNING *", sql)
 
 

@@ -1,8 +1,13 @@
-"""The Hands ledger's SQL on a real PostgreSQL: migrations, fencing, claims and the outbox."""
+"""The Hands ledger's contract: migrations, fencing, claims and the event outbox.
+
+Run on PostgreSQL and on the embedded SQLite store: the same SQL serves both, and these
+tests keep the two from drifting. Liveness differs by design (advisory locks vs. the data
+directory's lock), so its tests are per backend."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -11,8 +16,9 @@ import pytest
 from hands import ledger
 from hands.states import LedgerStatus
 from infra.db import create_pool, migrate, transact
-from infra.liveness import WorkerRegistration
+from infra.liveness import LocalWorkerRegistration, WorkerRegistration
 from infra.payloads import PayloadCodec
+from infra.sqlite import open_pool
 from protocol import (
     AcceptedBody,
     IllegalTransitionError,
@@ -27,12 +33,24 @@ CODEC = PayloadCodec(None, 1024 * 1024)
 
 
 @pytest.fixture
-async def pool(tendon: TendonEnv) -> AsyncIterator[asyncpg.Pool]:
+async def pg_pool(tendon: TendonEnv) -> AsyncIterator[asyncpg.Pool]:
     schema = tendon.settings().hands_schema
     pool = await create_pool(tendon.database_url, schema, max_size=4)
     await migrate(pool, schema, ledger.MIGRATIONS)
     yield pool
     await pool.close()
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+async def pool(request: pytest.FixtureRequest, tendon: TendonEnv, tmp_path: Path) -> AsyncIterator[Any]:
+    if request.param == "postgres":
+        schema = tendon.settings().hands_schema
+        p: Any = await create_pool(tendon.database_url, schema, max_size=4)
+    else:
+        p = await open_pool(tmp_path / "hands.sqlite3")
+    await migrate(p, tendon.settings().hands_schema, ledger.MIGRATIONS)
+    yield p
+    await p.close()
 
 
 async def _execution(pool: asyncpg.Pool, owner: str, status: LedgerStatus) -> str:
@@ -128,8 +146,9 @@ async def test_an_owner_missing_from_workers_counts_as_dead_and_is_claimed_once(
 
 
 async def test_a_live_owner_is_never_claimed_and_a_closed_one_is_at_once(
-    tendon: TendonEnv, pool: asyncpg.Pool
+    tendon: TendonEnv, pg_pool: asyncpg.Pool
 ) -> None:
+    pool = pg_pool
     schema = tendon.settings().hands_schema
     # Given an execution owned by a registered, live worker
     async with WorkerRegistration(tendon.database_url, schema, "hands") as reg:
@@ -193,3 +212,21 @@ async def test_a_replay_that_lands_while_publishing_is_not_marked_published(
     # Then seq 1 is published, and seq 2 stays due to be published again
     assert marked == 1
     assert [e.seq for e in left] == [2]
+
+
+async def test_on_sqlite_an_owner_from_an_earlier_opening_of_the_file_is_dead(tmp_path: Path) -> None:
+    first = await open_pool(tmp_path / "hands.sqlite3")
+    await migrate(first, "hands", ledger.MIGRATIONS)
+    async with LocalWorkerRegistration(first, "hands") as old:
+        execution_id = await _execution(first, old.worker_id, LedgerStatus.RUNNING)
+        async with first.acquire() as conn:
+            assert await ledger.open_orphans(conn, "hands", "lab", "w1", 10) == []
+    await first.close()  # the process that had the data directory is gone
+    second = await open_pool(tmp_path / "hands.sqlite3")
+    try:
+        async with second.acquire() as conn:
+            assert not await ledger.worker_alive(conn, "hands", old.worker_id)
+            claimed = await ledger.claim_orphan(conn, "hands", execution_id, old.worker_id, "w2")
+        assert claimed is not None and claimed.owner == "w2"
+    finally:
+        await second.close()
