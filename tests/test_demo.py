@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import signal
 import sqlite3
 from pathlib import Path
@@ -88,8 +89,11 @@ async def test_fresh_starts_over_and_a_busy_data_dir_is_refused_clearly(tmp_path
     assert code == 0 and "resuming" not in out
     assert final_state(data) == EXPECTED  # a new turn, a new mailbox: still five, once each
 
-    with open(data / "lock") as held:
+    held = os.open(data / "lock", os.O_RDWR)  # as if another demo were running on it
+    try:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         code, _, err = await run_cli([*DEMO, "--data-dir", str(data)], {})
+    finally:
+        os.close(held)
     assert code == 2
     assert f"another Tendon process is using {data}" in err

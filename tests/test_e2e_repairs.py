@@ -110,12 +110,18 @@ async def test_a_turn_that_crashes_its_run_fails_clearly_and_the_brain_keeps_ser
     broken = tmp_path / "broken.json"
     broken.write_text(
         json.dumps(
-            {"name": "broken", "version": "1", "model": {"kind": "scripted", "script": [{"tool_calls": [{}]}]}}
+            {
+                "name": "broken",
+                "version": "1",
+                "model": {"kind": "scripted", "script": [{"tool_calls": [{}]}]},
+            }
         )
     )
     fine = tmp_path / "fine.json"
     fine.write_text(
-        json.dumps({"name": "fine", "version": "1", "model": {"kind": "scripted", "script": [{"content": "ok"}]}})
+        json.dumps(
+            {"name": "fine", "version": "1", "model": {"kind": "scripted", "script": [{"content": "ok"}]}}
+        )
     )
     env = {**tendon.env, "TENDON_CONCURRENCY": "1"}
     await processes.start_ready("brain", BRAIN, env)
