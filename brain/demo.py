@@ -81,6 +81,8 @@ class Timeline:
             line(f"{label}: UNKNOWN ({data.get('reason')}); the turn waits for a reconcile")
         elif kind == "execution.failed":
             line(f"{label}: failed")
+        elif kind == "turn.completed":
+            line("turn completed")
         elif kind == "turn.failed":
             line(f"turn failed: {data['error'].get('message')}")
         self.progress()
