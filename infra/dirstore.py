@@ -11,32 +11,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import re
 import tempfile
 from pathlib import Path
 
+from infra.payloads import check_scope
 from protocol import ObjectRef, ObjectRefError
 
 __all__ = ["DirectoryObjectStore"]
-
-# A copy of infra.objectstore's rule, which can't be imported without importing boto3;
-# tests/test_conformance_objectstore.py checks both refuse the same scopes with the same words.
-_SCOPE = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
-
-
-def _check_scope(scope: str) -> str:
-    """Return ``scope`` if it is ``namespace/session_id``; raise ObjectRefError otherwise."""
-    # "." and ".." would also walk out of the scope's directory here.
-    if (
-        not isinstance(scope, str)
-        or not _SCOPE.fullmatch(scope)
-        or any(part in (".", "..") for part in scope.split("/"))
-    ):
-        raise ObjectRefError(
-            f"invalid object scope {scope!r}: expected 'namespace/session_id', "
-            "two segments of [A-Za-z0-9_.-]+"
-        )
-    return scope
 
 
 class DirectoryObjectStore:
@@ -59,7 +40,7 @@ class DirectoryObjectStore:
 
     async def put(self, scope: str, data: bytes) -> ObjectRef:
         """Store ``data`` under ``scope`` and return its ref; equal bytes are stored once."""
-        _check_scope(scope)
+        check_scope(scope)
         digest = hashlib.sha256(data).hexdigest()
         path = self._path(scope, digest)
         await asyncio.to_thread(self._put_sync, path, digest, data)
@@ -69,7 +50,7 @@ class DirectoryObjectStore:
         """Fetch the bytes behind ``ref``, verified; raise ObjectRefError if anything is off."""
         if ref.scope != expected_scope:
             raise ObjectRefError(f"object ref scope {ref.scope!r} does not match expected {expected_scope!r}")
-        _check_scope(ref.scope)
+        check_scope(ref.scope)
         path = self._path(ref.scope, ref.sha256)
         # The path must be derived from scope and digest, never trusted as sent: otherwise a ref
         # could point at another session's object (or any file) while claiming this scope.

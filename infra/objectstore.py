@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
-import re
 from typing import Any
 
 import boto3
@@ -19,28 +18,13 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from s3transfer.exceptions import RetriesExceededError
 
+from infra.payloads import check_scope
 from protocol import ObjectRef, ObjectRefError, TransientError
 
-_SCOPE = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 _MISSING = {"404", "NoSuchKey", "NotFound", "NoSuchBucket"}
 _TRANSIENT = {"SlowDown", "RequestTimeout", "ServiceUnavailable", "InternalError", "Throttling"}
 # Managed transfer switches to multipart above 8 MiB, so 100 MiB bodies go up in parallel parts.
 _TRANSFER = TransferConfig(multipart_threshold=8 * 1024 * 1024, multipart_chunksize=8 * 1024 * 1024)
-
-
-def _check_scope(scope: str) -> str:
-    """Return ``scope`` if it is ``namespace/session_id``; raise ObjectRefError otherwise."""
-    # "." and ".." are refused too: some proxies and tools normalise them out of paths.
-    if (
-        not isinstance(scope, str)
-        or not _SCOPE.fullmatch(scope)
-        or any(part in (".", "..") for part in scope.split("/"))
-    ):
-        raise ObjectRefError(
-            f"invalid object scope {scope!r}: expected 'namespace/session_id', "
-            "two segments of [A-Za-z0-9_.-]+"
-        )
-    return scope
 
 
 def _code(exc: ClientError) -> str:
@@ -82,7 +66,7 @@ class S3ObjectStore:
 
     async def put(self, scope: str, data: bytes) -> ObjectRef:
         """Store ``data`` under ``scope`` and return its ref; equal bytes are stored once."""
-        _check_scope(scope)
+        check_scope(scope)
         digest = hashlib.sha256(data).hexdigest()
         key = f"{scope}/sha256/{digest}"
         await self._call(self._put_sync, key, data)
@@ -93,7 +77,7 @@ class S3ObjectStore:
         """Fetch the bytes behind ``ref``, verified; raise ObjectRefError if anything is off."""
         if ref.scope != expected_scope:
             raise ObjectRefError(f"object ref scope {ref.scope!r} does not match expected {expected_scope!r}")
-        _check_scope(ref.scope)
+        check_scope(ref.scope)
         key = f"{ref.scope}/sha256/{ref.sha256}"
         # The key must be derived from scope and digest, never trusted as sent: otherwise a ref
         # could point at another session's object while claiming this session's scope.

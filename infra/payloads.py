@@ -7,6 +7,7 @@ and verifies sha256, size and scope before anything trusts the body.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
@@ -14,6 +15,26 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from infra.settings import Settings
 from protocol import ObjectRef, ObjectRefError, body_bytes, decode, encode, loads, with_body
+
+_SCOPE = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
+
+
+def check_scope(scope: str) -> str:
+    """Return ``scope`` if it is ``namespace/session_id``; raise ObjectRefError otherwise.
+
+    The one rule every object store applies; "." and ".." are refused too, since paths and
+    some proxies would normalise them out of a key.
+    """
+    if (
+        not isinstance(scope, str)
+        or not _SCOPE.fullmatch(scope)
+        or any(part in (".", "..") for part in scope.split("/"))
+    ):
+        raise ObjectRefError(
+            f"invalid object scope {scope!r}: expected 'namespace/session_id', "
+            "two segments of [A-Za-z0-9_.-]+"
+        )
+    return scope
 
 
 class ObjectStore(Protocol):

@@ -18,8 +18,10 @@ from urllib.parse import unquote, urlparse
 import pytest
 
 from infra.dirstore import DirectoryObjectStore
-from infra.objectstore import _check_scope  # the reference wording for a bad scope
-from infra.payloads import ObjectStore
+from infra.payloads import (
+    ObjectStore,
+    check_scope,  # the one scope rule
+)
 from protocol import ObjectRef, ObjectRefError
 
 
@@ -174,7 +176,7 @@ async def test_an_invalid_scope_is_refused_with_the_same_words_everywhere(
     backend: Backend, scope: str
 ) -> None:
     with pytest.raises(ObjectRefError) as reference:
-        _check_scope(scope)
+        check_scope(scope)
     with pytest.raises(ObjectRefError) as put:
         await backend.store.put(scope, b"x")
     assert str(put.value) == str(reference.value)
