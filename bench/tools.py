@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 from hands import ToolContext, tool
@@ -25,6 +26,12 @@ def _gate(name: str) -> Path:
     return Path(os.environ.get("BENCH_GATE_DIR", "/tmp")) / name
 
 
+def _started(gate: str) -> None:
+    """Record that the body started, and in which process (one line per start)."""
+    with open(_gate(f"{gate}.started"), "a") as f:
+        f.write(f"{os.getpid()} {time.time()}\n")
+
+
 async def _wait_gate(ctx: ToolContext, gate: str, poll: float = 0.05) -> None:
     path = _gate(gate)
     while not path.exists():
@@ -34,7 +41,7 @@ async def _wait_gate(ctx: ToolContext, gate: str, poll: float = 0.05) -> None:
 @tool(route="bench", version="1", replay="safe")
 async def sleepy_safe(ctx: ToolContext, gate: str) -> dict[str, str]:
     """Mark that the body started (a file), then wait until the gate file exists."""
-    _gate(f"{gate}.started.{ctx.attempt}").touch()
+    _started(gate)
     await _wait_gate(ctx, gate)
     return {"gate": gate, "attempt": str(ctx.attempt)}
 
@@ -42,7 +49,7 @@ async def sleepy_safe(ctx: ToolContext, gate: str) -> dict[str, str]:
 @tool(route="bench", version="1", replay="unsafe")
 async def sleepy_unsafe(ctx: ToolContext, gate: str) -> dict[str, str]:
     """Like ``sleepy_safe`` but never re-run: without a query, a crash inside makes it UNKNOWN."""
-    _gate(f"{gate}.started.{ctx.attempt}").touch()
+    _started(gate)
     await _wait_gate(ctx, gate)
     return {"gate": gate}
 

@@ -11,9 +11,11 @@ its operation id instead of sending it again, and sends the rest.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import shutil
+import sqlite3
 import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -28,6 +30,7 @@ from brain.store import turns
 from infra.db import transact
 from infra.killpoints import KillPoints
 from infra.settings import Settings
+from protocol import TendonError
 
 SESSION, REQUEST = "demo", "five-emails"
 TASK = "Send the maintenance notice to our five customers, then summarize the receipts."
@@ -47,6 +50,13 @@ class Timeline:
     delivered: set[str] = field(default_factory=set)
     started: datetime = field(default_factory=lambda: datetime.now(UTC))
     tty: bool = False
+    seen_file: Path | None = None
+    runs_shown: int = 0
+
+    def seen(self, seq: int) -> None:
+        """Remember what was printed, so a rerun can show what a crash kept from view."""
+        if self.seen_file is not None:
+            self.seen_file.write_text(str(seq))
 
     def line(self, text: str, at: datetime | None = None) -> None:
         stamp = f"{((at or datetime.now(UTC)) - self.started).total_seconds():6.2f}s"
@@ -68,7 +78,10 @@ class Timeline:
         if kind == "turn.accepted":
             line("turn accepted and committed")
         elif kind == "turn.run_started":
-            line(f"run {data['run_id']} claimed the turn at phase {data['phase']}")
+            # Every wait for a tool ends a run; show only the first of this process.
+            if self.runs_shown == 0:
+                line(f"run {data['run_id']} claimed the turn at phase {data['phase']}")
+            self.runs_shown += 1
         elif kind == "execution.intended":
             line(f"{label}: intent committed (operation id {data['execution_id']})")
         elif kind == "execution.running":
@@ -114,6 +127,21 @@ async def _recap(system: LocalSystem, turn_id: str, before: dict[str, str], out:
         print(f"  {r['call_id']}  {r['args']['to']:<24} {receipt:<8} {what}", file=out)
 
 
+async def _show_range(system: LocalSystem, after: int, upto: int, timeline: Timeline) -> None:
+    events = await system.brain_pool.fetch(
+        "SELECT seq, kind, data, created_at FROM public_events"
+        " WHERE session_id = $1 AND seq > $2 AND seq <= $3 ORDER BY seq",
+        SESSION,
+        after,
+        upto,
+    )
+    labels: dict[str, str] = {}
+    for e in events:
+        eid = e["data"].get("execution_id")
+        timeline.show(e["kind"], e["data"], await _label(system, eid, labels) if eid else "", e["created_at"])
+        timeline.seen(e["seq"])
+
+
 async def _follow(system: LocalSystem, turn_id: str, cursor: int, timeline: Timeline) -> Any:
     """Show the session's public events until the turn ends; returns the final turn row."""
     labels: dict[str, str] = {}
@@ -129,6 +157,7 @@ async def _follow(system: LocalSystem, turn_id: str, cursor: int, timeline: Time
             eid = e["data"].get("execution_id")
             label = await _label(system, eid, labels) if eid else ""
             timeline.show(e["kind"], e["data"], label, e["created_at"])
+            timeline.seen(e["seq"])
         row: Any = await system.brain_pool.fetchrow(
             "SELECT status, result, error FROM turns WHERE id = $1", turn_id
         )
@@ -137,10 +166,49 @@ async def _follow(system: LocalSystem, turn_id: str, cursor: int, timeline: Time
         await asyncio.sleep(0.1)
 
 
+@dataclass(frozen=True)
+class Previous:
+    """What an earlier run left in the data directory, read before anything starts."""
+
+    turn_status: str
+    executions: dict[str, str]  # execution id -> status
+    last_seq: int  # last public event committed
+    last_shown: int  # last public event the earlier run printed
+
+
+def previous_run(data: DataDir) -> Previous | None:
+    if not data.brain_db.exists():
+        return None
+    with contextlib.closing(sqlite3.connect(data.brain_db)) as db:
+        try:
+            turn = db.execute(
+                "SELECT id, status FROM turns WHERE session_id = ? AND request_id = ?", (SESSION, REQUEST)
+            ).fetchone()
+        except sqlite3.OperationalError:  # created but never migrated
+            return None
+        if turn is None:
+            return None
+        executions = dict(db.execute("SELECT id, status FROM executions WHERE turn_id = ?", (turn[0],)))
+        last_seq = db.execute(
+            "SELECT coalesce(max(seq), 0) FROM public_events WHERE session_id = ?", (SESSION,)
+        ).fetchone()[0]
+    seen = data.root / SEEN_FILE
+    last_shown = int(seen.read_text()) if seen.exists() else 0
+    return Previous(turn[1], executions, last_seq, last_shown)
+
+
 async def run_demo(settings: Settings, data: DataDir, *, crash_at: int | None, out: TextIO) -> int:
     """Run (or resume) the five-email turn; returns 0 when it completed."""
     from examples.mailbox import MailboxServer
 
+    previous = previous_run(data)
+    if previous is not None and previous.turn_status in TERMINAL_TURN:
+        print(
+            f"the five-email turn in {data.root} already {previous.turn_status}; "
+            "run with --fresh to start the story again",
+            file=out,
+        )
+        return 0 if previous.turn_status == "completed" else 1
     agent = AgentDefinition.model_validate_json(
         resources.files("examples").joinpath("notice_agent.json").read_text()
     )
@@ -148,13 +216,14 @@ async def run_demo(settings: Settings, data: DataDir, *, crash_at: int | None, o
     if crash_at is not None:
         spec = ",".join(filter(None, [spec, f"hands.after_tool_body@call-{crash_at}"]))
         print(f"(will SIGKILL this process while email {crash_at} is inside send_email)", file=out)
-    timeline = Timeline(out, tty=out.isatty())
+    timeline = Timeline(out, tty=out.isatty(), seen_file=data.root / SEEN_FILE)
+    before = previous.executions if previous else {}
     with MailboxServer(port=0, state_path=data.root / "mailbox.json") as mailbox:
         os.environ["TENDON_MAILBOX_URL"] = mailbox.url
         async with run_local(
             settings, data, route="email", tools="examples.email_tools", killpoints=KillPoints(spec)
         ) as system:
-            turn_id, created = await transact(
+            turn_id, _ = await transact(
                 system.brain_pool,
                 lambda c: turns.submit(
                     c,
@@ -165,23 +234,19 @@ async def run_demo(settings: Settings, data: DataDir, *, crash_at: int | None, o
                     agent=agent,
                 ),
             )
-            before = {
-                r["id"]: r["status"]
-                for r in await system.brain_pool.fetch(
-                    "SELECT id, status FROM executions WHERE turn_id = $1", turn_id
-                )
-            }
             cursor = 0
-            if not created:
-                cursor = await system.brain_pool.fetchval(
-                    "SELECT coalesce(max(seq), 0) FROM public_events WHERE session_id = $1", SESSION
-                )
-                done = sum(1 for s in before.values() if s == "succeeded")
+            if previous is not None:
+                done = sum(1 for st in before.values() if st == "succeeded")
                 print(
                     f"resuming turn {turn_id} from {data.root}: {done} of 5 emails already confirmed",
                     file=out,
                 )
-                timeline.delivered.update(k for k, s in before.items() if s == "succeeded")
+                timeline.delivered.update(k for k, st in before.items() if st == "succeeded")
+                if previous.last_shown < previous.last_seq:
+                    print("committed before the crash, not shown then:", file=out)
+                    await _show_range(system, previous.last_shown, previous.last_seq, timeline)
+                    print("after the restart:", file=out)
+                cursor = previous.last_seq
             else:
                 print(f"turn {turn_id} in {data.root}", file=out)
             row = await _follow(system, turn_id, cursor, timeline)
@@ -195,13 +260,26 @@ async def run_demo(settings: Settings, data: DataDir, *, crash_at: int | None, o
             return 0
 
 
+# What the demo keeps in its data directory; --fresh removes these and nothing else.
+OWNED = (
+    "brain.sqlite3*",
+    "hands.sqlite3*",
+    "queue.sqlite3*",
+    "objects",
+    "mailbox.json",
+    ".mailbox.json*",
+    "timeline.seen",
+)
+SEEN_FILE = "timeline.seen"
+
+
 def reset(data: DataDir) -> None:
-    """``--fresh``: forget everything in the data directory (refused while it is in use)."""
+    """``--fresh``: forget the demo's files in the data directory (refused while in use)."""
     if not data.root.exists():
         return
     with exclusive(data):
-        for child in data.root.iterdir():
-            if child.name != data.lock.name:
+        for pattern in OWNED:
+            for child in data.root.glob(pattern):
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
 
 
@@ -212,6 +290,12 @@ def demo_settings(base: Settings) -> Settings:
 
 def main_demo(base: Settings, data_dir: Path, *, fresh: bool, crash_at: int | None) -> int:
     data = DataDir(data_dir)
-    if fresh:
-        reset(data)
-    return asyncio.run(run_demo(demo_settings(base), data, crash_at=crash_at, out=sys.stdout))
+    try:
+        if fresh:
+            reset(data)
+        return asyncio.run(run_demo(demo_settings(base), data, crash_at=crash_at, out=sys.stdout))
+    except KeyboardInterrupt:
+        print("\ninterrupted: run the same command again to resume", file=sys.stderr)
+        return 130
+    except OSError as exc:
+        raise TendonError(f"cannot use {data.root} as the data directory: {exc.strerror or exc}") from exc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -39,10 +40,16 @@ class _NotStarted(Exception):
     """The transaction never began (no connection): retrying cannot double-apply anything."""
 
 
+# SQLite's passing faults: another process holds the file, the disk is full or failing.
+_SQLITE_TRANSIENT = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_FULL", "SQLITE_IOERR")
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether a database error may go away on its own (vs. bad data or a bug)."""
     if isinstance(exc, (*_CONNECTION_LOST, *_ROLLED_BACK, TransientError)):
         return True
+    if isinstance(exc, sqlite3.OperationalError):
+        return str(getattr(exc, "sqlite_errorname", "")).startswith(_SQLITE_TRANSIENT)
     state = getattr(exc, "sqlstate", None)
     return isinstance(state, str) and state[:2] in _TRANSIENT_SQLSTATE_CLASSES
 

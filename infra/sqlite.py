@@ -32,7 +32,6 @@ import asyncio
 import functools
 import json
 import re
-import secrets
 import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -85,6 +84,10 @@ _ANY = re.compile(r"=\s*ANY\(\?(\d+)\)")
 _LOCKING = re.compile(r"\s+FOR UPDATE(\s+OF\s+\w+)?(\s+SKIP LOCKED)?", re.IGNORECASE)
 _INTERVAL = re.compile(r"(now\(\)|[a-z_]+(?:\.[a-z_]+)?)\s*([+-])\s*make_interval\(secs\s*=>\s*([^()]+?)\)")
 _GREATEST = re.compile(r"\bGREATEST\(", re.IGNORECASE)
+_POSTGRES_ONLY = re.compile(
+    r"make_interval|\bANY\(|::|\bFOR UPDATE\b|pg_advisory|\bDISTINCT ON\b|\bunnest\(|RETURNING\s+\w+\.",
+    re.IGNORECASE,
+)
 _RETURNING_ALIAS = re.compile(r"RETURNING\s+\w+\.\*")
 
 
@@ -97,7 +100,12 @@ def translate(sql: str) -> str:
     sql = _LOCKING.sub("", sql)
     sql = _INTERVAL.sub(lambda m: f"ts_add({m.group(1)}, {m.group(2)}({m.group(3)}))", sql)
     sql = _GREATEST.sub("max(", sql)
-    return _RETURNING_ALIAS.sub("RETURNING *", sql)
+    sql = _RETURNING_ALIAS.sub("RETURNING *", sql)
+    leftover = _POSTGRES_ONLY.search(sql)
+    if leftover:
+        # Fail loudly at once rather than run something that means another thing here.
+        raise NotImplementedError(f"no SQLite translation for {leftover.group(0)!r} in: {sql}")
+    return sql
 
 
 def split_script(script: str) -> list[str]:
@@ -170,7 +178,8 @@ class _Transaction:
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         raw = self._conn._pool._raw
-        await self._conn._run(lambda: raw.execute("ROLLBACK" if et else "COMMIT"))
+        # Shielded: a cancel arriving now must not leave the shared connection mid-transaction.
+        await asyncio.shield(self._conn._run(lambda: raw.execute("ROLLBACK" if et else "COMMIT")))
         if et is None:
             self._conn._pool._deliver_notifications()
         else:
@@ -212,8 +221,7 @@ class SqlitePool:
         self._raw: sqlite3.Connection = None  # type: ignore[assignment]
         self._listeners: dict[str, list[Callable[..., Any]]] = {}
         self._pending: list[str] = []
-        # Identifies this opening of the file: workers stamped with it are alive.
-        self.boot_id = secrets.randbelow(2**31 - 1) + 1
+        self.boot_id = 0  # set when the file is opened
 
     async def open(self) -> SqlitePool:
         loop = asyncio.get_running_loop()
@@ -237,6 +245,12 @@ class SqlitePool:
         raw.create_function("clock_timestamp", 0, _now)
         raw.create_function("ts_add", 2, _ts_add)
         raw.create_function("pg_notify", 2, self._queue_notification)
+        # Each opening of the file gets a new boot id (kept in the file, so never reused):
+        # workers stamped with an older one belong to a process that is gone.
+        raw.execute("BEGIN IMMEDIATE")
+        self.boot_id = raw.execute("PRAGMA user_version").fetchone()[0] + 1
+        raw.execute(f"PRAGMA user_version = {int(self.boot_id)}")
+        raw.execute("COMMIT")
         return raw
 
     def _queue_notification(self, channel: str, payload: str) -> None:
@@ -256,8 +270,20 @@ class SqlitePool:
         return _Acquire(self)
 
     async def release(self, conn: SqliteConnection) -> None:
-        self._deliver_notifications()  # notifications sent outside a transaction
-        self._lock.release()
+        try:
+            # A holder cancelled between BEGIN and COMMIT left a transaction open: whatever
+            # it did is not committed, and the next holder must start clean.
+            await asyncio.shield(
+                asyncio.get_running_loop().run_in_executor(self._thread, self._rollback_leftover)
+            )
+        finally:
+            self._deliver_notifications()  # notifications sent outside a transaction
+            self._lock.release()
+
+    def _rollback_leftover(self) -> None:
+        if self._raw.in_transaction:
+            self._raw.execute("ROLLBACK")
+            self._pending.clear()
 
     async def execute(self, sql: str, *args: Any) -> str:
         async with self.acquire() as conn:

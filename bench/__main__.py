@@ -1,0 +1,74 @@
+"""``python -m bench run [--quick] [--out DIR] [--only a,b]``: run the benchmarks, write the report."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import importlib
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from bench import report
+from bench.harness import REPO, Processes, Services
+from bench.scenarios.base import Context, Row
+
+SCENARIOS = ["latency", "throughput", "cost", "recovery", "payload", "waiting"]
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    out = Path(args.out).resolve()
+    procs = Processes(out / "logs")
+    services = Services()
+    only = [s for s in (args.only or ",".join(SCENARIOS)).split(",") if s]
+    ctx = Context(services, procs, args.quick, out)
+    rows: list[Row] = []
+    series: dict = {}
+    failed: list[str] = []
+    started, t0 = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), time.monotonic()
+    await services.create_database()
+    try:
+        if {"payload"} & set(only):
+            services.start_s3(procs)
+        for name in only:
+            print(f"[bench] {name} ...", flush=True)
+            t = time.monotonic()
+            try:
+                mod = importlib.import_module(f"bench.scenarios.{name}")
+                res = await mod.run(ctx)
+            except Exception as exc:  # noqa: BLE001 - a failed scenario is reported, the run goes on
+                traceback.print_exc()
+                failed.append(name)
+                ctx.notes.append(f"scenario `{name}` FAILED: {type(exc).__name__}: {exc}")
+                continue
+            rows += res.rows
+            series.update(res.series)
+            print(f"[bench] {name} done in {time.monotonic() - t:.1f}s", flush=True)
+    finally:
+        procs.stop_all()
+        await services.drop_database()
+    meta = {"mode": "quick" if args.quick else "full", "started": started,
+            "seconds": time.monotonic() - t0, "scenarios": only, "failed": failed}
+    path = report.write(out, rows, series, ctx.notes, meta)
+    print(report.table(rows))
+    for note in ctx.notes:
+        print(f"note: {note}")
+    print(f"[bench] wrote {path}")
+    return 1 if failed else 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="bench", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run the scenarios and write docs/benchmarks/")
+    r.add_argument("--quick", action="store_true", help="small repeats, no extra packages (< 60 s)")
+    r.add_argument("--out", default=str(REPO / "docs" / "benchmarks"), help="output directory")
+    r.add_argument("--only", help=f"comma-separated subset of {','.join(SCENARIOS)}")
+    args = p.parse_args()
+    return asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

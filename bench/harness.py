@@ -1,0 +1,363 @@
+"""Shared machinery: services, child processes (ended by PID), Tendon worlds and statistics.
+
+Every wait is bounded; every process the harness starts is recorded and ended by its PID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import asyncpg
+
+REPO = Path(__file__).resolve().parent.parent
+PG_ADMIN_URL = os.environ.get("BENCH_DATABASE_URL", "postgresql://root@127.0.0.1:5432/test")
+AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100) by linear interpolation; NaN for no values."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+async def wait_for(
+    predicate: Callable[[], Awaitable[Any]], *, timeout: float, interval: float = 0.05, what: str
+) -> Any:
+    """Poll ``predicate`` until truthy; raise ``TimeoutError`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class Processes:
+    """Child processes of one benchmark run; each is ended by its own PID."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.children: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        log_path = self.log_dir / f"{name}-{len(self.children)}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                args, cwd=REPO, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+                stdout=log, stderr=subprocess.STDOUT,
+            )
+        proc.log_path = log_path  # type: ignore[attr-defined]
+        self.children.append(proc)
+        return proc
+
+    async def start_ready(
+        self, name: str, args: list[str], env: dict[str, str], timeout: float = 30.0
+    ) -> subprocess.Popen[bytes]:
+        """Start a Tendon server (``python -m ...``) and wait for its ready file."""
+        ready = self.log_dir / f"{name}-{uuid.uuid4().hex[:8]}.ready"
+        proc = self.start(name, [sys.executable, *args], {**env, "TENDON_READY_FILE": str(ready)})
+
+        async def is_ready() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}: {self.tail(proc)}")
+            return ready.exists()
+
+        await wait_for(is_ready, timeout=timeout, what=f"{name} ready")
+        return proc
+
+    @staticmethod
+    def tail(proc: subprocess.Popen[bytes], n: int = 3000) -> str:
+        return Path(proc.log_path).read_text(errors="replace")[-n:]  # type: ignore[attr-defined]
+
+    def stop(self, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout``; by PID only."""
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.children):
+            self.stop(proc)
+
+
+# --------------------------------------------------------------------------- services
+
+
+@dataclass
+class Services:
+    """Where PostgreSQL, RabbitMQ and S3 are for this run.
+
+    The run gets its own database (``bench_<suffix>``), so ``pg_stat_database`` counts only
+    what this run does, even while other work uses the server.
+    """
+
+    admin_url: str = PG_ADMIN_URL
+    amqp_url: str = AMQP_URL
+    suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    s3_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def dbname(self) -> str:
+        return f"bench_{self.suffix}"
+
+    @property
+    def database_url(self) -> str:
+        base = self.admin_url.rsplit("/", 1)[0]
+        return f"{base}/{self.dbname}"
+
+    async def create_database(self) -> None:
+        conn = await asyncpg.connect(self.admin_url)
+        try:
+            await conn.execute(f'CREATE DATABASE "{self.dbname}"')
+        finally:
+            await conn.close()
+
+    async def drop_database(self) -> None:
+        conn = await asyncpg.connect(self.admin_url)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{self.dbname}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+    async def xact_commits(self) -> int:
+        """``pg_stat_database.xact_commit`` of this run's database (this read commits too)."""
+        conn = await asyncpg.connect(self.admin_url)
+        try:
+            return int(
+                await conn.fetchval(
+                    "SELECT xact_commit FROM pg_stat_database WHERE datname = $1", self.dbname
+                )
+            )
+        finally:
+            await conn.close()
+
+    def start_s3(self, procs: Processes) -> subprocess.Popen[bytes]:
+        """A moto S3 server on a loopback port, as a child process."""
+        port = free_port()
+        args = [sys.executable, "-c", "from moto.server import main; main()", "-H", "127.0.0.1", "-p", str(port)]
+        proc = procs.start("moto", args, {})
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("moto server did not start") from None
+                time.sleep(0.1)
+        self.s3_env = {
+            "TENDON_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "TENDON_S3_BUCKET": "tendon-bench",
+            "TENDON_S3_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+        return proc
+
+
+# --------------------------------------------------------------------------- Tendon
+
+
+def agent(name: str, steps: list[list[dict[str, Any]]], tools: list[str]) -> dict[str, Any]:
+    """A scripted agent definition: one model reply per step of tool calls, then 'done'."""
+    script: list[dict[str, Any]] = [{"tool_calls": calls} for calls in steps]
+    script.append({"content": "done"})
+    version = hashlib.sha256(json.dumps(script, sort_keys=True).encode()).hexdigest()[:12]
+    return {
+        "name": name,
+        "version": version,  # scripts differ by arguments: each gets its own version
+        "model": {"kind": "scripted", "script": script},
+        "tools": tools,
+        "limits": {"max_model_calls": len(script) + 2},
+    }
+
+
+BRAIN = ["-m", "brain", "serve"]
+HANDS = ["-m", "hands", "serve", "--route", "bench", "--tools", "bench.tools"]
+
+
+class TendonWorld:
+    """One isolated Tendon deployment: its own schemas and queue prefix, real processes."""
+
+    def __init__(self, services: Services, procs: Processes, extra: dict[str, str] | None = None) -> None:
+        self.services = services
+        self.procs = procs
+        self.suffix = uuid.uuid4().hex[:8]
+        self.extra = extra or {}
+        self.pool: asyncpg.Pool | None = None
+        self.settings: Any = None
+        self.gate_dir = procs.log_dir / f"gates-{self.suffix}"
+        self.gate_dir.mkdir(parents=True, exist_ok=True)
+        self._n = 0
+
+    @property
+    def brain_schema(self) -> str:
+        return f"tb_{self.suffix}"
+
+    @property
+    def hands_schema(self) -> str:
+        return f"th_{self.suffix}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "TENDON_DATABASE_URL": self.services.database_url,
+            "TENDON_BRAIN_SCHEMA": self.brain_schema,
+            "TENDON_HANDS_SCHEMA": self.hands_schema,
+            "TENDON_AMQP_URL": self.services.amqp_url,
+            "TENDON_QUEUE_PREFIX": f"t-{self.suffix}",
+            "TENDON_LOG_FORMAT": "json",
+            "TENDON_LOG_LEVEL": "WARNING",
+            "BENCH_GATE_DIR": str(self.gate_dir),
+            **self.services.s3_env,
+            **self.extra,
+        }
+
+    async def start_brain(self, **extra: str) -> subprocess.Popen[bytes]:
+        return await self.procs.start_ready("brain", BRAIN, {**self.env, **extra})
+
+    async def start_hands(self, **extra: str) -> subprocess.Popen[bytes]:
+        return await self.procs.start_ready("hands", HANDS, {**self.env, **extra})
+
+    async def open(self) -> None:
+        """Open the submitting pool in this process (migrates the Brain schema if needed)."""
+        from brain.app import open_store
+        from infra.settings import Settings
+
+        self.settings = Settings(**{k.removeprefix("TENDON_").lower(): v for k, v in self.env.items()
+                                    if k.startswith("TENDON_") and k != "TENDON_LOG_LEVEL"})
+        self.pool = await open_store(self.settings)
+
+    async def submit(self, definition: dict[str, Any], text: str = "go") -> str:
+        """Submit one turn (its own session) the way `brain submit` does; returns the turn id."""
+        from brain.agents import AgentDefinition
+        from brain.app import wake_channel
+        from brain.store import events, turns
+        from infra.db import transact
+
+        assert self.pool is not None
+        agent_def = AgentDefinition.model_validate(definition)
+        self._n += 1
+        session = f"s-{self._n}"
+
+        async def commit(conn: asyncpg.Connection) -> tuple[str, bool]:
+            result = await turns.submit(
+                conn, namespace=self.settings.namespace, session_id=session,
+                request_id=f"r-{self._n}", user_input=text, agent=agent_def,
+            )
+            await events.wake(conn, wake_channel(self.settings))
+            return result
+
+        turn_id, _ = await transact(self.pool, commit)
+        return str(turn_id)
+
+    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        assert self.pool is not None
+        async with self.pool.acquire() as conn:
+            return await conn.fetch(sql, *args)
+
+    async def statuses(self, ids: list[str]) -> dict[str, str]:
+        rows = await self.fetch("SELECT id, status FROM turns WHERE id = ANY($1::text[])", ids)
+        return {r["id"]: r["status"] for r in rows}
+
+    async def wait_done(self, ids: list[str], timeout: float, interval: float = 0.005) -> None:
+        """Wait until every turn is completed; a failed turn raises."""
+        pending = set(ids)
+
+        async def done() -> bool:
+            for tid, status in (await self.statuses(list(pending))).items():
+                if status == "completed":
+                    pending.discard(tid)
+                elif status in ("failed", "cancelled"):
+                    raise RuntimeError(f"turn {tid} ended {status}")
+            return not pending
+
+        await wait_for(done, timeout=timeout, interval=interval, what=f"{len(pending)} turns")
+
+    async def server_latencies(self, ids: list[str]) -> list[float]:
+        """Seconds from the submit commit's timestamp to the completing commit's timestamp."""
+        rows = await self.fetch(
+            "SELECT extract(epoch FROM updated_at - created_at)::float8 AS s FROM turns"
+            " WHERE id = ANY($1::text[]) AND status = 'completed'", ids,
+        )
+        return [float(r["s"]) for r in rows]
+
+    def gate(self, name: str) -> Path:
+        return self.gate_dir / name
+
+    async def cleanup(self) -> None:
+        """Close the pool, drop both schemas and delete the world's queues."""
+        if self.pool is not None:
+            await self.pool.close()
+            self.pool = None
+        conn = await asyncpg.connect(self.services.database_url)
+        try:
+            for schema in (self.brain_schema, self.hands_schema):
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+        prefix = f"t-{self.suffix}"
+        names = [f"{prefix}.updates", f"{prefix}.bindings", f"{prefix}.bench.commands",
+                 f"{prefix}.bench.controls"]
+        connection = await aio_pika.connect(self.services.amqp_url)
+        async with connection:
+            for name in names + [f"{n}.dlq" for n in names]:
+                channel = await connection.channel()
+                await channel.queue_delete(name, if_unused=False, if_empty=False)
+                await channel.close()
+            channel = await connection.channel()
+            await channel.exchange_delete(f"{prefix}.dlx")
+
+
+def one_call_agent(tool: str = "noop", calls: int = 1, **args: Any) -> dict[str, Any]:
+    """An agent whose turn makes ``calls`` sequential calls of ``tool``."""
+    steps = [[{"tool": tool, "args": {**args}}] for _ in range(calls)]
+    return agent(f"bench-{tool}-{calls}", steps, [tool])
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, default=str)

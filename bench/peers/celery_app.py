@@ -1,0 +1,46 @@
+"""The Celery peer's app: a trivial task on the shared RabbitMQ, with durability switched on.
+
+``acks_late`` + ``task_reject_on_worker_lost`` (a killed worker's task is redelivered) and
+``broker_transport_options={"confirm_publish": True}`` (publisher confirms). Results come back
+through ``rpc://`` (a reply queue per client; no database). Configured from environment:
+BENCH_CELERY_BROKER and BENCH_CELERY_QUEUE.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from celery import Celery
+
+app = Celery("bench_celery", broker=os.environ.get("BENCH_CELERY_BROKER", "amqp://guest:guest@127.0.0.1:5672//"),
+             backend="rpc://")
+QUEUE = os.environ.get("BENCH_CELERY_QUEUE", "bench-celery")
+app.conf.update(
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    broker_transport_options={"confirm_publish": True},
+    task_default_queue=QUEUE,
+    task_serializer="json",
+    result_serializer="json",
+    accept_content=["json"],
+    worker_prefetch_multiplier=1,
+    result_persistent=False,
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+)
+
+
+@app.task(name="bench.noop")
+def noop(n: int = 0) -> int:
+    """Do nothing."""
+    return n
+
+
+@app.task(name="bench.sleepy")
+def sleepy(marker: str, seconds: float) -> str:
+    """Touch ``marker`` then sleep: a task to kill its worker in."""
+    with open(marker, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(seconds)
+    return marker

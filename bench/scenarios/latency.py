@@ -1,0 +1,60 @@
+"""Latency: sequential one-tool turns, submit to completed, against the floor in the same run.
+
+Tendon's time is ``turns.updated_at - turns.created_at`` of a completed turn: from the
+submit transaction to the completing transaction, both stamped by PostgreSQL. The floor's is
+stamped the same way (intent transaction to the Brain's result transaction). The added cost
+of one tool call is the median of a 2-call turn minus the median of a 1-call turn.
+"""
+
+from __future__ import annotations
+
+import time
+
+from bench.floor import Floor
+from bench.harness import TendonWorld, median, one_call_agent, pct
+from bench.scenarios.base import Context, Result, Row
+
+
+async def tendon_sequential(world: TendonWorld, calls: int, n: int) -> tuple[list[float], list[float]]:
+    """Run ``n`` turns of ``calls`` sequential tool calls one at a time; (server s, client s)."""
+    definition = one_call_agent("noop", calls=calls)
+    ids, client = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        tid = await world.submit(definition)
+        await world.wait_done([tid], timeout=30, interval=0.002)
+        client.append(time.perf_counter() - t0)
+        ids.append(tid)
+    return await world.server_latencies(ids), client
+
+
+async def run(ctx: Context) -> Result:
+    n = ctx.n(15, 200)
+    world = TendonWorld(ctx.services, ctx.procs)
+    try:
+        await world.start_brain()
+        await world.start_hands()
+        await world.open()
+        await tendon_sequential(world, 1, 3)  # warm up: bindings, caches, connections
+        one, one_client = await tendon_sequential(world, 1, n)
+        two, _ = await tendon_sequential(world, 2, n)
+    finally:
+        await world.cleanup()
+    async with Floor(ctx.services.database_url, ctx.services.amqp_url) as floor:
+        await floor.sequential(5)
+        fl = await floor.sequential(n)
+        fl2 = [a + b for a, b in zip(await floor.sequential(n), await floor.sequential(n), strict=True)]
+
+    ms = 1000.0
+    res = Result()
+    for q in (50, 99):
+        res.rows.append(Row("latency", f"1-call turn p{q}", "ms", pct(one, q) * ms, pct(fl, q) * ms,
+                            target="p50 <= 1.5x floor" if q == 50 else ""))
+    res.rows.append(Row("latency", "1-call turn p50, client-observed", "ms",
+                        median(one_client) * ms, median(floor.latencies[5:5 + n]) * ms,
+                        note="includes polling every 2 ms (Tendon) / in-process future (floor)"))
+    res.rows.append(Row("latency", "2-call turn p50", "ms", median(two) * ms, median(fl2) * ms))
+    res.rows.append(Row("latency", "added cost of one tool call (p50 2-call - p50 1-call)", "ms",
+                        (median(two) - median(one)) * ms, (median(fl2) - median(fl)) * ms))
+    res.series["latency"] = {"tendon_1": one, "tendon_2": two, "floor_1": fl, "floor_2": fl2}
+    return res

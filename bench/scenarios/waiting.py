@@ -1,0 +1,74 @@
+"""Waiting: N turns parked on a tool that has not answered; Brain RSS/CPU, then drain time.
+
+The tool (``wait_gate``) answers once a gate file exists. Brain RSS and CPU time come from
+/proc/<pid>. Drain: seconds from opening the gate until every turn is completed (Hands pool of
+2 at default concurrency, so it includes running the N tool bodies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+
+from bench.harness import TendonWorld, one_call_agent
+from bench.scenarios.base import Context, Result, Row
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / 100.0  # utime + stime in clock ticks (100 Hz)
+
+
+async def run(ctx: Context) -> Result:
+    n = ctx.n(50, 10_000)
+    world = TendonWorld(ctx.services, ctx.procs)
+    gate = uuid.uuid4().hex[:8]
+    definition = one_call_agent("wait_gate", gate=gate)
+    try:
+        brain = await world.start_brain()
+        await world.start_hands()
+        await world.start_hands()
+        await world.open()
+        await asyncio.sleep(0.5)
+        rss0 = rss_mb(brain.pid)
+        ids: list[str] = []
+        t0 = time.monotonic()
+        for i in range(0, n, 50):
+            ids += await asyncio.gather(*(world.submit(definition) for _ in range(min(50, n - i))))
+        submit_s = time.monotonic() - t0
+
+        async def all_waiting() -> bool:
+            rows = await world.fetch("SELECT count(*) AS c FROM turns WHERE status = 'waiting'")
+            return rows[0]["c"] >= n
+
+        deadline = time.monotonic() + (60 if ctx.quick else 1200)
+        while not await all_waiting():
+            if time.monotonic() > deadline:
+                raise TimeoutError("turns did not all reach waiting")
+            await asyncio.sleep(0.5)
+        cpu0, w0 = cpu_seconds(brain.pid), time.monotonic()
+        await asyncio.sleep(2 if ctx.quick else 20)
+        cpu_idle = (cpu_seconds(brain.pid) - cpu0) / (time.monotonic() - w0) * 100
+        rss1 = rss_mb(brain.pid)
+        t1 = time.monotonic()
+        world.gate(gate).touch()
+        await world.wait_done(ids, timeout=60 if ctx.quick else 3600, interval=0.5)
+        drain = time.monotonic() - t1
+    finally:
+        await world.cleanup()
+    return Result(rows=[
+        Row("waiting", f"{n} waiting turns: Brain RSS growth", "MB", rss1 - rss0, target="< 50 MB",
+            note=f"RSS {rss0:.0f} -> {rss1:.0f} MB; submitted in {submit_s:.1f} s"),
+        Row("waiting", f"{n} waiting turns: Brain CPU while waiting", "% of a core", cpu_idle),
+        Row("waiting", f"{n} waiting turns: drain after the answers come", "s", drain,
+            note=f"{n / drain:.0f} turns/s"),
+    ])
