@@ -88,7 +88,9 @@ class Floor:
 
         return on_message
 
-    async def _publish(self, channel: aio_pika.abc.AbstractChannel, queue: str, body: bytes, mid: str) -> None:
+    async def _publish(
+        self, channel: aio_pika.abc.AbstractChannel, queue: str, body: bytes, mid: str
+    ) -> None:
         msg = aio_pika.Message(body, message_id=mid, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
         await channel.default_exchange.publish(msg, routing_key=queue)  # waits for the confirm
 
@@ -132,8 +134,10 @@ class Floor:
         waiter: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         self._waiters[eid] = waiter
         async with self.pool.acquire() as conn, conn.transaction():
-            await conn.execute(f"INSERT INTO {self.schema}.intents (id, args, status) VALUES ($1, $2, 'intended')",
-                               eid, json.dumps({"n": n}))
+            await conn.execute(
+                f"INSERT INTO {self.schema}.intents (id, args, status) VALUES ($1, $2, 'intended')",
+                eid, json.dumps({"n": n}),
+            )
             await conn.execute(f"INSERT INTO {self.schema}.outbox (message_id, payload) VALUES ($1, $2)",
                                eid, payload)
         await self._publish(self.pub, self.commands, payload, eid)

@@ -176,7 +176,8 @@ class Services:
     def start_s3(self, procs: Processes) -> subprocess.Popen[bytes]:
         """A moto S3 server on a loopback port, as a child process."""
         port = free_port()
-        args = [sys.executable, "-c", "from moto.server import main; main()", "-H", "127.0.0.1", "-p", str(port)]
+        args = [sys.executable, "-c", "from moto.server import main; main()",
+                "-H", "127.0.0.1", "-p", str(port)]
         proc = procs.start("moto", args, {})
         deadline = time.monotonic() + 20
         while True:

@@ -29,7 +29,8 @@ def machine_facts() -> dict[str, str]:
     """Facts that matter to read the numbers."""
     facts = {"cpus": str(os.cpu_count()), "python": platform.python_version(), "kernel": platform.release()}
     try:
-        model = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name"))
+        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+        model = next(ln for ln in cpuinfo if ln.startswith("model name"))
         facts["cpu"] = model.split(":", 1)[1].strip()
         mem = next(ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal"))
         facts["memory"] = mem.split(":", 1)[1].strip()
@@ -44,7 +45,8 @@ def machine_facts() -> dict[str, str]:
 
 
 def table(rows: list[Row]) -> str:
-    head = ("| scenario | metric | unit | Tendon | floor | Tendon/floor | Celery | Tendon/Celery | target | note |\n"
+    head = ("| scenario | metric | unit | Tendon | floor | Tendon/floor | Celery | Tendon/Celery "
+            "| target | note |\n"
             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |\n")
     lines = [
         f"| {r.scenario} | {r.metric} | {r.unit} | {_fmt(r.tendon)} | {_fmt(r.floor)} | "
@@ -121,7 +123,8 @@ def write(out: Path, rows: list[Row], series: dict[str, Any], notes: list[str], 
     pngs = plots(series, out)
     facts = machine_facts()
     (out / "results.json").write_text(json.dumps(
-        {"meta": meta, "machine": facts, "rows": [r.__dict__ for r in rows], "series": series, "notes": notes},
+        {"meta": meta, "machine": facts, "rows": [r.__dict__ for r in rows], "series": series,
+         "notes": notes},
         indent=1, default=str))
     parts = [
         f"## Results ({meta['mode']} mode, {meta['started']}, {meta['seconds']:.0f} s)\n",

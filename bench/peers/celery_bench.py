@@ -89,5 +89,7 @@ class CeleryPeer:
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         counts = await asyncio.wait_for(
-            asyncio.gather(*(loop.run_in_executor(self.pool, worker) for _ in range(in_flight))), duration + 60)
+            asyncio.gather(*(loop.run_in_executor(self.pool, worker) for _ in range(in_flight))),
+            duration + 60,
+        )
         return sum(counts) / (time.perf_counter() - t0)

@@ -1,0 +1,43 @@
+"""The benchmark harness must not rot: run `python -m bench run --quick` and check its table.
+
+No timed assertions: benchmarks are not tests. Only that the run finishes and writes the rows.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_quick_benchmark_writes_the_table(pg_url: str, amqp_url: str, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "run", "--quick", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=280,
+        env={**__import__("os").environ, "BENCH_DATABASE_URL": pg_url, "BENCH_AMQP_URL": amqp_url},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = (tmp_path / "RESULTS.md").read_text()
+    for metric in (
+        "1-call turn p50",
+        "added cost of one tool call",
+        "tool calls/s, 1 in flight",
+        "tool calls/s, 50 in flight",
+        "PostgreSQL commits per tool call",
+        "Hands kill, safe: re-run p50",
+        "Hands kill, unsafe: UNKNOWN p50",
+        "Brain kill: standby completes p50",
+        "1 MiB result",
+        "waiting turns: Brain RSS growth",
+    ):
+        assert metric in table, metric
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["meta"]["failed"] == []
+    assert "quick mode: Celery not run" in table
