@@ -7,6 +7,7 @@ import asyncio
 import datetime as dt
 import importlib
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -20,7 +21,7 @@ SCENARIOS = ["latency", "throughput", "cost", "recovery", "payload", "waiting"]
 
 async def main_async(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve()
-    procs = Processes(out / "logs")
+    procs = Processes(Path(tempfile.mkdtemp(prefix="tendon-bench-")))  # logs and gate files
     services = Services()
     only = [s for s in (args.only or ",".join(SCENARIOS)).split(",") if s]
     ctx = Context(services, procs, args.quick, out)
@@ -49,8 +50,13 @@ async def main_async(args: argparse.Namespace) -> int:
     finally:
         procs.stop_all()
         await services.drop_database()
-    meta = {"mode": "quick" if args.quick else "full", "started": started,
-            "seconds": time.monotonic() - t0, "scenarios": only, "failed": failed}
+    meta = {
+        "mode": "quick" if args.quick else "full",
+        "started": started,
+        "seconds": time.monotonic() - t0,
+        "scenarios": only,
+        "failed": failed,
+    }
     path = report.write(out, rows, series, ctx.notes, meta)
     print(report.table(rows))
     for note in ctx.notes:

@@ -19,6 +19,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import aio_pika
 import asyncpg
@@ -57,7 +58,7 @@ class Floor:
             await conn.execute(SCHEMA_SQL.format(s=self.schema))
         self.conn = await aio_pika.connect(self.amqp_url)
         self.pub = await self.conn.channel(publisher_confirms=True)
-        args = {"x-queue-type": "quorum"}
+        args: dict[str, Any] = {"x-queue-type": "quorum"}
         for name in (self.commands, self.updates):
             await self.pub.declare_queue(name, durable=True, arguments=args)
         self.hands_ch = await self.conn.channel(publisher_confirms=True)
@@ -106,10 +107,12 @@ class Floor:
         result = json.dumps({"n": cmd["args"].get("n", 0)})  # the tool: nothing
         event = json.dumps({"id": cmd["id"], "seq": 1, "result": json.loads(result)}).encode()
         async with self.pool.acquire() as conn, conn.transaction():
-            await conn.execute(f"UPDATE {s}.ledger SET status = 'succeeded', result = $2 WHERE id = $1",
-                               cmd["id"], result)
-            await conn.execute(f"INSERT INTO {s}.events (execution_id, seq, payload) VALUES ($1, 1, $2)",
-                               cmd["id"], event)
+            await conn.execute(
+                f"UPDATE {s}.ledger SET status = 'succeeded', result = $2 WHERE id = $1", cmd["id"], result
+            )
+            await conn.execute(
+                f"INSERT INTO {s}.events (execution_id, seq, payload) VALUES ($1, 1, $2)", cmd["id"], event
+            )
         await self._publish(self.hands_ch, self.updates, event, f"{cmd['id']}:1")
 
     async def _on_update(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
@@ -119,7 +122,8 @@ class Floor:
                 f"UPDATE {self.schema}.intents SET status = 'succeeded', result = $2, updated_at = now()"
                 " WHERE id = $1 AND status = 'intended'"
                 " RETURNING extract(epoch FROM now() - created_at)::float8",
-                ev["id"], json.dumps(ev["result"]),
+                ev["id"],
+                json.dumps(ev["result"]),
             )
         await message.ack()
         waiter = self._waiters.pop(ev["id"], None)
@@ -136,10 +140,12 @@ class Floor:
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute(
                 f"INSERT INTO {self.schema}.intents (id, args, status) VALUES ($1, $2, 'intended')",
-                eid, json.dumps({"n": n}),
+                eid,
+                json.dumps({"n": n}),
             )
-            await conn.execute(f"INSERT INTO {self.schema}.outbox (message_id, payload) VALUES ($1, $2)",
-                               eid, payload)
+            await conn.execute(
+                f"INSERT INTO {self.schema}.outbox (message_id, payload) VALUES ($1, $2)", eid, payload
+            )
         await self._publish(self.pub, self.commands, payload, eid)
         server = await asyncio.wait_for(waiter, timeout)
         took = time.perf_counter() - t0

@@ -81,8 +81,11 @@ class Processes:
         log_path = self.log_dir / f"{name}-{len(self.children)}.log"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                args, cwd=REPO, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
-                stdout=log, stderr=subprocess.STDOUT,
+                args,
+                cwd=REPO,
+                env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         proc.log_path = log_path  # type: ignore[attr-defined]
         self.children.append(proc)
@@ -176,8 +179,15 @@ class Services:
     def start_s3(self, procs: Processes) -> subprocess.Popen[bytes]:
         """A moto S3 server on a loopback port, as a child process."""
         port = free_port()
-        args = [sys.executable, "-c", "from moto.server import main; main()",
-                "-H", "127.0.0.1", "-p", str(port)]
+        args = [
+            sys.executable,
+            "-c",
+            "from moto.server import main; main()",
+            "-H",
+            "127.0.0.1",
+            "-p",
+            str(port),
+        ]
         proc = procs.start("moto", args, {})
         deadline = time.monotonic() + 20
         while True:
@@ -269,8 +279,13 @@ class TendonWorld:
         from brain.app import open_store
         from infra.settings import Settings
 
-        self.settings = Settings(**{k.removeprefix("TENDON_").lower(): v for k, v in self.env.items()
-                                    if k.startswith("TENDON_") and k != "TENDON_LOG_LEVEL"})
+        self.settings = Settings.model_validate(
+            {
+                k.removeprefix("TENDON_").lower(): v
+                for k, v in self.env.items()
+                if k.startswith("TENDON_") and k != "TENDON_LOG_LEVEL"
+            }
+        )
         self.pool = await open_store(self.settings)
 
     async def submit(self, definition: dict[str, Any], text: str = "go") -> str:
@@ -287,8 +302,12 @@ class TendonWorld:
 
         async def commit(conn: asyncpg.Connection) -> tuple[str, bool]:
             result = await turns.submit(
-                conn, namespace=self.settings.namespace, session_id=session,
-                request_id=f"r-{self._n}", user_input=text, agent=agent_def,
+                conn,
+                namespace=self.settings.namespace,
+                session_id=session,
+                request_id=f"r-{self._n}",
+                user_input=text,
+                agent=agent_def,
             )
             await events.wake(conn, wake_channel(self.settings))
             return result
@@ -323,7 +342,8 @@ class TendonWorld:
         """Seconds from the submit commit's timestamp to the completing commit's timestamp."""
         rows = await self.fetch(
             "SELECT extract(epoch FROM updated_at - created_at)::float8 AS s FROM turns"
-            " WHERE id = ANY($1::text[]) AND status = 'completed'", ids,
+            " WHERE id = ANY($1::text[]) AND status = 'completed'",
+            ids,
         )
         return [float(r["s"]) for r in rows]
 
@@ -342,8 +362,12 @@ class TendonWorld:
         finally:
             await conn.close()
         prefix = f"t-{self.suffix}"
-        names = [f"{prefix}.updates", f"{prefix}.bindings", f"{prefix}.bench.commands",
-                 f"{prefix}.bench.controls"]
+        names = [
+            f"{prefix}.updates",
+            f"{prefix}.bindings",
+            f"{prefix}.bench.commands",
+            f"{prefix}.bench.controls",
+        ]
         connection = await aio_pika.connect(self.services.amqp_url)
         async with connection:
             for name in names + [f"{n}.dlq" for n in names]:

@@ -45,9 +45,11 @@ def machine_facts() -> dict[str, str]:
 
 
 def table(rows: list[Row]) -> str:
-    head = ("| scenario | metric | unit | Tendon | floor | Tendon/floor | Celery | Tendon/Celery "
-            "| target | note |\n"
-            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |\n")
+    head = (
+        "| scenario | metric | unit | Tendon | floor | Tendon/floor | Celery | Tendon/Celery "
+        "| target | note |\n"
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |\n"
+    )
     lines = [
         f"| {r.scenario} | {r.metric} | {r.unit} | {_fmt(r.tendon)} | {_fmt(r.floor)} | "
         f"{_fmt_ratio(r, r.floor)} | {_fmt(r.celery)} | {_fmt_ratio(r, r.celery)} | {r.target} | {r.note} |"
@@ -73,8 +75,12 @@ def plots(series: dict[str, Any], out: Path) -> list[str]:
     lat = series.get("latency")
     if lat:
         fig, ax = plt.subplots(figsize=(7, 4))
-        for key, label in (("tendon_1", "Tendon 1 call"), ("floor_1", "floor 1 call"),
-                           ("tendon_2", "Tendon 2 calls"), ("floor_2", "floor 2 calls")):
+        for key, label in (
+            ("tendon_1", "Tendon 1 call"),
+            ("floor_1", "floor 1 call"),
+            ("tendon_2", "Tendon 2 calls"),
+            ("floor_2", "floor 2 calls"),
+        ):
             xs = sorted(v * 1000 for v in lat.get(key, []))
             if xs:
                 ax.plot(xs, [i / len(xs) for i in range(1, len(xs) + 1)], label=label)
@@ -122,10 +128,19 @@ def write(out: Path, rows: list[Row], series: dict[str, Any], notes: list[str], 
     out.mkdir(parents=True, exist_ok=True)
     pngs = plots(series, out)
     facts = machine_facts()
-    (out / "results.json").write_text(json.dumps(
-        {"meta": meta, "machine": facts, "rows": [r.__dict__ for r in rows], "series": series,
-         "notes": notes},
-        indent=1, default=str))
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "meta": meta,
+                "machine": facts,
+                "rows": [r.__dict__ for r in rows],
+                "series": series,
+                "notes": notes,
+            },
+            indent=1,
+            default=str,
+        )
+    )
     parts = [
         f"## Results ({meta['mode']} mode, {meta['started']}, {meta['seconds']:.0f} s)\n",
         "Every figure is a median or percentile over the repeats of this run; every ratio is "

@@ -6,6 +6,7 @@ No timed assertions: benchmarks are not tests. Only that the run finishes and wr
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,8 +21,11 @@ pytestmark = pytest.mark.timeout(300)
 def test_quick_benchmark_writes_the_table(pg_url: str, amqp_url: str, tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "run", "--quick", "--out", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=280,
-        env={**__import__("os").environ, "BENCH_DATABASE_URL": pg_url, "BENCH_AMQP_URL": amqp_url},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env={**os.environ, "BENCH_DATABASE_URL": pg_url, "BENCH_AMQP_URL": amqp_url},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = (tmp_path / "RESULTS.md").read_text()

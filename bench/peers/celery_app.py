@@ -13,8 +13,11 @@ import time
 
 from celery import Celery
 
-app = Celery("bench_celery", broker=os.environ.get("BENCH_CELERY_BROKER", "amqp://guest:guest@127.0.0.1:5672//"),
-             backend="rpc://")
+app = Celery(
+    "bench_celery",
+    broker=os.environ.get("BENCH_CELERY_BROKER", "amqp://guest:guest@127.0.0.1:5672//"),
+    backend="rpc://",
+)
 QUEUE = os.environ.get("BENCH_CELERY_QUEUE", "bench-celery")
 app.conf.update(
     task_acks_late=True,

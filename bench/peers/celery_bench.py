@@ -40,10 +40,27 @@ class CeleryPeer:
         return {"BENCH_CELERY_BROKER": self.broker, "BENCH_CELERY_QUEUE": self.queue}
 
     def start_worker(self) -> Any:
-        args = [sys.executable, "-m", "celery", "-A", "bench.peers.celery_app", "worker", "-Q", self.queue,
-                "-c", str(self.concurrency), "--pool", "prefork", "--loglevel", "WARNING",
-                "-n", f"{self.queue}-{uuid.uuid4().hex[:4]}@localhost", "--without-gossip",
-                "--without-mingle", "--without-heartbeat"]
+        args = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "bench.peers.celery_app",
+            "worker",
+            "-Q",
+            self.queue,
+            "-c",
+            str(self.concurrency),
+            "--pool",
+            "prefork",
+            "--loglevel",
+            "WARNING",
+            "-n",
+            f"{self.queue}-{uuid.uuid4().hex[:4]}@localhost",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ]
         return self.procs.start("celery-worker", args, self.env)
 
     async def __aenter__(self) -> CeleryPeer:
@@ -56,7 +73,8 @@ class CeleryPeer:
         self.worker = self.start_worker()
         # Ready when a task round-trips (bounded).
         await asyncio.get_running_loop().run_in_executor(
-            self.pool, lambda: self.mod.noop.apply_async(args=(0,)).get(timeout=60))
+            self.pool, lambda: self.mod.noop.apply_async(args=(0,)).get(timeout=60)
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:

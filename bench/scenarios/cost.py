@@ -61,11 +61,28 @@ async def run(ctx: Context) -> Result:
         await floor.sequential(n)
         f1, _ = await _reading(ctx)
         floor_commits = (f1 - f0 - 1) / n
-    ctx.notes.append(f"cost: Tendon background commit rate {idle_rate:.1f}/s subtracted; harness's own "
-                     f"{harness} transactions subtracted; publishes counted from outbox + ledger event rows")
-    return Result(rows=[
-        Row("cost", "PostgreSQL commits per tool call (1-call turn)", "commits", tendon_commits,
-            floor_commits, target="<= 4", note=f"{n} sequential turns, includes the turn's own commits"),
-        Row("cost", "broker publishes per tool call (1-call turn)", "messages", publishes, 2.0,
-            note="Tendon: outbox + event rows; floor: by construction"),
-    ])
+    ctx.notes.append(
+        f"cost: Tendon background commit rate {idle_rate:.1f}/s subtracted; harness's own "
+        f"{harness} transactions subtracted; publishes counted from outbox + ledger event rows"
+    )
+    return Result(
+        rows=[
+            Row(
+                "cost",
+                "PostgreSQL commits per tool call (1-call turn)",
+                "commits",
+                tendon_commits,
+                floor_commits,
+                target="<= 4",
+                note=f"{n} sequential turns, includes the turn's own commits",
+            ),
+            Row(
+                "cost",
+                "broker publishes per tool call (1-call turn)",
+                "messages",
+                publishes,
+                2.0,
+                note="Tendon: outbox + event rows; floor: by construction",
+            ),
+        ]
+    )

@@ -48,13 +48,35 @@ async def run(ctx: Context) -> Result:
     ms = 1000.0
     res = Result()
     for q in (50, 99):
-        res.rows.append(Row("latency", f"1-call turn p{q}", "ms", pct(one, q) * ms, pct(fl, q) * ms,
-                            target="p50 <= 1.5x floor" if q == 50 else ""))
-    res.rows.append(Row("latency", "1-call turn p50, client-observed", "ms",
-                        median(one_client) * ms, median(floor.latencies[5:5 + n]) * ms,
-                        note="includes polling every 2 ms (Tendon) / in-process future (floor)"))
+        res.rows.append(
+            Row(
+                "latency",
+                f"1-call turn p{q}",
+                "ms",
+                pct(one, q) * ms,
+                pct(fl, q) * ms,
+                target="p50 <= 1.5x floor" if q == 50 else "",
+            )
+        )
+    res.rows.append(
+        Row(
+            "latency",
+            "1-call turn p50, client-observed",
+            "ms",
+            median(one_client) * ms,
+            median(floor.latencies[5 : 5 + n]) * ms,
+            note="includes polling every 2 ms (Tendon) / in-process future (floor)",
+        )
+    )
     res.rows.append(Row("latency", "2-call turn p50", "ms", median(two) * ms, median(fl2) * ms))
-    res.rows.append(Row("latency", "added cost of one tool call (p50 2-call - p50 1-call)", "ms",
-                        (median(two) - median(one)) * ms, (median(fl2) - median(fl)) * ms))
+    res.rows.append(
+        Row(
+            "latency",
+            "added cost of one tool call (p50 2-call - p50 1-call)",
+            "ms",
+            (median(two) - median(one)) * ms,
+            (median(fl2) - median(fl)) * ms,
+        )
+    )
     res.series["latency"] = {"tendon_1": one, "tendon_2": two, "floor_1": fl, "floor_2": fl2}
     return res

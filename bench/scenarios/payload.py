@@ -27,10 +27,16 @@ async def run(ctx: Context) -> Result:
                     error = f"FAILED: {exc}"
                     break
                 times.extend(await world.server_latencies([tid]))
-            res.rows.append(Row("payload", f"{label} result, submit to completed", "s",
-                                median(times) if times else None,
-                                target="no failure" if label == "100 MiB" else "",
-                                note=error or f"median of {len(times)}"))
+            res.rows.append(
+                Row(
+                    "payload",
+                    f"{label} result, submit to completed",
+                    "s",
+                    median(times) if times else None,
+                    target="no failure" if label == "100 MiB" else "",
+                    note=error or f"median of {len(times)}",
+                )
+            )
     finally:
         await world.cleanup()
     if ctx.quick:

@@ -41,11 +41,13 @@ async def hands_trial(world: TendonWorld, safe: bool, workers: list, timeout: fl
     victim.wait(timeout=10)
     workers.remove(victim)
     if safe:
+
         async def rerun() -> bool:
             return len(_starts(started)) >= 2
 
         await wait_for(rerun, timeout=timeout, interval=0.01, what="re-run")
     else:
+
         async def unknown() -> bool:
             rows = await world.fetch("SELECT status FROM executions WHERE turn_id = $1", tid)
             return bool(rows) and rows[0]["status"] == "unknown"
@@ -78,8 +80,11 @@ async def brain_trial(world: TendonWorld, brains: list, timeout: float) -> float
 async def run(ctx: Context) -> Result:
     trials = ctx.n(2, 20)
     timeout = 90.0
-    series: dict[str, list[float]] = {"Hands kill, safe: re-run": [], "Hands kill, unsafe: UNKNOWN": [],
-                                      "Brain kill: standby completes": []}
+    series: dict[str, list[float]] = {
+        "Hands kill, safe: re-run": [],
+        "Hands kill, unsafe: UNKNOWN": [],
+        "Brain kill: standby completes": [],
+    }
     world = TendonWorld(ctx.services, ctx.procs)
     try:
         brains = [await world.start_brain()]
@@ -92,12 +97,23 @@ async def run(ctx: Context) -> Result:
             series["Brain kill: standby completes"].append(await brain_trial(world, brains, timeout))
     finally:
         await world.cleanup()
-    targets = {"Hands kill, safe: re-run": "p50 <= 1 s", "Hands kill, unsafe: UNKNOWN": "p50 <= 1 s",
-               "Brain kill: standby completes": "p50 <= 2 s"}
+    targets = {
+        "Hands kill, safe: re-run": "p50 <= 1 s",
+        "Hands kill, unsafe: UNKNOWN": "p50 <= 1 s",
+        "Brain kill: standby completes": "p50 <= 2 s",
+    }
     res = Result(series={"recovery": series})
     for name, xs in series.items():
         for q in (50, 95):
-            res.rows.append(Row("recovery", f"{name} p{q}", "s", pct(xs, q),
-                                target=targets[name] if q == 50 else "", note=f"{len(xs)} trials"))
+            res.rows.append(
+                Row(
+                    "recovery",
+                    f"{name} p{q}",
+                    "s",
+                    pct(xs, q),
+                    target=targets[name] if q == 50 else "",
+                    note=f"{len(xs)} trials",
+                )
+            )
     ctx.notes.append(f"recovery: medians {', '.join(f'{k} {median(v):.2f}s' for k, v in series.items())}")
     return res

@@ -77,16 +77,29 @@ async def run(ctx: Context) -> Result:
     res = Result()
     for k in levels:
         key = str(k)
-        res.rows.append(Row(
-            "throughput", f"tool calls/s, {k} in flight", "calls/s",
-            median(results["Tendon"][key]), median(results["floor"][key]),
-            median(results["Celery"][key]) if celery_ok else None,
-            target="not below Celery" if k == 50 else "",
-            note=f"median of {repeats} x {duration:.0f} s",
-        ))
+        res.rows.append(
+            Row(
+                "throughput",
+                f"tool calls/s, {k} in flight",
+                "calls/s",
+                median(results["Tendon"][key]),
+                median(results["floor"][key]),
+                median(results["Celery"][key]) if celery_ok else None,
+                target="not below Celery" if k == 50 else "",
+                note=f"median of {repeats} x {duration:.0f} s",
+            )
+        )
     if celery_ok:
-        res.rows.append(Row("latency", "1 call p50 (Celery: apply_async to result via rpc://)", "ms",
-                            None, None, median(res_lat) * 1000,
-                            note="compare with the client-observed latency row"))
+        res.rows.append(
+            Row(
+                "latency",
+                "1 call p50 (Celery: apply_async to result via rpc://)",
+                "ms",
+                None,
+                None,
+                median(res_lat) * 1000,
+                note="compare with the client-observed latency row",
+            )
+        )
     res.series["throughput"] = {name: {k: median(v) for k, v in per.items()} for name, per in results.items()}
     return res

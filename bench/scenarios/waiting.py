@@ -65,10 +65,23 @@ async def run(ctx: Context) -> Result:
         drain = time.monotonic() - t1
     finally:
         await world.cleanup()
-    return Result(rows=[
-        Row("waiting", f"{n} waiting turns: Brain RSS growth", "MB", rss1 - rss0, target="< 50 MB",
-            note=f"RSS {rss0:.0f} -> {rss1:.0f} MB; submitted in {submit_s:.1f} s"),
-        Row("waiting", f"{n} waiting turns: Brain CPU while waiting", "% of a core", cpu_idle),
-        Row("waiting", f"{n} waiting turns: drain after the answers come", "s", drain,
-            note=f"{n / drain:.0f} turns/s"),
-    ])
+    return Result(
+        rows=[
+            Row(
+                "waiting",
+                f"{n} waiting turns: Brain RSS growth",
+                "MB",
+                rss1 - rss0,
+                target="< 50 MB",
+                note=f"RSS {rss0:.0f} -> {rss1:.0f} MB; submitted in {submit_s:.1f} s",
+            ),
+            Row("waiting", f"{n} waiting turns: Brain CPU while waiting", "% of a core", cpu_idle),
+            Row(
+                "waiting",
+                f"{n} waiting turns: drain after the answers come",
+                "s",
+                drain,
+                note=f"{n / drain:.0f} turns/s",
+            ),
+        ]
+    )
