@@ -63,9 +63,13 @@ class TurnDriver:
         self.ctx = ctx
         self.owner = owner
         self.alive_sql = alive_sql
+        self._threads: dict[str, tuple[AgentDefinition, asyncpg.Record]] = {}
 
     async def run_one(self) -> bool:
         """Claim and drive one turn; False when nothing was claimable."""
+        async with self.ctx.pool.acquire() as conn:
+            if not await turns.anything_claimable(conn, self.alive_sql):
+                return False
         claimed = await transact(
             self.ctx.pool,
             lambda c: turns.claim(c, self.owner, self.ctx.lease_seconds, self.alive_sql),
@@ -73,6 +77,7 @@ class TurnDriver:
         if claimed is None:
             return False
         lease, row = claimed
+        self._threads.clear()  # a new run reads its thread afresh
         with bound_contextvars(turn_id=lease.turn_id, run_id=lease.run_id):
             log.info("run_started", phase=row["phase"], epoch=lease.epoch)
             try:
@@ -145,6 +150,10 @@ class TurnDriver:
             return await turns.load(conn, turn_id)
 
     async def _agent_and_thread(self, row: asyncpg.Record) -> tuple[AgentDefinition, asyncpg.Record]:
+        # Within one run these only change in PREPARE (bindings frozen), which clears the cache.
+        cached = self._threads.get(row["thread_id"])
+        if cached is not None:
+            return cached
         async with self.ctx.pool.acquire() as conn:
             thread = await conn.fetchrow("SELECT * FROM threads WHERE id = $1", row["thread_id"])
             definition = await conn.fetchval(
@@ -152,7 +161,8 @@ class TurnDriver:
                 thread["agent_name"],
                 thread["agent_version"],
             )
-        return AgentDefinition.model_validate(definition), thread
+        self._threads[row["thread_id"]] = (AgentDefinition.model_validate(definition), thread)
+        return self._threads[row["thread_id"]]
 
     # ---- phases: each returns whether this run keeps driving the turn ----------------
 
@@ -198,7 +208,10 @@ class TurnDriver:
             await events.append(conn, row["session_id"], lease.turn_id, "turn.prepared", {})
             return True
 
-        return await transact(self.ctx.pool, commit)
+        try:
+            return await transact(self.ctx.pool, commit)
+        finally:
+            self._threads.clear()  # the bindings may have been frozen just now
 
     async def _model_request(self, lease: Lease, row: asyncpg.Record) -> bool:
         agent, thread = await self._agent_and_thread(row)

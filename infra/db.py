@@ -81,6 +81,12 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         )
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pool connections carry no session state (no LISTEN, SET or session locks): asyncpg
+    still rolls back an open transaction on release, so the reset query's round trip on
+    every release is skipped."""
+
+
 async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
     """A pool whose connections work inside ``schema`` and speak JSON for json/jsonb."""
     pool = await asyncpg.create_pool(
@@ -88,6 +94,7 @@ async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int
         min_size=min_size,
         max_size=max_size,
         init=_init_connection,
+        reset=_keep_session,
         server_settings={"search_path": schema, "application_name": f"tendon:{schema}"},
     )
     assert pool is not None

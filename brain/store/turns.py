@@ -101,17 +101,27 @@ async def submit(
     return turn_id, True
 
 
-def claim_sql(alive: str) -> str:
-    """Pick one claimable turn: due, not owned by a live lease, first in its thread."""
+def _claimable_sql(alive: str) -> str:
+    """Turns that may be claimed now: due, not owned by a live lease, first in their thread."""
     return f"""
-    WITH candidate AS (
         SELECT t.id FROM turns t
         LEFT JOIN workers w ON w.id = t.lease_owner
         WHERE t.status IN ('queued', 'running') AND t.wake_at <= now()
           AND (t.lease_owner IS NULL OR t.lease_expires_at < now() OR w.id IS NULL OR NOT {alive})
           AND NOT EXISTS (
               SELECT 1 FROM turns p WHERE p.thread_id = t.thread_id AND p.seq < t.seq
-                AND p.status NOT IN ('completed', 'failed', 'cancelled'))
+                AND p.status NOT IN ('completed', 'failed', 'cancelled'))"""
+
+
+async def anything_claimable(conn: asyncpg.Connection, alive_sql: str) -> bool:
+    """A cheap look before opening a claim transaction (wake-ups reach every idle driver)."""
+    return bool(await conn.fetchval(f"SELECT EXISTS ({_claimable_sql(alive_sql)})"))
+
+
+def claim_sql(alive: str) -> str:
+    """Claim the first claimable turn (see ``_claimable_sql``) for a new run."""
+    return f"""
+    WITH candidate AS ({_claimable_sql(alive)}
         ORDER BY t.wake_at, t.seq
         LIMIT 1
         FOR UPDATE OF t SKIP LOCKED)
