@@ -70,6 +70,23 @@ async def _submit(pool: asyncpg.Pool, request_id: str = "r1", text: str = "hello
     return turn_id
 
 
+async def _intent(pool: Any, turn_id: str, execution_id: str) -> None:
+    """A committed intent for call-1 of ``turn_id`` (request digest "d" * 64)."""
+    await transact(
+        pool,
+        lambda c: executions.insert_intent(
+            c,
+            execution_id=execution_id,
+            turn_id=turn_id,
+            tool_step=1,
+            call_id="call-1",
+            binding={"route": "lab", "name": "echo", "digest": "b" * 64, "replay_policy": "safe"},
+            args={},
+            request_digest="d" * 64,
+        ),
+    )
+
+
 async def test_the_same_request_id_returns_the_original_turn_and_other_input_conflicts(pool):
     first = await _submit(pool)
     assert await _submit(pool) == first
@@ -140,19 +157,7 @@ async def _dead_owner_is_detected(pool: Any, tendon: TendonEnv) -> None:
 async def test_events_apply_once_in_order_whatever_order_they_arrive_in(pool):
     turn_id = await _submit(pool)
     digest = "d" * 64
-    await transact(
-        pool,
-        lambda c: executions.insert_intent(
-            c,
-            execution_id="e1",
-            turn_id=turn_id,
-            tool_step=1,
-            call_id="call-1",
-            binding={"route": "lab", "name": "echo", "digest": "b" * 64, "replay_policy": "safe"},
-            args={},
-            request_digest=digest,
-        ),
-    )
+    await _intent(pool, turn_id, "e1")
     header = {"execution_id": "e1", "namespace": "ns", "session_id": "s1", "request_digest": digest}
     accepted = AcceptedEvent(seq=1, body=AcceptedBody(worker="w"), **header)
     started = StartedEvent(seq=2, body=StartedBody(attempt=1, worker="w"), **header)
@@ -182,19 +187,7 @@ async def test_events_apply_once_in_order_whatever_order_they_arrive_in(pool):
 
 async def test_an_event_from_another_session_is_refused(pool):
     turn_id = await _submit(pool)
-    await transact(
-        pool,
-        lambda c: executions.insert_intent(
-            c,
-            execution_id="e2",
-            turn_id=turn_id,
-            tool_step=1,
-            call_id="call-1",
-            binding={"route": "lab", "name": "echo", "digest": "b" * 64, "replay_policy": "safe"},
-            args={},
-            request_digest="d" * 64,
-        ),
-    )
+    await _intent(pool, turn_id, "e2")
     forged = AcceptedEvent(
         seq=1,
         body=AcceptedBody(worker="w"),
@@ -210,19 +203,7 @@ async def test_an_event_from_another_session_is_refused(pool):
 async def test_a_lost_wake_up_is_repaired_by_the_periodic_scan(pool):
     # Given a turn parked WAITING whose only execution finished, but whose wake hint was lost
     turn_id = await _submit(pool)
-    await transact(
-        pool,
-        lambda c: executions.insert_intent(
-            c,
-            execution_id="e3",
-            turn_id=turn_id,
-            tool_step=1,
-            call_id="call-1",
-            binding={"route": "lab", "name": "echo", "digest": "b" * 64, "replay_policy": "safe"},
-            args={},
-            request_digest="d" * 64,
-        ),
-    )
+    await _intent(pool, turn_id, "e3")
     await pool.execute("UPDATE executions SET status = 'succeeded' WHERE id = 'e3'")
     await pool.execute(
         "UPDATE turns SET status = 'waiting', phase = 'wait_tools', tool_step = 1 WHERE id = $1", turn_id
@@ -258,19 +239,7 @@ async def test_on_sqlite_only_workers_of_the_process_that_has_the_file_open_are_
 @pytest.mark.parametrize("result", ["plain text", 42, None, [1, "two"], {"ok": True}, True])
 async def test_a_result_of_any_json_type_reads_back_as_it_was_sent(pool, result):
     turn_id = await _submit(pool)
-    await transact(
-        pool,
-        lambda c: executions.insert_intent(
-            c,
-            execution_id="e4",
-            turn_id=turn_id,
-            tool_step=1,
-            call_id="call-1",
-            binding={"route": "lab", "name": "echo", "digest": "b" * 64, "replay_policy": "safe"},
-            args={},
-            request_digest="d" * 64,
-        ),
-    )
+    await _intent(pool, turn_id, "e4")
     header = {"execution_id": "e4", "namespace": "ns", "session_id": "s1", "request_digest": "d" * 64}
     for event in (
         AcceptedEvent(seq=1, body=AcceptedBody(worker="w"), **header),
