@@ -128,6 +128,32 @@ def _bulk_agent(tmp_path: Path, blob: str) -> str:
     return str(path)
 
 
+async def _run_bulk_turn(tendon: TendonEnv, processes: Processes, tmp_path: Path, blob: str) -> str:
+    """A Brain and a "bulk" Hands pool with a 4 KiB offload threshold; submit one echo turn."""
+    tendon.routes.add("bulk")
+    env = {**tendon.env, "TENDON_OFFLOAD_THRESHOLD": "4096"}
+    await processes.start_ready("brain", BRAIN, env)
+    await processes.start_ready("hands", HANDS_BULK, env)
+    agent = _bulk_agent(tmp_path, blob)
+    code, out, err = await run_cli(
+        [
+            "-m",
+            "brain",
+            "submit",
+            "--session",
+            f"s-{tendon.suffix}",
+            "--request-id",
+            "r",
+            "--agent",
+            agent,
+            "echo",
+        ],
+        env,
+    )
+    assert code == 0, err
+    return out.strip()
+
+
 def _bucket_keys(s3_server, prefix: str) -> list[str]:  # type: ignore[no-untyped-def]
     listing = s3_server.client().list_objects_v2(Bucket=s3_server.bucket, Prefix=prefix)
     return [o["Key"] for o in listing.get("Contents", [])]
@@ -139,30 +165,11 @@ async def test_arguments_and_results_over_the_threshold_travel_through_s3(
     s3_server,
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
-    tendon.routes.add("bulk")
-    env = {**tendon.env, "TENDON_OFFLOAD_THRESHOLD": "4096"}
     blob = "x" * 20_000
-    await processes.start_ready("brain", BRAIN, env)
-    await processes.start_ready("hands", HANDS_BULK, env)
-    code, out, err = await run_cli(
-        [
-            "-m",
-            "brain",
-            "submit",
-            "--session",
-            f"s-{tendon.suffix}",
-            "--request-id",
-            "r",
-            "--agent",
-            _bulk_agent(tmp_path, blob),
-            "echo",
-        ],
-        env,
-    )
-    assert code == 0, err
+    turn_id = await _run_bulk_turn(tendon, processes, tmp_path, blob)
     obs = Observer(tendon)
-    await obs.wait_turn(out.strip(), "completed")
-    (row,) = await obs.executions(out.strip())
+    await obs.wait_turn(turn_id, "completed")
+    (row,) = await obs.executions(turn_id)
     assert row["result"] == {"blob": blob, "length": 20_000}
     # One object for the command's body and one for the result's, both in the session's scope
     assert len(_bucket_keys(s3_server, f"default/s-{tendon.suffix}/sha256/")) == 2
@@ -174,8 +181,6 @@ async def test_a_tampered_result_object_is_refused_and_fails_the_turn_with_a_cle
     s3_server,
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
-    tendon.routes.add("bulk")
-    env = {**tendon.env, "TENDON_OFFLOAD_THRESHOLD": "4096"}
     blob = "y" * 20_000
     scope = f"default/s-{tendon.suffix}"
     # Given the result's content-addressed key already holds other bytes of the same size
@@ -183,26 +188,8 @@ async def test_a_tampered_result_object_is_refused_and_fails_the_turn_with_a_cle
     key = f"{scope}/sha256/{hashlib.sha256(body).hexdigest()}"
     s3_server.client().put_object(Bucket=s3_server.bucket, Key=key, Body=body.replace(b"y", b"z", 1))
 
-    await processes.start_ready("brain", BRAIN, env)
-    await processes.start_ready("hands", HANDS_BULK, env)
-    code, out, err = await run_cli(
-        [
-            "-m",
-            "brain",
-            "submit",
-            "--session",
-            f"s-{tendon.suffix}",
-            "--request-id",
-            "r",
-            "--agent",
-            _bulk_agent(tmp_path, blob),
-            "echo",
-        ],
-        env,
-    )
-    assert code == 0, err
-    obs = Observer(tendon)
-    turn = await obs.wait_turn(out.strip(), "failed")
+    turn_id = await _run_bulk_turn(tendon, processes, tmp_path, blob)
+    turn = await Observer(tendon).wait_turn(turn_id, "failed")
     assert turn["error"]["code"] == "object_ref_error"
     assert "sha256 mismatch" in turn["error"]["message"]
     parked = await _drain(tendon.amqp_url, f"t-{tendon.suffix}.updates.dlq")
