@@ -159,10 +159,12 @@ async def _follow(system: LocalSystem, turn_id: str, cursor: int, timeline: Time
             timeline.show(e["kind"], e["data"], label, e["created_at"])
             timeline.seen(e["seq"])
         row: Any = await system.brain_pool.fetchrow(
-            "SELECT status, result, error FROM turns WHERE id = $1", turn_id
+            "SELECT status, result, error, waiting_for FROM turns WHERE id = $1", turn_id
         )
         if (row["status"] in TERMINAL_TURN and not events) or system.brain_task.done():
             return row
+        if row["status"] == "waiting" and (row["waiting_for"] or "").startswith("reconcile"):
+            return row  # nothing will change until someone reconciles it
         await asyncio.sleep(0.1)
 
 
@@ -252,6 +254,9 @@ async def run_demo(settings: Settings, data: DataDir, *, crash_at: int | None, o
             row = await _follow(system, turn_id, cursor, timeline)
             timeline.clear_progress()
             await _recap(system, turn_id, before, out)
+            if row["status"] == "waiting":
+                print(f"\nthe turn waits for a {row['waiting_for']}; nothing was guessed", file=out)
+                return 3
             if row["status"] != "completed":
                 print(f"\nturn {row['status']}: {row['error']}", file=out)
                 return 1
