@@ -408,6 +408,32 @@ async def test_malformed_json_goes_to_the_commands_dead_letter_queue_with_a_reas
     assert reason.startswith("decode_error:") and "duplicate JSON key 'kind'" in reason
 
 
+async def test_a_command_for_another_route_is_dead_lettered_with_a_reason_and_nothing_runs(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a pool of route lab
+    await start_worker(processes, world)
+    cmd = command(lab.echo, {"text": "hi"})
+    body = cmd.body.model_copy(update={"route": "billing"})
+    misrouted = cmd.model_copy(
+        update={"body": body, "request_digest": request_digest(cmd.execution_id, body)}
+    )
+
+    # When a command addressed to route billing lands on lab's queue
+    await bus.publish_command(misrouted)
+
+    # Then it is parked with a reason naming both routes, and nothing runs or is recorded
+    queue = bus.topology.commands("lab")
+    parked = await wait_for(lambda: bus.dead_letters(queue), timeout=WAIT, what="a dead letter")
+    reason = parked[0].headers["x-tendon-reason"]
+    reason = reason.decode() if isinstance(reason, bytes) else reason
+    assert "route billing" in reason and "route lab" in reason
+    assert runs(world) == []
+    assert (
+        await ledger_fetch(world, "SELECT 1 FROM executions WHERE execution_id = $1", cmd.execution_id) == []
+    )
+
+
 async def test_a_tool_that_raises_fails_with_its_exception_type_and_message(
     world: TendonEnv, bus: Bus, processes: Processes
 ) -> None:
