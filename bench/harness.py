@@ -347,6 +347,20 @@ class TendonWorld:
         )
         return [float(r["s"]) for r in rows]
 
+    async def result_applied_latencies(self, ids: list[str]) -> list[float]:
+        """Seconds from the submit commit to the commit that applied the (first) tool result.
+
+        This is the issue's "submit to result applied": it stops where the floor stops (the
+        Brain's result commit), before the second model step and the finalize.
+        """
+        rows = await self.fetch(
+            "SELECT extract(epoch FROM min(e.updated_at) - t.created_at)::float8 AS s"
+            " FROM turns t JOIN executions e ON e.turn_id = t.id"
+            " WHERE t.id = ANY($1::text[]) AND e.status = 'succeeded' GROUP BY t.id, t.created_at",
+            ids,
+        )
+        return [float(r["s"]) for r in rows]
+
     def gate(self, name: str) -> Path:
         return self.gate_dir / name
 
