@@ -106,8 +106,13 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
     topology = broker.topology
     async with AsyncExitStack() as stack:
         channel = wake_channel(settings)
-        wake = asyncio.Event()
-        await backends.listen(channel, lambda *_: wake.set())
+        wakes = [asyncio.Event() for _ in range(settings.concurrency)]  # one per driver
+
+        def wake_all(*_: Any) -> None:
+            for event in wakes:
+                event.set()
+
+        await backends.listen(channel, wake_all)
 
         relay = OutboxRelay(pool, broker, interval=settings.scan_interval)
         ctx = LoopContext(
@@ -141,7 +146,9 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
         for i in range(settings.concurrency):
             driver = TurnDriver(ctx, backends.worker_id, alive)
             tasks.append(
-                asyncio.create_task(drive_forever(driver, wake, settings.scan_interval), name=f"driver-{i}")
+                asyncio.create_task(
+                    drive_forever(driver, wakes[i], settings.scan_interval), name=f"driver-{i}"
+                )
             )
 
         updates = UpdateConsumer(pool, broker, codec, killpoints, channel)

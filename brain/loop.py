@@ -459,15 +459,19 @@ def _limit(n: int) -> TendonError:
 
 
 async def drive_forever(driver: TurnDriver, wake: asyncio.Event, interval: float) -> None:
-    """Claim and drive turns; sleep until a wake hint or the periodic scan when idle."""
+    """Claim and drive turns; sleep until a wake hint or the periodic scan when idle.
+
+    ``wake`` is this driver's own event. It is cleared *before* looking for work, so a hint
+    that arrives while this driver looks is kept for the next wait instead of being lost.
+    """
     while True:
+        wake.clear()
         try:
             if await driver.run_one():
                 continue
         except Exception as exc:  # noqa: BLE001 - e.g. the database is briefly unreachable
             # Nothing committed is lost; claim again after the scan interval.
             log.warning("driver_error", error=repr(exc))
-        wake.clear()
         try:
             await asyncio.wait_for(wake.wait(), timeout=interval)
         except TimeoutError:
