@@ -14,7 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from infra.payloads import check_scope
+from infra.payloads import check_scope, verify_content
 from protocol import ObjectRef, ObjectRefError
 
 __all__ = ["DirectoryObjectStore"]
@@ -57,13 +57,7 @@ class DirectoryObjectStore:
         if ref.uri != path.as_uri():
             raise ObjectRefError(f"object ref uri {ref.uri!r} does not match {path.as_uri()}")
         data = await asyncio.to_thread(self._get_sync, path, ref)
-        digest = hashlib.sha256(data).hexdigest()
-        if len(data) != ref.size or digest != ref.sha256:
-            raise ObjectRefError(
-                f"sha256 mismatch for {ref.uri}: got {digest} ({len(data)} bytes), "
-                f"ref says {ref.sha256} ({ref.size} bytes)"
-            )
-        return data
+        return verify_content(ref, data)
 
     def _path(self, scope: str, digest: str) -> Path:
         return self._root / scope / "sha256" / digest

@@ -18,7 +18,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from s3transfer.exceptions import RetriesExceededError
 
-from infra.payloads import check_scope
+from infra.payloads import check_scope, verify_content
 from protocol import ObjectRef, ObjectRefError, TransientError
 
 _MISSING = {"404", "NoSuchKey", "NotFound", "NoSuchBucket"}
@@ -84,13 +84,7 @@ class S3ObjectStore:
         if ref.uri != f"s3://{self._bucket}/{key}":
             raise ObjectRefError(f"object ref uri {ref.uri!r} does not match s3://{self._bucket}/{key}")
         data = await self._call(self._get_sync, key, ref)
-        digest = hashlib.sha256(data).hexdigest()
-        if len(data) != ref.size or digest != ref.sha256:
-            raise ObjectRefError(
-                f"sha256 mismatch for {ref.uri}: got {digest} ({len(data)} bytes), "
-                f"ref says {ref.sha256} ({ref.size} bytes)"
-            )
-        return data
+        return verify_content(ref, data)
 
     # ---- blocking parts, run in a worker thread -----------------------------------------
 

@@ -7,6 +7,7 @@ and verifies sha256, size and scope before anything trusts the body.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -35,6 +36,17 @@ def check_scope(scope: str) -> str:
             "two segments of [A-Za-z0-9_.-]+"
         )
     return scope
+
+
+def verify_content(ref: ObjectRef, data: bytes) -> bytes:
+    """Return ``data`` if its size and sha256 are the ones ``ref`` promises; else refuse it."""
+    digest = hashlib.sha256(data).hexdigest()
+    if len(data) != ref.size or digest != ref.sha256:
+        raise ObjectRefError(
+            f"sha256 mismatch for {ref.uri}: got {digest} ({len(data)} bytes), "
+            f"ref says {ref.sha256} ({ref.size} bytes)"
+        )
+    return data
 
 
 class ObjectStore(Protocol):
