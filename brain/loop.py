@@ -9,8 +9,9 @@ Model calls happen outside transactions; tool waits are rows, not coroutines.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import asyncpg
@@ -57,36 +58,72 @@ class LoopContext:
 
 
 class TurnDriver:
-    """Drives claimed turns phase by phase until they wait, finish, or lose their lease."""
+    """Drives claimed turns phase by phase until they wait, finish, or lose their lease.
+
+    Phases that only touch the database (prepare, wait check, apply results, finalize) run
+    in the transaction of the commit before them: the claim, or the model reply. So a turn
+    costs one commit per model step and one per wake-up, not one per phase, while every
+    commit still moves the turn from one committed phase to another (invariant 2).
+    """
 
     def __init__(self, ctx: LoopContext, owner: str, alive_sql: str) -> None:
         self.ctx = ctx
         self.owner = owner
         self.alive_sql = alive_sql
         self._threads: dict[str, tuple[AgentDefinition, asyncpg.Record]] = {}
+        self._db_phases: dict[TurnPhase, DbPhase] = {
+            TurnPhase.PREPARE: self._prepare,
+            TurnPhase.WAIT_TOOLS: self._wait_tools,
+            TurnPhase.APPLY_RESULTS: self._apply_results,
+            TurnPhase.FINALIZE: self._finalize,
+        }
 
     async def run_one(self) -> bool:
         """Claim and drive one turn; False when nothing was claimable."""
         async with self.ctx.pool.acquire() as conn:
             if not await turns.anything_claimable(conn, self.alive_sql):
                 return False
-        claimed = await transact(
-            self.ctx.pool,
-            lambda c: turns.claim(c, self.owner, self.ctx.lease_seconds, self.alive_sql),
-        )
+        self._threads.clear()  # a new run reads its thread afresh
+        claimed = await self._claim()
         if claimed is None:
             return False
-        lease, row = claimed
-        self._threads.clear()  # a new run reads its thread afresh
+        lease, started, row = claimed
         with bound_contextvars(turn_id=lease.turn_id, run_id=lease.run_id):
-            log.info("run_started", phase=row["phase"], epoch=lease.epoch)
+            log.info("run_started", phase=started, epoch=lease.epoch)
             try:
-                await self._drive(lease)
+                await self._drive(lease, row)
             except StaleOwnerError as exc:
                 log.warning("run_fenced_out", reason=str(exc))
             except Exception as exc:  # noqa: BLE001 - every failure ends this run somehow
                 await self._end_run_after(lease, exc)
         return True
+
+    async def _claim(self) -> tuple[Lease, str, asyncpg.Record | None] | None:
+        """Claim a turn and run its database-only phases in the same transaction.
+
+        Returns the lease, the phase the run started at, and the turn row to go on with (None
+        when the run already ended, e.g. the turn is waiting again). If a phase fails, the
+        fused transaction rolls back and the turn is claimed alone, so that the failure is met
+        again by the run and handled like any other (retry or failed turn).
+        """
+
+        async def claim(
+            conn: asyncpg.Connection, fuse: bool
+        ) -> tuple[Lease, str, asyncpg.Record | None] | None:
+            claimed = await turns.claim(conn, self.owner, self.ctx.lease_seconds, self.alive_sql)
+            if claimed is None:
+                return None
+            lease, row = claimed
+            after = await self._db_steps(conn, lease=lease, row=row) if fuse else row
+            return lease, row["phase"], after
+
+        try:
+            return await transact(self.ctx.pool, lambda c: claim(c, True))
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            log.info("fused_claim_rolled_back", error=repr(exc))
+            return await transact(self.ctx.pool, lambda c: claim(c, False))
 
     async def _end_run_after(self, lease: Lease, exc: Exception) -> None:
         """Retry a passing fault later (persisted backoff); fail the turn for anything else."""
@@ -126,99 +163,99 @@ class TurnDriver:
             detail={"retry": retries, "error": repr(exc)},
         )
 
-    async def _drive(self, lease: Lease) -> None:
-        handlers = {
-            TurnPhase.PREPARE: self._prepare,
-            TurnPhase.MODEL_REQUEST: self._model_request,
-            TurnPhase.DISPATCH_TOOLS: self._dispatch_tools,
-            TurnPhase.WAIT_TOOLS: self._wait_tools,
-            TurnPhase.APPLY_RESULTS: self._apply_results,
-            TurnPhase.FINALIZE: self._finalize,
-        }
-        while True:
-            row = await self._load(lease.turn_id)
-            if row["lease_owner"] != lease.owner or row["lease_epoch"] != lease.epoch:
+    async def _drive(self, lease: Lease, row: asyncpg.Record | None) -> None:
+        """Go on from ``row`` (what this run's last commit returned) until the run ends."""
+        while row is not None:
+            if row["status"] != TurnStatus.RUNNING:
                 return
-            if row["status"] not in (TurnStatus.RUNNING,):
-                return
-            keep_going = await handlers[TurnPhase(row["phase"])](lease, row)
-            if not keep_going:
-                return
+            phase = TurnPhase(row["phase"])
+            if phase is TurnPhase.MODEL_REQUEST:
+                row = await self._model_request(lease, row)
+            elif phase is TurnPhase.DISPATCH_TOOLS:
+                row = await self._dispatch_tools(lease, row)
+            else:
+                row = await transact(self.ctx.pool, partial(self._db_steps, lease=lease, row=row))
 
-    async def _load(self, turn_id: str) -> asyncpg.Record:
-        async with self.ctx.pool.acquire() as conn:
-            return await turns.load(conn, turn_id)
+    async def _db_steps(
+        self, conn: asyncpg.Connection, *, lease: Lease, row: asyncpg.Record | None
+    ) -> asyncpg.Record | None:
+        """Run database-only phases inside the caller's transaction while there are any."""
+        while row is not None and row["status"] == TurnStatus.RUNNING:
+            step = self._db_phases.get(TurnPhase(row["phase"]))
+            if step is None:
+                break
+            row = await step(conn, lease, row)
+        return row
 
-    async def _agent_and_thread(self, row: asyncpg.Record) -> tuple[AgentDefinition, asyncpg.Record]:
+    async def _agent_and_thread(
+        self, conn: asyncpg.Connection, row: asyncpg.Record
+    ) -> tuple[AgentDefinition, asyncpg.Record]:
         # Within one run these only change in PREPARE (bindings frozen), which clears the cache.
         cached = self._threads.get(row["thread_id"])
         if cached is not None:
             return cached
-        async with self.ctx.pool.acquire() as conn:
-            thread = await conn.fetchrow("SELECT * FROM threads WHERE id = $1", row["thread_id"])
-            definition = await conn.fetchval(
-                "SELECT definition FROM agents WHERE name = $1 AND version = $2",
-                thread["agent_name"],
-                thread["agent_version"],
-            )
+        thread = await conn.fetchrow("SELECT * FROM threads WHERE id = $1", row["thread_id"])
+        definition = await conn.fetchval(
+            "SELECT definition FROM agents WHERE name = $1 AND version = $2",
+            thread["agent_name"],
+            thread["agent_version"],
+        )
         self._threads[row["thread_id"]] = (AgentDefinition.model_validate(definition), thread)
         return self._threads[row["thread_id"]]
 
-    # ---- phases: each returns whether this run keeps driving the turn ----------------
+    # ---- phases ---------------------------------------------------------------------------
+    # Database-only phases run inside the caller's transaction and return the turn row to go
+    # on with, or None when this run ends (the turn waits, finished, or was released).
 
-    async def _prepare(self, lease: Lease, row: asyncpg.Record) -> bool:
-        agent, thread = await self._agent_and_thread(row)
-
-        async def commit(conn: asyncpg.Connection) -> bool:
-            frozen = thread["bindings"]
-            if frozen is None:
-                found = await _latest_bindings(conn, agent.tools)
-                missing = sorted(set(agent.tools) - set(found))
-                if missing:
-                    overdue = await conn.fetchval(
-                        "SELECT created_at < now() - make_interval(secs => $2) FROM turns WHERE id = $1",
-                        lease.turn_id,
-                        self.ctx.binding_wait_seconds,
-                    )
-                    if overdue:
-                        raise _no_binding(missing, self.ctx.binding_wait_seconds)
-                    await turns.advance(
-                        conn,
-                        lease,
-                        phase=TurnPhase.PREPARE,
-                        release=True,
-                        waiting_for=f"a Hands pool to announce {', '.join(missing)}",
-                        wake_at=await conn.fetchval("SELECT now() + make_interval(secs => 0.5)"),
-                    )
-                    return False
-                # Freeze the bindings into the thread: later turns use these digests.
-                await conn.execute(
-                    "UPDATE threads SET bindings = $2 WHERE id = $1 AND bindings IS NULL",
-                    thread["id"],
-                    found,
+    async def _prepare(
+        self, conn: asyncpg.Connection, lease: Lease, row: asyncpg.Record
+    ) -> asyncpg.Record | None:
+        agent, thread = await self._agent_and_thread(conn, row)
+        self._threads.clear()  # the bindings may be frozen just now
+        if thread["bindings"] is None:
+            found = await _latest_bindings(conn, agent.tools)
+            missing = sorted(set(agent.tools) - set(found))
+            if missing:
+                overdue = await conn.fetchval(
+                    "SELECT created_at < now() - make_interval(secs => $2) FROM turns WHERE id = $1",
+                    lease.turn_id,
+                    self.ctx.binding_wait_seconds,
                 )
-            await turns.append_history(conn, row["thread_id"], lease.turn_id, "user", row["input"])
-            await turns.advance(
-                conn,
-                lease,
-                phase=TurnPhase.MODEL_REQUEST,
-                waiting_for=None,
-                lease_seconds=self.ctx.lease_seconds,
+                if overdue:
+                    raise _no_binding(missing, self.ctx.binding_wait_seconds)
+                await turns.advance(
+                    conn,
+                    lease,
+                    phase=TurnPhase.PREPARE,
+                    release=True,
+                    waiting_for=f"a Hands pool to announce {', '.join(missing)}",
+                    wake_at=await conn.fetchval("SELECT now() + make_interval(secs => 0.5)"),
+                )
+                return None
+            # Freeze the bindings into the thread: later turns use these digests.
+            await conn.execute(
+                "UPDATE threads SET bindings = $2 WHERE id = $1 AND bindings IS NULL",
+                thread["id"],
+                found,
             )
-            await events.append(conn, row["session_id"], lease.turn_id, "turn.prepared", {})
-            return True
+        await turns.append_history(conn, row["thread_id"], lease.turn_id, "user", row["input"])
+        await events.append(conn, row["session_id"], lease.turn_id, "turn.prepared", {})
+        return await turns.advance(
+            conn,
+            lease,
+            phase=TurnPhase.MODEL_REQUEST,
+            waiting_for=None,
+            lease_seconds=self.ctx.lease_seconds,
+        )
 
-        try:
-            return await transact(self.ctx.pool, commit)
-        finally:
-            self._threads.clear()  # the bindings may have been frozen just now
-
-    async def _model_request(self, lease: Lease, row: asyncpg.Record) -> bool:
-        agent, thread = await self._agent_and_thread(row)
+    async def _model_request(self, lease: Lease, row: asyncpg.Record) -> asyncpg.Record | None:
+        """Call the model outside any transaction, then commit its reply together with what
+        follows from it: the tool intents (dispatch) or the turn's result (finalize)."""
+        async with self.ctx.pool.acquire() as conn:
+            agent, thread = await self._agent_and_thread(conn, row)
+            entries = await turns.history(conn, row["thread_id"])
         if row["model_calls"] >= agent.limits.max_model_calls:
             raise _limit(agent.limits.max_model_calls)
-        async with self.ctx.pool.acquire() as conn:
-            entries = await turns.history(conn, row["thread_id"])
         history = [Message(role=e["role"], turn_id=e["turn_id"], content=e["content"]) for e in entries]
         model = make_model(agent.model)
         # Outside any transaction: a slow model never holds a row lock.
@@ -229,11 +266,18 @@ class TurnDriver:
             tools=list((thread["bindings"] or {}).values()),
         )
         content: dict[str, Any] = {"text": reply.content}
-        if reply.tool_calls:
-            content["tool_calls"] = [c.model_dump() for c in reply.tool_calls]
-        next_phase = TurnPhase.DISPATCH_TOOLS if reply.tool_calls else TurnPhase.FINALIZE
+        calls = [c.model_dump() for c in reply.tool_calls]
+        if calls:
+            content["tool_calls"] = calls
+        next_phase = TurnPhase.DISPATCH_TOOLS if calls else TurnPhase.FINALIZE
+        intents: list[_Intent] | None = None
+        if calls:
+            try:
+                intents = await self._intents(lease, row, thread, calls)
+            except TendonError:
+                intents = None  # the reply is committed alone; the dispatch phase meets it again
 
-        async def commit(conn: asyncpg.Connection) -> bool:
+        async def commit(conn: asyncpg.Connection) -> asyncpg.Record | None:
             await conn.execute(
                 "INSERT INTO model_calls (turn_id, run_id, reply, usage) VALUES ($1, $2, $3, $4)",
                 lease.turn_id,
@@ -242,32 +286,43 @@ class TurnDriver:
                 reply.usage,
             )
             await turns.append_history(conn, row["thread_id"], lease.turn_id, "assistant", content)
-            await turns.advance(
+            await events.append(
+                conn, row["session_id"], lease.turn_id, "turn.model_replied", {"tool_calls": len(calls)}
+            )
+            after = await turns.advance(
                 conn,
                 lease,
                 phase=next_phase,
                 model_calls=row["model_calls"] + 1,
                 lease_seconds=self.ctx.lease_seconds,
             )
-            await events.append(
-                conn,
-                row["session_id"],
-                lease.turn_id,
-                "turn.model_replied",
-                {"tool_calls": len(reply.tool_calls)},
-            )
-            return True
+            if intents is None:
+                return await self._db_steps(conn, lease=lease, row=after)
+            await self._commit_intents(conn, lease, after, intents)
+            return None  # the turn waits for its tools
 
-        return await transact(self.ctx.pool, commit)
+        after = await transact(self.ctx.pool, commit)
+        if intents is not None:
+            self._after_intents(intents)
+        return after
 
-    async def _dispatch_tools(self, lease: Lease, row: asyncpg.Record) -> bool:
-        _agent, thread = await self._agent_and_thread(row)
-        bindings: dict[str, Any] = thread["bindings"] or {}
+    async def _dispatch_tools(self, lease: Lease, row: asyncpg.Record) -> asyncpg.Record | None:
+        """Dispatch the last reply's tool calls (a run that resumes at this phase)."""
         async with self.ctx.pool.acquire() as conn:
+            _agent, thread = await self._agent_and_thread(conn, row)
             last = (await turns.history(conn, row["thread_id"]))[-1]
-        step = row["tool_step"] + 1
+        intents = await self._intents(lease, row, thread, last["content"]["tool_calls"])
+        await transact(self.ctx.pool, lambda c: self._commit_intents(c, lease, row, intents))
+        self._after_intents(intents)
+        return None  # the turn waits for its tools
+
+    async def _intents(
+        self, lease: Lease, row: asyncpg.Record, thread: asyncpg.Record, calls: list[dict[str, Any]]
+    ) -> list[_Intent]:
+        """Build (and, when big, upload) the execute command of every tool call."""
+        bindings: dict[str, Any] = thread["bindings"] or {}
         intents = []
-        for call in last["content"]["tool_calls"]:
+        for call in calls:
             binding = bindings.get(call["tool"])
             if binding is None:
                 raise _unbound(call["tool"], sorted(bindings))
@@ -291,128 +346,124 @@ class TurnDriver:
             # Upload of a big body happens before the commit: content-addressed, so a crash
             # here leaves at most an unreferenced object, never a reference to nothing.
             payload = await self.ctx.codec.pack(envelope)
-            intents.append((call, binding, envelope, payload))
+            intents.append(_Intent(call, binding, envelope, payload))
+        return intents
 
-        async def commit(conn: asyncpg.Connection) -> None:
-            for call, binding, envelope, payload in intents:
-                await executions.insert_intent(
-                    conn,
-                    execution_id=envelope.execution_id,
-                    turn_id=lease.turn_id,
-                    tool_step=step,
-                    call_id=call["call_id"],
-                    binding=binding,
-                    args=call["args"],
-                    request_digest=envelope.request_digest,
-                    command_message_id=envelope.message_id,
-                )
-                await outbox.add(
-                    conn, self.ctx.topology.commands(binding["route"]), envelope.message_id, payload
-                )
-                await events.append(
-                    conn,
-                    row["session_id"],
-                    lease.turn_id,
-                    "execution.intended",
-                    {
-                        "execution_id": envelope.execution_id,
-                        "call_id": call["call_id"],
-                        "tool": binding["name"],
-                    },
-                )
-            await turns.advance(
+    async def _commit_intents(
+        self, conn: asyncpg.Connection, lease: Lease, row: asyncpg.Record, intents: list[_Intent]
+    ) -> None:
+        """Executions + outbox commands (invariant 3), then the turn waits for them."""
+        step = row["tool_step"] + 1
+        for intent in intents:
+            call, binding, envelope = intent.call, intent.binding, intent.envelope
+            await executions.insert_intent(
                 conn,
-                lease,
-                phase=TurnPhase.WAIT_TOOLS,
-                status=TurnStatus.WAITING,
-                release=True,
+                execution_id=envelope.execution_id,
+                turn_id=lease.turn_id,
                 tool_step=step,
-                waiting_for=f"{len(intents)} tool execution(s)",
-                detail={"executions": [i[2].execution_id for i in intents]},
+                call_id=call["call_id"],
+                binding=binding,
+                args=call["args"],
+                request_digest=envelope.request_digest,
+                command_message_id=envelope.message_id,
             )
+            await outbox.add(
+                conn, self.ctx.topology.commands(binding["route"]), envelope.message_id, intent.payload
+            )
+            await events.append(
+                conn,
+                row["session_id"],
+                lease.turn_id,
+                "execution.intended",
+                {"execution_id": envelope.execution_id, "call_id": call["call_id"], "tool": binding["name"]},
+            )
+        await turns.advance(
+            conn,
+            lease,
+            phase=TurnPhase.WAIT_TOOLS,
+            status=TurnStatus.WAITING,
+            release=True,
+            tool_step=step,
+            waiting_for=f"{len(intents)} tool execution(s)",
+            detail={"executions": [i.envelope.execution_id for i in intents]},
+        )
 
-        await transact(self.ctx.pool, commit)
-        for call, *_ in intents:
-            self.ctx.killpoints.hit("brain.after_intent_commit", call["call_id"])
+    def _after_intents(self, intents: list[_Intent]) -> None:
+        for intent in intents:
+            self.ctx.killpoints.hit("brain.after_intent_commit", intent.call["call_id"])
         self.ctx.outbox_ready()
-        return False
 
-    async def _wait_tools(self, lease: Lease, row: asyncpg.Record) -> bool:
-        async def commit(conn: asyncpg.Connection) -> bool:
-            # Lock the turn first, then read executions: an update committing concurrently
-            # either is visible here or finds the turn WAITING and wakes it.
-            await conn.fetchrow("SELECT 1 FROM turns WHERE id = $1 FOR UPDATE", lease.turn_id)
-            rows = await executions.for_step(conn, lease.turn_id, row["tool_step"])
-            if executions.all_terminal(rows):
-                await turns.advance(
-                    conn,
-                    lease,
-                    phase=TurnPhase.APPLY_RESULTS,
-                    waiting_for=None,
-                    lease_seconds=self.ctx.lease_seconds,
-                )
-                return True
-            pending = [r for r in rows if r["status"] not in ("succeeded", "failed", "cancelled")]
-            unknown = [r for r in pending if r["status"] == "unknown"]
-            reason = (
-                f"reconcile of {len(unknown)} UNKNOWN execution(s): "
-                + ", ".join(f"{r['id']} ({r['tool']} {r['call_id']})" for r in unknown)
-                if unknown
-                else f"{len(pending)} tool execution(s)"
-            )
-            await turns.advance(
+    async def _wait_tools(
+        self, conn: asyncpg.Connection, lease: Lease, row: asyncpg.Record
+    ) -> asyncpg.Record | None:
+        # Lock the turn first, then read executions: an update committing concurrently
+        # either is visible here or finds the turn WAITING and wakes it.
+        await conn.fetchrow("SELECT 1 FROM turns WHERE id = $1 FOR UPDATE", lease.turn_id)
+        rows = await executions.for_step(conn, lease.turn_id, row["tool_step"])
+        if executions.all_terminal(rows):
+            return await turns.advance(
                 conn,
                 lease,
-                phase=TurnPhase.WAIT_TOOLS,
-                status=TurnStatus.WAITING,
-                release=True,
-                waiting_for=reason,
+                phase=TurnPhase.APPLY_RESULTS,
+                waiting_for=None,
+                lease_seconds=self.ctx.lease_seconds,
             )
-            return False
+        pending = [r for r in rows if r["status"] not in ("succeeded", "failed", "cancelled")]
+        unknown = [r for r in pending if r["status"] == "unknown"]
+        reason = (
+            f"reconcile of {len(unknown)} UNKNOWN execution(s): "
+            + ", ".join(f"{r['id']} ({r['tool']} {r['call_id']})" for r in unknown)
+            if unknown
+            else f"{len(pending)} tool execution(s)"
+        )
+        await turns.advance(
+            conn,
+            lease,
+            phase=TurnPhase.WAIT_TOOLS,
+            status=TurnStatus.WAITING,
+            release=True,
+            waiting_for=reason,
+        )
+        return None
 
-        return await transact(self.ctx.pool, commit)
-
-    async def _apply_results(self, lease: Lease, row: asyncpg.Record) -> bool:
-        async def commit(conn: asyncpg.Connection) -> bool:
-            for r in await executions.for_step(conn, lease.turn_id, row["tool_step"]):
-                await turns.append_history(
-                    conn,
-                    row["thread_id"],
-                    lease.turn_id,
-                    "tool",
-                    {
-                        "call_id": r["call_id"],
-                        "tool": r["tool"],
-                        "execution_id": r["id"],
-                        "status": r["status"],
-                        "result": r["result"],
-                        "error": r["error"],
-                        "how": r["how"],
-                    },
-                )
-            await turns.advance(
-                conn, lease, phase=TurnPhase.MODEL_REQUEST, lease_seconds=self.ctx.lease_seconds
-            )
-            return True
-
-        return await transact(self.ctx.pool, commit)
-
-    async def _finalize(self, lease: Lease, row: asyncpg.Record) -> bool:
-        async def commit(conn: asyncpg.Connection) -> bool:
-            last = (await turns.history(conn, row["thread_id"]))[-1]
-            result = {"text": last["content"].get("text")}
-            await turns.advance(
+    async def _apply_results(
+        self, conn: asyncpg.Connection, lease: Lease, row: asyncpg.Record
+    ) -> asyncpg.Record | None:
+        for r in await executions.for_step(conn, lease.turn_id, row["tool_step"]):
+            await turns.append_history(
                 conn,
-                lease,
-                phase=TurnPhase.DONE,
-                status=TurnStatus.COMPLETED,
-                release=True,
-                result=result,
+                row["thread_id"],
+                lease.turn_id,
+                "tool",
+                {
+                    "call_id": r["call_id"],
+                    "tool": r["tool"],
+                    "execution_id": r["id"],
+                    "status": r["status"],
+                    "result": r["result"],
+                    "error": r["error"],
+                    "how": r["how"],
+                },
             )
-            await events.append(conn, row["session_id"], lease.turn_id, "turn.completed", result)
-            return False
+        return await turns.advance(
+            conn, lease, phase=TurnPhase.MODEL_REQUEST, lease_seconds=self.ctx.lease_seconds
+        )
 
-        return await transact(self.ctx.pool, commit)
+    async def _finalize(
+        self, conn: asyncpg.Connection, lease: Lease, row: asyncpg.Record
+    ) -> asyncpg.Record | None:
+        last = (await turns.history(conn, row["thread_id"]))[-1]
+        result = {"text": last["content"].get("text")}
+        await turns.advance(
+            conn,
+            lease,
+            phase=TurnPhase.DONE,
+            status=TurnStatus.COMPLETED,
+            release=True,
+            result=result,
+        )
+        await events.append(conn, row["session_id"], lease.turn_id, "turn.completed", result)
+        return None
 
     async def _fail(self, lease: Lease, error: dict[str, str]) -> None:
         log.error("turn_failed", **error)
@@ -429,6 +480,19 @@ class TurnDriver:
         except Exception as exc:  # noqa: BLE001
             # Not recorded: the lease expires and a later run meets the same error again.
             log.warning("failure_not_recorded", error=repr(exc))
+
+
+@dataclass(frozen=True)
+class _Intent:
+    """One tool call about to be committed as an execution with its outbox command."""
+
+    call: dict[str, Any]
+    binding: dict[str, Any]
+    envelope: ExecuteCommand
+    payload: bytes
+
+
+DbPhase = Callable[[asyncpg.Connection, Lease, asyncpg.Record], Awaitable[asyncpg.Record | None]]
 
 
 async def _latest_bindings(conn: asyncpg.Connection, tools: list[str]) -> dict[str, Any]:
