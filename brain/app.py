@@ -12,7 +12,7 @@ from typing import Any
 
 import asyncpg
 
-from brain.loop import LoopContext, TurnDriver, drive_forever
+from brain.loop import LoopContext, TurnDriver, Wakeups, drive_forever
 from brain.relay import OutboxRelay
 from brain.scanner import RepairScanner
 from brain.store.migrations import MIGRATIONS
@@ -106,13 +106,8 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
     topology = broker.topology
     async with AsyncExitStack() as stack:
         channel = wake_channel(settings)
-        wakes = [asyncio.Event() for _ in range(settings.concurrency)]  # one per driver
-
-        def wake_all(*_: Any) -> None:
-            for event in wakes:
-                event.set()
-
-        await backends.listen(channel, wake_all)
+        wakeups = Wakeups()
+        await backends.listen(channel, wakeups.hint)
 
         relay = OutboxRelay(pool, broker, interval=settings.scan_interval)
         ctx = LoopContext(
@@ -144,10 +139,10 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
             ),
         ]
         for i in range(settings.concurrency):
-            driver = TurnDriver(ctx, backends.worker_id, alive)
+            driver = TurnDriver(ctx, backends.worker_id, alive, on_claim=wakeups.hint)
             tasks.append(
                 asyncio.create_task(
-                    drive_forever(driver, wakes[i], settings.scan_interval), name=f"driver-{i}"
+                    drive_forever(driver, wakeups, settings.scan_interval), name=f"driver-{i}"
                 )
             )
 

@@ -66,10 +66,13 @@ class TurnDriver:
     commit still moves the turn from one committed phase to another (invariant 2).
     """
 
-    def __init__(self, ctx: LoopContext, owner: str, alive_sql: str) -> None:
+    def __init__(
+        self, ctx: LoopContext, owner: str, alive_sql: str, on_claim: Callable[[], None] = lambda: None
+    ) -> None:
         self.ctx = ctx
         self.owner = owner
         self.alive_sql = alive_sql
+        self.on_claim = on_claim  # another turn may be claimable too: pass the hint on
         self._threads: dict[str, tuple[AgentDefinition, asyncpg.Record]] = {}
         self._db_phases: dict[TurnPhase, DbPhase] = {
             TurnPhase.PREPARE: self._prepare,
@@ -88,6 +91,7 @@ class TurnDriver:
         if claimed is None:
             return False
         lease, started, row = claimed
+        self.on_claim()
         with bound_contextvars(turn_id=lease.turn_id, run_id=lease.run_id):
             log.info("run_started", phase=started, epoch=lease.epoch)
             try:
@@ -522,21 +526,49 @@ def _limit(n: int) -> TendonError:
     return LimitReachedError(f"the agent reached its limit of {n} model calls in one turn")
 
 
-async def drive_forever(driver: TurnDriver, wake: asyncio.Event, interval: float) -> None:
-    """Claim and drive turns; sleep until a wake hint or the periodic scan when idle.
+class Wakeups:
+    """Wake-up hints shared by one Brain's drivers: each hint wakes one idle driver.
 
-    ``wake`` is this driver's own event. It is cleared *before* looking for work, so a hint
-    that arrives while this driver looks is kept for the next wait instead of being lost.
+    Waking every driver on every hint would make each of them look at the database for the
+    one turn that became claimable. Instead a driver that claims a turn passes the hint on
+    (``on_claim``), so a burst of claimable turns still fans out over idle drivers. A hint
+    that finds no driver idle is kept, so the next driver about to wait looks once more.
     """
+
+    def __init__(self) -> None:
+        self._idle: list[asyncio.Event] = []
+        self._kept = False
+
+    def hint(self, *_: Any) -> None:
+        """Wake one idle driver (any arguments, so it can be a LISTEN callback)."""
+        if self._idle:
+            self._idle.pop().set()
+        else:
+            self._kept = True
+
+    async def wait(self, at_most: float) -> None:
+        """Sleep until a hint or for ``at_most`` seconds; return at once for a kept hint."""
+        if self._kept:
+            self._kept = False
+            return
+        event = asyncio.Event()
+        self._idle.append(event)
+        try:
+            await asyncio.wait_for(event.wait(), timeout=at_most)
+        except TimeoutError:
+            pass
+        finally:
+            if event in self._idle:
+                self._idle.remove(event)
+
+
+async def drive_forever(driver: TurnDriver, wakeups: Wakeups, interval: float) -> None:
+    """Claim and drive turns; sleep until a wake hint or the periodic scan when idle."""
     while True:
-        wake.clear()
         try:
             if await driver.run_one():
                 continue
         except Exception as exc:  # noqa: BLE001 - e.g. the database is briefly unreachable
             # Nothing committed is lost; claim again after the scan interval.
             log.warning("driver_error", error=repr(exc))
-        try:
-            await asyncio.wait_for(wake.wait(), timeout=interval)
-        except TimeoutError:
-            pass
+        await wakeups.wait(interval)

@@ -13,8 +13,10 @@ from typing import Any
 import asyncpg
 from structlog.contextvars import bound_contextvars
 
+from brain.sequencing import Arrival
 from brain.store import executions
 from infra.db import transact
+from infra.groupcommit import GroupCommit
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec
@@ -49,6 +51,13 @@ class UpdateConsumer:
         self.killpoints = killpoints
         self.wake_channel = wake_channel
         self.queue = broker.topology.updates
+        # Events arriving together (a burst from one execution, or many executions under
+        # load) are applied in one transaction, in (execution, seq) order.
+        self.applier: GroupCommit[Any, Arrival] = GroupCommit(
+            pool,
+            lambda conn, event: executions.receive(conn, event, wake_channel),
+            order=lambda event: (event.execution_id, event.seq),
+        )
 
     async def handle(self, message: Delivery) -> None:
         """Apply one update; whatever happens, the message is acked, parked or requeued."""
@@ -87,7 +96,7 @@ class UpdateConsumer:
                     await self.broker.dead_letter(self.queue, message, str(exc))
                 return
             try:
-                arrival = await transact(self.pool, lambda c: executions.receive(c, event, self.wake_channel))
+                arrival = await self.applier.submit(event)
             except TendonError as exc:
                 await self.broker.dead_letter(self.queue, message, str(exc))
                 return

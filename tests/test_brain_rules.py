@@ -117,3 +117,27 @@ async def test_the_scripted_model_answers_from_its_script_by_position_in_the_tur
 def test_an_unknown_model_kind_is_a_clear_error():
     with pytest.raises(SchemaError, match="unknown model kind 'gpt'"):
         make_model({"kind": "gpt"})
+
+
+# ---- wake-up hints ------------------------------------------------------------------------
+
+
+async def test_a_wake_hint_wakes_one_idle_driver_and_a_hint_nobody_waits_for_is_kept() -> None:
+    import asyncio
+
+    from brain.loop import Wakeups
+
+    wakeups = Wakeups()
+    waiters = [asyncio.create_task(wakeups.wait(5.0)) for _ in range(3)]
+    await asyncio.sleep(0)  # all three are idle now
+
+    wakeups.hint()
+    done, pending = await asyncio.wait(waiters, timeout=0.2)
+    assert (len(done), len(pending)) == (1, 2)  # one hint, one driver
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+    # A hint while every driver is busy is kept: the next one about to wait looks again at once
+    wakeups.hint()
+    await asyncio.wait_for(wakeups.wait(5.0), timeout=0.2)
