@@ -244,6 +244,7 @@ class TendonWorld:
         self.gate_dir = procs.log_dir / f"gates-{self.suffix}"
         self.gate_dir.mkdir(parents=True, exist_ok=True)
         self._n = 0
+        self.started: list[subprocess.Popen[bytes]] = []  # stopped by cleanup, before the queues go
 
     @property
     def brain_schema(self) -> str:
@@ -269,10 +270,15 @@ class TendonWorld:
         }
 
     async def start_brain(self, **extra: str) -> subprocess.Popen[bytes]:
-        return await self.procs.start_ready("brain", BRAIN, {**self.env, **extra})
+        return await self._start("brain", BRAIN, extra)
 
     async def start_hands(self, **extra: str) -> subprocess.Popen[bytes]:
-        return await self.procs.start_ready("hands", HANDS, {**self.env, **extra})
+        return await self._start("hands", HANDS, extra)
+
+    async def _start(self, name: str, args: list[str], extra: dict[str, str]) -> subprocess.Popen[bytes]:
+        proc = await self.procs.start_ready(name, args, {**self.env, **extra})
+        self.started.append(proc)
+        return proc
 
     async def open(self) -> None:
         """Open the submitting pool in this process (migrates the Brain schema if needed)."""
@@ -365,16 +371,26 @@ class TendonWorld:
         return self.gate_dir / name
 
     async def cleanup(self) -> None:
-        """Close the pool, drop both schemas and delete the world's queues."""
-        if self.pool is not None:
-            await self.pool.close()
-            self.pool = None
-        conn = await asyncpg.connect(self.services.database_url)
+        """Stop the world's processes, close the pool, drop both schemas, delete the queues.
+
+        The processes go first: a live Brain or Hands re-declares a deleted queue. Each step
+        runs even when an earlier one failed (the first error is raised at the end).
+        """
+        for proc in reversed(self.started):
+            self.procs.stop(proc)
+        errors: list[BaseException] = []
         try:
-            for schema in (self.brain_schema, self.hands_schema):
-                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
+            if self.pool is not None:
+                await self.pool.close()
+                self.pool = None
+            conn = await asyncpg.connect(self.services.database_url)
+            try:
+                for schema in (self.brain_schema, self.hands_schema):
+                    await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            finally:
+                await conn.close()
+        except Exception as exc:  # noqa: BLE001 - the queues are deleted all the same
+            errors.append(exc)
         prefix = f"t-{self.suffix}"
         names = [
             f"{prefix}.updates",
@@ -382,14 +398,30 @@ class TendonWorld:
             f"{prefix}.bench.commands",
             f"{prefix}.bench.controls",
         ]
-        connection = await aio_pika.connect(self.services.amqp_url)
+        try:
+            await delete_amqp(self.services.amqp_url, names + [f"{n}.dlq" for n in names], [f"{prefix}.dlx"])
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+async def delete_amqp(amqp_url: str, queues: list[str], exchanges: list[str]) -> None:
+    """Delete queues (quorum ones too: unused or not, empty or not) and exchanges; bounded."""
+
+    async def go() -> None:
+        connection = await aio_pika.connect(amqp_url)
         async with connection:
-            for name in names + [f"{n}.dlq" for n in names]:
+            for name in queues:
                 channel = await connection.channel()
                 await channel.queue_delete(name, if_unused=False, if_empty=False)
                 await channel.close()
-            channel = await connection.channel()
-            await channel.exchange_delete(f"{prefix}.dlx")
+            for name in exchanges:
+                channel = await connection.channel()
+                await channel.exchange_delete(name)
+                await channel.close()
+
+    await asyncio.wait_for(go(), 60)
 
 
 def one_call_agent(tool: str = "noop", calls: int = 1, **args: Any) -> dict[str, Any]:

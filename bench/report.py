@@ -47,12 +47,13 @@ def machine_facts() -> dict[str, str]:
 def table(rows: list[Row]) -> str:
     head = (
         "| scenario | metric | unit | Tendon | floor | Tendon/floor | Celery | Tendon/Celery "
-        "| target | note |\n"
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |\n"
+        "| DBOS | Tendon/DBOS | target | note |\n"
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n"
     )
     lines = [
         f"| {r.scenario} | {r.metric} | {r.unit} | {_fmt(r.tendon)} | {_fmt(r.floor)} | "
-        f"{_fmt_ratio(r, r.floor)} | {_fmt(r.celery)} | {_fmt_ratio(r, r.celery)} | {r.target} | {r.note} |"
+        f"{_fmt_ratio(r, r.floor)} | {_fmt(r.celery)} | {_fmt_ratio(r, r.celery)} | "
+        f"{_fmt(r.dbos)} | {_fmt_ratio(r, r.dbos)} | {r.target} | {r.note} |"
         for r in rows
     ]
     return head + "\n".join(lines) + "\n"
@@ -60,6 +61,17 @@ def table(rows: list[Row]) -> str:
 
 def _fmt_ratio(r: Row, other: float | None) -> str:
     return _ratio(r.tendon, other)
+
+
+def _wrap(label: str, width: int = 22) -> str:
+    """Break a long tick label into lines of about ``width`` characters."""
+    lines: list[str] = []
+    for word in label.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "\n".join(lines)
 
 
 def plots(series: dict[str, Any], out: Path) -> list[str]:
@@ -80,6 +92,7 @@ def plots(series: dict[str, Any], out: Path) -> list[str]:
             ("floor_1", "floor 1 call"),
             ("tendon_2", "Tendon 2 calls"),
             ("floor_2", "floor 2 calls"),
+            ("dbos_1", "DBOS 1-step workflow (at the caller)"),
         ):
             xs = sorted(v * 1000 for v in lat.get(key, []))
             if xs:
@@ -110,10 +123,10 @@ def plots(series: dict[str, Any], out: Path) -> list[str]:
         written.append("throughput.png")
     rec = series.get("recovery")
     if rec:
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig, ax = plt.subplots(figsize=(9, 5))
         labels = [k for k, v in rec.items() if v]
         ax.boxplot([rec[k] for k in labels])
-        ax.set_xticks(range(1, len(labels) + 1), labels, rotation=15)
+        ax.set_xticks(range(1, len(labels) + 1), [_wrap(k) for k in labels], fontsize=7)
         ax.set_ylabel("seconds")
         ax.set_title("Recovery after SIGKILL")
         fig.tight_layout()

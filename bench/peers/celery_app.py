@@ -3,15 +3,19 @@
 ``acks_late`` + ``task_reject_on_worker_lost`` (a killed worker's task is redelivered) and
 ``broker_transport_options={"confirm_publish": True}`` (publisher confirms). Results come back
 through ``rpc://`` (a reply queue per client; no database). Configured from environment:
-BENCH_CELERY_BROKER and BENCH_CELERY_QUEUE.
+BENCH_CELERY_BROKER and BENCH_CELERY_QUEUE; a worker started with BENCH_CELERY_READY writes
+that file once it consumes (the ``worker_ready`` signal).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
+from typing import Any
 
 from celery import Celery
+from celery.signals import worker_ready
 
 app = Celery(
     "bench_celery",
@@ -47,3 +51,24 @@ def sleepy(marker: str, seconds: float) -> str:
         f.write(f"{os.getpid()}\n")
     time.sleep(seconds)
     return marker
+
+
+@app.task(name="bench.gated")
+def gated(marker: str, gate: str, limit: float = 300.0) -> str:
+    """Append ``pid time`` to ``marker`` (one line per start), then wait for the ``gate`` file.
+
+    The worker-kill trials SIGKILL the process running this; ``limit`` bounds the wait.
+    """
+    with open(marker, "a") as f:
+        f.write(f"{os.getpid()} {time.time()}\n")
+    deadline = time.monotonic() + limit
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return marker
+
+
+@worker_ready.connect
+def _announce_ready(**_: Any) -> None:
+    ready = os.environ.get("BENCH_CELERY_READY")
+    if ready:
+        Path(ready).write_text(f"{os.getpid()}\n")

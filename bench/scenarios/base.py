@@ -33,6 +33,7 @@ class Row:
     tendon: float | None = None
     floor: float | None = None
     celery: float | None = None
+    dbos: float | None = None
     target: str = ""
     note: str = ""
 

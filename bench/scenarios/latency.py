@@ -8,6 +8,9 @@ Tendon's time is ``turns.updated_at - turns.created_at`` of a completed turn: fr
 submit transaction to the completing transaction, both stamped by PostgreSQL. The floor's is
 stamped the same way (intent transaction to the Brain's result transaction). The added cost
 of one tool call is the median of a 2-call turn minus the median of a 1-call turn.
+
+DBOS (full mode, ``bench/peers/dbos_bench.py``): a one-step workflow, from
+``start_workflow_async`` to its result at the caller, in the client-observed rows.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 
 from bench.floor import Floor
 from bench.harness import TendonWorld, median, one_call_agent, pct
+from bench.peers import dbos_bench
 from bench.scenarios.base import Context, Result, Row
 
 
@@ -53,6 +57,8 @@ async def run(ctx: Context) -> Result:
         await floor.sequential(5)
         fl = await floor.sequential(n)
         fl2 = [a + b for a, b in zip(await floor.sequential(n), await floor.sequential(n), strict=True)]
+    dbos = await dbos_bench.maybe_run(ctx, "latency", timeout=300, n=n, warmup=20)
+    dbos_lat: list[float] = dbos["latencies"] if dbos else []
 
     ms = 1000.0
     res = Result()
@@ -79,16 +85,20 @@ async def run(ctx: Context) -> Result:
                 note="to the turn's completion: also a second model step and the finalize",
             )
         )
-    res.rows.append(
-        Row(
-            "latency",
-            "1-call turn p50, client-observed",
-            "ms",
-            median(one_client) * ms,
-            median(floor.latencies[5 : 5 + n]) * ms,
-            note="includes polling every 2 ms (Tendon) / in-process future (floor)",
+    floor_client = floor.latencies[5 : 5 + n]
+    for q in (50, 99):
+        res.rows.append(
+            Row(
+                "latency",
+                f"1-call turn p{q}, client-observed",
+                "ms",
+                pct(one_client, q) * ms,
+                pct(floor_client, q) * ms,
+                dbos=pct(dbos_lat, q) * ms if dbos_lat else None,
+                note="includes polling every 2 ms (Tendon) / in-process future (floor)"
+                + ("; DBOS: 1-step workflow, start_workflow_async to result, in-process" if dbos_lat else ""),
+            )
         )
-    )
     res.rows.append(Row("latency", "2-call turn p50", "ms", median(two) * ms, median(fl2) * ms))
     res.rows.append(
         Row(
@@ -100,4 +110,6 @@ async def run(ctx: Context) -> Result:
         )
     )
     res.series["latency"] = {"tendon_1": one, "tendon_2": two, "floor_1": fl, "floor_2": fl2}
+    if dbos_lat:
+        res.series["latency"]["dbos_1"] = dbos_lat
     return res

@@ -3,7 +3,8 @@
 Tendon: one Brain, a Hands pool of 2 processes; each in-flight unit is a 1-call turn (so a
 Tendon "call" here also carries its turn: submit, two scripted model steps, finalize). The
 harness keeps K turns in flight and resubmits as it sees completions (polled every 10 ms).
-Floor and Celery run the same closed loop with K calls / tasks in flight.
+Floor, Celery and DBOS (full mode) run the same closed loop with K calls / tasks / one-step
+workflows in flight.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 
 from bench.floor import Floor
 from bench.harness import TendonWorld, median, one_call_agent
-from bench.peers import celery_bench
+from bench.peers import celery_bench, dbos_bench
 from bench.scenarios.base import Context, Result, Row
 
 
@@ -43,7 +44,7 @@ async def run(ctx: Context) -> Result:
     levels = [1, 10, 50]
     duration = 2.0 if ctx.quick else 10.0
     repeats = 1 if ctx.quick else 3
-    results: dict[str, dict[str, list[float]]] = {"Tendon": {}, "floor": {}, "Celery": {}}
+    results: dict[str, dict[str, list[float]]] = {"Tendon": {}, "floor": {}, "Celery": {}, "DBOS": {}}
     world = TendonWorld(ctx.services, ctx.procs)
     try:
         await world.start_brain()
@@ -74,6 +75,16 @@ async def run(ctx: Context) -> Result:
                     results["Celery"].setdefault(str(k), []).append(await peer.closed_loop(k, duration))
             celery_ok = True
             res_lat = await peer.sequential(ctx.n(10, 200))
+    dbos = await dbos_bench.maybe_run(
+        ctx,
+        "throughput",
+        timeout=len(levels) * repeats * (duration + 30) + 120,
+        levels=",".join(map(str, levels)),
+        duration=duration,
+        repeats=repeats,
+    )
+    if dbos:
+        results["DBOS"] = dbos["rates"]
     res = Result()
     for k in levels:
         key = str(k)
@@ -85,6 +96,7 @@ async def run(ctx: Context) -> Result:
                 median(results["Tendon"][key]),
                 median(results["floor"][key]),
                 median(results["Celery"][key]) if celery_ok else None,
+                median(results["DBOS"][key]) if dbos else None,
                 target="not below Celery" if k == 50 else "",
                 note=f"median of {repeats} x {duration:.0f} s",
             )

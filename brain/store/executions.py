@@ -69,7 +69,8 @@ async def receive(conn: asyncpg.Connection, event: Any, wake_channel: str) -> Ar
     acked) and applied once the gap is filled. Returns what happened to this event.
     """
     row = await conn.fetchrow(
-        """SELECT e.*, t.namespace, t.session_id, t.status AS turn_status
+        """SELECT e.*, t.namespace, t.session_id, t.status AS turn_status,
+                  EXISTS (SELECT 1 FROM held_events h WHERE h.execution_id = e.id) AS holding
              FROM executions e JOIN turns t ON t.id = e.turn_id
             WHERE e.id = $1 FOR UPDATE OF e""",
         event.execution_id,
@@ -96,26 +97,26 @@ async def receive(conn: asyncpg.Connection, event: Any, wake_channel: str) -> Ar
         )
         return arrival
 
+    # The usual case holds nothing: one event, one UPDATE. Held events that the new one
+    # makes contiguous are applied after it, in seq order, in this same transaction.
+    pending = [event]
+    if row["holding"]:
+        held = await conn.fetch(
+            "SELECT seq, payload FROM held_events WHERE execution_id = $1 AND seq > $2 ORDER BY seq",
+            event.execution_id,
+            event.seq,
+        )
+        payloads = {r["seq"]: r["payload"] for r in held}
+        ready = drainable(event.seq, list(payloads))
+        pending += [decode(payloads[seq]) for seq in ready]
+        await conn.execute(
+            "DELETE FROM held_events WHERE execution_id = $1 AND seq <= $2",
+            event.execution_id,
+            ready[-1] if ready else event.seq,
+        )
     status = ExecutionStatus(row["status"])
-    status = await _apply(conn, row, status, event)
-    last = event.seq
-    held = await conn.fetch(
-        "SELECT seq, payload FROM held_events WHERE execution_id = $1 AND seq > $2 ORDER BY seq",
-        event.execution_id,
-        last,
-    )
-    payloads = {r["seq"]: r["payload"] for r in held}
-    for seq in drainable(last, list(payloads)):
-        status = await _apply(conn, row, status, decode(payloads[seq]))
-        last = seq
-    await conn.execute(
-        "DELETE FROM held_events WHERE execution_id = $1 AND seq <= $2", event.execution_id, last
-    )
-    await conn.execute(
-        "UPDATE executions SET last_seq = $2, updated_at = now(), replay_requested_at = NULL WHERE id = $1",
-        event.execution_id,
-        last,
-    )
+    for one in pending:
+        status = await _apply(conn, row, status, one)
     if status in TERMINAL_EXECUTION:
         await _wake_turn_if_step_done(conn, row["turn_id"], row["tool_step"], wake_channel)
     return arrival
@@ -124,7 +125,9 @@ async def receive(conn: asyncpg.Connection, event: Any, wake_channel: str) -> Ar
 async def _apply(
     conn: asyncpg.Connection, row: asyncpg.Record, status: ExecutionStatus, event: Any
 ) -> ExecutionStatus:
+    """Apply one contiguous event: its effect, ``last_seq`` and its public event."""
     body = event.body
+    progress = "last_seq = $2, updated_at = now(), replay_requested_at = NULL"
     if event.kind == "output_page":
         await conn.execute(
             "INSERT INTO execution_output (execution_id, byte_offset, data) VALUES ($1, $2, $3)"
@@ -133,6 +136,7 @@ async def _apply(
             body.offset,
             body.data,
         )
+        await conn.execute(f"UPDATE executions SET {progress} WHERE id = $1", row["id"], event.seq)
         return status
     new = EVENT_STATUS[event.kind]
     assert new is not None
@@ -154,8 +158,10 @@ async def _apply(
         sets["error"] = {"code": "unknown", "message": body.reason}
     cols = list(sets)
     await conn.execute(
-        f"UPDATE executions SET {', '.join(f'{c} = ${i + 2}' for i, c in enumerate(cols))} WHERE id = $1",
+        f"UPDATE executions SET {progress}, {', '.join(f'{c} = ${i + 3}' for i, c in enumerate(cols))}"
+        " WHERE id = $1",
         row["id"],
+        event.seq,
         *[sets[c] for c in cols],
     )
     detail: dict[str, Any] = {
