@@ -6,8 +6,11 @@ These are plain data and functions so that tests can check every rule without se
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TypeVar
 
 from protocol import IllegalTransitionError
+
+E = TypeVar("E", bound=StrEnum)
 
 
 class TurnStatus(StrEnum):
@@ -107,6 +110,11 @@ EVENT_STATUS: dict[str, ExecutionStatus | None] = {
 def _check(table: dict, old: StrEnum, new: StrEnum, what: str) -> None:  # type: ignore[type-arg]
     if new not in table[old]:
         raise IllegalTransitionError(f"{what} cannot move from {old} to {new}")
+
+
+def sources(table: dict[E, frozenset[E]], new: E) -> list[str]:
+    """The states that may move to ``new`` by ``table`` (for a guarded UPDATE's WHERE)."""
+    return sorted(str(old) for old, targets in table.items() if new in targets)
 
 
 def turn_transition(old: TurnStatus, new: TurnStatus) -> TurnStatus:

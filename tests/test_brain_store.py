@@ -14,7 +14,7 @@ import pytest
 from brain.agents import AgentDefinition
 from brain.app import open_store
 from brain.sequencing import Arrival
-from brain.states import TurnPhase
+from brain.states import TurnPhase, TurnStatus
 from brain.store import executions, turns
 from brain.store.migrations import MIGRATIONS
 from infra.db import dialect, migrate, transact
@@ -24,6 +24,7 @@ from protocol import (
     AcceptedBody,
     AcceptedEvent,
     ConflictError,
+    IllegalTransitionError,
     RoutingError,
     StaleOwnerError,
     StartedBody,
@@ -129,6 +130,26 @@ async def test_a_stale_owner_cannot_commit_and_its_whole_transaction_rolls_back(
             assert await pool.fetchval("SELECT count(*) FROM history") == 0
             row = await pool.fetchrow("SELECT phase, lease_owner FROM turns WHERE id = $1", turn_id)
             assert (row["phase"], row["lease_owner"]) == ("prepare", b.worker_id)
+
+
+async def test_a_move_the_tables_forbid_is_refused_by_the_owner_and_changes_nothing(pool, schema, pg_url):
+    turn_id = await _submit(pool)
+    alive = owner_alive_sql(schema, pool)
+    async with register(pool, schema, pg_url) as a:
+        lease, _ = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
+
+        # When the owning run tries to jump from PREPARE straight to FINALIZE, or to COMPLETED
+        with pytest.raises(IllegalTransitionError, match="turn phase cannot move from prepare to finalize"):
+            await transact(pool, lambda c: turns.advance(c, lease, phase=TurnPhase.FINALIZE))
+        await transact(pool, lambda c: turns.advance(c, lease, status=TurnStatus.WAITING))
+        with pytest.raises(IllegalTransitionError, match="turn cannot move from waiting to completed"):
+            await transact(pool, lambda c: turns.advance(c, lease, status=TurnStatus.COMPLETED))
+
+        # Then the turn is where the last legal move left it, and legal moves still work
+        row = await pool.fetchrow("SELECT phase, status, revision FROM turns WHERE id = $1", turn_id)
+        assert (row["phase"], row["status"]) == ("prepare", "waiting")
+        moved = await transact(pool, lambda c: turns.advance(c, lease, phase=TurnPhase.MODEL_REQUEST))
+        assert (moved["phase"], moved["revision"]) == ("model_request", row["revision"] + 1)
 
 
 async def test_a_dead_owner_is_detected_at_once_without_waiting_for_its_lease(tendon):

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import asyncpg
 
 from brain.agents import AgentDefinition
-from brain.states import TurnPhase, TurnStatus, phase_transition, turn_transition
+from brain.states import (
+    PHASE_TRANSITIONS,
+    TURN_TRANSITIONS,
+    TurnPhase,
+    TurnStatus,
+    phase_transition,
+    sources,
+    turn_transition,
+)
 from brain.store import events
 from protocol import ConflictError, NotFoundError, StaleOwnerError, digest, new_id
 
@@ -180,39 +188,56 @@ async def advance(
     Raises ``StaleOwnerError`` (rolling the whole transaction back) when another run owns
     the turn now, and ``IllegalTransitionError`` for a move the tables forbid.
     """
-    current = await conn.fetchrow(
-        "SELECT status, phase, lease_owner, lease_epoch FROM turns WHERE id = $1 FOR UPDATE",
-        lease.turn_id,
-    )
-    if current is None or current["lease_owner"] != lease.owner or current["lease_epoch"] != lease.epoch:
-        raise StaleOwnerError(
-            f"turn {lease.turn_id}: run epoch {lease.epoch} of {lease.owner} no longer owns it"
-        )
+    # One guarded UPDATE: fenced by owner and epoch, and allowed only from the states the
+    # transition tables permit. Only when it matches nothing is the row read, to say why.
     sets: dict[str, Any] = dict(fields)
+    guards = ["lease_owner = $2", "lease_epoch = $3"]
+    args: list[Any] = [lease.turn_id, lease.owner, lease.epoch]
     if phase is not None:
-        sets["phase"] = phase_transition(TurnPhase(current["phase"]), phase)
-    if status is not None and status != current["status"]:
-        sets["status"] = turn_transition(TurnStatus(current["status"]), status)
+        sets["phase"] = phase
+        args.append(sources(PHASE_TRANSITIONS, phase))
+        guards.append(f"phase = ANY(${len(args)}::text[])")
+    if status is not None:
+        sets["status"] = status
+        args.append([*sources(TURN_TRANSITIONS, status), str(status)])  # or staying there
+        guards.append(f"status = ANY(${len(args)}::text[])")
     if release:
         sets["lease_owner"] = None
         sets["lease_expires_at"] = None
     columns = list(sets)
-    assignments = ", ".join(f"{c} = ${i + 2}" for i, c in enumerate(columns))
+    assignments = "".join(f"{c} = ${len(args) + i + 1}, " for i, c in enumerate(columns))
     extend = "" if release else f", lease_expires_at = now() + make_interval(secs => {float(lease_seconds)})"
     row = await conn.fetchrow(
-        f"UPDATE turns SET {assignments}{', ' if assignments else ''}revision = revision + 1,"
-        f" updated_at = now(){extend} WHERE id = $1 RETURNING *",
-        lease.turn_id,
+        f"UPDATE turns SET {assignments}revision = revision + 1, updated_at = now(){extend}"
+        f" WHERE id = $1 AND {' AND '.join(guards)} RETURNING *",
+        *args,
         *[sets[c] for c in columns],
     )
+    if row is None:
+        await _refuse(conn, lease, phase, status)
     await conn.execute(
         "INSERT INTO steps (turn_id, run_id, phase, detail) VALUES ($1, $2, $3, $4)",
         lease.turn_id,
         lease.run_id,
-        str(sets.get("phase", current["phase"])),
+        row["phase"],
         detail or {},
     )
     return row
+
+
+async def _refuse(
+    conn: asyncpg.Connection, lease: Lease, phase: TurnPhase | None, status: TurnStatus | None
+) -> NoReturn:
+    """Raise why a guarded move of the turn matched nothing."""
+    current = await conn.fetchrow(
+        "SELECT status, phase, lease_owner, lease_epoch FROM turns WHERE id = $1", lease.turn_id
+    )
+    if current is not None and (current["lease_owner"], current["lease_epoch"]) == (lease.owner, lease.epoch):
+        if phase is not None:
+            phase_transition(TurnPhase(current["phase"]), phase)
+        if status is not None and status != current["status"]:
+            turn_transition(TurnStatus(current["status"]), status)
+    raise StaleOwnerError(f"turn {lease.turn_id}: run epoch {lease.epoch} of {lease.owner} no longer owns it")
 
 
 async def append_history(
