@@ -40,6 +40,7 @@ from protocol import (
 )
 
 log = get_logger(__name__)
+_THREADS_KEPT = 1024  # threads (with their agent definition) a driver keeps in memory
 
 
 @dataclass
@@ -86,7 +87,6 @@ class TurnDriver:
         async with self.ctx.pool.acquire() as conn:
             if not await turns.anything_claimable(conn, self.alive_sql):
                 return False
-        self._threads.clear()  # a new run reads its thread afresh
         claimed = await self._claim()
         if claimed is None:
             return False
@@ -194,7 +194,8 @@ class TurnDriver:
     async def _agent_and_thread(
         self, conn: asyncpg.Connection, row: asyncpg.Record
     ) -> tuple[AgentDefinition, asyncpg.Record]:
-        # Within one run these only change in PREPARE (bindings frozen), which clears the cache.
+        # A thread's agent version is pinned and its bindings, once frozen, never change: so
+        # only a thread with frozen bindings is kept, and kept across runs.
         cached = self._threads.get(row["thread_id"])
         if cached is not None:
             return cached
@@ -204,8 +205,12 @@ class TurnDriver:
             thread["agent_name"],
             thread["agent_version"],
         )
-        self._threads[row["thread_id"]] = (AgentDefinition.model_validate(definition), thread)
-        return self._threads[row["thread_id"]]
+        found = (AgentDefinition.model_validate(definition), thread)
+        if thread["bindings"] is not None:
+            if len(self._threads) >= _THREADS_KEPT:
+                self._threads.clear()
+            self._threads[row["thread_id"]] = found
+        return found
 
     # ---- phases ---------------------------------------------------------------------------
     # Database-only phases run inside the caller's transaction and return the turn row to go
@@ -215,7 +220,6 @@ class TurnDriver:
         self, conn: asyncpg.Connection, lease: Lease, row: asyncpg.Record
     ) -> asyncpg.Record | None:
         agent, thread = await self._agent_and_thread(conn, row)
-        self._threads.clear()  # the bindings may be frozen just now
         if thread["bindings"] is None:
             found = await _latest_bindings(conn, agent.tools)
             missing = sorted(set(agent.tools) - set(found))

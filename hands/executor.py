@@ -397,8 +397,7 @@ class Executor:
             final = body
             if isinstance(body, (SucceededBody, FailedBody)):
                 final = body.model_copy(update={"output_bytes": row.output_bytes})
-            await ledger.move(conn, row, status, **changes)
-            await ledger.append_event(conn, self.codec, execution_id, final)
+            await ledger.move_and_append(conn, self.codec, row, status, final, **changes)
 
         async def landed(conn: asyncpg.Connection, row: Execution) -> bool:
             # Only the owner closes an open row, so a closed row this worker still owns was
@@ -465,12 +464,9 @@ class Executor:
         async def start(conn: asyncpg.Connection, row: Execution) -> None:
             nonlocal attempt
             attempt = row.attempts + 1
-            await ledger.move(conn, row, LedgerStatus.RUNNING, attempts=attempt)
-            await ledger.append_event(
-                conn,
-                self.codec,
-                execution_id,
-                StartedBody(attempt=attempt, worker=self.worker_id, reason=reason),
+            started = StartedBody(attempt=attempt, worker=self.worker_id, reason=reason)
+            await ledger.move_and_append(
+                conn, self.codec, row, LedgerStatus.RUNNING, started, attempts=attempt
             )
 
         async def landed(conn: asyncpg.Connection, row: Execution) -> bool:

@@ -295,17 +295,25 @@ async def move(
     **changes: Any,
 ) -> Execution:
     """Change a (locked) row's status through the transition table, plus other columns."""
-    transition(row.status, new, reconcile=reconcile)
-    changes["status"] = LedgerStatus(new).value
-    if "result" in changes:
-        changes["result"] = Json(changes["result"])  # any JSON type, on either store
-    sets = ", ".join(f"{name} = ${i}" for i, name in enumerate(changes, start=2))
+    sets, values = _status_change(row, new, reconcile, changes)
     rec = await conn.fetchrow(
         f"UPDATE executions SET {sets}, updated_at = now() WHERE execution_id = $1 RETURNING *",
         row.execution_id,
-        *changes.values(),
+        *values,
     )
     return Execution.from_record(rec)
+
+
+def _status_change(
+    row: Execution, new: LedgerStatus, reconcile: bool, changes: dict[str, Any]
+) -> tuple[str, list[Any]]:
+    """SET clause (parameters from $2) and values for a checked move of ``row`` to ``new``."""
+    transition(row.status, new, reconcile=reconcile)
+    changes = {**changes, "status": LedgerStatus(new).value}
+    if "result" in changes:
+        changes["result"] = Json(changes["result"])  # any JSON type, on either store
+    sets = ", ".join(f"{name} = ${i}" for i, name in enumerate(changes, start=2))
+    return sets, list(changes.values())
 
 
 async def release(conn: asyncpg.Connection, execution_id: str, owner: str) -> bool:
@@ -461,6 +469,31 @@ async def append_event(conn: asyncpg.Connection, codec: PayloadCodec, execution_
     )
     if header is None:
         raise NotFoundError(f"execution {execution_id} is not in the ledger")
+    return await _insert_event(conn, codec, execution_id, header, body)
+
+
+async def move_and_append(
+    conn: asyncpg.Connection,
+    codec: PayloadCodec,
+    row: Execution,
+    new: LedgerStatus,
+    body: Any,
+    **changes: Any,
+) -> int:
+    """:func:`move` and :func:`append_event` together, in one UPDATE; returns the event's seq."""
+    sets, values = _status_change(row, new, False, changes)
+    header = await conn.fetchrow(
+        f"UPDATE executions SET {sets}, last_seq = last_seq + 1, updated_at = now()"
+        " WHERE execution_id = $1 RETURNING last_seq, namespace, session_id, request_digest",
+        row.execution_id,
+        *values,
+    )
+    return await _insert_event(conn, codec, row.execution_id, header, body)
+
+
+async def _insert_event(
+    conn: asyncpg.Connection, codec: PayloadCodec, execution_id: str, header: asyncpg.Record, body: Any
+) -> int:
     envelope = _EVENT_CLASSES[type(body)](
         execution_id=execution_id,
         namespace=header["namespace"],
