@@ -430,9 +430,14 @@ class Executor:
 
     # ---- running ------------------------------------------------------------------------
 
-    async def run(self, execution_id: str, reason: StartReason = "first_run") -> None:
-        """Start (or re-start) the body of an execution this worker owns and save its outcome."""
-        row = await self._row(execution_id)
+    async def run(
+        self, execution_id: str, reason: StartReason = "first_run", row: Execution | None = None
+    ) -> None:
+        """Start (or re-start) the body of an execution this worker owns and save its outcome.
+
+        ``row`` is the ledger row as the caller just committed it, if it has it (saves a read).
+        """
+        row = row or await self._row(execution_id)
         with bound_contextvars(execution_id=execution_id, turn_id=row.turn_id, tool=row.tool):
             tool = self.registry.served(row.tool, row.binding_digest)
             if tool is None:

@@ -217,7 +217,7 @@ class CommandConsumer:
                 self._kill.hit("hands.after_accept_commit", body.call_id)
                 await self._ack(message)
                 if reserved:
-                    ex.launch(execution_id, partial(ex.run, execution_id))
+                    ex.launch(execution_id, partial(ex.run, execution_id, row=outcome.row))
                     launched = True
                 return launched
             if not await self._same_request(message, outcome.row, command):
