@@ -5,6 +5,7 @@ No timed assertions: benchmarks are not tests. Only that the run finishes and wr
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -38,10 +39,17 @@ def test_quick_benchmark_writes_the_table(pg_url: str, amqp_url: str, tmp_path: 
         "Hands kill, safe: re-run p50",
         "Hands kill, unsafe: UNKNOWN p50",
         "Brain kill: standby completes p50",
+        "Brain kill mid-step (lease held): standby completes p50",
         "1 MiB result",
         "waiting turns: Brain RSS growth",
     ):
         assert metric in table, metric
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["meta"]["failed"] == []
-    assert "quick mode: Celery not run" in table
+    assert "quick mode: Celery throughput and latency not run" in table
+    assert "quick mode: DBOS not run" in table
+    assert "| DBOS | Tendon/DBOS |" in table
+    if importlib.util.find_spec("celery") is not None:  # the worker-kill trials run in quick mode
+        assert "Celery: whole worker SIGKILL, body again in a 2nd worker p50" in table
+        safe = next(line for line in table.splitlines() if "Hands kill, safe: re-run p50" in line)
+        assert "(Celery " in safe, safe

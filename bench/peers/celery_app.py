@@ -35,6 +35,8 @@ app.conf.update(
     result_persistent=False,
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
+    # No remote control: it would declare the shared ``celery.pidbox`` exchange on the broker.
+    worker_enable_remote_control=False,
 )
 
 

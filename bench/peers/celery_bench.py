@@ -163,13 +163,16 @@ class CeleryPeer:
 
     # ------------------------------------------------------------------ worker-kill trials
 
-    async def kill_trial(self, whole_worker: bool, timeout: float = 60.0) -> dict[str, Any]:
+    async def kill_trial(
+        self, whole_worker: bool, timeout: float = 60.0, replace: bool = True
+    ) -> dict[str, Any]:
         """SIGKILL the process running a ``gated`` task; seconds until its body starts again.
 
         ``whole_worker``: kill the worker's main process (its pool children die with it) and
         let another running worker take the requeued message; a replacement worker is then
-        started (not timed) so the next trial has a survivor too. Otherwise kill only the
-        prefork child running the task. Returns ``seconds`` and where the body ran again.
+        started (not timed; unless ``replace`` is false) so the next trial has a survivor too.
+        Otherwise kill only the prefork child running the task. Returns ``seconds`` and where
+        the body ran again.
         """
         if whole_worker and len([w for w in self.workers if w.poll() is None]) < 2:
             raise RuntimeError("a whole-worker kill needs a second worker running")
@@ -209,7 +212,7 @@ class CeleryPeer:
         finally:
             gate.touch()
         await loop.run_in_executor(self.pool, lambda: result.get(timeout=timeout))
-        if whole_worker:
+        if whole_worker and replace:
             await self.start_worker_ready()
         return {"seconds": took, "ran_again_in": where}
 

@@ -143,7 +143,8 @@ async def brain_midstep_trial(world: TendonWorld, brains: list, timeout: float) 
                 )
             )
 
-        await wait_for(blocked, timeout=timeout, interval=0.005, what="Brain blocked in its model step")
+        what = "the Brain's model-reply commit to wait on the model_calls lock"
+        await wait_for(blocked, timeout=min(timeout, 20.0), interval=0.005, what=what)
         owner_id = await conn.fetchval(
             f'SELECT lease_owner FROM "{world.brain_schema}".turns WHERE id = $1', tid
         )
@@ -169,12 +170,13 @@ async def celery_trials(ctx: Context, series: dict[str, list[float]], timeout: f
     where: list[str] = []
     async with celery_bench.CeleryPeer(ctx.services.amqp_url, ctx.procs) as peer:
         await peer.start_worker_ready()  # a second worker: the survivor of a whole-worker kill
-        for _ in range(ctx.n(3, 20)):
+        for _ in range(ctx.n(2, 20)):  # up to ~5 s each (see the note), hence 2 in quick mode
             res = await peer.kill_trial(whole_worker=False, timeout=timeout)
             series[CELERY_CHILD].append(res["seconds"])
             where.append(f"child kill: {res['ran_again_in']}")
-        for _ in range(ctx.n(2, 20)):
-            res = await peer.kill_trial(whole_worker=True, timeout=timeout)
+        n = ctx.n(2, 20)
+        for i in range(n):
+            res = await peer.kill_trial(whole_worker=True, timeout=timeout, replace=i < n - 1)
             series[CELERY_WORKER].append(res["seconds"])
             where.append(f"worker kill: {res['ran_again_in']}")
     return where

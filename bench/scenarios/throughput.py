@@ -64,7 +64,10 @@ async def run(ctx: Context) -> Result:
                 results["floor"].setdefault(str(k), []).append(await floor.closed_loop(k, duration))
     celery_ok = False
     if ctx.quick:
-        ctx.notes.append("quick mode: Celery not run (needs the `bench` extra); run without --quick")
+        ctx.notes.append(
+            "quick mode: Celery throughput and latency not run (needs the `bench` extra); run without"
+            " --quick (its worker-kill recovery trials do run in quick mode when Celery is installed)"
+        )
     elif not celery_bench.available():
         ctx.notes.append("Celery is not installed (pip install -e '.[bench]'): its columns are empty")
     else:
