@@ -23,6 +23,17 @@ from infra.settings import Settings
 REPO = Path(__file__).resolve().parent.parent
 
 
+# Every route a test of this suite serves or publishes to. A world's cleanup deletes the queues
+# of all of them (deleting a queue that does not exist is a no-op), so a test that forgot to add
+# its route to ``TendonEnv.routes`` still leaves nothing behind.
+TEST_ROUTES = frozenset({"email", "lab", "other", "bulk", "conf"})
+
+# Every world this process made, by suffix, and those whose cleanup has not finished (a
+# failed or interrupted teardown): the session's last sweep (tests/conftest.py) goes over them.
+WORLDS: dict[str, TendonEnv] = {}
+UNCLEANED: dict[str, TendonEnv] = {}
+
+
 @dataclass
 class TendonEnv:
     """One test's private world: its own schemas, queue prefix and S3 scope."""
@@ -33,6 +44,19 @@ class TendonEnv:
     suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
     routes: set[str] = field(default_factory=lambda: {"email"})
 
+    def __post_init__(self) -> None:
+        # Recorded before anything is created under these names.
+        WORLDS[self.suffix] = self
+        UNCLEANED[self.suffix] = self
+
+    @property
+    def prefix(self) -> str:
+        return f"t-{self.suffix}"
+
+    @property
+    def schemas(self) -> tuple[str, str]:
+        return f"tb_{self.suffix}", f"th_{self.suffix}"
+
     @property
     def env(self) -> dict[str, str]:
         return {
@@ -40,7 +64,7 @@ class TendonEnv:
             "TENDON_BRAIN_SCHEMA": f"tb_{self.suffix}",
             "TENDON_HANDS_SCHEMA": f"th_{self.suffix}",
             "TENDON_AMQP_URL": self.amqp_url,
-            "TENDON_QUEUE_PREFIX": f"t-{self.suffix}",
+            "TENDON_QUEUE_PREFIX": self.prefix,
             "TENDON_LOG_FORMAT": "json",
             "TENDON_SCAN_INTERVAL": "0.2",
             "TENDON_GAP_TIMEOUT": "0.5",
@@ -56,28 +80,70 @@ class TendonEnv:
         return Settings(**values)
 
     def queue_names(self) -> list[str]:
-        prefix = f"t-{self.suffix}"
+        """Every queue this world may have: per route, and each one's dead-letter queue."""
+        prefix = self.prefix
         names = [f"{prefix}.updates", f"{prefix}.bindings"]
-        for route in self.routes:
+        for route in sorted(self.routes | TEST_ROUTES):
             names += [f"{prefix}.{route}.commands", f"{prefix}.{route}.controls"]
         return names + [f"{n}.dlq" for n in names]
 
     async def cleanup(self) -> None:
-        conn = await asyncpg.connect(self.database_url)
+        """Drop the schemas, delete the queues (and their dead-letter queues) and the exchange.
+
+        Each part runs even when the other failed; the first error is raised at the end. The
+        world stays in ``UNCLEANED`` until one cleanup got through, so that a teardown cut short
+        (an error, or the test's timeout firing in the middle of it) is finished by the
+        session's last sweep.
+        """
+        errors: list[Exception] = []
+        for part in (self.drop_schemas, self.delete_broker_objects):
+            try:
+                async with asyncio.timeout(60):
+                    await part()
+            except Exception as exc:  # noqa: BLE001 - the other part runs all the same
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+        UNCLEANED.pop(self.suffix, None)
+
+    async def drop_schemas(self) -> None:
+        # Bounded: a connection some test left open inside a transaction must not hang the
+        # teardown (the schema then stays for the session's last sweep).
+        conn = await asyncpg.connect(self.database_url, timeout=10, server_settings={"lock_timeout": "20s"})
         try:
-            for schema in (f"tb_{self.suffix}", f"th_{self.suffix}"):
+            for schema in self.schemas:
                 await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         finally:
             await conn.close()
-        connection = await aio_pika.connect(self.amqp_url)
-        async with connection:
-            for name in self.queue_names():
-                channel = await connection.channel()
-                # Quorum queues refuse if-unused deletes (see PITFALLS.md).
-                await channel.queue_delete(name, if_unused=False, if_empty=False)
-                await channel.close()
-            channel = await connection.channel()
-            await channel.exchange_delete(f"t-{self.suffix}.dlx")
+
+    async def delete_broker_objects(self) -> None:
+        await delete_queues_and_exchanges(self.amqp_url, self.queue_names(), [f"{self.prefix}.dlx"])
+
+
+async def delete_queues_and_exchanges(amqp_url: str, queues: list[str], exchanges: list[str]) -> None:
+    """Delete queues (quorum ones included) and exchanges, whether or not they exist.
+
+    Quorum queues refuse ``if-unused`` deletes (see PITFALLS.md): deleted unconditionally.
+    One failed delete does not stop the others; the first error is raised at the end.
+    """
+    errors: list[Exception] = []
+    connection = await aio_pika.connect(amqp_url, timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        for kind, name in [("queue", n) for n in queues] + [("exchange", n) for n in exchanges]:
+            try:
+                if channel.is_closed:
+                    channel = await connection.channel()
+                if kind == "queue":
+                    await channel.queue_delete(name, timeout=10, if_unused=False, if_empty=False)
+                else:
+                    await channel.exchange_delete(name, timeout=10, if_unused=False)
+            except Exception as exc:  # noqa: BLE001 - go on with the next one
+                errors.append(exc)
+        if not channel.is_closed:
+            await channel.close()
+    if errors:
+        raise errors[0]
 
 
 async def wait_for(
