@@ -82,11 +82,16 @@ class TurnDriver:
             TurnPhase.FINALIZE: self._finalize,
         }
 
-    async def run_one(self) -> bool:
-        """Claim and drive one turn; False when nothing was claimable."""
-        async with self.ctx.pool.acquire() as conn:
-            if not await turns.anything_claimable(conn, self.alive_sql):
-                return False
+    async def run_one(self, *, look_first: bool = True) -> bool:
+        """Claim and drive one turn; False when nothing was claimable.
+
+        ``look_first``: a cheap read first, so that an idle scan opens no claim transaction.
+        After a wake hint the claim is tried at once: there is most likely something to claim.
+        """
+        if look_first:
+            async with self.ctx.pool.acquire() as conn:
+                if not await turns.anything_claimable(conn, self.alive_sql):
+                    return False
         claimed = await self._claim()
         if claimed is None:
             return False
@@ -550,17 +555,21 @@ class Wakeups:
         else:
             self._kept = True
 
-    async def wait(self, at_most: float) -> None:
-        """Sleep until a hint or for ``at_most`` seconds; return at once for a kept hint."""
+    async def wait(self, at_most: float) -> bool:
+        """Sleep until a hint or for ``at_most`` seconds; return at once for a kept hint.
+
+        True when a hint ended the wait.
+        """
         if self._kept:
             self._kept = False
-            return
+            return True
         event = asyncio.Event()
         self._idle.append(event)
         try:
             await asyncio.wait_for(event.wait(), timeout=at_most)
+            return True
         except TimeoutError:
-            pass
+            return False
         finally:
             if event in self._idle:
                 self._idle.remove(event)
@@ -568,11 +577,13 @@ class Wakeups:
 
 async def drive_forever(driver: TurnDriver, wakeups: Wakeups, interval: float) -> None:
     """Claim and drive turns; sleep until a wake hint or the periodic scan when idle."""
+    hinted = False
     while True:
         try:
-            if await driver.run_one():
+            if await driver.run_one(look_first=not hinted):
+                hinted = False
                 continue
         except Exception as exc:  # noqa: BLE001 - e.g. the database is briefly unreachable
             # Nothing committed is lost; claim again after the scan interval.
             log.warning("driver_error", error=repr(exc))
-        await wakeups.wait(interval)
+        hinted = await wakeups.wait(interval)

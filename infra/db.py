@@ -145,7 +145,7 @@ Migrations = Sequence[tuple[int, str]]
 
 
 def dialect(pool: Any) -> str:
-    """``postgres`` for an asyncpg pool, ``sqlite`` for infra.sqlite's."""
+    """``postgres`` for an asyncpg pool or connection, ``sqlite`` for infra.sqlite's."""
     return str(getattr(pool, "dialect", "postgres"))
 
 

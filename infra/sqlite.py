@@ -125,6 +125,8 @@ def split_script(script: str) -> list[str]:
 class SqliteConnection:
     """The asyncpg connection methods the stores use, on one shared sqlite3 connection."""
 
+    dialect = DIALECT
+
     def __init__(self, pool: SqlitePool) -> None:
         self._pool = pool
 

@@ -140,4 +140,6 @@ async def test_a_wake_hint_wakes_one_idle_driver_and_a_hint_nobody_waits_for_is_
 
     # A hint while every driver is busy is kept: the next one about to wait looks again at once
     wakeups.hint()
-    await asyncio.wait_for(wakeups.wait(5.0), timeout=0.2)
+    assert await asyncio.wait_for(wakeups.wait(5.0), timeout=0.2) is True
+    # and a wait that no hint ends says so
+    assert await wakeups.wait(0.01) is False

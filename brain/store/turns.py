@@ -18,6 +18,7 @@ from brain.states import (
     turn_transition,
 )
 from brain.store import events
+from infra.db import dialect
 from protocol import ConflictError, NotFoundError, StaleOwnerError, digest, new_id
 
 
@@ -207,12 +208,24 @@ async def advance(
     columns = list(sets)
     assignments = "".join(f"{c} = ${len(args) + i + 1}, " for i, c in enumerate(columns))
     extend = "" if release else f", lease_expires_at = now() + make_interval(secs => {float(lease_seconds)})"
-    row = await conn.fetchrow(
+    update = (
         f"UPDATE turns SET {assignments}revision = revision + 1, updated_at = now(){extend}"
-        f" WHERE id = $1 AND {' AND '.join(guards)} RETURNING *",
-        *args,
-        *[sets[c] for c in columns],
+        f" WHERE id = $1 AND {' AND '.join(guards)} RETURNING *"
     )
+    values = [*args, *[sets[c] for c in columns]]
+    if dialect(conn) == "postgres":  # the step journal row in the same round trip
+        n = len(values)
+        row = await conn.fetchrow(
+            f"WITH moved AS ({update}), step AS (INSERT INTO steps (turn_id, run_id, phase, detail)"
+            f" SELECT id, ${n + 1}::bigint, phase, ${n + 2}::jsonb FROM moved) SELECT * FROM moved",
+            *values,
+            lease.run_id,
+            detail or {},
+        )
+        if row is None:
+            await _refuse(conn, lease, phase, status)
+        return row
+    row = await conn.fetchrow(update, *values)
     if row is None:
         await _refuse(conn, lease, phase, status)
     await conn.execute(
