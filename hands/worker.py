@@ -211,7 +211,9 @@ class CommandConsumer:
         reserved = ex.reserve(execution_id)
         launched = False
         try:
-            outcome = await self._insert(values, AcceptedBody(worker=ex.worker_id))
+            # Published with the start event that follows at once (one relay round, one
+            # Brain transaction), unless nothing here starts it: see the finally below.
+            outcome = await self._insert(values, AcceptedBody(worker=ex.worker_id), publish=not reserved)
             if outcome.new:
                 log.info("command_accepted", call_id=body.call_id, tool=body.tool, turn_id=body.turn_id)
                 self._kill.hit("hands.after_accept_commit", body.call_id)
@@ -233,6 +235,7 @@ class CommandConsumer:
         finally:
             if reserved and not launched:
                 ex.unreserve(execution_id)
+                ex.relay.wake(execution_id)
 
     async def _ack(self, message: Delivery) -> None:
         """Ack a delivery whose execution is in the ledger now: a failed ack only means a
@@ -289,7 +292,7 @@ class CommandConsumer:
             log.warning("command_rejected", reason=exc.message)
         return outcome
 
-    async def _insert(self, values: dict[str, Any], first_event: Any) -> _Inserted:
+    async def _insert(self, values: dict[str, Any], first_event: Any, *, publish: bool = True) -> _Inserted:
         execution_id = values["execution_id"]
 
         async def work(conn: asyncpg.Connection) -> _Inserted:
@@ -301,7 +304,7 @@ class CommandConsumer:
             await ledger.append_event(conn, self._codec, execution_id, first_event)
             return _Inserted(row, new=True)
 
-        return await self._executor.commit(execution_id, work)
+        return await self._executor.commit(execution_id, work, publish=publish)
 
     async def _dead_letter(self, message: Delivery, reason: str) -> None:
         await self._broker.dead_letter(self.queue, message, reason)
