@@ -6,6 +6,16 @@ Both describe the same tables; the store functions run unchanged on either.
 
 from __future__ import annotations
 
+# Found by the waiting benchmark (10,000 turns): without these, claiming a turn scanned every
+# earlier turn for one of its thread, and the wake check and the stall scan read every execution.
+_INDEXES = """
+CREATE INDEX turns_thread_open ON turns (thread_id, seq)
+    WHERE status NOT IN ('completed', 'failed', 'cancelled');
+CREATE INDEX executions_turn_step ON executions (turn_id, tool_step);
+CREATE INDEX executions_open ON executions (updated_at) WHERE status IN ('intended', 'accepted', 'running');
+"""
+
+
 POSTGRES: list[tuple[int, str]] = [
     (
         1,
@@ -103,6 +113,7 @@ ALTER TABLE turns ADD COLUMN retries int NOT NULL DEFAULT 0;
 ALTER TABLE executions ADD COLUMN command_message_id text;
 """,
     ),
+    (3, _INDEXES),
 ]
 
 _NOW = "(strftime('%Y-%m-%dT%H:%M:%f', 'now'))"
@@ -207,6 +218,7 @@ CREATE TABLE public_events (
 ALTER TABLE turns ADD COLUMN retries int NOT NULL DEFAULT 0;
 """,
     ),
+    (3, _INDEXES),
 ]
 
 MIGRATIONS: dict[str, list[tuple[int, str]]] = {"postgres": POSTGRES, "sqlite": SQLITE}
