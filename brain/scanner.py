@@ -54,9 +54,7 @@ class RepairScanner:
                 if s["status"] == "intended" and s["command_message_id"]:
                     # Hands never acknowledged the command: publish it again.
                     await outbox.republish(conn, s["command_message_id"])
-                    await conn.execute(
-                        "UPDATE executions SET replay_requested_at = now() WHERE id = $1", s["id"]
-                    )
+                    await executions.mark_nudged(conn, s["id"])
                     log.info("command_resent", execution_id=s["id"])
                 else:
                     await self._ask_replay(conn, s, reason="stalled")
@@ -78,7 +76,10 @@ class RepairScanner:
             body=ReplayBody(from_seq=e["last_seq"] + 1),
         )
         await outbox.add(conn, self.topology.controls(e["route"]), control.message_id, encode(control))
-        await conn.execute("UPDATE executions SET replay_requested_at = now() WHERE id = $1", e["id"])
+        if reason == "gap":
+            await conn.execute("UPDATE executions SET replay_requested_at = now() WHERE id = $1", e["id"])
+        else:
+            await executions.mark_nudged(conn, e["id"])
         log.info("replay_requested", execution_id=e["id"], from_seq=e["last_seq"] + 1, reason=reason)
 
     async def run(self) -> None:

@@ -11,6 +11,7 @@ PostgreSQL                            SQLite
 ``x = ANY($1::text[])``               ``x IN (SELECT value FROM json_each(?1))``
 ``t ± make_interval(secs => e)``      ``ts_add(t, ±(e))`` (a Python function)
 ``GREATEST(a, b)``                     ``max(a, b)``
+``LEAST(a, b)``                        ``min(a, b)``
 ``::type`` casts                      dropped
 ``FOR UPDATE [OF t] [SKIP LOCKED]``   dropped: every transaction is ``BEGIN IMMEDIATE``,
                                       so writers are serialised anyway
@@ -84,6 +85,7 @@ _ANY = re.compile(r"=\s*ANY\(\?(\d+)\)")
 _LOCKING = re.compile(r"\s+FOR UPDATE(\s+OF\s+\w+)?(\s+SKIP LOCKED)?", re.IGNORECASE)
 _INTERVAL = re.compile(r"(now\(\)|[a-z_]+(?:\.[a-z_]+)?)\s*([+-])\s*make_interval\(secs\s*=>\s*([^()]+?)\)")
 _GREATEST = re.compile(r"\bGREATEST\(", re.IGNORECASE)
+_LEAST = re.compile(r"\bLEAST\(", re.IGNORECASE)
 _POSTGRES_ONLY = re.compile(
     r"make_interval|\bANY\(|::|\bFOR UPDATE\b|pg_advisory|\bDISTINCT ON\b|\bunnest\(|RETURNING\s+\w+\.",
     re.IGNORECASE,
@@ -100,6 +102,7 @@ def translate(sql: str) -> str:
     sql = _LOCKING.sub("", sql)
     sql = _INTERVAL.sub(lambda m: f"ts_add({m.group(1)}, {m.group(2)}({m.group(3)}))", sql)
     sql = _GREATEST.sub("max(", sql)
+    sql = _LEAST.sub("min(", sql)
     sql = _RETURNING_ALIAS.sub("RETURNING *", sql)
     leftover = _POSTGRES_ONLY.search(sql)
     if leftover:

@@ -5,6 +5,7 @@ both, so these tests are what keeps the two backends from drifting."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -270,3 +271,37 @@ async def test_a_result_of_any_json_type_reads_back_as_it_was_sent(pool, result)
         await transact(pool, lambda c, e=event: executions.receive(c, e, "unused_channel"))
     row = await pool.fetchrow("SELECT result FROM executions WHERE id = 'e4'")
     assert row["result"] == result and type(row["result"]) is type(result)
+
+
+async def test_a_stalled_execution_is_nudged_ever_less_often_until_it_makes_progress(pool):
+    # Given an intended execution with no progress for 5 s (stall after 1 s)
+    turn_id = await _submit(pool)
+    await _intent(pool, turn_id, "e9")
+
+    async def ago(column: str, seconds: float) -> None:
+        when = datetime.now(UTC) - timedelta(seconds=seconds)
+        async with pool.acquire() as conn:
+            await conn.execute(f"UPDATE executions SET {column} = $1 WHERE id = 'e9'", when)
+
+    async def stalled() -> list[str]:
+        return [r["id"] for r in await transact(pool, lambda c: executions.stalled(c, 1.0))]
+
+    await ago("updated_at", 5)
+    assert await stalled() == ["e9"]
+
+    # When it was nudged 1.5 s ago, it waits (the second nudge comes after 2 s), then 4 s
+    await transact(pool, lambda c: executions.mark_nudged(c, "e9"))
+    await ago("replay_requested_at", 1.5)
+    assert await stalled() == []
+    await ago("replay_requested_at", 2.5)
+    assert await stalled() == ["e9"]
+    await transact(pool, lambda c: executions.mark_nudged(c, "e9"))
+    await ago("replay_requested_at", 3.5)
+    assert await stalled() == []
+
+    # Then progress starts the spacing over
+    header = {"execution_id": "e9", "namespace": "ns", "session_id": "s1", "request_digest": "d" * 64}
+    accepted = AcceptedEvent(seq=1, body=AcceptedBody(worker="w"), **header)
+    await transact(pool, lambda c: executions.receive(c, accepted, "unused_channel"))
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT stall_backoff FROM executions WHERE id = 'e9'") == 1

@@ -127,7 +127,7 @@ async def _apply(
 ) -> ExecutionStatus:
     """Apply one contiguous event: its effect, ``last_seq`` and its public event."""
     body = event.body
-    progress = "last_seq = $2, updated_at = now(), replay_requested_at = NULL"
+    progress = "last_seq = $2, updated_at = now(), replay_requested_at = NULL, stall_backoff = 1"
     if event.kind == "output_page":
         await conn.execute(
             "INSERT INTO execution_output (execution_id, byte_offset, data) VALUES ($1, $2, $3)"
@@ -230,10 +230,13 @@ async def gaps_to_replay(conn: asyncpg.Connection, gap_seconds: float) -> list[a
     )
 
 
-async def stalled(conn: asyncpg.Connection, stall_seconds: float) -> list[asyncpg.Record]:
+async def stalled(conn: asyncpg.Connection, stall_seconds: float, limit: int = 500) -> list[asyncpg.Record]:
     """Unfinished executions with no progress for ``stall_seconds`` (lost command or last event).
 
-    UNKNOWN is not a stall: it waits for a reconcile on purpose.
+    UNKNOWN is not a stall: it waits for a reconcile on purpose. After each nudge (see
+    :func:`mark_nudged`) the next one waits twice as long, up to 64 times ``stall_seconds``:
+    a command that is merely queued behind a busy pool is not re-sent every few seconds, which
+    would swamp the queue with duplicates exactly when it is longest.
     """
     return await conn.fetch(
         """SELECT e.id, e.status, e.last_seq, e.route, e.request_digest, e.command_message_id,
@@ -242,9 +245,20 @@ async def stalled(conn: asyncpg.Connection, stall_seconds: float) -> list[asyncp
             WHERE e.status IN ('intended', 'accepted', 'running')
               AND e.updated_at < now() - make_interval(secs => $1)
               AND (e.replay_requested_at IS NULL
-                   OR e.replay_requested_at < now() - make_interval(secs => $1))
+                   OR e.replay_requested_at < now() - make_interval(secs => $1 * e.stall_backoff))
+            LIMIT $2
             FOR UPDATE OF e SKIP LOCKED""",
         stall_seconds,
+        limit,
+    )
+
+
+async def mark_nudged(conn: asyncpg.Connection, execution_id: str) -> None:
+    """Record that a command was re-sent or a replay asked for; the next nudge waits longer."""
+    await conn.execute(
+        "UPDATE executions SET replay_requested_at = now(), stall_backoff = LEAST(stall_backoff * 2, 64)"
+        " WHERE id = $1",
+        execution_id,
     )
 
 

@@ -114,6 +114,7 @@ ALTER TABLE executions ADD COLUMN command_message_id text;
 """,
     ),
     (3, _INDEXES),
+    (4, "ALTER TABLE executions ADD COLUMN stall_backoff int NOT NULL DEFAULT 1;"),
 ]
 
 _NOW = "(strftime('%Y-%m-%dT%H:%M:%f', 'now'))"
@@ -219,6 +220,7 @@ ALTER TABLE turns ADD COLUMN retries int NOT NULL DEFAULT 0;
 """,
     ),
     (3, _INDEXES),
+    (4, "ALTER TABLE executions ADD COLUMN stall_backoff int NOT NULL DEFAULT 1;"),
 ]
 
 MIGRATIONS: dict[str, list[tuple[int, str]]] = {"postgres": POSTGRES, "sqlite": SQLITE}
