@@ -7,8 +7,9 @@ For each delivery, in this order (invariants 3 and 4):
 2. take a concurrency slot (prefetch = concurrency, so at most that many wait here);
 3. resolve a ``body_ref``; one that fails verification is recorded as FAILED (so the turn
    hears about it) and the message dead-lettered;
-4. dedup by execution id: the same request digest again is a duplicate (ack, nothing runs
-   again), a different one is a conflict (dead-letter);
+4. dedup by execution id: the same request digest again is a duplicate (nothing runs again;
+   the execution's events are made due again for a sender that may have missed them; ack),
+   a different one is a conflict (dead-letter);
 5. an unknown tool, binding digest or invalid arguments: commit FAILED + ``failed``
    (how="rejected") and ack;
 6. otherwise commit ACCEPTED + ``accepted`` in one transaction, pass the kill point
@@ -37,6 +38,7 @@ from hands.executor import Executor
 from hands.ledger import Execution
 from hands.registry import ToolRegistry
 from hands.states import OPEN_STATUSES, LedgerStatus
+from infra.db import transact
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec
@@ -190,7 +192,10 @@ class CommandConsumer:
             tool.validate_args(body.args)
         except (RoutingError, SchemaError) as exc:
             outcome = await self._record_rejection(command, command, exc)
-            if outcome.new or await self._same_request(message, outcome.row, command):
+            if outcome.new:
+                await message.ack()
+            elif await self._same_request(message, outcome.row, command):
+                await self._tell_again(command.execution_id)
                 await message.ack()
             return False
         return await self._accept(message, command)
@@ -224,6 +229,7 @@ class CommandConsumer:
                 return launched
             if not await self._same_request(message, outcome.row, command):
                 return False
+            await self._tell_again(execution_id)
             await self._ack(message)
             row = outcome.row
             if reserved and row.owner == ex.worker_id and row.status in OPEN_STATUSES:
@@ -236,6 +242,18 @@ class CommandConsumer:
             if reserved and not launched:
                 ex.unreserve(execution_id)
                 ex.relay.wake(execution_id)
+
+    async def _tell_again(self, execution_id: str) -> None:
+        """A command we already have came again: its sender (a Brain's stall repair, typically)
+        may have missed every event, so all of them are made due again (the Brain drops the
+        seqs it has). Without this, a Brain that lost even the ``accepted`` event would re-send
+        the command forever and never hear back."""
+
+        async def work(conn: asyncpg.Connection) -> int:
+            return await ledger.republish_from(conn, execution_id, 1)
+
+        await transact(self._executor.pool, work)
+        self._executor.relay.wake(execution_id)
 
     async def _ack(self, message: Delivery) -> None:
         """Ack a delivery whose execution is in the ledger now: a failed ack only means a

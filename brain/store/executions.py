@@ -230,13 +230,14 @@ async def gaps_to_replay(conn: asyncpg.Connection, gap_seconds: float) -> list[a
     )
 
 
-async def stalled(conn: asyncpg.Connection, stall_seconds: float, limit: int = 500) -> list[asyncpg.Record]:
+async def stalled(conn: asyncpg.Connection, stall_seconds: float, limit: int = 100) -> list[asyncpg.Record]:
     """Unfinished executions with no progress for ``stall_seconds`` (lost command or last event).
 
     UNKNOWN is not a stall: it waits for a reconcile on purpose. After each nudge (see
     :func:`mark_nudged`) the next one waits twice as long, up to 64 times ``stall_seconds``:
     a command that is merely queued behind a busy pool is not re-sent every few seconds, which
-    would swamp the queue with duplicates exactly when it is longest.
+    would swamp the queue with duplicates exactly when it is longest. At most ``limit`` per
+    pass, so that one scan transaction never holds many rows locked for long.
     """
     return await conn.fetch(
         """SELECT e.id, e.status, e.last_seq, e.route, e.request_digest, e.command_message_id,

@@ -7,8 +7,10 @@ Both describe the same tables; the store functions run unchanged on either.
 from __future__ import annotations
 
 # Found by the waiting benchmark (10,000 turns): without these, claiming a turn scanned every
-# earlier turn for one of its thread, and the wake check and the stall scan read every execution.
+# earlier turn of its thread, the wake check and the stall scan read every execution, and each
+# re-sent command read the whole outbox (inside the scan's transaction, holding its locks).
 _INDEXES = """
+CREATE INDEX outbox_message ON outbox (message_id);
 CREATE INDEX turns_thread_open ON turns (thread_id, seq)
     WHERE status NOT IN ('completed', 'failed', 'cancelled');
 CREATE INDEX executions_turn_step ON executions (turn_id, tool_step);
