@@ -31,6 +31,7 @@ from infra.transport import Topology
 from protocol import (
     ExecuteBody,
     ExecuteCommand,
+    IllegalTransitionError,
     LimitReachedError,
     RoutingError,
     StaleOwnerError,
@@ -182,8 +183,10 @@ class TurnDriver:
                 row = await self._model_request(lease, row)
             elif phase is TurnPhase.DISPATCH_TOOLS:
                 row = await self._dispatch_tools(lease, row)
-            else:
+            elif phase in self._db_phases:
                 row = await transact(self.ctx.pool, partial(self._db_steps, lease=lease, row=row))
+            else:
+                raise IllegalTransitionError(f"a running turn in phase {phase} has nothing left to do")
 
     async def _db_steps(
         self, conn: asyncpg.Connection, *, lease: Lease, row: asyncpg.Record | None
