@@ -60,6 +60,18 @@ async def wait_for(
         await asyncio.sleep(interval)
 
 
+def gate_starts(path: Path) -> list[tuple[int, float]]:
+    """(pid, wall-clock time) of every start of a gated tool body, in order (one line each)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            out.append((int(parts[0]), float(parts[1])))
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

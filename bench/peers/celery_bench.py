@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Processes, wait_for
+from bench.harness import Processes, gate_starts, wait_for
 
 
 def available() -> bool:
@@ -186,7 +186,7 @@ class CeleryPeer:
         try:
 
             async def started_once() -> list[tuple[int, float]]:
-                return _starts(marker)
+                return gate_starts(marker)
 
             child, _ = (await wait_for(started_once, timeout=timeout, what="gated task start"))[0]
             worker = next((w for w in self.workers if w.poll() is None and _ppid(child) == w.pid), None)
@@ -197,7 +197,7 @@ class CeleryPeer:
             os.kill(victim, signal.SIGKILL)
 
             async def started_again() -> list[tuple[int, float]]:
-                starts = _starts(marker)
+                starts = gate_starts(marker)
                 return starts if len(starts) >= 2 else []
 
             again_pid, again_at = (
@@ -215,17 +215,6 @@ class CeleryPeer:
         if whole_worker and replace:
             await self.start_worker_ready()
         return {"seconds": took, "ran_again_in": where}
-
-
-def _starts(path: Path) -> list[tuple[int, float]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) == 2:
-            out.append((int(parts[0]), float(parts[1])))
-    return out
 
 
 def _ppid(pid: int) -> int | None:

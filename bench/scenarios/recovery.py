@@ -35,11 +35,10 @@ import signal
 import subprocess
 import time
 import uuid
-from pathlib import Path
 
 import asyncpg
 
-from bench.harness import TendonWorld, median, one_call_agent, pct, wait_for
+from bench.harness import TendonWorld, gate_starts, median, one_call_agent, pct, wait_for
 from bench.peers import celery_bench
 from bench.scenarios.base import Context, Result, Row
 
@@ -51,18 +50,6 @@ CELERY_CHILD = "Celery: prefork child SIGKILL, task body again"
 CELERY_WORKER = "Celery: whole worker SIGKILL, body again in a 2nd worker"
 
 
-def _starts(path: Path) -> list[tuple[int, float]]:
-    """(pid, wall-clock time) of every start of a gated tool body, in order."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) == 2:
-            out.append((int(parts[0]), float(parts[1])))
-    return out
-
-
 async def hands_trial(world: TendonWorld, safe: bool, workers: list, timeout: float) -> float:
     gate = uuid.uuid4().hex[:8]
     tool = "sleepy_safe" if safe else "sleepy_unsafe"
@@ -70,7 +57,7 @@ async def hands_trial(world: TendonWorld, safe: bool, workers: list, timeout: fl
     started = world.gate(f"{gate}.started")
 
     async def first() -> list[tuple[int, float]]:
-        return _starts(started)
+        return gate_starts(started)
 
     pid = (await wait_for(first, timeout=timeout, what="tool body start"))[0][0]
     victim = next(p for p in workers if p.pid == pid)
@@ -82,7 +69,7 @@ async def hands_trial(world: TendonWorld, safe: bool, workers: list, timeout: fl
     if safe:
 
         async def rerun() -> list[tuple[int, float]]:
-            starts = _starts(started)
+            starts = gate_starts(started)
             return starts if len(starts) >= 2 else []
 
         took = (await wait_for(rerun, timeout=timeout, interval=0.01, what="re-run"))[1][1] - killed_at
