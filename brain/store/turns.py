@@ -222,19 +222,18 @@ async def advance(
             lease.run_id,
             detail or {},
         )
-        if row is None:
-            await _refuse(conn, lease, phase, status)
-        return row
-    row = await conn.fetchrow(update, *values)
+    else:
+        row = await conn.fetchrow(update, *values)
+        if row is not None:
+            await conn.execute(
+                "INSERT INTO steps (turn_id, run_id, phase, detail) VALUES ($1, $2, $3, $4)",
+                lease.turn_id,
+                lease.run_id,
+                row["phase"],
+                detail or {},
+            )
     if row is None:
         await _refuse(conn, lease, phase, status)
-    await conn.execute(
-        "INSERT INTO steps (turn_id, run_id, phase, detail) VALUES ($1, $2, $3, $4)",
-        lease.turn_id,
-        lease.run_id,
-        row["phase"],
-        detail or {},
-    )
     return row
 
 
