@@ -172,19 +172,11 @@ class Executor:
         if self._abandoned is not None:
             raise StaleOwnerError(f"worker {self.worker_id} commits nothing more: {self._abandoned}")
 
-    async def commit(
-        self, execution_id: str, work: Callable[[asyncpg.Connection], Awaitable[T]], *, publish: bool = True
-    ) -> T:
-        """One ledger transaction for ``execution_id``, then wake the relay.
-
-        ``publish=False`` leaves the new events for the next commit's wake-up (an accept whose
-        start follows at once, so both events travel together); whatever happens next, the
-        execution's task wakes the relay when it ends, and the periodic scan backs that up.
-        """
+    async def commit(self, execution_id: str, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """One ledger transaction for ``execution_id``, then wake the relay."""
         self._fence()
         result = await transact(self.pool, work)
-        if publish:
-            self.relay.wake(execution_id)
+        self.relay.wake(execution_id)
         return result
 
     async def save(
@@ -282,7 +274,6 @@ class Executor:
             self._reserved.discard(execution_id)
             self._cancelled.pop(execution_id, None)
             self.slots.release()
-            self.relay.wake(execution_id)  # an accept left unpublished (see commit) goes now
 
     async def _salvage(self, execution_id: str, exc: Exception) -> None:
         """Close an execution whose task failed in a way that trying again will not fix.

@@ -216,9 +216,7 @@ class CommandConsumer:
         reserved = ex.reserve(execution_id)
         launched = False
         try:
-            # Published with the start event that follows at once (one relay round, one
-            # Brain transaction), unless nothing here starts it: see the finally below.
-            outcome = await self._insert(values, AcceptedBody(worker=ex.worker_id), publish=not reserved)
+            outcome = await self._insert(values, AcceptedBody(worker=ex.worker_id))
             if outcome.new:
                 log.info("command_accepted", call_id=body.call_id, tool=body.tool, turn_id=body.turn_id)
                 self._kill.hit("hands.after_accept_commit", body.call_id)
@@ -241,7 +239,6 @@ class CommandConsumer:
         finally:
             if reserved and not launched:
                 ex.unreserve(execution_id)
-                ex.relay.wake(execution_id)
 
     async def _tell_again(self, execution_id: str) -> None:
         """A command we already have came again: its sender (a Brain's stall repair, typically)
@@ -310,7 +307,7 @@ class CommandConsumer:
             log.warning("command_rejected", reason=exc.message)
         return outcome
 
-    async def _insert(self, values: dict[str, Any], first_event: Any, *, publish: bool = True) -> _Inserted:
+    async def _insert(self, values: dict[str, Any], first_event: Any) -> _Inserted:
         execution_id = values["execution_id"]
 
         async def work(conn: asyncpg.Connection) -> _Inserted:
@@ -322,7 +319,7 @@ class CommandConsumer:
             await ledger.append_event(conn, self._codec, execution_id, first_event)
             return _Inserted(row, new=True)
 
-        return await self._executor.commit(execution_id, work, publish=publish)
+        return await self._executor.commit(execution_id, work)
 
     async def _dead_letter(self, message: Delivery, reason: str) -> None:
         await self._broker.dead_letter(self.queue, message, reason)
