@@ -153,6 +153,12 @@ class Floor:
         self.server_latencies.append(server)
         return took
 
+    async def settle(self) -> None:
+        """Analyze the floor's tables after its warm-up, as Tendon's are (bench.harness.settle)."""
+        from bench.harness import settle
+
+        await settle(self.database_url, [self.schema])
+
     async def sequential(self, n: int) -> list[float]:
         """``n`` calls one after another; returns the server-side seconds of each."""
         start = len(self.server_latencies)

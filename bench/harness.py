@@ -379,6 +379,10 @@ class TendonWorld:
         )
         return [float(r["s"]) for r in rows]
 
+    async def settle(self) -> None:
+        """Analyze this world's tables after a warm-up (see :func:`settle`)."""
+        await settle(self.services.database_url, [self.brain_schema, self.hands_schema])
+
     def gate(self, name: str) -> Path:
         return self.gate_dir / name
 
@@ -416,6 +420,25 @@ class TendonWorld:
             errors.append(exc)
         if errors:
             raise errors[0]
+
+
+async def settle(database_url: str, schemas: list[str]) -> None:
+    """VACUUM ANALYZE every table of ``schemas``: measure steady state, not a new deployment.
+
+    Tables start empty, and a plan PostgreSQL caches for a prepared statement while a table is
+    nearly empty (sequential scans) stays in use on that connection until the table is
+    analyzed again. Autovacuum does that within its first minute (``autovacuum_naptime``); a
+    10 s run would otherwise measure those first-minute plans, not the system.
+    """
+    conn = await asyncpg.connect(database_url)
+    try:
+        tables = await conn.fetch(
+            "SELECT schemaname, tablename FROM pg_tables WHERE schemaname = ANY($1::text[])", schemas
+        )
+        for t in tables:
+            await conn.execute(f'VACUUM (ANALYZE) "{t["schemaname"]}"."{t["tablename"]}"')
+    finally:
+        await conn.close()
 
 
 async def delete_amqp(amqp_url: str, queues: list[str], exchanges: list[str]) -> None:

@@ -9,10 +9,10 @@ Model calls happen outside transactions; tool waits are rows, not coroutines.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 from structlog.contextvars import bound_contextvars
@@ -41,7 +41,49 @@ from protocol import (
 )
 
 log = get_logger(__name__)
-_THREADS_KEPT = 1024  # threads (with their agent definition) a driver keeps in memory
+T = TypeVar("T")
+
+
+class FrozenThreads:
+    """Agent definitions and frozen threads, read once per Brain process, not once per run.
+
+    Neither changes once written: an agent version is immutable (a different definition under
+    the same version is refused at submit), and a thread's bindings, once frozen, stay. A
+    thread whose bindings are not frozen yet is read every time. Bounded: when full, it
+    starts over (a re-read is always correct).
+    """
+
+    def __init__(self, limit: int = 1024) -> None:
+        self.limit = limit
+        self._agents: dict[tuple[str, str], AgentDefinition] = {}
+        self._threads: dict[str, Mapping[str, Any]] = {}
+
+    async def get(
+        self, conn: asyncpg.Connection, thread_id: str
+    ) -> tuple[AgentDefinition, Mapping[str, Any]]:
+        thread = self._threads.get(thread_id)
+        if thread is None:
+            thread = await conn.fetchrow("SELECT * FROM threads WHERE id = $1", thread_id)
+            if thread["bindings"] is not None:
+                self._keep(self._threads, thread_id, thread)
+        key = (thread["agent_name"], thread["agent_version"])
+        agent = self._agents.get(key)
+        if agent is None:
+            definition = await conn.fetchval(
+                "SELECT definition FROM agents WHERE name = $1 AND version = $2", *key
+            )
+            agent = AgentDefinition.model_validate(definition)
+            self._keep(self._agents, key, agent)
+        return agent, thread
+
+    def keep_frozen(self, thread: Mapping[str, Any]) -> None:
+        """Keep a thread whose bindings a transaction froze (call after it committed)."""
+        self._keep(self._threads, thread["id"], thread)
+
+    def _keep(self, cache: dict[Any, Any], key: Any, value: Any) -> None:
+        if len(cache) >= self.limit:
+            cache.clear()
+        cache[key] = value
 
 
 @dataclass
@@ -57,6 +99,7 @@ class LoopContext:
     binding_wait_seconds: float
     outbox_ready: Callable[[], None]
     retry: RetryPolicy = RetryPolicy()
+    threads: FrozenThreads = field(default_factory=FrozenThreads)  # shared by the drivers
 
 
 class TurnDriver:
@@ -75,7 +118,10 @@ class TurnDriver:
         self.owner = owner
         self.alive_sql = alive_sql
         self.on_claim = on_claim  # another turn may be claimable too: pass the hint on
-        self._threads: dict[str, tuple[AgentDefinition, asyncpg.Record]] = {}
+        self._freezing: list[Mapping[str, Any]] = []  # threads frozen by the open transaction
+        # The terminal executions the wait check just read (run id, step, rows): final, so the
+        # results phase that follows in the same transaction need not read them again.
+        self._results: tuple[int, int, list[asyncpg.Record]] | None = None
         self._db_phases: dict[TurnPhase, DbPhase] = {
             TurnPhase.PREPARE: self._prepare,
             TurnPhase.WAIT_TOOLS: self._wait_tools,
@@ -128,19 +174,19 @@ class TurnDriver:
             return lease, row["phase"], after
 
         try:
-            return await transact(self.ctx.pool, lambda c: claim(c, True))
+            return await self._transact(lambda c: claim(c, True))
         except Exception as exc:
             if is_transient(exc):
                 raise
             log.info("fused_claim_rolled_back", error=repr(exc))
-            return await transact(self.ctx.pool, lambda c: claim(c, False))
+            return await self._transact(lambda c: claim(c, False))
 
     async def _end_run_after(self, lease: Lease, exc: Exception) -> None:
         """Retry a passing fault later (persisted backoff); fail the turn for anything else."""
         if is_transient(exc) or (isinstance(exc, TendonError) and exc.retryable):
             log.warning("run_interrupted", error=repr(exc))
             try:
-                await transact(self.ctx.pool, lambda c: self._schedule_retry(c, lease, exc))
+                await self._transact(lambda c: self._schedule_retry(c, lease, exc))
                 return
             except StaleOwnerError:
                 return
@@ -184,14 +230,20 @@ class TurnDriver:
             elif phase is TurnPhase.DISPATCH_TOOLS:
                 row = await self._dispatch_tools(lease, row)
             elif phase in self._db_phases:
-                row = await transact(self.ctx.pool, partial(self._db_steps, lease=lease, row=row))
+                row = await self._transact(partial(self._db_steps, lease=lease, row=row, lock=True))
             else:
                 raise IllegalTransitionError(f"a running turn in phase {phase} has nothing left to do")
 
     async def _db_steps(
-        self, conn: asyncpg.Connection, *, lease: Lease, row: asyncpg.Record | None
+        self, conn: asyncpg.Connection, *, lease: Lease, row: asyncpg.Record | None, lock: bool = False
     ) -> asyncpg.Record | None:
-        """Run database-only phases inside the caller's transaction while there are any."""
+        """Run database-only phases inside the caller's transaction while there are any.
+
+        The transaction must hold the turn's row lock before a phase reads executions (see
+        ``_wait_tools``): a claim or an advance in it took the lock already, else ``lock``.
+        """
+        if lock and row is not None:
+            await conn.execute("SELECT 1 FROM turns WHERE id = $1 FOR UPDATE", lease.turn_id)
         while row is not None and row["status"] == TurnStatus.RUNNING:
             step = self._db_phases.get(TurnPhase(row["phase"]))
             if step is None:
@@ -201,24 +253,21 @@ class TurnDriver:
 
     async def _agent_and_thread(
         self, conn: asyncpg.Connection, row: asyncpg.Record
-    ) -> tuple[AgentDefinition, asyncpg.Record]:
-        # A thread's agent version is pinned and its bindings, once frozen, never change: so
-        # only a thread with frozen bindings is kept, and kept across runs.
-        cached = self._threads.get(row["thread_id"])
-        if cached is not None:
-            return cached
-        thread = await conn.fetchrow("SELECT * FROM threads WHERE id = $1", row["thread_id"])
-        definition = await conn.fetchval(
-            "SELECT definition FROM agents WHERE name = $1 AND version = $2",
-            thread["agent_name"],
-            thread["agent_version"],
-        )
-        found = (AgentDefinition.model_validate(definition), thread)
-        if thread["bindings"] is not None:
-            if len(self._threads) >= _THREADS_KEPT:
-                self._threads.clear()
-            self._threads[row["thread_id"]] = found
-        return found
+    ) -> tuple[AgentDefinition, Mapping[str, Any]]:
+        return await self.ctx.threads.get(conn, row["thread_id"])
+
+    async def _transact(self, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """``transact`` for this driver's commits; threads they froze are kept once committed."""
+        self._freezing = []
+        try:
+            result = await transact(self.ctx.pool, work)
+        except BaseException:
+            self._freezing = []
+            raise
+        for thread in self._freezing:
+            self.ctx.threads.keep_frozen(thread)
+        self._freezing = []
+        return result
 
     # ---- phases ---------------------------------------------------------------------------
     # Database-only phases run inside the caller's transaction and return the turn row to go
@@ -249,11 +298,13 @@ class TurnDriver:
                 )
                 return None
             # Freeze the bindings into the thread: later turns use these digests.
-            await conn.execute(
+            frozen = await conn.execute(
                 "UPDATE threads SET bindings = $2 WHERE id = $1 AND bindings IS NULL",
                 thread["id"],
                 found,
             )
+            if frozen.endswith(" 1"):  # else another Brain froze it first: read it next time
+                self._freezing.append({**thread, "bindings": found})
         await turns.append_history(conn, row["thread_id"], lease.turn_id, "user", row["input"])
         await events.append(conn, row["session_id"], lease.turn_id, "turn.prepared", {})
         return await turns.advance(
@@ -317,7 +368,7 @@ class TurnDriver:
             await self._commit_intents(conn, lease, after, intents)
             return None  # the turn waits for its tools
 
-        after = await transact(self.ctx.pool, commit)
+        after = await self._transact(commit)
         if intents is not None:
             self._after_intents(intents)
         return after
@@ -328,7 +379,7 @@ class TurnDriver:
             _agent, thread = await self._agent_and_thread(conn, row)
             last = (await turns.history(conn, row["thread_id"]))[-1]
         intents = await self._intents(lease, row, thread, last["content"]["tool_calls"])
-        await transact(self.ctx.pool, lambda c: self._commit_intents(c, lease, row, intents))
+        await self._transact(lambda c: self._commit_intents(c, lease, row, intents))
         self._after_intents(intents)
         return None  # the turn waits for its tools
 
@@ -412,11 +463,11 @@ class TurnDriver:
     async def _wait_tools(
         self, conn: asyncpg.Connection, lease: Lease, row: asyncpg.Record
     ) -> asyncpg.Record | None:
-        # Lock the turn first, then read executions: an update committing concurrently
-        # either is visible here or finds the turn WAITING and wakes it.
-        await conn.fetchrow("SELECT 1 FROM turns WHERE id = $1 FOR UPDATE", lease.turn_id)
+        # The turn is locked (see _db_steps) before executions are read: an update committing
+        # concurrently either is visible here or finds the turn WAITING and wakes it.
         rows = await executions.for_step(conn, lease.turn_id, row["tool_step"])
         if executions.all_terminal(rows):
+            self._results = (lease.run_id, row["tool_step"], rows)  # final: APPLY_RESULTS reuses them
             return await turns.advance(
                 conn,
                 lease,
@@ -445,7 +496,12 @@ class TurnDriver:
     async def _apply_results(
         self, conn: asyncpg.Connection, lease: Lease, row: asyncpg.Record
     ) -> asyncpg.Record | None:
-        for r in await executions.for_step(conn, lease.turn_id, row["tool_step"]):
+        kept, self._results = self._results, None
+        if kept is not None and kept[:2] == (lease.run_id, row["tool_step"]):
+            results = kept[2]
+        else:
+            results = await executions.for_step(conn, lease.turn_id, row["tool_step"])
+        for r in results:
             await turns.append_history(
                 conn,
                 row["thread_id"],
@@ -490,7 +546,7 @@ class TurnDriver:
             await events.append(conn, current["session_id"], lease.turn_id, "turn.failed", {"error": error})
 
         try:
-            await transact(self.ctx.pool, commit)
+            await self._transact(commit)
         except StaleOwnerError:
             pass
         except Exception as exc:  # noqa: BLE001

@@ -17,14 +17,14 @@ Tables (in the pool's own schema, ``settings.hands_schema``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any
 
 import asyncpg
 
 from hands.states import OPEN_STATUSES, LedgerStatus, transition
-from infra.db import Json
+from infra.db import Json, dialect
 from infra.liveness import owner_alive_sql
 from infra.payloads import PayloadCodec
 from protocol import (
@@ -32,6 +32,7 @@ from protocol import (
     AcceptedEvent,
     CancelledBody,
     CancelledEvent,
+    ConflictError,
     FailedBody,
     FailedEvent,
     NotFoundError,
@@ -261,6 +262,41 @@ async def insert_execution(conn: asyncpg.Connection, **values: Any) -> Execution
     return Execution.from_record(rec) if rec is not None else None
 
 
+async def insert_with_event(
+    conn: asyncpg.Connection, codec: PayloadCodec, values: dict[str, Any], first_event: Any
+) -> Execution | None:
+    """Insert a new execution row together with its first event (seq 1); None if the
+    execution id is already in the ledger (then nothing is written).
+
+    On PostgreSQL both rows are one statement; elsewhere an insert, then :func:`append_event`.
+    """
+    if dialect(conn) != "postgres":
+        row = await insert_execution(conn, **values)
+        if row is not None:
+            seq = await append_event(conn, codec, row.execution_id, first_event)
+            row = replace(row, last_seq=seq)
+        return row
+    values = {**values, "last_seq": 1}
+    values["status"] = LedgerStatus(values.get("status", LedgerStatus.ACCEPTED)).value
+    kind, payload = await _pack_event(codec, values["execution_id"], values, 1, first_event)
+    columns = list(values)
+    placeholders = ", ".join(f"${i}" for i in range(1, len(columns) + 1))
+    n = len(columns)
+    rec = await conn.fetchrow(
+        f"""WITH ins AS (
+                INSERT INTO executions ({', '.join(columns)}) VALUES ({placeholders})
+                ON CONFLICT (execution_id) DO NOTHING RETURNING *),
+            ev AS (
+                INSERT INTO events (execution_id, seq, kind, payload)
+                SELECT execution_id, 1, ${n + 1}, ${n + 2} FROM ins)
+            SELECT * FROM ins""",
+        *values.values(),
+        kind,
+        payload,
+    )
+    return Execution.from_record(rec) if rec is not None else None
+
+
 async def get_execution(
     conn: asyncpg.Connection, execution_id: str, *, for_update: bool = False
 ) -> Execution | None:
@@ -480,37 +516,77 @@ async def move_and_append(
     body: Any,
     **changes: Any,
 ) -> int:
-    """:func:`move` and :func:`append_event` together, in one UPDATE; returns the event's seq."""
+    """:func:`move` and :func:`append_event` together; returns the event's seq.
+
+    ``row`` must be locked by this transaction (:func:`lock_owned`), so its ``last_seq`` is
+    current and the event's seq is known before the statement: on PostgreSQL the status
+    change and the event row are then one statement (one round trip instead of two).
+    """
     sets, values = _status_change(row, new, False, changes)
-    header = await conn.fetchrow(
-        f"UPDATE executions SET {sets}, last_seq = last_seq + 1, updated_at = now()"
-        " WHERE execution_id = $1 RETURNING last_seq, namespace, session_id, request_digest",
+    if dialect(conn) != "postgres":
+        header = await conn.fetchrow(
+            f"UPDATE executions SET {sets}, last_seq = last_seq + 1, updated_at = now()"
+            " WHERE execution_id = $1 RETURNING last_seq, namespace, session_id, request_digest",
+            row.execution_id,
+            *values,
+        )
+        return await _insert_event(conn, codec, row.execution_id, header, body)
+    seq = row.last_seq + 1
+    kind, payload = await _pack_event(codec, row.execution_id, _header(row), seq, body)
+    n = len(values) + 2
+    status = await conn.execute(
+        f"""WITH moved AS (
+                UPDATE executions SET {sets}, last_seq = last_seq + 1, updated_at = now()
+                 WHERE execution_id = $1 AND last_seq = ${n} RETURNING last_seq)
+            INSERT INTO events (execution_id, seq, kind, payload)
+            SELECT $1, last_seq, ${n + 1}, ${n + 2} FROM moved""",
         row.execution_id,
         *values,
+        row.last_seq,
+        kind,
+        payload,
     )
-    return await _insert_event(conn, codec, row.execution_id, header, body)
+    if not status.endswith(" 1"):
+        raise ConflictError(
+            f"execution {row.execution_id} moved on under this transaction's lock "
+            f"(expected last_seq {row.last_seq}); the row was not locked first"
+        )
+    return seq
 
 
-async def _insert_event(
-    conn: asyncpg.Connection, codec: PayloadCodec, execution_id: str, header: asyncpg.Record, body: Any
-) -> int:
+def _header(row: Execution | dict[str, Any]) -> dict[str, Any]:
+    get = row.get if isinstance(row, dict) else lambda k: getattr(row, k)
+    return {k: get(k) for k in ("namespace", "session_id", "request_digest")}
+
+
+async def _pack_event(
+    codec: PayloadCodec, execution_id: str, header: Any, seq: int, body: Any
+) -> tuple[str, bytes]:
+    """The event envelope for ``body`` as seq ``seq``, packed (a big body is uploaded here)."""
     envelope = _EVENT_CLASSES[type(body)](
         execution_id=execution_id,
         namespace=header["namespace"],
         session_id=header["session_id"],
         request_digest=header["request_digest"],
-        seq=header["last_seq"],
+        seq=seq,
         body=body,
     )
-    payload = await codec.pack(envelope)
+    return str(envelope.kind), await codec.pack(envelope)
+
+
+async def _insert_event(
+    conn: asyncpg.Connection, codec: PayloadCodec, execution_id: str, header: asyncpg.Record, body: Any
+) -> int:
+    seq = int(header["last_seq"])
+    kind, payload = await _pack_event(codec, execution_id, header, seq, body)
     await conn.execute(
         "INSERT INTO events (execution_id, seq, kind, payload) VALUES ($1, $2, $3, $4)",
         execution_id,
-        envelope.seq,
-        envelope.kind,
+        seq,
+        kind,
         payload,
     )
-    return int(envelope.seq)
+    return seq
 
 
 async def pending_events(
@@ -548,18 +624,33 @@ async def pending_events(
 async def mark_published(conn: asyncpg.Connection, events: list[PendingEvent]) -> int:
     """Mark confirmed events published, unless a replay request made them due again meanwhile.
 
-    Returns how many it marked (one statement per event keeps the SQL portable).
+    Returns how many it marked. On PostgreSQL this is one statement, atomic on its own, so
+    the relay runs it without a transaction around it (no BEGIN/COMMIT round trips).
     """
-    marked = 0
-    for e in events:
+    if not events:
+        return 0
+    if dialect(conn) == "postgres":
         status = await conn.execute(
-            """UPDATE events SET published_at = now()
-               WHERE execution_id = $1 AND seq = $2 AND pending_since = $3 AND published_at IS NULL""",
-            e.execution_id,
-            e.seq,
-            e.pending_since,
+            """UPDATE events ev SET published_at = now()
+                 FROM unnest($1::text[], $2::int[], $3::timestamptz[]) AS m(execution_id, seq, since)
+                WHERE ev.execution_id = m.execution_id AND ev.seq = m.seq
+                  AND ev.pending_since = m.since AND ev.published_at IS NULL""",
+            [e.execution_id for e in events],
+            [e.seq for e in events],
+            [e.pending_since for e in events],
         )
-        marked += int(status.split()[-1])
+        return int(status.split()[-1])
+    marked = 0
+    async with conn.transaction():  # SQLite: one fsync for the batch
+        for e in events:
+            status = await conn.execute(
+                """UPDATE events SET published_at = now()
+                   WHERE execution_id = $1 AND seq = $2 AND pending_since = $3 AND published_at IS NULL""",
+                e.execution_id,
+                e.seq,
+                e.pending_since,
+            )
+            marked += int(status.split()[-1])
     return marked
 
 

@@ -11,24 +11,17 @@ duplicate, which the Brain drops by seq.
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import Iterable
-from typing import Any
 
 import asyncpg
 
 from hands import ledger
-from infra.db import transact
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.transport import Transport
 
 log = get_logger(__name__)
-
-
-async def _mark(conn: Any, *, events: list[ledger.PendingEvent]) -> int:
-    return await ledger.mark_published(conn, events)
 
 
 class EventRelay:
@@ -96,8 +89,9 @@ class EventRelay:
                         seq=event.seq,
                         error=f"{type(err).__name__}: {err}",
                     )
-            if confirmed:  # one commit for the whole batch, not one per event
-                await transact(self._pool, functools.partial(_mark, events=confirmed))
+            if confirmed:  # one statement for the whole batch, not one per event
+                async with self._pool.acquire() as conn:
+                    await ledger.mark_published(conn, confirmed)
             confirmed_total += len(confirmed)
             if len(confirmed) < len(events) or len(events) < self._batch:
                 return confirmed_total

@@ -311,12 +311,11 @@ class CommandConsumer:
         execution_id = values["execution_id"]
 
         async def work(conn: asyncpg.Connection) -> _Inserted:
-            row = await ledger.insert_execution(conn, **values)
+            row = await ledger.insert_with_event(conn, self._codec, values, first_event)
             if row is None:
                 existing = await ledger.get_execution(conn, execution_id)
                 assert existing is not None
                 return _Inserted(existing, new=False)
-            await ledger.append_event(conn, self._codec, execution_id, first_event)
             return _Inserted(row, new=True)
 
         return await self._executor.commit(execution_id, work)

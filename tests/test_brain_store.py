@@ -4,6 +4,7 @@ both, so these tests are what keeps the two backends from drifting."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -238,6 +239,64 @@ async def test_a_lost_wake_up_is_repaired_by_the_periodic_scan(pool):
     await pool.execute("UPDATE turns SET status = 'waiting' WHERE id = $1", turn_id)
     await transact(pool, lambda c: executions.wake_stuck_turns(c, "unused_channel"))
     assert await pool.fetchval("SELECT status FROM turns WHERE id = $1", turn_id) == "waiting"
+
+
+@pytest.fixture
+async def pg_pool(tendon: TendonEnv) -> AsyncIterator[Any]:
+    p = await open_store(tendon.settings())
+    yield p
+    await p.close()
+
+
+async def test_two_sibling_executions_finishing_at_once_wake_their_turn(pg_pool):
+    # PostgreSQL only: SQLite runs one write transaction at a time, siblings cannot overlap.
+    pool = pg_pool
+    # Given a turn waiting on two running executions of one step
+    turn_id = await _submit(pool)
+    for n in (1, 2):
+        await transact(
+            pool,
+            lambda c, n=n: executions.insert_intent(
+                c,
+                execution_id=f"sib{n}",
+                turn_id=turn_id,
+                tool_step=1,
+                call_id=f"call-{n}",
+                binding={"route": "lab", "name": "echo", "digest": "b" * 64, "replay_policy": "safe"},
+                args={},
+                request_digest="d" * 64,
+            ),
+        )
+    await pool.execute("UPDATE executions SET status = 'running', last_seq = 2")
+    await pool.execute(
+        "UPDATE turns SET status = 'waiting', phase = 'wait_tools', tool_step = 1 WHERE id = $1", turn_id
+    )
+
+    def done(n: int) -> SucceededEvent:
+        return SucceededEvent(
+            seq=3,
+            body=SucceededBody(result=n),
+            execution_id=f"sib{n}",
+            namespace="ns",
+            session_id="s1",
+            request_digest="d" * 64,
+        )
+
+    # When both results are applied in overlapping transactions
+    async with pool.acquire() as first:
+        tx = first.transaction()
+        await tx.start()
+        await executions.receive(first, done(1), "unused_channel")
+        second = asyncio.create_task(
+            transact(pool, lambda c: executions.receive(c, done(2), "unused_channel"))
+        )
+        await asyncio.sleep(0.3)
+        # Then the second waits for the first (the turn's lock) ...
+        assert not second.done()
+        await tx.commit()
+    await asyncio.wait_for(second, 10)
+    # ... and, seeing its sibling's committed result, wakes the turn
+    assert await pool.fetchval("SELECT status FROM turns WHERE id = $1", turn_id) == "running"
 
 
 async def test_on_sqlite_only_workers_of_the_process_that_has_the_file_open_are_alive(tmp_path):

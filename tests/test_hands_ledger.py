@@ -15,12 +15,13 @@ import pytest
 
 from hands import ledger
 from hands.states import LedgerStatus
-from infra.db import create_pool, migrate, transact
+from infra.db import create_pool, dialect, migrate, transact
 from infra.liveness import LocalWorkerRegistration, WorkerRegistration
 from infra.payloads import PayloadCodec
 from infra.sqlite import open_pool
 from protocol import (
     AcceptedBody,
+    ConflictError,
     IllegalTransitionError,
     StaleOwnerError,
     StartedBody,
@@ -190,6 +191,75 @@ async def test_events_get_contiguous_seqs_and_carry_the_rows_headers(pool: async
     envelopes = [decode(e.payload) for e in pending]
     assert [(e.seq, e.kind) for e in envelopes] == [(1, "accepted"), (2, "started")]
     assert {(e.namespace, e.session_id, e.request_digest) for e in envelopes} == {("tests", "s1", "d" * 64)}
+
+
+def _values(execution_id: str, owner: str) -> dict[str, Any]:
+    return {
+        "execution_id": execution_id,
+        "route": "lab",
+        "request_digest": "d" * 64,
+        "namespace": "tests",
+        "session_id": "s1",
+        "tool": "echo",
+        "replay_policy": "safe",
+        "args": {},
+        "owner": owner,
+    }
+
+
+async def test_a_new_row_and_its_first_event_are_written_together_and_only_once(pool: Any) -> None:
+    execution_id = new_id()
+
+    async def insert(conn: Any, owner: str) -> ledger.Execution | None:
+        values = _values(execution_id, owner)
+        return await ledger.insert_with_event(conn, CODEC, values, AcceptedBody(worker=owner))
+
+    first = await transact(pool, lambda c: insert(c, "w1"))
+    again = await transact(pool, lambda c: insert(c, "w2"))
+    assert first is not None and first.last_seq == 1 and first.status is LedgerStatus.ACCEPTED
+    assert again is None  # a duplicate command writes neither a row nor an event
+    async with pool.acquire() as conn:
+        pending = await ledger.pending_events(conn, execution_ids=[execution_id])
+    assert [(decode(e.payload).seq, decode(e.payload).body.worker) for e in pending] == [(1, "w1")]
+
+
+async def test_a_move_with_its_event_continues_the_seqs_and_refuses_a_row_it_did_not_lock(
+    pool: Any,
+) -> None:
+    execution_id = await _execution(pool, "w1", LedgerStatus.ACCEPTED)
+    async with pool.acquire() as conn:
+        stale = await ledger.get_execution(conn, execution_id)  # read, not locked
+    assert stale is not None
+
+    async def start(conn: Any) -> int:
+        row = await ledger.lock_owned(conn, execution_id, "w1")
+        await ledger.append_event(conn, CODEC, execution_id, AcceptedBody(worker="w1"))
+        row = await ledger.lock_owned(conn, execution_id, "w1")
+        return await ledger.move_and_append(
+            conn, CODEC, row, LedgerStatus.RUNNING, StartedBody(attempt=1, worker="w1"), attempts=1
+        )
+
+    assert await transact(pool, start) == 2
+    async with pool.acquire() as conn:
+        pending = await ledger.pending_events(conn, execution_ids=[execution_id])
+        row = await ledger.get_execution(conn, execution_id)
+    assert [(e.seq, decode(e.payload).kind) for e in pending] == [(1, "accepted"), (2, "started")]
+    assert row is not None and row.status is LedgerStatus.RUNNING and row.last_seq == 2
+
+    if dialect(pool) != "postgres":
+        return  # SQLite takes the seq from the row in the same statement; nothing to guard
+    # A row read before others moved it on (last_seq 0, now 2) cannot be moved blind: the
+    # event would carry a seq that is already taken.
+    with pytest.raises(ConflictError, match="not locked first"):
+        await transact(
+            pool,
+            lambda c: ledger.move_and_append(
+                c, CODEC, stale, LedgerStatus.RUNNING, StartedBody(attempt=1, worker="w1")
+            ),
+        )
+    async with pool.acquire() as conn:
+        after = await ledger.get_execution(conn, execution_id)
+    assert after is not None and after.last_seq == 2
 
 
 async def test_a_replay_that_lands_while_publishing_is_not_marked_published(

@@ -48,13 +48,15 @@ async def run(ctx: Context) -> Result:
         await world.start_brain()
         await world.start_hands()
         await world.open()
-        await tendon_sequential(world, 1, 3)  # warm up: bindings, caches, connections
+        await tendon_sequential(world, 1, ctx.n(3, 30))  # warm up: bindings, caches, connections
+        await world.settle()
         one, one_client, applied = await tendon_sequential(world, 1, n)
         two, _, _ = await tendon_sequential(world, 2, n)
     finally:
         await world.cleanup()
     async with Floor(ctx.services.database_url, ctx.services.amqp_url) as floor:
         await floor.sequential(5)
+        await floor.settle()
         fl = await floor.sequential(n)
         fl2 = [a + b for a, b in zip(await floor.sequential(n), await floor.sequential(n), strict=True)]
     dbos = await dbos_bench.maybe_run(ctx, "latency", timeout=300, n=n, warmup=20)

@@ -11,11 +11,10 @@ from brain.states import (
     EVENT_STATUS,
     TERMINAL_EXECUTION,
     ExecutionStatus,
-    TurnStatus,
     execution_transition,
 )
 from brain.store import events
-from infra.db import Json
+from infra.db import Json, dialect
 from protocol import ConflictError, NotFoundError, RoutingError, decode, encode
 
 
@@ -184,20 +183,32 @@ async def _apply(
     return new
 
 
+_TERMINAL_SQL = ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_EXECUTION))
+_WAKE_IF_STEP_DONE = f"""
+    UPDATE turns SET status = 'running', wake_at = now(), waiting_for = NULL, updated_at = now()
+     WHERE id = $1 AND status = 'waiting' AND tool_step = $2
+       AND EXISTS (SELECT 1 FROM executions e WHERE e.turn_id = $1 AND e.tool_step = $2)
+       AND NOT EXISTS (SELECT 1 FROM executions e WHERE e.turn_id = $1 AND e.tool_step = $2
+                         AND e.status NOT IN ({_TERMINAL_SQL}))
+    RETURNING id"""
+
+
 async def _wake_turn_if_step_done(
     conn: asyncpg.Connection, turn_id: str, tool_step: int, wake_channel: str
 ) -> None:
-    # Lock the turn so that two sibling executions finishing at once are serialised here:
-    # the second one then sees the first one's committed status and wakes the turn.
-    current = await conn.fetchrow("SELECT status, tool_step FROM turns WHERE id = $1 FOR UPDATE", turn_id)
-    if current["status"] != TurnStatus.WAITING or current["tool_step"] != tool_step:
-        return  # the owning run re-checks its executions under the turn lock
-    if all_terminal(await for_step(conn, turn_id, tool_step)):
+    # Two sibling executions finishing at once must not both miss the other's result. They
+    # are serialised before this point: applying a terminal event appended a public event,
+    # which locked the turn's session row (events.append) until commit. So the second one
+    # waits for the first to commit, and this statement (a new snapshot) sees its result.
+    # A WAITING turn whose step moved on is not woken: its owning run re-checks under lock.
+    if dialect(conn) == "postgres":
         await conn.execute(
-            "UPDATE turns SET status = 'running', wake_at = now(), waiting_for = NULL,"
-            " updated_at = now() WHERE id = $1",
+            f"WITH woken AS ({_WAKE_IF_STEP_DONE}) SELECT pg_notify($3, '') FROM woken",
             turn_id,
+            tool_step,
+            wake_channel,
         )
+    elif await conn.fetchval(_WAKE_IF_STEP_DONE, turn_id, tool_step) is not None:
         await events.wake(conn, wake_channel)
 
 
