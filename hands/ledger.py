@@ -284,7 +284,7 @@ async def insert_with_event(
     n = len(columns)
     rec = await conn.fetchrow(
         f"""WITH ins AS (
-                INSERT INTO executions ({', '.join(columns)}) VALUES ({placeholders})
+                INSERT INTO executions ({", ".join(columns)}) VALUES ({placeholders})
                 ON CONFLICT (execution_id) DO NOTHING RETURNING *),
             ev AS (
                 INSERT INTO events (execution_id, seq, kind, payload)
