@@ -635,12 +635,16 @@ class Wakeups:
 
 
 async def drive_forever(driver: TurnDriver, wakeups: Wakeups, interval: float) -> None:
-    """Claim and drive turns; sleep until a wake hint or the periodic scan when idle."""
+    """Claim and drive turns; sleep until a wake hint or the periodic scan when idle.
+
+    After a hint, or right after a run (under load there is most likely another turn), the
+    claim is tried at once; the cheap look first is for the periodic scan of an idle driver.
+    """
     hinted = False
     while True:
         try:
             if await driver.run_one(look_first=not hinted):
-                hinted = False
+                hinted = True
                 continue
         except Exception as exc:  # noqa: BLE001 - e.g. the database is briefly unreachable
             # Nothing committed is lost; claim again after the scan interval.

@@ -11,6 +11,7 @@ import asyncio
 import asyncpg
 
 from brain.store import outbox
+from infra.db import transact
 from infra.logging import get_logger
 from infra.transport import Transport
 
@@ -43,9 +44,7 @@ class OutboxRelay:
             if err is not None:
                 log.warning("outbox_publish_failed", queue=r["queue"], error=repr(err))
         if confirmed:
-            # One statement, atomic on its own: no BEGIN/COMMIT round trips around it.
-            async with self.pool.acquire() as conn:
-                await outbox.mark_published(conn, confirmed)
+            await transact(self.pool, lambda c: outbox.mark_published(c, confirmed), single_statement=True)
         return len(confirmed) if len(confirmed) == len(rows) else -1
 
     async def run(self) -> None:

@@ -43,12 +43,13 @@ from hands.relay import EventRelay
 from hands.replay import Recovery, decide
 from hands.states import OPEN_STATUSES, LedgerStatus
 from hands.tools import Found, NotFound, Tool, ToolContext
-from infra.db import is_transient, transact
+from infra.db import dialect, is_transient, transact
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec
 from protocol import (
     CancelledBody,
+    ConflictError,
     FailedBody,
     OutputPageBody,
     StaleOwnerError,
@@ -62,7 +63,7 @@ from protocol import (
 
 log = get_logger(__name__)
 T = TypeVar("T")
-Change = Callable[[asyncpg.Connection, Execution], Awaitable[None]]
+Change = Callable[[asyncpg.Connection, Execution], Awaitable[Execution | None]]  # the row after, if known
 StartReason = Literal["first_run", "rerun_after_crash"]
 SuccessHow = Literal["ran", "verified_by_query", "reconciled"]
 FailureHow = Literal["ran", "rejected", "verified_by_query", "reconciled"]
@@ -165,6 +166,8 @@ class Executor:
         self._reserved: set[str] = set()
         self._cancelled: dict[str, asyncio.Event] = {}
         self._abandoned: str | None = None  # why this worker stopped committing, once it did
+        # The row as this worker's last commit left it, per execution it runs (see save()).
+        self._rows: dict[str, Execution] = {}
 
     # ---- plumbing -----------------------------------------------------------------------
 
@@ -172,10 +175,16 @@ class Executor:
         if self._abandoned is not None:
             raise StaleOwnerError(f"worker {self.worker_id} commits nothing more: {self._abandoned}")
 
-    async def commit(self, execution_id: str, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+    async def commit(
+        self,
+        execution_id: str,
+        work: Callable[[asyncpg.Connection], Awaitable[T]],
+        *,
+        single_statement: bool = False,
+    ) -> T:
         """One ledger transaction for ``execution_id``, then wake the relay."""
         self._fence()
-        result = await transact(self.pool, work)
+        result = await transact(self.pool, work, single_statement=single_statement)
         self.relay.wake(execution_id)
         return result
 
@@ -186,6 +195,7 @@ class Executor:
         *,
         landed: Callable[[asyncpg.Connection, Execution], Awaitable[bool]] | None = None,
         patience: float = SAVE_PATIENCE,
+        one_statement: bool = False,
     ) -> None:
         """Commit ``change`` on the row this worker owns (locked and fenced), waiting out
         passing faults for up to ``patience`` seconds.
@@ -194,15 +204,37 @@ class Executor:
         So every later attempt first asks ``landed`` about the locked row and does nothing if
         the earlier attempt is already in; redoing it would add a second event or page.
         Without ``landed``, ``change`` must be harmless to repeat.
+
+        ``one_statement``: ``change`` is one guarded statement on PostgreSQL (a
+        :func:`ledger.move_and_append`). Then, if this worker knows the row as its last commit
+        left it, the change runs on that row with no transaction and no lock around it: one
+        round trip instead of four. A row that moved on meanwhile makes the guard refuse, and
+        the locked path below decides.
         """
         tried = False
+        moved: Execution | None = None
+        known = self._rows.pop(execution_id, None)
+        if one_statement and known is not None and dialect(self.pool) == "postgres":
+            self._fence()
+            try:
+                async with self.pool.acquire() as conn:
+                    moved = await change(conn, known)
+            except ConflictError:
+                pass  # not as this worker left it: the locked path looks
+            except Exception as exc:
+                if not _passing(exc):
+                    raise
+                tried = True  # it may have committed: the locked path asks ``landed`` first
+            else:
+                self._committed(execution_id, moved)
+                return
 
-        async def work(conn: asyncpg.Connection) -> None:
+        async def work(conn: asyncpg.Connection) -> Execution | None:
             row = await ledger.lock_owned(conn, execution_id, self.worker_id)
             if tried and landed is not None and await landed(conn, row):
                 log.info("unclear_commit_had_landed", execution_id=execution_id)
-                return
-            await change(conn, row)
+                return None
+            return await change(conn, row)
 
         def retrying(state: RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome is not None else None
@@ -217,9 +249,17 @@ class Executor:
         ):
             with attempt:
                 try:
-                    await self.commit(execution_id, work)
+                    moved = await self.commit(execution_id, work)
                 finally:
                     tried = True
+        self._rows.pop(execution_id, None)
+        if moved is not None:
+            self._rows[execution_id] = moved
+
+    def _committed(self, execution_id: str, moved: Execution | None) -> None:
+        self.relay.wake(execution_id)
+        if moved is not None:
+            self._rows[execution_id] = moved
 
     def reserve(self, execution_id: str) -> bool:
         """Take ``execution_id`` for this process before committing to work on it.
@@ -273,6 +313,7 @@ class Executor:
             self._tasks.pop(execution_id, None)
             self._reserved.discard(execution_id)
             self._cancelled.pop(execution_id, None)
+            self._rows.pop(execution_id, None)
             self.slots.release()
 
     async def _salvage(self, execution_id: str, exc: Exception) -> None:
@@ -391,20 +432,20 @@ class Executor:
     async def _finish(self, execution_id: str, status: LedgerStatus, body: Any, **changes: Any) -> None:
         """Move to a final (or UNKNOWN) status and append its event, in one transaction."""
 
-        async def close(conn: asyncpg.Connection, row: Execution) -> None:
+        async def close(conn: asyncpg.Connection, row: Execution) -> Execution:
             # The output is sealed: every page was committed before this, so output_bytes
             # in the terminal event is the final length (invariant 8).
             final = body
             if isinstance(body, (SucceededBody, FailedBody)):
                 final = body.model_copy(update={"output_bytes": row.output_bytes})
-            await ledger.move_and_append(conn, self.codec, row, status, final, **changes)
+            return await ledger.move_and_append(conn, self.codec, row, status, final, **changes)
 
         async def landed(conn: asyncpg.Connection, row: Execution) -> bool:
             # Only the owner closes an open row, so a closed row this worker still owns was
             # closed by the earlier attempt.
             return row.status not in OPEN_STATUSES
 
-        await self.save(execution_id, close, landed=landed)
+        await self.save(execution_id, close, landed=landed, one_statement=True)
         log.info("execution_" + status.value, execution_id=execution_id)
 
     async def succeed(self, execution_id: str, result: Any, how: SuccessHow = "ran") -> None:
@@ -438,6 +479,7 @@ class Executor:
         ``row`` is the ledger row as the caller just committed it, if it has it (saves a read).
         """
         row = row or await self._row(execution_id)
+        self._rows[execution_id] = row  # as committed just now: the start can go by it
         with bound_contextvars(execution_id=execution_id, turn_id=row.turn_id, tool=row.tool):
             tool = self.registry.served(row.tool, row.binding_digest)
             if tool is None:
@@ -466,11 +508,11 @@ class Executor:
     async def _start(self, execution_id: str, reason: StartReason) -> int:
         attempt = 0
 
-        async def start(conn: asyncpg.Connection, row: Execution) -> None:
+        async def start(conn: asyncpg.Connection, row: Execution) -> Execution:
             nonlocal attempt
             attempt = row.attempts + 1
             started = StartedBody(attempt=attempt, worker=self.worker_id, reason=reason)
-            await ledger.move_and_append(
+            return await ledger.move_and_append(
                 conn, self.codec, row, LedgerStatus.RUNNING, started, attempts=attempt
             )
 
@@ -478,7 +520,7 @@ class Executor:
             # Only the owner counts attempts, so this count is the earlier attempt's doing.
             return row.status is LedgerStatus.RUNNING and row.attempts == attempt
 
-        await self.save(execution_id, start, landed=landed)
+        await self.save(execution_id, start, landed=landed, one_statement=True)
         log.info("execution_started", attempt=attempt, reason=reason)
         return attempt
 

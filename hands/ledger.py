@@ -515,43 +515,51 @@ async def move_and_append(
     new: LedgerStatus,
     body: Any,
     **changes: Any,
-) -> int:
-    """:func:`move` and :func:`append_event` together; returns the event's seq.
+) -> Execution:
+    """:func:`move` and :func:`append_event` together; returns the row as it is now.
 
-    ``row`` must be locked by this transaction (:func:`lock_owned`), so its ``last_seq`` is
-    current and the event's seq is known before the statement: on PostgreSQL the status
-    change and the event row are then one statement (one round trip instead of two).
+    Guarded: the change applies only while the stored row still has ``row``'s owner, status
+    and ``last_seq``, else ConflictError and nothing is written. A row this transaction locked
+    always matches. On PostgreSQL the status change and the event are one statement, atomic on
+    its own, so a caller that knows the row may even run it without a transaction around it
+    (see ``Executor.save``); the event's seq is then known before the statement.
     """
     sets, values = _status_change(row, new, False, changes)
-    if dialect(conn) != "postgres":
-        header = await conn.fetchrow(
-            f"UPDATE executions SET {sets}, last_seq = last_seq + 1, updated_at = now()"
-            " WHERE execution_id = $1 RETURNING last_seq, namespace, session_id, request_digest",
+    n = len(values) + 2
+    guard = f"execution_id = $1 AND owner = ${n} AND status = ${n + 1} AND last_seq = ${n + 2}"
+    guard_values = [row.owner, row.status.value, row.last_seq]
+    if dialect(conn) == "postgres":
+        kind, payload = await _pack_event(codec, row.execution_id, _header(row), row.last_seq + 1, body)
+        rec = await conn.fetchrow(
+            f"""WITH moved AS (
+                    UPDATE executions SET {sets}, last_seq = last_seq + 1, updated_at = now()
+                     WHERE {guard} RETURNING *),
+                event AS (
+                    INSERT INTO events (execution_id, seq, kind, payload)
+                    SELECT execution_id, last_seq, ${n + 3}, ${n + 4} FROM moved)
+                SELECT * FROM moved""",
             row.execution_id,
             *values,
+            *guard_values,
+            kind,
+            payload,
         )
-        return await _insert_event(conn, codec, row.execution_id, header, body)
-    seq = row.last_seq + 1
-    kind, payload = await _pack_event(codec, row.execution_id, _header(row), seq, body)
-    n = len(values) + 2
-    status = await conn.execute(
-        f"""WITH moved AS (
-                UPDATE executions SET {sets}, last_seq = last_seq + 1, updated_at = now()
-                 WHERE execution_id = $1 AND last_seq = ${n} RETURNING last_seq)
-            INSERT INTO events (execution_id, seq, kind, payload)
-            SELECT $1, last_seq, ${n + 1}, ${n + 2} FROM moved""",
-        row.execution_id,
-        *values,
-        row.last_seq,
-        kind,
-        payload,
-    )
-    if not status.endswith(" 1"):
+    else:
+        rec = await conn.fetchrow(
+            f"UPDATE executions SET {sets}, last_seq = last_seq + 1, updated_at = now()"
+            f" WHERE {guard} RETURNING *",
+            row.execution_id,
+            *values,
+            *guard_values,
+        )
+        if rec is not None:
+            await _insert_event(conn, codec, row.execution_id, rec, body)
+    if rec is None:
         raise ConflictError(
-            f"execution {row.execution_id} moved on under this transaction's lock "
-            f"(expected last_seq {row.last_seq}); the row was not locked first"
+            f"execution {row.execution_id} is no longer {row.status.value} at seq {row.last_seq} "
+            f"under owner {row.owner}; nothing was changed"
         )
-    return seq
+    return Execution.from_record(rec)
 
 
 def _header(row: Execution | dict[str, Any]) -> dict[str, Any]:

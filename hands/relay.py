@@ -11,12 +11,14 @@ duplicate, which the Brain drops by seq.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Iterable
 
 import asyncpg
 
 from hands import ledger
+from infra.db import transact
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.transport import Transport
@@ -90,8 +92,8 @@ class EventRelay:
                         error=f"{type(err).__name__}: {err}",
                     )
             if confirmed:  # one statement for the whole batch, not one per event
-                async with self._pool.acquire() as conn:
-                    await ledger.mark_published(conn, confirmed)
+                mark = functools.partial(ledger.mark_published, events=confirmed)
+                await transact(self._pool, mark, single_statement=True)
             confirmed_total += len(confirmed)
             if len(confirmed) < len(events) or len(events) < self._batch:
                 return confirmed_total

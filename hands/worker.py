@@ -38,7 +38,7 @@ from hands.executor import Executor
 from hands.ledger import Execution
 from hands.registry import ToolRegistry
 from hands.states import OPEN_STATUSES, LedgerStatus
-from infra.db import transact
+from infra.db import dialect, transact
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec
@@ -318,7 +318,9 @@ class CommandConsumer:
                 return _Inserted(existing, new=False)
             return _Inserted(row, new=True)
 
-        return await self._executor.commit(execution_id, work)
+        # On PostgreSQL the row and its event are one statement: no transaction around it.
+        one = dialect(self._executor.pool) == "postgres"
+        return await self._executor.commit(execution_id, work, single_statement=one)
 
     async def _dead_letter(self, message: Delivery, reason: str) -> None:
         await self._broker.dead_letter(self.queue, message, reason)

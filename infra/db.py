@@ -101,7 +101,9 @@ async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int
     return pool
 
 
-async def transact(pool: asyncpg.Pool, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+async def transact(
+    pool: asyncpg.Pool, work: Callable[[asyncpg.Connection], Awaitable[T]], *, single_statement: bool = False
+) -> T:
     """Run ``work(conn)`` in one transaction; the one way Tendon commits a state change.
 
     A transaction that certainly did not commit (serialization failure, deadlock, no
@@ -109,6 +111,10 @@ async def transact(pool: asyncpg.Pool, work: Callable[[asyncpg.Connection], Awai
     raises ``TransientError``: the commit may or may not have happened, so the caller
     re-reads the state instead of blindly doing the work twice. Business errors are never
     retried.
+
+    ``single_statement``: ``work`` makes its change in one statement (reads aside), which the
+    database commits on its own, so no BEGIN/COMMIT is sent around it: two round trips fewer.
+    Only for work where that holds on the pool's backend.
     """
     try:
         async for attempt in AsyncRetrying(
@@ -123,6 +129,8 @@ async def transact(pool: asyncpg.Pool, work: Callable[[asyncpg.Connection], Awai
                 except _CONNECTION_LOST as exc:
                     raise _NotStarted(str(exc)) from exc
                 try:
+                    if single_statement:
+                        return await work(conn)
                     async with conn.transaction():
                         return await work(conn)
                 except _CONNECTION_LOST as exc:

@@ -4,6 +4,10 @@ Armed, it forwards a client's ``COMMIT;`` to the server, waits for the server's 
 the transaction *did* commit), then drops that answer and cuts the connection: the client
 sees its connection lost during COMMIT and cannot tell whether it committed. That is the
 case ``transact`` reports as TransientError (outcome unknown). Loopback only.
+
+A commit is also the execution of the Hands ledger's guarded move (``WITH moved AS``) outside
+a transaction: that one statement commits on its own (``Executor.save``'s one-statement path).
+The proxy tells it by the prepared statement's name and the server's last ReadyForQuery status.
 """
 
 from __future__ import annotations
@@ -13,6 +17,28 @@ import contextlib
 from urllib.parse import urlsplit, urlunsplit
 
 _COMMIT = b"Q\x00\x00\x00\x0cCOMMIT;\x00"  # asyncpg's simple-query COMMIT message
+_MOVE = b"WITH moved AS ("  # the ledger's one-statement move (hands.ledger.move_and_append)
+_READY = b"Z\x00\x00\x00\x05"  # ReadyForQuery; the next byte: I idle, T in a transaction, E failed
+
+
+class _Session:
+    """What one client connection's protocol stream has shown so far."""
+
+    def __init__(self) -> None:
+        self.idle = True  # the server's last ReadyForQuery said: not in a transaction
+        self.moves: set[bytes] = set()  # names of prepared statements that are guarded moves
+
+    def parsed(self, data: bytes) -> None:
+        """Remember the name of a Parse message (``P``, length, name, query) of a move."""
+        if data[:1] == b"P" and _MOVE in data:
+            self.moves.add(data[5 : data.index(b"\x00", 5)])
+
+    def binds_move(self, data: bytes) -> bool:
+        """Whether ``data`` starts a Bind (``B``, length, portal, statement) of a move."""
+        if data[:1] != b"B":
+            return False
+        portal_end = data.index(b"\x00", 5)
+        return data[portal_end + 1 : data.index(b"\x00", portal_end + 1)] in self.moves
 
 
 class CommitCutter:
@@ -55,8 +81,9 @@ class CommitCutter:
     async def _connected(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         server_r, server_w = await asyncio.open_connection(*self._target)
         cutting = asyncio.Event()  # set: drop the server's next answer and hang up
-        up = asyncio.create_task(self._upstream(client_r, server_w, cutting))
-        down = asyncio.create_task(self._downstream(server_r, client_w, cutting))
+        session = _Session()
+        up = asyncio.create_task(self._upstream(client_r, server_w, cutting, session))
+        down = asyncio.create_task(self._downstream(server_r, client_w, cutting, session))
         self._pumps |= {up, down}
         try:
             await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
@@ -78,22 +105,31 @@ class CommitCutter:
         return False
 
     async def _upstream(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, cutting: asyncio.Event
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        cutting: asyncio.Event,
+        session: _Session,
     ) -> None:
         with contextlib.suppress(ConnectionError):
             while data := await reader.read(65536):
-                if data.endswith(_COMMIT) and self._should_cut():
+                session.parsed(data)
+                commits = data.endswith(_COMMIT) or (session.idle and session.binds_move(data))
+                if commits and self._should_cut():
                     cutting.set()
                 writer.write(data)
                 await writer.drain()
 
     @staticmethod
     async def _downstream(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, cutting: asyncio.Event
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, cutting: asyncio.Event, session: _Session
     ) -> None:
         with contextlib.suppress(ConnectionError):
             while data := await reader.read(65536):
                 if cutting.is_set():
                     return  # the server answered COMMIT: it committed; the client never hears
+                ready = data.rfind(_READY)
+                if ready >= 0 and ready + 5 < len(data):
+                    session.idle = data[ready + 5 : ready + 6] == b"I"
                 writer.write(data)
                 await writer.drain()

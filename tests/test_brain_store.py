@@ -134,6 +134,30 @@ async def test_a_stale_owner_cannot_commit_and_its_whole_transaction_rolls_back(
             assert (row["phase"], row["lease_owner"]) == ("prepare", b.worker_id)
 
 
+async def test_a_claim_records_its_run_and_a_run_started_event_in_the_session_order(pool, schema, pg_url):
+    turn_id = await _submit(pool)
+    alive = owner_alive_sql(schema, pool)
+    async with register(pool, schema, pg_url) as a:
+        lease, row = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
+        assert (row["id"], row["status"], row["lease_owner"]) == (turn_id, "running", a.worker_id)
+        nothing = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
+    assert nothing is None  # the only turn is leased to a live owner
+    run = await pool.fetchrow(
+        "SELECT turn_id, owner, epoch, started_phase FROM runs WHERE id = $1", lease.run_id
+    )
+    assert dict(run) == {
+        "turn_id": turn_id,
+        "owner": a.worker_id,
+        "epoch": lease.epoch,
+        "started_phase": "prepare",
+    }
+    published = await pool.fetch(
+        "SELECT seq, kind, data FROM public_events WHERE session_id = 's1' ORDER BY seq"
+    )
+    assert [(e["seq"], e["kind"]) for e in published] == [(1, "turn.accepted"), (2, "turn.run_started")]
+    assert published[1]["data"] == {"run_id": lease.run_id, "phase": "prepare", "epoch": lease.epoch}
+
+
 async def test_a_move_the_tables_forbid_is_refused_by_the_owner_and_changes_nothing(pool, schema, pg_url):
     turn_id = await _submit(pool)
     alive = owner_alive_sql(schema, pool)

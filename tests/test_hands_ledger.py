@@ -15,7 +15,7 @@ import pytest
 
 from hands import ledger
 from hands.states import LedgerStatus
-from infra.db import create_pool, dialect, migrate, transact
+from infra.db import create_pool, migrate, transact
 from infra.liveness import LocalWorkerRegistration, WorkerRegistration
 from infra.payloads import PayloadCodec
 from infra.sqlite import open_pool
@@ -223,7 +223,7 @@ async def test_a_new_row_and_its_first_event_are_written_together_and_only_once(
     assert [(decode(e.payload).seq, decode(e.payload).body.worker) for e in pending] == [(1, "w1")]
 
 
-async def test_a_move_with_its_event_continues_the_seqs_and_refuses_a_row_it_did_not_lock(
+async def test_a_move_with_its_event_continues_the_seqs_and_refuses_a_row_that_moved_on(
     pool: Any,
 ) -> None:
     execution_id = await _execution(pool, "w1", LedgerStatus.ACCEPTED)
@@ -231,7 +231,7 @@ async def test_a_move_with_its_event_continues_the_seqs_and_refuses_a_row_it_did
         stale = await ledger.get_execution(conn, execution_id)  # read, not locked
     assert stale is not None
 
-    async def start(conn: Any) -> int:
+    async def start(conn: Any) -> ledger.Execution:
         row = await ledger.lock_owned(conn, execution_id, "w1")
         await ledger.append_event(conn, CODEC, execution_id, AcceptedBody(worker="w1"))
         row = await ledger.lock_owned(conn, execution_id, "w1")
@@ -239,18 +239,17 @@ async def test_a_move_with_its_event_continues_the_seqs_and_refuses_a_row_it_did
             conn, CODEC, row, LedgerStatus.RUNNING, StartedBody(attempt=1, worker="w1"), attempts=1
         )
 
-    assert await transact(pool, start) == 2
+    moved = await transact(pool, start)
+    assert (moved.status, moved.last_seq, moved.attempts) == (LedgerStatus.RUNNING, 2, 1)
     async with pool.acquire() as conn:
         pending = await ledger.pending_events(conn, execution_ids=[execution_id])
         row = await ledger.get_execution(conn, execution_id)
     assert [(e.seq, decode(e.payload).kind) for e in pending] == [(1, "accepted"), (2, "started")]
     assert row is not None and row.status is LedgerStatus.RUNNING and row.last_seq == 2
 
-    if dialect(pool) != "postgres":
-        return  # SQLite takes the seq from the row in the same statement; nothing to guard
-    # A row read before others moved it on (last_seq 0, now 2) cannot be moved blind: the
-    # event would carry a seq that is already taken.
-    with pytest.raises(ConflictError, match="not locked first"):
+    # A row read before others moved it on (accepted at seq 0, now running at 2) cannot be
+    # moved blind: its event would carry a seq that is taken, from a status it no longer has.
+    with pytest.raises(ConflictError, match="no longer accepted at seq 0"):
         await transact(
             pool,
             lambda c: ledger.move_and_append(

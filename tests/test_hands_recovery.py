@@ -232,24 +232,30 @@ async def test_open_rows_of_this_live_worker_with_no_task_here_are_adopted_by_it
     assert await lab.scanner.scan_once() == 0
 
 
-@pytest.mark.parametrize("cut", ["start", "page", "outcome"])
+@pytest.mark.parametrize(
+    ("cut", "pages"),
+    [("start", 1), ("page", 1), ("outcome", 1), ("start", 0), ("outcome", 0)],
+)
 async def test_a_commit_whose_outcome_was_unclear_but_landed_is_not_repeated(
-    cut_lab: Lab, proxy: CommitCutter, cut: str
+    cut_lab: Lab, proxy: CommitCutter, cut: str, pages: int
 ) -> None:
     # Given an execution left by a dead worker, and a ledger connection that loses the answer
-    # to one COMMIT of its run (the commit lands; the worker sees its connection lost, so
-    # the outcome is unknown to it)
+    # to one commit of its run (the commit lands; the worker sees its connection lost, so
+    # the outcome is unknown to it). The start, and the outcome of a body that wrote no page,
+    # are one statement each that commits alone; the others are transactions.
     lab = cut_lab
-    execution_id = await lab.add("slow", {"pages": 1, "delay": 0}, LedgerStatus.ACCEPTED, "dead-worker")
-    # Its commits: the claim, the start, the page, the outcome.
-    proxy.arm(skip={"start": 1, "page": 2, "outcome": 3}[cut], cut=1)
+    execution_id = await lab.add("slow", {"pages": pages, "delay": 0}, LedgerStatus.ACCEPTED, "dead-worker")
+    # Its commits: the claim, the start, the page (if any), the outcome.
+    order = ["claim", "start"] + ["page"] * pages + ["outcome"]
+    proxy.arm(skip=order.index(cut), cut=1)
 
     # When this worker claims and runs it
     assert await lab.scanner.scan_once() == 1
     row = await lab.settled(execution_id)
 
-    # Then that commit happened exactly once: one attempt, one page, one outcome
+    # Then that commit happened exactly once: one attempt, each page once, one outcome
     assert proxy.cuts == 1
-    assert row.status is LedgerStatus.SUCCEEDED and row.attempts == 1 and row.output_bytes == 7
-    assert await lab.event_kinds(execution_id) == [(1, "started"), (2, "output_page"), (3, "succeeded")]
+    assert row.status is LedgerStatus.SUCCEEDED and row.attempts == 1 and row.output_bytes == 7 * pages
+    kinds = ["started"] + ["output_page"] * pages + ["succeeded"]
+    assert await lab.event_kinds(execution_id) == list(enumerate(kinds, start=1))
     assert lab.runs() == [("slow", execution_id, 1)]

@@ -7,8 +7,9 @@ calls), each minus the background rate measured just before and the harness's ow
   transaction that writes gets one, and only a writing commit waits for a WAL flush, so this
   is the count that costs fsyncs. It is server-wide: run it on a quiet server.
 * **transactions**: ``pg_stat_database.xact_commit`` of this run's own database, read-only ones
-  (polls, claims that found nothing) included. PostgreSQL flushes these counters at most once
-  a second, so each reading waits 1.5 s first.
+  (polls, claims that found nothing) included. A backend flushes these counters at most once
+  a second, and an idle one may keep them for up to 10 s (PostgreSQL 15), so in full mode each
+  reading waits 11 s first (1.5 s in quick mode: the count is rough there).
 
 The Tendon processes run with a 5 s scan interval here, so that their periodic repair scans
 (which a busy deployment pays once per interval, not per call) barely show. Publishes: the
@@ -28,8 +29,6 @@ from bench.floor import Floor
 from bench.harness import TendonWorld, one_call_agent
 from bench.scenarios.base import Context, Result, Row
 
-SETTLE = 1.5
-
 
 @dataclass(frozen=True)
 class Reading:
@@ -43,7 +42,7 @@ class Reading:
 
 
 async def _reading(ctx: Context) -> Reading:
-    await asyncio.sleep(SETTLE)
+    await asyncio.sleep(1.5 if ctx.quick else 11.0)
     conn = await asyncpg.connect(ctx.services.admin_url)
     try:
         xids = int(await conn.fetchval("SELECT txid_snapshot_xmax(txid_current_snapshot())"))

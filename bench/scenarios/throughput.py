@@ -51,18 +51,18 @@ async def run(ctx: Context) -> Result:
         await world.start_hands()
         await world.start_hands()
         await world.open()
-        await tendon_closed_loop(world, 4, 1.0 if ctx.quick else 3.0)  # warm up
-        await world.settle()  # steady state: see bench.harness.settle
+        await tendon_closed_loop(world, 4, 1.0)  # warm up
         for _ in range(repeats):
             for k in levels:
+                await world.settle()  # steady state, as autovacuum keeps it: see bench.harness.settle
                 results["Tendon"].setdefault(str(k), []).append(await tendon_closed_loop(world, k, duration))
     finally:
         await world.cleanup()
     async with Floor(ctx.services.database_url, ctx.services.amqp_url) as floor:
-        await floor.closed_loop(4, 0.5 if ctx.quick else 2.0)
-        await floor.settle()
+        await floor.closed_loop(4, 0.5)
         for _ in range(repeats):
             for k in levels:
+                await floor.settle()
                 results["floor"].setdefault(str(k), []).append(await floor.closed_loop(k, duration))
     celery_ok = False
     if ctx.quick:

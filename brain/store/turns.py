@@ -142,10 +142,34 @@ def claim_sql(alive: str) -> str:
     RETURNING t.*"""
 
 
+def _claim_pg_sql(alive: str) -> str:
+    """The claim, its runs row and its ``turn.run_started`` event in one statement (PostgreSQL;
+    the event takes its seq from the session row as events.append does)."""
+    return f"""
+    WITH claimed AS ({claim_sql(alive)}),
+    run AS (
+        INSERT INTO runs (turn_id, owner, epoch, started_phase)
+        SELECT id, $1, lease_epoch, phase FROM claimed RETURNING id),
+    next AS (
+        UPDATE sessions SET last_event_seq = last_event_seq + 1
+         WHERE id = (SELECT session_id FROM claimed) RETURNING last_event_seq),
+    event AS (
+        INSERT INTO public_events (session_id, seq, turn_id, kind, data)
+        SELECT c.session_id, next.last_event_seq, c.id, 'turn.run_started',
+               jsonb_build_object('run_id', run.id, 'phase', c.phase, 'epoch', c.lease_epoch)
+          FROM claimed c, run, next)
+    SELECT claimed.*, run.id AS run_id FROM claimed, run"""
+
+
 async def claim(
     conn: asyncpg.Connection, owner: str, lease_seconds: float, alive_sql: str
 ) -> tuple[Lease, asyncpg.Record] | None:
     """Claim one turn for a new run (inside the caller's transaction)."""
+    if dialect(conn) == "postgres":
+        row = await conn.fetchrow(_claim_pg_sql(alive_sql), owner, lease_seconds)
+        if row is None:
+            return None
+        return Lease(row["id"], owner, row["lease_epoch"], row["run_id"]), row
     row = await conn.fetchrow(claim_sql(alive_sql), owner, lease_seconds)
     if row is None:
         return None
