@@ -323,6 +323,36 @@ async def test_two_sibling_executions_finishing_at_once_wake_their_turn(pg_pool)
     assert await pool.fetchval("SELECT status FROM turns WHERE id = $1", turn_id) == "running"
 
 
+async def test_an_event_applied_while_a_later_one_is_being_held_drains_it(pg_pool):
+    # PostgreSQL only (overlapping transactions). Given an accepted execution (seq 1)
+    pool = pg_pool
+    turn_id = await _submit(pool)
+    await _intent(pool, turn_id, "h1")
+    header = {"execution_id": "h1", "namespace": "ns", "session_id": "s1", "request_digest": "d" * 64}
+    await transact(
+        pool,
+        lambda c: executions.receive(c, AcceptedEvent(seq=1, body=AcceptedBody(worker="w"), **header), "ch"),
+    )
+    started = StartedEvent(seq=2, body=StartedBody(attempt=1, worker="w"), **header)
+    done = SucceededEvent(seq=3, body=SucceededBody(result={"ok": True}), **header)
+
+    # When seq 3 is being held by one transaction while another applies seq 2
+    async with pool.acquire() as holder:
+        tx = holder.transaction()
+        await tx.start()
+        assert await executions.receive(holder, done, "ch") is Arrival.HOLD
+        applying = asyncio.create_task(transact(pool, lambda c: executions.receive(c, started, "ch")))
+        await asyncio.sleep(0.3)
+        assert not applying.done()  # it waits for the execution's row
+        await tx.commit()
+    assert await asyncio.wait_for(applying, 10) is Arrival.APPLY
+
+    # Then the one applying seq 2 saw the hold and applied seq 3 after it: nothing left held
+    row = await pool.fetchrow("SELECT status, last_seq, holding FROM executions WHERE id = 'h1'")
+    assert (row["status"], row["last_seq"], row["holding"]) == ("succeeded", 3, False)
+    assert await pool.fetchval("SELECT count(*) FROM held_events") == 0
+
+
 async def test_on_sqlite_only_workers_of_the_process_that_has_the_file_open_are_alive(tmp_path):
     first = await open_pool(tmp_path / "brain.sqlite3")
     await migrate(first, "brain", MIGRATIONS)

@@ -9,9 +9,11 @@ import asyncpg
 from brain.sequencing import Arrival, classify, drainable
 from brain.states import (
     EVENT_STATUS,
+    EXECUTION_TRANSITIONS,
     TERMINAL_EXECUTION,
     ExecutionStatus,
     execution_transition,
+    sources,
 )
 from brain.store import events
 from infra.db import Json, dialect
@@ -67,9 +69,14 @@ async def receive(conn: asyncpg.Connection, event: Any, wake_channel: str) -> Ar
     Duplicates are no-ops, an event ahead of a gap is held durably (so the message can be
     acked) and applied once the gap is filled. Returns what happened to this event.
     """
+    if dialect(conn) == "postgres" and event.kind in _IN_PLACE_KINDS:
+        applied = await _apply_in_place(conn, event)
+        if applied is not None:
+            if EVENT_STATUS[event.kind] in TERMINAL_EXECUTION:
+                await _wake_turn_if_step_done(conn, applied["turn_id"], applied["tool_step"], wake_channel)
+            return Arrival.APPLY
     row = await conn.fetchrow(
-        """SELECT e.*, t.namespace, t.session_id, t.status AS turn_status,
-                  EXISTS (SELECT 1 FROM held_events h WHERE h.execution_id = e.id) AS holding
+        """SELECT e.*, t.namespace, t.session_id, t.status AS turn_status
              FROM executions e JOIN turns t ON t.id = e.turn_id
             WHERE e.id = $1 FOR UPDATE OF e""",
         event.execution_id,
@@ -94,10 +101,11 @@ async def receive(conn: asyncpg.Connection, event: Any, wake_channel: str) -> Ar
             event.seq,
             encode(event),
         )
+        await conn.execute("UPDATE executions SET holding = true WHERE id = $1", event.execution_id)
         return arrival
 
-    # The usual case holds nothing: one event, one UPDATE. Held events that the new one
-    # makes contiguous are applied after it, in seq order, in this same transaction.
+    # Held events that the new one makes contiguous are applied after it, in seq order, in
+    # this same transaction.
     pending = [event]
     if row["holding"]:
         held = await conn.fetch(
@@ -113,6 +121,11 @@ async def receive(conn: asyncpg.Connection, event: Any, wake_channel: str) -> Ar
             event.execution_id,
             ready[-1] if ready else event.seq,
         )
+        await conn.execute(
+            "UPDATE executions SET holding = EXISTS (SELECT 1 FROM held_events WHERE execution_id = $1)"
+            " WHERE id = $1",
+            event.execution_id,
+        )
     status = ExecutionStatus(row["status"])
     for one in pending:
         status = await _apply(conn, row, status, one)
@@ -121,28 +134,15 @@ async def receive(conn: asyncpg.Connection, event: Any, wake_channel: str) -> Ar
     return arrival
 
 
-async def _apply(
-    conn: asyncpg.Connection, row: asyncpg.Record, status: ExecutionStatus, event: Any
-) -> ExecutionStatus:
-    """Apply one contiguous event: its effect, ``last_seq`` and its public event."""
+def _effect(event: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a status-changing event sets on the execution row (beyond status and seq), and
+    what its public event says (beyond the execution's id, call id and tool)."""
     body = event.body
-    progress = "last_seq = $2, updated_at = now(), replay_requested_at = NULL, stall_backoff = 1"
-    if event.kind == "output_page":
-        await conn.execute(
-            "INSERT INTO execution_output (execution_id, byte_offset, data) VALUES ($1, $2, $3)"
-            " ON CONFLICT DO NOTHING",
-            row["id"],
-            body.offset,
-            body.data,
-        )
-        await conn.execute(f"UPDATE executions SET {progress} WHERE id = $1", row["id"], event.seq)
-        return status
-    new = EVENT_STATUS[event.kind]
-    assert new is not None
-    new = execution_transition(status, new)
-    sets: dict[str, Any] = {"status": new}
+    sets: dict[str, Any] = {}
+    detail: dict[str, Any] = {}
     if event.kind == "started":
         sets["attempts"] = body.attempt
+        detail.update(attempt=body.attempt, reason=body.reason)
     elif event.kind == "succeeded":
         sets.update(
             result=Json(body.result),
@@ -155,30 +155,94 @@ async def _apply(
         sets.update(error=body.error, how=body.how, evidence=body.evidence, output_bytes=body.output_bytes)
     elif event.kind == "unknown":
         sets["error"] = {"code": "unknown", "message": body.reason}
+        detail["reason"] = body.reason
+    if event.kind in ("succeeded", "failed"):
+        detail["how"] = body.how
+    return sets, detail
+
+
+# Event kinds applied in place on PostgreSQL: a status change and nothing else (an output page
+# has its own table, an UNKNOWN also tells the turn what it waits for).
+_IN_PLACE_KINDS = frozenset({"accepted", "started", "succeeded", "failed", "cancelled"})
+_PROGRESS = "last_seq = $2, updated_at = now(), replay_requested_at = NULL, stall_backoff = 1"
+
+
+async def _apply_in_place(conn: asyncpg.Connection, event: Any) -> asyncpg.Record | None:
+    """The usual event in one statement: the next seq of an execution of the event's scope and
+    digest, in a status the transition table lets it leave, with nothing held back. Applies it
+    and its public event and returns the execution's turn and step; else None, and nothing is
+    written (the full path then classifies it: duplicate, gap, refusal)."""
+    new = EVENT_STATUS[event.kind]
+    assert new is not None
+    sets, detail = _effect(event)
+    sets["status"] = new
+    cols = list(sets)
+    n = len(cols) + 3
+    return await conn.fetchrow(
+        f"""WITH moved AS (
+                UPDATE executions e SET {_PROGRESS},
+                       {", ".join(f"{c} = ${i + 3}" for i, c in enumerate(cols))}
+                  FROM turns t
+                 WHERE e.id = $1 AND t.id = e.turn_id AND e.last_seq = $2 - 1 AND NOT e.holding
+                   AND e.status = ANY(${n}::text[]) AND e.request_digest = ${n + 1}
+                   AND t.namespace = ${n + 2} AND t.session_id = ${n + 3}
+                RETURNING e.id, e.turn_id, e.tool_step, e.call_id, e.tool, t.session_id),
+            next AS (
+                UPDATE sessions SET last_event_seq = last_event_seq + 1
+                 WHERE id = (SELECT session_id FROM moved) RETURNING last_event_seq),
+            public AS (
+                INSERT INTO public_events (session_id, seq, turn_id, kind, data)
+                SELECT m.session_id, next.last_event_seq, m.turn_id, ${n + 4},
+                       jsonb_build_object('execution_id', m.id, 'call_id', m.call_id, 'tool', m.tool)
+                       || ${n + 5}::jsonb
+                  FROM moved m, next)
+            SELECT turn_id, tool_step FROM moved""",
+        event.execution_id,
+        event.seq,
+        *[sets[c] for c in cols],
+        sources(EXECUTION_TRANSITIONS, new),
+        event.request_digest,
+        event.namespace,
+        event.session_id,
+        f"execution.{new}",
+        detail,
+    )
+
+
+async def _apply(
+    conn: asyncpg.Connection, row: asyncpg.Record, status: ExecutionStatus, event: Any
+) -> ExecutionStatus:
+    """Apply one contiguous event: its effect, ``last_seq`` and its public event."""
+    if event.kind == "output_page":
+        await conn.execute(
+            "INSERT INTO execution_output (execution_id, byte_offset, data) VALUES ($1, $2, $3)"
+            " ON CONFLICT DO NOTHING",
+            row["id"],
+            event.body.offset,
+            event.body.data,
+        )
+        await conn.execute(f"UPDATE executions SET {_PROGRESS} WHERE id = $1", row["id"], event.seq)
+        return status
+    new = EVENT_STATUS[event.kind]
+    assert new is not None
+    new = execution_transition(status, new)
+    sets, extra = _effect(event)
+    sets["status"] = new
     cols = list(sets)
     await conn.execute(
-        f"UPDATE executions SET {progress}, {', '.join(f'{c} = ${i + 3}' for i, c in enumerate(cols))}"
+        f"UPDATE executions SET {_PROGRESS}, {', '.join(f'{c} = ${i + 3}' for i, c in enumerate(cols))}"
         " WHERE id = $1",
         row["id"],
         event.seq,
         *[sets[c] for c in cols],
     )
-    detail: dict[str, Any] = {
-        "execution_id": row["id"],
-        "call_id": row["call_id"],
-        "tool": row["tool"],
-    }
-    if event.kind in ("succeeded", "failed"):
-        detail["how"] = body.how
-    if event.kind == "started":
-        detail.update(attempt=body.attempt, reason=body.reason)
     if event.kind == "unknown":
-        detail["reason"] = body.reason
         await conn.execute(
             "UPDATE turns SET waiting_for = $2 WHERE id = $1",
             row["turn_id"],
-            f"reconcile of execution {row['id']} ({row['tool']} {row['call_id']}): {body.reason}",
+            f"reconcile of execution {row['id']} ({row['tool']} {row['call_id']}): {event.body.reason}",
         )
+    detail = {"execution_id": row["id"], "call_id": row["call_id"], "tool": row["tool"]} | extra
     await events.append(conn, row["session_id"], row["turn_id"], f"execution.{new}", detail)
     return new
 

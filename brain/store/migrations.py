@@ -18,6 +18,14 @@ CREATE INDEX executions_open ON executions (updated_at) WHERE status IN ('intend
 """
 
 
+# Whether an execution has events held back for a gap. A column, not only the held_events rows:
+# the in-place apply (executions.receive) must see a hold that committed while it waited for
+# the row lock, and PostgreSQL rechecks a waiting UPDATE's conditions on the new row version.
+_HOLDING = """
+ALTER TABLE executions ADD COLUMN holding boolean NOT NULL DEFAULT false;
+UPDATE executions SET holding = true WHERE id IN (SELECT execution_id FROM held_events);
+"""
+
 POSTGRES: list[tuple[int, str]] = [
     (
         1,
@@ -117,6 +125,7 @@ ALTER TABLE executions ADD COLUMN command_message_id text;
     ),
     (3, _INDEXES),
     (4, "ALTER TABLE executions ADD COLUMN stall_backoff int NOT NULL DEFAULT 1;"),
+    (5, _HOLDING),
 ]
 
 _NOW = "(strftime('%Y-%m-%dT%H:%M:%f', 'now'))"
@@ -223,6 +232,7 @@ ALTER TABLE turns ADD COLUMN retries int NOT NULL DEFAULT 0;
     ),
     (3, _INDEXES),
     (4, "ALTER TABLE executions ADD COLUMN stall_backoff int NOT NULL DEFAULT 1;"),
+    (5, _HOLDING),
 ]
 
 MIGRATIONS: dict[str, list[tuple[int, str]]] = {"postgres": POSTGRES, "sqlite": SQLITE}
