@@ -21,7 +21,7 @@ from brain.agents import AgentDefinition
 from brain.models import Message, make_model
 from brain.retry import RetryPolicy
 from brain.states import TurnPhase, TurnStatus
-from brain.store import events, executions, outbox, turns
+from brain.store import events, executions, turns
 from brain.store.turns import Lease
 from infra.db import is_transient, transact
 from infra.killpoints import KillPoints
@@ -122,6 +122,9 @@ class TurnDriver:
         # The terminal executions the wait check just read (run id, step, rows): final, so the
         # results phase that follows in the same transaction need not read them again.
         self._results: tuple[int, int, list[asyncpg.Record]] | None = None
+        # The model reply this run committed last (run id, content): a finalize in the same
+        # transaction takes the result from it instead of reading the history back.
+        self._reply: tuple[int, dict[str, Any]] | None = None
         self._db_phases: dict[TurnPhase, DbPhase] = {
             TurnPhase.PREPARE: self._prepare,
             TurnPhase.WAIT_TOOLS: self._wait_tools,
@@ -257,8 +260,12 @@ class TurnDriver:
         return await self.ctx.threads.get(conn, row["thread_id"])
 
     async def _transact(self, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-        """``transact`` for this driver's commits; threads they froze are kept once committed."""
-        self._freezing = []
+        """``transact`` for this driver's commits; threads they froze are kept once committed.
+
+        What a phase leaves for the next one in the same transaction (``_results``,
+        ``_reply``) never outlives the transaction.
+        """
+        self._freezing, self._results, self._reply = [], None, None
         try:
             result = await transact(self.ctx.pool, work)
         except BaseException:
@@ -345,17 +352,17 @@ class TurnDriver:
                 intents = None  # the reply is committed alone; the dispatch phase meets it again
 
         async def commit(conn: asyncpg.Connection) -> asyncpg.Record | None:
-            await conn.execute(
-                "INSERT INTO model_calls (turn_id, run_id, reply, usage) VALUES ($1, $2, $3, $4)",
-                lease.turn_id,
-                lease.run_id,
-                reply.model_dump(mode="json"),
-                reply.usage,
+            await turns.record_reply(
+                conn,
+                lease,
+                thread_id=row["thread_id"],
+                session_id=row["session_id"],
+                reply=reply.model_dump(mode="json"),
+                usage=reply.usage,
+                content=content,
+                tool_calls=len(calls),
             )
-            await turns.append_history(conn, row["thread_id"], lease.turn_id, "assistant", content)
-            await events.append(
-                conn, row["session_id"], lease.turn_id, "turn.model_replied", {"tool_calls": len(calls)}
-            )
+            self._reply = (lease.run_id, content)  # the finalize that may follow reads it here
             after = await turns.advance(
                 conn,
                 lease,
@@ -433,16 +440,8 @@ class TurnDriver:
                 args=call["args"],
                 request_digest=envelope.request_digest,
                 command_message_id=envelope.message_id,
-            )
-            await outbox.add(
-                conn, self.ctx.topology.commands(binding["route"]), envelope.message_id, intent.payload
-            )
-            await events.append(
-                conn,
-                row["session_id"],
-                lease.turn_id,
-                "execution.intended",
-                {"execution_id": envelope.execution_id, "call_id": call["call_id"], "tool": binding["name"]},
+                command=(self.ctx.topology.commands(binding["route"]), intent.payload),
+                session_id=row["session_id"],
             )
         await turns.advance(
             conn,
@@ -524,8 +523,12 @@ class TurnDriver:
     async def _finalize(
         self, conn: asyncpg.Connection, lease: Lease, row: asyncpg.Record
     ) -> asyncpg.Record | None:
-        last = (await turns.history(conn, row["thread_id"]))[-1]
-        result = {"text": last["content"].get("text")}
+        kept, self._reply = self._reply, None
+        if kept is not None and kept[0] == lease.run_id:
+            content = kept[1]
+        else:
+            content = (await turns.history(conn, row["thread_id"]))[-1]["content"]
+        result = {"text": content.get("text")}
         await turns.advance(
             conn,
             lease,

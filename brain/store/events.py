@@ -8,15 +8,27 @@ import asyncpg
 
 from infra.db import dialect
 
+
 # The session row hands out the seq, so its lock orders a session's events by commit (an
 # observer's cursor never skips one that commits late). PostgreSQL does it in one round
 # trip; SQLite has no data-modifying WITH, and its statements cost no round trip anyway.
-_APPEND_PG = """
-    WITH next AS (UPDATE sessions SET last_event_seq = last_event_seq + 1 WHERE id = $1
-                  RETURNING last_event_seq)
-    INSERT INTO public_events (session_id, seq, turn_id, kind, data)
-    SELECT $1::text, last_event_seq, $2::text, $3::text, $4::jsonb FROM next
-    RETURNING seq"""
+def cte(session: str, turn: str, kind: str, data: str, source: str = "") -> str:
+    """Two CTEs (``next_event``, ``public_event``) that append one public event as part of a
+    bigger PostgreSQL statement: the change and its event in one round trip.
+
+    Each argument is an SQL expression; ``source`` adds FROM items they may refer to (e.g.
+    ``", moved m"``). ``public_event`` returns the event's ``seq``.
+    """
+    return f"""next_event AS (
+        UPDATE sessions SET last_event_seq = last_event_seq + 1 WHERE id = {session}
+        RETURNING last_event_seq),
+    public_event AS (
+        INSERT INTO public_events (session_id, seq, turn_id, kind, data)
+        SELECT {session}, next_event.last_event_seq, {turn}, {kind}, {data} FROM next_event{source}
+        RETURNING seq)"""
+
+
+_APPEND_PG = f"WITH {cte('$1::text', '$2::text', '$3::text', '$4::jsonb')} SELECT seq FROM public_event"
 
 
 async def append(

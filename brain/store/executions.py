@@ -15,9 +15,13 @@ from brain.states import (
     execution_transition,
     sources,
 )
-from brain.store import events
+from brain.store import events, outbox
 from infra.db import Json, dialect
 from protocol import ConflictError, NotFoundError, RoutingError, decode, encode
+
+_INSERT_INTENT = """INSERT INTO executions (id, turn_id, tool_step, call_id, route, tool, binding_digest,
+                                   replay_policy, args, request_digest, status, command_message_id)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"""
 
 
 async def insert_intent(
@@ -31,11 +35,13 @@ async def insert_intent(
     args: dict[str, Any],
     request_digest: str,
     command_message_id: str | None = None,
+    command: tuple[str, bytes] | None = None,
+    session_id: str | None = None,
 ) -> None:
-    await conn.execute(
-        """INSERT INTO executions (id, turn_id, tool_step, call_id, route, tool, binding_digest,
-                                   replay_policy, args, request_digest, status, command_message_id)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)""",
+    """An INTENDED execution row; with ``command`` (queue, payload) and ``session_id`` also its
+    outbox command and its ``execution.intended`` public event, together (invariant 3): one
+    statement on PostgreSQL."""
+    values = [
         execution_id,
         turn_id,
         tool_step,
@@ -48,6 +54,29 @@ async def insert_intent(
         request_digest,
         ExecutionStatus.INTENDED,
         command_message_id,
+    ]
+    if command is None:
+        await conn.execute(_INSERT_INTENT, *values)
+        return
+    assert session_id is not None and command_message_id is not None
+    queue, payload = command
+    detail = {"execution_id": execution_id, "call_id": call_id, "tool": binding["name"]}
+    if dialect(conn) != "postgres":
+        await conn.execute(_INSERT_INTENT, *values)
+        await outbox.add(conn, queue, command_message_id, payload)
+        await events.append(conn, session_id, turn_id, "execution.intended", detail)
+        return
+    public = events.cte("$15::text", "$2::text", "'execution.intended'", "$16::jsonb")
+    await conn.execute(
+        f"""WITH intent AS ({_INSERT_INTENT}),
+            command AS (INSERT INTO outbox (queue, message_id, payload) VALUES ($13, $12, $14)),
+            {public}
+            SELECT 1""",
+        *values,
+        queue,
+        payload,
+        session_id,
+        detail,
     )
 
 
@@ -178,6 +207,13 @@ async def _apply_in_place(conn: asyncpg.Connection, event: Any) -> asyncpg.Recor
     sets["status"] = new
     cols = list(sets)
     n = len(cols) + 3
+    public = events.cte(
+        "(SELECT session_id FROM moved)",
+        "m.turn_id",
+        f"${n + 4}::text",
+        f"jsonb_build_object('execution_id', m.id, 'call_id', m.call_id, 'tool', m.tool) || ${n + 5}::jsonb",
+        source=", moved m",
+    )
     return await conn.fetchrow(
         f"""WITH moved AS (
                 UPDATE executions e SET {_PROGRESS},
@@ -187,15 +223,7 @@ async def _apply_in_place(conn: asyncpg.Connection, event: Any) -> asyncpg.Recor
                    AND e.status = ANY(${n}::text[]) AND e.request_digest = ${n + 1}
                    AND t.namespace = ${n + 2} AND t.session_id = ${n + 3}
                 RETURNING e.id, e.turn_id, e.tool_step, e.call_id, e.tool, t.session_id),
-            next AS (
-                UPDATE sessions SET last_event_seq = last_event_seq + 1
-                 WHERE id = (SELECT session_id FROM moved) RETURNING last_event_seq),
-            public AS (
-                INSERT INTO public_events (session_id, seq, turn_id, kind, data)
-                SELECT m.session_id, next.last_event_seq, m.turn_id, ${n + 4},
-                       jsonb_build_object('execution_id', m.id, 'call_id', m.call_id, 'tool', m.tool)
-                       || ${n + 5}::jsonb
-                  FROM moved m, next)
+            {public}
             SELECT turn_id, tool_step FROM moved""",
         event.execution_id,
         event.seq,

@@ -143,21 +143,20 @@ def claim_sql(alive: str) -> str:
 
 
 def _claim_pg_sql(alive: str) -> str:
-    """The claim, its runs row and its ``turn.run_started`` event in one statement (PostgreSQL;
-    the event takes its seq from the session row as events.append does)."""
+    """The claim, its runs row and its ``turn.run_started`` event in one statement (PostgreSQL)."""
+    event = events.cte(
+        "(SELECT session_id FROM claimed)",
+        "(SELECT id FROM claimed)",
+        "'turn.run_started'",
+        "jsonb_build_object('run_id', run.id, 'phase', c.phase, 'epoch', c.lease_epoch)",
+        source=", claimed c, run",
+    )
     return f"""
     WITH claimed AS ({claim_sql(alive)}),
     run AS (
         INSERT INTO runs (turn_id, owner, epoch, started_phase)
         SELECT id, $1, lease_epoch, phase FROM claimed RETURNING id),
-    next AS (
-        UPDATE sessions SET last_event_seq = last_event_seq + 1
-         WHERE id = (SELECT session_id FROM claimed) RETURNING last_event_seq),
-    event AS (
-        INSERT INTO public_events (session_id, seq, turn_id, kind, data)
-        SELECT c.session_id, next.last_event_seq, c.id, 'turn.run_started',
-               jsonb_build_object('run_id', run.id, 'phase', c.phase, 'epoch', c.lease_epoch)
-          FROM claimed c, run, next)
+    {event}
     SELECT claimed.*, run.id AS run_id FROM claimed, run"""
 
 
@@ -286,6 +285,52 @@ async def append_history(
         turn_id,
         role,
         content,
+    )
+
+
+async def record_reply(
+    conn: asyncpg.Connection,
+    lease: Lease,
+    *,
+    thread_id: str,
+    session_id: str,
+    reply: dict[str, Any],
+    usage: dict[str, Any],
+    content: dict[str, Any],
+    tool_calls: int,
+) -> None:
+    """A model reply: its ``model_calls`` row, its history entry and its ``turn.model_replied``
+    event (one statement on PostgreSQL)."""
+    detail = {"tool_calls": tool_calls}
+    if dialect(conn) != "postgres":
+        await conn.execute(
+            "INSERT INTO model_calls (turn_id, run_id, reply, usage) VALUES ($1, $2, $3, $4)",
+            lease.turn_id,
+            lease.run_id,
+            reply,
+            usage,
+        )
+        await append_history(conn, thread_id, lease.turn_id, "assistant", content)
+        await events.append(conn, session_id, lease.turn_id, "turn.model_replied", detail)
+        return
+    public = events.cte("$7::text", "$1::text", "'turn.model_replied'", "$8::jsonb")
+    await conn.execute(
+        f"""WITH call AS (
+                INSERT INTO model_calls (turn_id, run_id, reply, usage) VALUES ($1, $2, $3, $4)),
+            entry AS (
+                INSERT INTO history (thread_id, position, turn_id, role, content)
+                SELECT $5, coalesce(max(position), 0) + 1, $1, 'assistant', $6
+                  FROM history WHERE thread_id = $5),
+            {public}
+            SELECT 1""",
+        lease.turn_id,
+        lease.run_id,
+        reply,
+        usage,
+        thread_id,
+        content,
+        session_id,
+        detail,
     )
 
 
