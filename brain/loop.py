@@ -119,12 +119,6 @@ class TurnDriver:
         self.alive_sql = alive_sql
         self.on_claim = on_claim  # another turn may be claimable too: pass the hint on
         self._freezing: list[Mapping[str, Any]] = []  # threads frozen by the open transaction
-        # The terminal executions the wait check just read (run id, step, rows): final, so the
-        # results phase that follows in the same transaction need not read them again.
-        self._results: tuple[int, int, list[asyncpg.Record]] | None = None
-        # The model reply this run committed last (run id, content): a finalize in the same
-        # transaction takes the result from it instead of reading the history back.
-        self._reply: tuple[int, dict[str, Any]] | None = None
         self._db_phases: dict[TurnPhase, DbPhase] = {
             TurnPhase.PREPARE: self._prepare,
             TurnPhase.WAIT_TOOLS: self._wait_tools,
@@ -260,12 +254,8 @@ class TurnDriver:
         return await self.ctx.threads.get(conn, row["thread_id"])
 
     async def _transact(self, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-        """``transact`` for this driver's commits; threads they froze are kept once committed.
-
-        What a phase leaves for the next one in the same transaction (``_results``,
-        ``_reply``) never outlives the transaction.
-        """
-        self._freezing, self._results, self._reply = [], None, None
+        """``transact`` for this driver's commits; threads they froze are kept once committed."""
+        self._freezing = []
         try:
             result = await transact(self.ctx.pool, work)
         except BaseException:
@@ -362,18 +352,22 @@ class TurnDriver:
                 content=content,
                 tool_calls=len(calls),
             )
-            self._reply = (lease.run_id, content)  # the finalize that may follow reads it here
+            model_calls = row["model_calls"] + 1
+            # Dispatch and finalize have nothing to write before their own work: the turn
+            # passes through them in the same move.
+            if intents is not None:
+                await self._commit_intents(conn, lease, row, intents, model_calls=model_calls)
+                return None  # the turn waits for its tools
+            if next_phase is TurnPhase.FINALIZE:
+                return await self._finalize(conn, lease, row, content=content, model_calls=model_calls)
             after = await turns.advance(
                 conn,
                 lease,
                 phase=next_phase,
-                model_calls=row["model_calls"] + 1,
+                model_calls=model_calls,
                 lease_seconds=self.ctx.lease_seconds,
             )
-            if intents is None:
-                return await self._db_steps(conn, lease=lease, row=after)
-            await self._commit_intents(conn, lease, after, intents)
-            return None  # the turn waits for its tools
+            return await self._db_steps(conn, lease=lease, row=after)
 
         after = await self._transact(commit)
         if intents is not None:
@@ -424,9 +418,19 @@ class TurnDriver:
         return intents
 
     async def _commit_intents(
-        self, conn: asyncpg.Connection, lease: Lease, row: asyncpg.Record, intents: list[_Intent]
+        self,
+        conn: asyncpg.Connection,
+        lease: Lease,
+        row: asyncpg.Record,
+        intents: list[_Intent],
+        *,
+        model_calls: int | None = None,
     ) -> None:
-        """Executions + outbox commands (invariant 3), then the turn waits for them."""
+        """Executions + outbox commands (invariant 3), then the turn waits for them.
+
+        ``model_calls``: the count after the reply committed in this transaction; the turn
+        then moves from that reply through DISPATCH_TOOLS in the same UPDATE.
+        """
         step = row["tool_step"] + 1
         for intent in intents:
             call, binding, envelope = intent.call, intent.binding, intent.envelope
@@ -443,15 +447,18 @@ class TurnDriver:
                 command=(self.ctx.topology.commands(binding["route"]), intent.payload),
                 session_id=row["session_id"],
             )
+        from_reply: dict[str, Any] = {} if model_calls is None else {"model_calls": model_calls}
         await turns.advance(
             conn,
             lease,
             phase=TurnPhase.WAIT_TOOLS,
+            via=[TurnPhase.DISPATCH_TOOLS] if from_reply else (),
             status=TurnStatus.WAITING,
             release=True,
             tool_step=step,
             waiting_for=f"{len(intents)} tool execution(s)",
             detail={"executions": [i.envelope.execution_id for i in intents]},
+            **from_reply,
         )
 
     def _after_intents(self, intents: list[_Intent]) -> None:
@@ -466,14 +473,7 @@ class TurnDriver:
         # concurrently either is visible here or finds the turn WAITING and wakes it.
         rows = await executions.for_step(conn, lease.turn_id, row["tool_step"])
         if executions.all_terminal(rows):
-            self._results = (lease.run_id, row["tool_step"], rows)  # final: APPLY_RESULTS reuses them
-            return await turns.advance(
-                conn,
-                lease,
-                phase=TurnPhase.APPLY_RESULTS,
-                waiting_for=None,
-                lease_seconds=self.ctx.lease_seconds,
-            )
+            return await self._apply_results(conn, lease, row, results=rows)
         pending = [r for r in rows if r["status"] not in ("succeeded", "failed", "cancelled")]
         unknown = [r for r in pending if r["status"] == "unknown"]
         reason = (
@@ -493,12 +493,17 @@ class TurnDriver:
         return None
 
     async def _apply_results(
-        self, conn: asyncpg.Connection, lease: Lease, row: asyncpg.Record
+        self,
+        conn: asyncpg.Connection,
+        lease: Lease,
+        row: asyncpg.Record,
+        *,
+        results: list[asyncpg.Record] | None = None,
     ) -> asyncpg.Record | None:
-        kept, self._results = self._results, None
-        if kept is not None and kept[:2] == (lease.run_id, row["tool_step"]):
-            results = kept[2]
-        else:
+        """``results``: the step's executions, final, as the wait check just read them; the
+        turn then moves from WAIT_TOOLS through APPLY_RESULTS in one UPDATE."""
+        via = [TurnPhase.APPLY_RESULTS] if results is not None else []
+        if results is None:
             results = await executions.for_step(conn, lease.turn_id, row["tool_step"])
         for r in results:
             await turns.append_history(
@@ -517,25 +522,38 @@ class TurnDriver:
                 },
             )
         return await turns.advance(
-            conn, lease, phase=TurnPhase.MODEL_REQUEST, lease_seconds=self.ctx.lease_seconds
+            conn,
+            lease,
+            phase=TurnPhase.MODEL_REQUEST,
+            via=via,
+            waiting_for=None,
+            lease_seconds=self.ctx.lease_seconds,
         )
 
     async def _finalize(
-        self, conn: asyncpg.Connection, lease: Lease, row: asyncpg.Record
+        self,
+        conn: asyncpg.Connection,
+        lease: Lease,
+        row: asyncpg.Record,
+        *,
+        content: dict[str, Any] | None = None,
+        model_calls: int | None = None,
     ) -> asyncpg.Record | None:
-        kept, self._reply = self._reply, None
-        if kept is not None and kept[0] == lease.run_id:
-            content = kept[1]
-        else:
+        """``content`` and ``model_calls``: the final reply, committed in this transaction;
+        the turn then moves from MODEL_REQUEST through FINALIZE in one UPDATE."""
+        if content is None:
             content = (await turns.history(conn, row["thread_id"]))[-1]["content"]
         result = {"text": content.get("text")}
+        from_reply: dict[str, Any] = {} if model_calls is None else {"model_calls": model_calls}
         await turns.advance(
             conn,
             lease,
             phase=TurnPhase.DONE,
+            via=[TurnPhase.FINALIZE] if from_reply else (),
             status=TurnStatus.COMPLETED,
             release=True,
             result=result,
+            **from_reply,
         )
         await events.append(conn, row["session_id"], lease.turn_id, "turn.completed", result)
         return None

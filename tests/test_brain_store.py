@@ -98,6 +98,34 @@ async def test_the_same_request_id_returns_the_original_turn_and_other_input_con
     assert await pool.fetchval("SELECT count(*) FROM turns") == 1
 
 
+async def test_turns_of_one_session_share_its_thread_and_its_event_sequence(pool):
+    # Given a first turn, which creates the session and its main thread
+    first = await _submit(pool, "r1")
+    # When a second turn comes in the same session
+    second = await _submit(pool, "r2", text="and then")
+    # Then both are queued on the one thread, and their events continue one sequence
+    rows = await pool.fetch("SELECT id, thread_id, status FROM turns ORDER BY seq")
+    assert [(r["id"], r["thread_id"], r["status"]) for r in rows] == [
+        (first, "s1", "queued"),
+        (second, "s1", "queued"),
+    ]
+    assert await pool.fetchval("SELECT count(*) FROM threads") == 1
+    published = await pool.fetch("SELECT seq, turn_id, kind, data FROM public_events ORDER BY seq")
+    assert [(e["seq"], e["turn_id"], e["kind"], e["data"]) for e in published] == [
+        (1, first, "turn.accepted", {"request_id": "r1"}),
+        (2, second, "turn.accepted", {"request_id": "r2"}),
+    ]
+    assert await pool.fetchval("SELECT last_event_seq FROM sessions WHERE id = 's1'") == 2
+    # And the session cannot be used from another namespace
+    with pytest.raises(ConflictError, match="another namespace"):
+        await transact(
+            pool,
+            lambda c: turns.submit(
+                c, namespace="other", session_id="s1", request_id="r3", user_input="x", agent=AGENT
+            ),
+        )
+
+
 async def test_a_changed_agent_under_the_same_version_is_refused(pool):
     await _submit(pool)
     changed = AGENT.model_copy(update={"instructions": "be different"})

@@ -98,6 +98,14 @@ async def test_the_five_email_turn_completes_across_brain_and_two_hands_processe
     assert code == 0 and shown["status"] == "completed"
     assert "Receipts" in shown["result"]["text"]
 
+    # The step journal names every phase the turn passed, in order, also those it passed
+    # through inside one commit (dispatch after a reply, results after the wait, finalize).
+    # (A first run may wait in PREPARE for the tools' announcement: from the model on.)
+    steps = await obs.fetch("SELECT phase FROM {brain}.steps WHERE turn_id = $1 ORDER BY id", turn_id)
+    phases = [s["phase"] for s in steps]
+    one_call = ["dispatch_tools", "wait_tools", "apply_results", "model_request"]
+    assert phases[phases.index("model_request") :] == ["model_request", *one_call * 5, "finalize", "done"]
+
 
 async def test_a_hands_worker_killed_after_the_mailbox_accepted_email_four_is_verified_not_resent(
     tendon: TendonEnv, processes: Processes, mailbox: MailboxServer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -48,24 +49,27 @@ async def submit(
     """
     input_doc = {"text": user_input}
     input_digest = digest(input_doc)
-    existing = await conn.fetchrow(
-        "SELECT id, input_digest FROM turns WHERE namespace = $1 AND session_id = $2 AND request_id = $3",
+    # One read for the three things a submit checks: the request id, the agent, the session.
+    known = await conn.fetchrow(
+        """SELECT t.id AS turn_id, t.input_digest, a.digest AS agent_digest, s.namespace AS session_ns
+             FROM (SELECT 1 AS one) AS here
+             LEFT JOIN turns t ON t.namespace = $1 AND t.session_id = $2 AND t.request_id = $3
+             LEFT JOIN agents a ON a.name = $4 AND a.version = $5
+             LEFT JOIN sessions s ON s.id = $2""",
         namespace,
         session_id,
         request_id,
+        agent.name,
+        agent.version,
     )
-    if existing is not None:
-        if existing["input_digest"] != input_digest:
+    if known["turn_id"] is not None:
+        if known["input_digest"] != input_digest:
             raise ConflictError(
                 f"request id {request_id!r} in session {session_id!r} was already used "
-                f"for a different input (turn {existing['id']})"
+                f"for a different input (turn {known['turn_id']})"
             )
-        return existing["id"], False
-
-    stored = await conn.fetchval(
-        "SELECT digest FROM agents WHERE name = $1 AND version = $2", agent.name, agent.version
-    )
-    if stored is None:
+        return known["turn_id"], False
+    if known["agent_digest"] is None:
         await conn.execute(
             "INSERT INTO agents (name, version, digest, definition) VALUES ($1, $2, $3, $4)"
             " ON CONFLICT DO NOTHING",
@@ -74,29 +78,17 @@ async def submit(
             agent.digest,
             agent.model_dump(mode="json"),
         )
-    elif stored != agent.digest:
+    elif known["agent_digest"] != agent.digest:
         raise ConflictError(
             f"agent {agent.name} version {agent.version} is already registered with different "
             "content; give the changed definition a new version"
         )
-
-    session_ns = await conn.fetchval("SELECT namespace FROM sessions WHERE id = $1", session_id)
-    if session_ns is None:
-        await conn.execute("INSERT INTO sessions (id, namespace) VALUES ($1, $2)", session_id, namespace)
-        await conn.execute(
-            "INSERT INTO threads (id, session_id, agent_name, agent_version) VALUES ($1, $1, $2, $3)",
-            session_id,
-            agent.name,
-            agent.version,
-        )
-    elif session_ns != namespace:
+    new_session = known["session_ns"] is None
+    if not new_session and known["session_ns"] != namespace:
         raise ConflictError(f"session {session_id!r} belongs to another namespace")
 
     turn_id = f"turn-{new_id()}"
-    await conn.execute(
-        """INSERT INTO turns (id, namespace, session_id, thread_id, request_id, input_digest, input,
-                              status, phase)
-           VALUES ($1, $2, $3, $3, $4, $5, $6, $7, $8)""",
+    turn = [
         turn_id,
         namespace,
         session_id,
@@ -105,9 +97,43 @@ async def submit(
         input_doc,
         TurnStatus.QUEUED,
         TurnPhase.PREPARE,
-    )
-    await events.append(conn, session_id, turn_id, "turn.accepted", {"request_id": request_id})
+    ]
+    accepted = {"request_id": request_id}
+    if dialect(conn) == "postgres":
+        # A new session, its main thread, the turn and its first event; or, in a known
+        # session, the turn and its next event: one statement either way.
+        if new_session:
+            sql = f"""WITH session AS (
+                          INSERT INTO sessions (id, namespace, last_event_seq) VALUES ($3, $2, 1)),
+                      thread AS (
+                          INSERT INTO threads (id, session_id, agent_name, agent_version)
+                          VALUES ($3, $3, $10, $11)),
+                      turn AS ({_INSERT_TURN}),
+                      event AS (
+                          INSERT INTO public_events (session_id, seq, turn_id, kind, data)
+                          VALUES ($3, 1, $1, 'turn.accepted', $9))
+                      SELECT 1"""
+            await conn.execute(sql, *turn, accepted, agent.name, agent.version)
+        else:
+            public = events.cte("$3::text", "$1::text", "'turn.accepted'", "$9::jsonb")
+            await conn.execute(f"WITH turn AS ({_INSERT_TURN}), {public} SELECT 1", *turn, accepted)
+        return turn_id, True
+    if new_session:
+        await conn.execute("INSERT INTO sessions (id, namespace) VALUES ($1, $2)", session_id, namespace)
+        await conn.execute(
+            "INSERT INTO threads (id, session_id, agent_name, agent_version) VALUES ($1, $1, $2, $3)",
+            session_id,
+            agent.name,
+            agent.version,
+        )
+    await conn.execute(_INSERT_TURN, *turn)
+    await events.append(conn, session_id, turn_id, "turn.accepted", accepted)
     return turn_id, True
+
+
+_INSERT_TURN = """INSERT INTO turns (id, namespace, session_id, thread_id, request_id, input_digest, input,
+                                     status, phase)
+                  VALUES ($1, $2, $3, $3, $4, $5, $6, $7, $8)"""
 
 
 def _claimable_sql(alive: str) -> str:
@@ -205,9 +231,14 @@ async def advance(
     release: bool = False,
     lease_seconds: float = 30.0,
     detail: dict[str, Any] | None = None,
+    via: Sequence[TurnPhase] = (),
     **fields: Any,
 ) -> asyncpg.Record:
     """Move a turn inside the caller's transaction, fenced by the lease epoch.
+
+    ``via``: phases the turn passes through on its way to ``phase`` in this same move (each
+    step checked against the table and journaled), for phases that have nothing to write of
+    their own: one UPDATE instead of one per phase.
 
     Raises ``StaleOwnerError`` (rolling the whole transaction back) when another run owns
     the turn now, and ``IllegalTransitionError`` for a move the tables forbid.
@@ -217,9 +248,12 @@ async def advance(
     sets: dict[str, Any] = dict(fields)
     guards = ["lease_owner = $2", "lease_epoch = $3"]
     args: list[Any] = [lease.turn_id, lease.owner, lease.epoch]
+    path = [*via, phase] if phase is not None else []
+    for a, b in zip(path, path[1:], strict=False):
+        phase_transition(a, b)
     if phase is not None:
         sets["phase"] = phase
-        args.append(sources(PHASE_TRANSITIONS, phase))
+        args.append(sources(PHASE_TRANSITIONS, path[0]))
         guards.append(f"phase = ANY(${len(args)}::text[])")
     if status is not None:
         sets["status"] = status
@@ -236,27 +270,36 @@ async def advance(
         f" WHERE id = $1 AND {' AND '.join(guards)} RETURNING *"
     )
     values = [*args, *[sets[c] for c in columns]]
-    if dialect(conn) == "postgres":  # the step journal row in the same round trip
+    passed = [str(p) for p in via]  # journaled with no detail; the last step gets ``detail``
+    if dialect(conn) == "postgres":  # the step journal rows in the same round trip
         n = len(values)
         row = await conn.fetchrow(
-            f"WITH moved AS ({update}), step AS (INSERT INTO steps (turn_id, run_id, phase, detail)"
-            f" SELECT id, ${n + 1}::bigint, phase, ${n + 2}::jsonb FROM moved) SELECT * FROM moved",
+            f"""WITH moved AS ({update}),
+                step AS (
+                    INSERT INTO steps (turn_id, run_id, phase, detail)
+                    SELECT id, ${n + 1}::bigint, p.phase,
+                           CASE WHEN p.last THEN ${n + 2}::jsonb ELSE '{{}}' END
+                      FROM moved, (SELECT unnest(${n + 3}::text[]) AS phase, false AS last
+                                   UNION ALL SELECT moved.phase, true FROM moved) AS p)
+                SELECT * FROM moved""",
             *values,
             lease.run_id,
             detail or {},
+            passed,
         )
     else:
         row = await conn.fetchrow(update, *values)
         if row is not None:
-            await conn.execute(
-                "INSERT INTO steps (turn_id, run_id, phase, detail) VALUES ($1, $2, $3, $4)",
-                lease.turn_id,
-                lease.run_id,
-                row["phase"],
-                detail or {},
-            )
+            for step_phase, step_detail in [*((p, {}) for p in passed), (row["phase"], detail or {})]:
+                await conn.execute(
+                    "INSERT INTO steps (turn_id, run_id, phase, detail) VALUES ($1, $2, $3, $4)",
+                    lease.turn_id,
+                    lease.run_id,
+                    step_phase,
+                    step_detail,
+                )
     if row is None:
-        await _refuse(conn, lease, phase, status)
+        await _refuse(conn, lease, path[0] if path else None, status)
     return row
 
 
