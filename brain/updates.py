@@ -57,6 +57,7 @@ class UpdateConsumer:
             pool,
             lambda conn, event: executions.receive(conn, event, wake_channel),
             order=lambda event: (event.execution_id, event.seq),
+            alone=executions.receive_alone,
         )
 
     async def handle(self, message: Delivery) -> None:

@@ -41,9 +41,13 @@ class GroupCommit(Generic[T, R]):
         *,
         order: Callable[[T], Hashable] | None = None,
         limit: int = 128,
+        alone: Apply[T, R | None] | None = None,
     ) -> None:
         self.pool = pool
         self.apply = apply
+        # A lone item may commit with no transaction around it: ``alone`` applies it in one
+        # statement or returns None (then it goes the usual way, in a transaction).
+        self.alone = alone
         self.order = order
         self.limit = limit
         self._queue: list[tuple[T, asyncio.Future[R]]] = []
@@ -76,6 +80,8 @@ class GroupCommit(Generic[T, R]):
             raise
 
     async def _commit(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+        if len(batch) == 1 and self.alone is not None and await self._alone(*batch[0]):
+            return
         if self.order is not None:
             key = self.order
             batch.sort(key=lambda pair: key(pair[0]))  # type: ignore[arg-type, return-value]
@@ -96,6 +102,24 @@ class GroupCommit(Generic[T, R]):
         self.items += len(batch)
         for (_, future), result in zip(batch, results, strict=True):
             _settle(future, result=result)
+
+    async def _alone(self, item: T, future: asyncio.Future[R]) -> bool:
+        """Try ``alone`` on a lone item; True when that settled its caller."""
+        alone = self.alone
+        assert alone is not None
+        try:
+            result = await transact(self.pool, lambda c: alone(c, item), single_statement=True)
+        except Exception as exc:  # noqa: BLE001 - a passing fault goes to the caller
+            if not is_transient(exc):
+                return False  # the usual way meets it again and settles it
+            _settle(future, exc=exc)
+            return True
+        if result is None:
+            return False
+        self.batches += 1
+        self.items += 1
+        _settle(future, result=result)
+        return True
 
     async def _one_by_one(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
         for item, future in batch:

@@ -87,3 +87,31 @@ async def test_a_batch_is_applied_in_the_given_order(pool: Any) -> None:
     group: GroupCommit[int, None] = GroupCommit(pool, record, order=lambda item: item)
     await asyncio.gather(*(group.submit(i) for i in (5, 3, 9, 1)))
     assert seen == [1, 3, 5, 9]
+
+
+async def test_a_lone_change_goes_alone_when_it_can_and_the_usual_way_when_it_cannot(pool: Any) -> None:
+    # Given a group whose lone changes may commit as one statement with no transaction,
+    # except odd ids (their ``alone`` declines) and id 4 (its ``alone`` fails)
+    alone_in_transaction: list[bool] = []
+
+    async def alone(conn: Any, item: tuple[int, int]) -> int | None:
+        if hasattr(conn, "is_in_transaction"):  # asyncpg: nothing around the statement
+            alone_in_transaction.append(conn.is_in_transaction())
+        if item[0] == 4:
+            raise ValueError("this one cannot go alone")
+        if item[0] % 2:
+            return None
+        await conn.execute("INSERT INTO probe_a (id, note) VALUES ($1, 'alone')", item[0])
+        return item[0]
+
+    group: GroupCommit[tuple[int, int], int] = GroupCommit(pool, _two_rows, alone=alone)
+
+    # When changes come one at a time
+    results = [await group.submit((i, i)) for i in range(6)]
+
+    # Then each is applied once: the even ones alone (no probe_b row), the others, and the
+    # one whose ``alone`` failed, by ``apply`` in a transaction
+    assert results == list(range(6))
+    assert await _ids(pool, "probe_a") == list(range(6))
+    assert await _ids(pool, "probe_b") == [1, 3, 4, 5]
+    assert not any(alone_in_transaction)

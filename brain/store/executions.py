@@ -163,6 +163,18 @@ async def receive(conn: asyncpg.Connection, event: Any, wake_channel: str) -> Ar
     return arrival
 
 
+async def receive_alone(conn: asyncpg.Connection, event: Any) -> Arrival | None:
+    """Apply the usual non-final event with no transaction around it (its in-place apply is
+    one statement, atomic on its own); None when it is not that case, and nothing is written:
+    then :func:`receive` it in a transaction. A final event also wakes its turn, so it always
+    goes the transactional way."""
+    if dialect(conn) != "postgres" or event.kind not in _IN_PLACE_KINDS:
+        return None
+    if EVENT_STATUS[event.kind] in TERMINAL_EXECUTION:
+        return None
+    return Arrival.APPLY if await _apply_in_place(conn, event) is not None else None
+
+
 def _effect(event: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """What a status-changing event sets on the execution row (beyond status and seq), and
     what its public event says (beyond the execution's id, call id and tool)."""
