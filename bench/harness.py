@@ -427,8 +427,9 @@ async def settle(database_url: str, schemas: list[str]) -> None:
 
     Tables start empty, and a plan PostgreSQL caches for a prepared statement while a table is
     nearly empty (sequential scans) stays in use on that connection until the table is
-    analyzed again. Autovacuum does that within its first minute (``autovacuum_naptime``); a
-    10 s run would otherwise measure those first-minute plans, not the system.
+    analyzed again; the dead row versions of rows updated many times pile up until a vacuum.
+    Autovacuum does both once a minute at most (``autovacuum_naptime``); the throughput levels
+    last seconds, so each one starts from settled tables, for every side alike.
     """
     conn = await asyncpg.connect(database_url)
     try:

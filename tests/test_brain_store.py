@@ -73,6 +73,16 @@ async def _submit(pool: asyncpg.Pool, request_id: str = "r1", text: str = "hello
     return turn_id
 
 
+async def _submit_in(pool: Any, session_id: str) -> str:
+    turn_id, _ = await transact(
+        pool,
+        lambda c: turns.submit(
+            c, namespace="ns", session_id=session_id, request_id="r", user_input="go", agent=AGENT
+        ),
+    )
+    return turn_id
+
+
 async def _intent(pool: Any, turn_id: str, execution_id: str) -> None:
     """A committed intent for call-1 of ``turn_id`` (request digest "d" * 64)."""
     await transact(
@@ -379,6 +389,73 @@ async def test_an_event_applied_while_a_later_one_is_being_held_drains_it(pg_poo
     row = await pool.fetchrow("SELECT status, last_seq, holding FROM executions WHERE id = 'h1'")
     assert (row["status"], row["last_seq"], row["holding"]) == ("succeeded", 3, False)
     assert await pool.fetchval("SELECT count(*) FROM held_events") == 0
+
+
+async def test_a_claim_that_meets_a_turn_claimed_since_its_snapshot_leaves_it_to_the_new_owner(
+    pg_pool, tendon
+):
+    # PostgreSQL only (overlapping statements). Given a queued turn, and a claim whose scan
+    # saw it free but which reaches it only after another claim committed (the scan is made
+    # slow here to open that window for sure; under load it opens by itself)
+    pool = pg_pool
+    schema = tendon.settings().brain_schema
+    turn_id = await _submit(pool)
+    alive = owner_alive_sql(schema, pool)
+    slow_claim = turns._claim_pg_sql(alive).replace(
+        "WHERE t.status IN", "WHERE pg_sleep(0.3) IS NOT NULL AND t.status IN", 1
+    )
+    async with (
+        register(pool, schema, tendon.database_url) as first,
+        register(pool, schema, tendon.database_url) as late,
+    ):
+        async with pool.acquire() as conn:
+            tx = conn.transaction()
+            await tx.start()
+            claiming = asyncio.create_task(conn.fetchrow(slow_claim, late.worker_id, 30.0))
+            await asyncio.sleep(0.1)  # the late claim has its snapshot and is scanning
+            lease, _ = await transact(pool, lambda c: turns.claim(c, first.worker_id, 30, alive))
+            # When the late claim gets to the row
+            taken = await asyncio.wait_for(claiming, 10)
+            await tx.rollback()
+        # Then it takes nothing: the turn stays with its live owner
+        assert taken is None
+        row = await pool.fetchrow("SELECT lease_owner, lease_epoch FROM turns WHERE id = $1", turn_id)
+        assert (row["lease_owner"], row["lease_epoch"]) == (first.worker_id, lease.epoch)
+
+
+async def test_concurrent_claims_never_take_a_turn_from_a_live_owner(pg_pool, tendon):
+    # PostgreSQL only. Given 30 turns and 8 claimers of one live Brain that each hold a turn
+    # for a moment and then give it back (as a run that waits does)
+    pool = pg_pool
+    schema = tendon.settings().brain_schema
+    for i in range(30):
+        await _submit_in(pool, f"s{i}")
+    alive = owner_alive_sql(schema, pool)
+    fenced: list[str] = []
+    claims = 0
+    async with register(pool, schema, tendon.database_url) as brain:
+
+        async def claimer(until: float) -> None:
+            nonlocal claims
+            while asyncio.get_running_loop().time() < until:
+                got = await transact(pool, lambda c: turns.claim(c, brain.worker_id, 30, alive))
+                if got is None:
+                    await asyncio.sleep(0.001)
+                    continue
+                claims += 1
+                lease, _ = got
+                await asyncio.sleep(0.002)
+                try:  # giving it back is fenced: it fails if another claim took the turn
+                    await transact(pool, lambda c, lease=lease: turns.advance(c, lease, release=True))
+                except StaleOwnerError:
+                    fenced.append(lease.turn_id)
+
+        # When they claim for a few seconds (bounded)
+        until = asyncio.get_running_loop().time() + 4
+        await asyncio.wait_for(asyncio.gather(*(claimer(until) for _ in range(8))), 30)
+    # Then every claim found its turn free: no owner lost one it held
+    assert claims > 100
+    assert fenced == []
 
 
 async def test_on_sqlite_only_workers_of_the_process_that_has_the_file_open_are_alive(tmp_path):

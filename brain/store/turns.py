@@ -136,13 +136,24 @@ _INSERT_TURN = """INSERT INTO turns (id, namespace, session_id, thread_id, reque
                   VALUES ($1, $2, $3, $3, $4, $5, $6, $7, $8)"""
 
 
-def _claimable_sql(alive: str) -> str:
-    """Turns that may be claimed now: due, not owned by a live lease, first in their thread."""
+def _claimable_sql(alive: str, postgres: bool = True) -> str:
+    """Turns that may be claimed now: due, not owned by a live lease, first in their thread.
+
+    The dead owners are one array, computed once per statement, not a join or a subquery on
+    ``t``: a claim that finds its candidate changed since its snapshot (another claim
+    committed just now) has PostgreSQL recheck these conditions on the new row version, and
+    only plain conditions on ``t`` were seen to hold up there. With a joined ``workers`` row
+    the recheck kept the old version's (none: "dead"), and with a correlated subquery it let
+    a few claims through as well: either way a claim took a turn from a live owner, which
+    fencing then caught at the owner's next commit (tests/test_brain_store.py). SQLite has
+    one writer at a time, so no claim there meets a row changed under it.
+    """
+    dead = f"SELECT w.id FROM workers w WHERE NOT {alive}"
+    dead_owner = f"t.lease_owner = ANY (ARRAY({dead}))" if postgres else f"t.lease_owner IN ({dead})"
     return f"""
         SELECT t.id FROM turns t
-        LEFT JOIN workers w ON w.id = t.lease_owner
         WHERE t.status IN ('queued', 'running') AND t.wake_at <= now()
-          AND (t.lease_owner IS NULL OR t.lease_expires_at < now() OR w.id IS NULL OR NOT {alive})
+          AND (t.lease_owner IS NULL OR t.lease_expires_at < now() OR {dead_owner})
           AND NOT EXISTS (
               SELECT 1 FROM turns p WHERE p.thread_id = t.thread_id AND p.seq < t.seq
                 AND p.status NOT IN ('completed', 'failed', 'cancelled'))"""
@@ -150,13 +161,14 @@ def _claimable_sql(alive: str) -> str:
 
 async def anything_claimable(conn: asyncpg.Connection, alive_sql: str) -> bool:
     """A cheap look before opening a claim transaction (wake-ups reach every idle driver)."""
-    return bool(await conn.fetchval(f"SELECT EXISTS ({_claimable_sql(alive_sql)})"))
+    claimable = _claimable_sql(alive_sql, dialect(conn) == "postgres")
+    return bool(await conn.fetchval(f"SELECT EXISTS ({claimable})"))
 
 
-def claim_sql(alive: str) -> str:
+def claim_sql(alive: str, postgres: bool = True) -> str:
     """Claim the first claimable turn (see ``_claimable_sql``) for a new run."""
     return f"""
-    WITH candidate AS ({_claimable_sql(alive)}
+    WITH candidate AS ({_claimable_sql(alive, postgres)}
         ORDER BY t.wake_at, t.seq
         LIMIT 1
         FOR UPDATE OF t SKIP LOCKED)
@@ -195,7 +207,7 @@ async def claim(
         if row is None:
             return None
         return Lease(row["id"], owner, row["lease_epoch"], row["run_id"]), row
-    row = await conn.fetchrow(claim_sql(alive_sql), owner, lease_seconds)
+    row = await conn.fetchrow(claim_sql(alive_sql, postgres=False), owner, lease_seconds)
     if row is None:
         return None
     run_id = await conn.fetchval(
