@@ -176,6 +176,17 @@ class Services:
         finally:
             await conn.close()
 
+    async def deadlocks(self) -> int:
+        """``pg_stat_database.deadlocks`` of this run's database (flushed within a second or so)."""
+        conn = await asyncpg.connect(self.admin_url)
+        try:
+            value = await conn.fetchval(
+                "SELECT deadlocks FROM pg_stat_database WHERE datname = $1", self.dbname
+            )
+            return int(value or 0)
+        finally:
+            await conn.close()
+
     async def xact_commits(self) -> int:
         """``pg_stat_database.xact_commit`` of this run's database (this read commits too)."""
         conn = await asyncpg.connect(self.admin_url)

@@ -52,10 +52,13 @@ async def run(ctx: Context) -> Result:
         await world.start_hands()
         await world.open()
         await tendon_closed_loop(world, 4, 1.0)  # warm up
+        deadlocks = await ctx.services.deadlocks()
         for _ in range(repeats):
             for k in levels:
                 await world.settle()  # steady state, as autovacuum keeps it: see bench.harness.settle
                 results["Tendon"].setdefault(str(k), []).append(await tendon_closed_loop(world, k, duration))
+        await asyncio.sleep(2)  # backends report their counters within a second or two
+        deadlocks = await ctx.services.deadlocks() - deadlocks
     finally:
         await world.cleanup()
     async with Floor(ctx.services.database_url, ctx.services.amqp_url) as floor:
@@ -106,6 +109,15 @@ async def run(ctx: Context) -> Result:
                 note=f"median of {repeats} x {duration:.0f} s",
             )
         )
+    res.rows.append(
+        Row(
+            "throughput",
+            "PostgreSQL deadlocks during Tendon's levels",
+            "count",
+            deadlocks,
+            note="each one stalls two transactions for deadlock_timeout (1 s) before one is retried",
+        )
+    )
     if celery_ok:
         res.rows.append(
             Row(
