@@ -255,9 +255,13 @@ class TurnDriver:
 
     async def _transact(self, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         """``transact`` for this driver's commits; threads they froze are kept once committed."""
-        self._freezing = []
+
+        async def attempt(conn: asyncpg.Connection) -> T:
+            self._freezing = []  # what an attempt that rolled back froze is not kept
+            return await work(conn)
+
         try:
-            result = await transact(self.ctx.pool, work)
+            result = await transact(self.ctx.pool, attempt)
         except BaseException:
             self._freezing = []
             raise
