@@ -226,7 +226,8 @@ class Executor:
                     raise
                 tried = True  # it may have committed: the locked path asks ``landed`` first
             else:
-                self._committed(execution_id, moved)
+                self.relay.wake(execution_id)
+                self._remember(execution_id, moved)
                 return
 
         async def work(conn: asyncpg.Connection) -> Execution | None:
@@ -252,13 +253,13 @@ class Executor:
                     moved = await self.commit(execution_id, work)
                 finally:
                     tried = True
-        self._rows.pop(execution_id, None)
-        if moved is not None:
-            self._rows[execution_id] = moved
+        self._remember(execution_id, moved)
 
-    def _committed(self, execution_id: str, moved: Execution | None) -> None:
-        self.relay.wake(execution_id)
-        if moved is not None:
+    def _remember(self, execution_id: str, moved: Execution | None) -> None:
+        """Keep the row as a commit just left it; forget it when that is not known."""
+        if moved is None:
+            self._rows.pop(execution_id, None)
+        else:
             self._rows[execution_id] = moved
 
     def reserve(self, execution_id: str) -> bool:
