@@ -248,17 +248,22 @@ class PendingEvent:
 # ---- executions -------------------------------------------------------------------------
 
 
-async def insert_execution(conn: asyncpg.Connection, **values: Any) -> Execution | None:
-    """Insert a new execution row; None if the execution id is already in the ledger."""
-    values.setdefault("status", LedgerStatus.ACCEPTED)
-    values["status"] = LedgerStatus(values["status"]).value
+def _insert_sql(values: dict[str, Any]) -> tuple[str, list[Any]]:
+    """The INSERT of a new execution row (nothing when the id is in the ledger) and its values."""
+    values = {**values, "status": LedgerStatus(values.get("status", LedgerStatus.ACCEPTED)).value}
     columns = list(values)
     placeholders = ", ".join(f"${i}" for i in range(1, len(columns) + 1))
-    rec = await conn.fetchrow(
+    sql = (
         f"INSERT INTO executions ({', '.join(columns)}) VALUES ({placeholders}) "
-        "ON CONFLICT (execution_id) DO NOTHING RETURNING *",
-        *values.values(),
+        "ON CONFLICT (execution_id) DO NOTHING RETURNING *"
     )
+    return sql, list(values.values())
+
+
+async def insert_execution(conn: asyncpg.Connection, **values: Any) -> Execution | None:
+    """Insert a new execution row; None if the execution id is already in the ledger."""
+    sql, args = _insert_sql(values)
+    rec = await conn.fetchrow(sql, *args)
     return Execution.from_record(rec) if rec is not None else None
 
 
@@ -276,21 +281,16 @@ async def insert_with_event(
             seq = await append_event(conn, codec, row.execution_id, first_event)
             row = replace(row, last_seq=seq)
         return row
-    values = {**values, "last_seq": 1}
-    values["status"] = LedgerStatus(values.get("status", LedgerStatus.ACCEPTED)).value
     kind, payload = await _pack_event(codec, values["execution_id"], values, 1, first_event)
-    columns = list(values)
-    placeholders = ", ".join(f"${i}" for i in range(1, len(columns) + 1))
-    n = len(columns)
+    insert, args = _insert_sql({**values, "last_seq": 1})
+    n = len(args)
     rec = await conn.fetchrow(
-        f"""WITH ins AS (
-                INSERT INTO executions ({", ".join(columns)}) VALUES ({placeholders})
-                ON CONFLICT (execution_id) DO NOTHING RETURNING *),
+        f"""WITH ins AS ({insert}),
             ev AS (
                 INSERT INTO events (execution_id, seq, kind, payload)
                 SELECT execution_id, 1, ${n + 1}, ${n + 2} FROM ins)
             SELECT * FROM ins""",
-        *values.values(),
+        *args,
         kind,
         payload,
     )
