@@ -22,12 +22,15 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 
 from bench.floor import Floor
-from bench.harness import TendonWorld, one_call_agent
+from bench.harness import TendonWorld, agent, one_call_agent
 from bench.scenarios.base import Context, Result, Row
+
+WIDE = 5  # calls in the one model step of the 'wide' turn
 
 
 @dataclass(frozen=True)
@@ -61,32 +64,48 @@ def _per_call(
     return transactions, writes
 
 
+async def _turns(
+    ctx: Context, world: TendonWorld, definition: dict[str, Any], n: int, idle: tuple[float, float]
+) -> tuple[float, float]:
+    """(transactions, write commits) per turn for ``n`` sequential turns of ``definition``."""
+    before = await _reading(ctx)
+    polls = 0
+    for _ in range(n):
+        tid = await world.submit(definition)
+        while True:
+            polls += 1
+            if (await world.statuses([tid]))[tid] == "completed":
+                break
+            await asyncio.sleep(0.02)
+    after = await _reading(ctx)
+    # The harness: a submit is one write commit; a status poll one read-only transaction.
+    return _per_call(before, after, idle, (n + polls, n), n)
+
+
+def parallel_agent(calls: int) -> dict[str, Any]:
+    """An agent whose turn makes ``calls`` calls of ``noop`` in one model step."""
+    return agent(
+        f"bench-noop-x{calls}", [[{"tool": "noop", "args": {"n": i}} for i in range(calls)]], ["noop"]
+    )
+
+
 async def run(ctx: Context) -> Result:
     n = ctx.n(20, 200)
     world = TendonWorld(ctx.services, ctx.procs, extra={"TENDON_SCAN_INTERVAL": "5"})
+    single, wide = one_call_agent("noop"), parallel_agent(WIDE)
     try:
         await world.start_brain()
         await world.start_hands()
         await world.open()
-        definition = one_call_agent("noop")
-        await world.wait_done([await world.submit(definition)], timeout=30)
+        await world.wait_done([await world.submit(single), await world.submit(wide)], timeout=30)
         r0 = await _reading(ctx)
         r1 = await _reading(ctx)
         idle = r0.rates(r1)
-        polls = 0
-        for _ in range(n):
-            tid = await world.submit(definition)
-            while True:
-                polls += 1
-                if (await world.statuses([tid]))[tid] == "completed":
-                    break
-                await asyncio.sleep(0.02)
-        r2 = await _reading(ctx)
-        # The harness: a submit is one write commit; a status poll one read-only transaction.
-        tendon_tx, tendon_writes = _per_call(r1, r2, idle, (n + polls, n), n)
+        tendon_tx, tendon_writes = await _turns(ctx, world, single, n, idle)
+        _, wide_writes = await _turns(ctx, world, wide, n // 2, idle)
         outbox = (await world.fetch("SELECT count(*) AS c FROM outbox"))[0]["c"]
         events = (await world.fetch(f'SELECT count(*) AS c FROM "{world.hands_schema}".events'))[0]["c"]
-        publishes = (outbox + events) / (n + 1)
+        publishes = (outbox + events) / (n + 1 + (n // 2 + 1) * WIDE)  # per call, warm-ups included
     finally:
         await world.cleanup()
     async with Floor(ctx.services.database_url, ctx.services.amqp_url) as floor:
@@ -97,7 +116,7 @@ async def run(ctx: Context) -> Result:
         floor_tx, floor_writes = _per_call(f0, f1, (0.0, 0.0), (0, 0), n)
     ctx.notes.append(
         f"cost: Tendon background subtracted ({idle[0]:.1f} transactions/s, {idle[1]:.1f} write "
-        f"commits/s, scan interval 5 s); harness's own {n + polls} transactions ({n} writes) "
+        f"commits/s, scan interval 5 s); the harness's submits and status polls "
         "subtracted; write commits are server-wide transaction ids, so a busy server inflates them"
     )
     return Result(
@@ -113,6 +132,16 @@ async def run(ctx: Context) -> Result:
             ),
             Row(
                 "cost",
+                f"PostgreSQL commits per added tool call (write commits, {WIDE} calls in one step "
+                "minus 1 call, per call)",
+                "commits",
+                (wide_writes - tendon_writes) / (WIDE - 1),
+                floor_writes,
+                note=f"{n // 2} sequential {WIDE}-call turns against the 1-call turns: what a call "
+                "costs beyond the turn around it",
+            ),
+            Row(
+                "cost",
                 "PostgreSQL transactions per tool call, read-only included",
                 "transactions",
                 tendon_tx,
@@ -121,11 +150,11 @@ async def run(ctx: Context) -> Result:
             ),
             Row(
                 "cost",
-                "broker publishes per tool call (1-call turn)",
+                "broker publishes per tool call",
                 "messages",
                 publishes,
                 2.0,
-                note="Tendon: outbox + event rows; floor: by construction",
+                note="Tendon: outbox + event rows, calls of both kinds of turn; floor: by construction",
             ),
         ]
     )
