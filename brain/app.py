@@ -18,7 +18,7 @@ from brain.scanner import RepairScanner
 from brain.store.migrations import MIGRATIONS
 from brain.updates import BindingsConsumer, UpdateConsumer
 from infra.broker import Broker
-from infra.db import create_pool, migrate
+from infra.db import create_pool, keep_statistics, migrate
 from infra.killpoints import KillPoints
 from infra.liveness import WorkerRegistration, owner_alive_sql, worker_alive
 from infra.logging import get_logger
@@ -129,10 +129,12 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
             stall_seconds=settings.stall_seconds,
             interval=settings.scan_interval,
             outbox_ready=relay.notify,
+            waiting=broker.waiting,
         )
         tasks = [
             asyncio.create_task(relay.run(), name="outbox-relay"),
             asyncio.create_task(scanner.run(), name="repair-scan"),
+            asyncio.create_task(keep_statistics(pool), name="statistics"),
             asyncio.create_task(
                 watch_liveness(pool, settings.brain_schema, backends.worker_id, settings.scan_interval),
                 name="liveness",

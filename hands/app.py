@@ -33,7 +33,7 @@ from hands.registry import ToolRegistry, load_tools
 from hands.relay import EventRelay
 from hands.worker import CommandConsumer
 from infra.broker import Broker, Topology
-from infra.db import create_pool, dialect, migrate
+from infra.db import create_pool, dialect, keep_statistics, migrate
 from infra.killpoints import KillPoints
 from infra.liveness import LocalWorkerRegistration, WorkerRegistration
 from infra.logging import get_logger
@@ -170,6 +170,7 @@ class HandsApp:
         self._background = [
             asyncio.create_task(self.relay.run(), name="event-relay"),
             asyncio.create_task(self.recovery.run(), name="recovery-scan"),
+            asyncio.create_task(keep_statistics(pool), name="statistics"),
         ]
         self._stack.push_async_callback(self._cancel_background)
 

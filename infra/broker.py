@@ -45,6 +45,7 @@ class Broker:
         self._channel: AbstractChannel | None = None
         self._declared: set[str] = set()
         self._consumer_channels: list[AbstractChannel] = []
+        self._inspection: AbstractChannel | None = None  # for waiting(); see there
 
     async def __aenter__(self) -> Broker:
         async for attempt in AsyncRetrying(
@@ -136,6 +137,23 @@ class Broker:
         )
         await message.ack()
         log.warning("dead_lettered", queue=queue, message_id=message.message_id, reason=reason)
+
+    async def waiting(self, queue: str) -> int:
+        """Messages ready in ``queue`` (RabbitMQ's ``message_count``: unacked ones not counted).
+
+        Asked with a passive declare on the raw channel under a channel of its own: aio-pika's
+        robust channel answers a passive declare of a known queue from its cache, and a failed
+        declare closes the channel it ran on, which must never be the publishing one.
+        """
+        await self.declare(queue)
+        assert self._connection is not None
+        if self._inspection is None or self._inspection.is_closed:
+            self._inspection = await self._connection.channel()
+            self._consumer_channels.append(self._inspection)  # closed with the others
+        raw = await self._inspection.get_underlay_channel()
+        ok = await raw.queue_declare(queue, passive=True)
+        assert ok is not None
+        return int(ok.message_count or 0)
 
     async def consume(self, queue: str, handler: Handler, *, prefetch: int) -> AbstractChannel:
         """Start consuming ``queue`` on its own channel with ``prefetch`` unacked messages."""

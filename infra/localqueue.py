@@ -248,6 +248,10 @@ class LocalBroker:
         await message._settle("park", {REASON_HEADER: reason[:1000]})  # atomic: no copy left behind
         log.warning("dead_lettered", queue=queue, message_id=message.message_id, reason=reason)
 
+    async def waiting(self, queue: str) -> int:
+        """Messages in ``queue`` not out for delivery in this process."""
+        return await self._call(self._waiting_sync, queue)
+
     async def consume(self, queue: str, handler: DeliveryHandler, *, prefetch: int) -> LocalConsumer:
         """Start delivering ``queue`` to ``handler``, one task per delivery, ``prefetch`` at most."""
         if self._db is None:
@@ -310,6 +314,14 @@ class LocalBroker:
         claimed = self._tx(claim)
         self._leased.update(row[0] for row in claimed)
         return claimed
+
+    def _waiting_sync(self, queue: str) -> int:
+        assert self._db is not None
+        row = self._db.execute(
+            "SELECT count(*) FROM messages WHERE queue = ? AND id NOT IN (SELECT value FROM json_each(?))",
+            (queue, json.dumps(sorted(self._leased))),
+        ).fetchone()
+        return int(row[0])
 
     def _settle_sync(
         self, queue: str, row_ids: list[int], action: str, extra: dict[str, Any] | None = None

@@ -130,6 +130,11 @@ class Transport(Protocol):
         """Copy ``message`` to ``queue``'s dead-letter queue with ``REASON_HEADER``, then ack it."""
         ...
 
+    async def waiting(self, queue: str) -> int:
+        """How many messages in ``queue`` wait for a consumer; handed-out, unsettled ones do not
+        count. A hint for the moment it is read, never a basis for correctness."""
+        ...
+
     async def consume(self, queue: str, handler: DeliveryHandler, *, prefetch: int) -> Consumer:
         """Call ``handler`` for each delivery, with at most ``prefetch`` unsettled at once."""
         ...

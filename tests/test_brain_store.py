@@ -15,13 +15,17 @@ import pytest
 
 from brain.agents import AgentDefinition
 from brain.app import open_store
+from brain.scanner import RepairScanner
 from brain.sequencing import Arrival
 from brain.states import TurnPhase, TurnStatus
 from brain.store import executions, turns
 from brain.store.migrations import MIGRATIONS
+from infra.broker import Broker
 from infra.db import dialect, migrate, transact
 from infra.liveness import LocalWorkerRegistration, WorkerRegistration, owner_alive_sql
+from infra.localqueue import LocalBroker
 from infra.sqlite import open_pool
+from infra.transport import Delivery, Topology, Transport
 from protocol import (
     AcceptedBody,
     AcceptedEvent,
@@ -489,6 +493,84 @@ async def test_a_result_of_any_json_type_reads_back_as_it_was_sent(pool, result)
         await transact(pool, lambda c, e=event: executions.receive(c, e, "unused_channel"))
     row = await pool.fetchrow("SELECT result FROM executions WHERE id = 'e4'")
     assert row["result"] == result and type(row["result"]) is type(result)
+
+
+async def test_a_stalled_command_is_not_sent_again_while_commands_wait_in_its_queue(
+    pool: Any, tendon: TendonEnv, tmp_path: Path
+) -> None:
+    # Given a published command that Hands has not acknowledged for 5 s (stall after 1 s)
+    turn_id = await _submit(pool)
+    queue = Topology(tendon.prefix).commands("lab")
+    tendon.routes.add("lab")  # its queues are deleted at teardown
+    await transact(
+        pool,
+        lambda c: executions.insert_intent(
+            c,
+            execution_id="e7",
+            turn_id=turn_id,
+            tool_step=1,
+            call_id="call-1",
+            binding={"route": "lab", "name": "echo", "digest": "b" * 64, "replay_policy": "safe"},
+            args={},
+            request_digest="d" * 64,
+            command_message_id="m-e7",
+            command=(queue, b"{}"),
+            session_id="s1",
+        ),
+    )
+    async with pool.acquire() as conn:
+        await conn.execute("UPDATE outbox SET published_at = now()")
+        await conn.execute("UPDATE executions SET updated_at = $1", datetime.now(UTC) - timedelta(seconds=5))
+    transport: Transport = (
+        Broker(tendon.amqp_url, Topology(tendon.prefix))
+        if dialect(pool) == "postgres"
+        else LocalBroker(tmp_path / "queues.sqlite3", Topology(tendon.prefix))
+    )
+    async with transport:
+        scanner = RepairScanner(
+            pool,
+            Topology(tendon.prefix),
+            wake_channel="unused_channel",
+            gap_timeout=1.0,
+            stall_seconds=1.0,
+            interval=1.0,
+            outbox_ready=lambda: None,
+            waiting=transport.waiting,
+        )
+        # and another command waiting in line in the route's queue (a busy pool)
+        await transport.publish(queue, b"ahead", message_id="m-ahead")
+
+        # When the scan passes, it sends nothing again: the command is most likely in that line
+        assert await scanner.scan_once() == 0
+        assert await scanner.scan_once() == 0  # also once it knows the route is busy
+        assert await pool.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL") == 0
+        assert await pool.fetchval("SELECT stall_backoff FROM executions WHERE id = 'e7'") == 1
+
+        async def take_all(name: str) -> None:
+            taken: list[Delivery] = []
+
+            async def take(delivery: Delivery) -> None:
+                taken.append(delivery)
+                await delivery.ack()
+
+            consumer = await transport.consume(name, take, prefetch=1)
+            deadline = asyncio.get_running_loop().time() + 10
+            while await transport.waiting(name) or not taken:
+                assert asyncio.get_running_loop().time() < deadline, f"nothing was taken from {name}"
+                await asyncio.sleep(0.02)
+            await consumer.close()
+
+        # When the command line is gone but events wait for the Brains (its answer may be there)
+        await take_all(queue)
+        updates = Topology(tendon.prefix).updates
+        await transport.publish(updates, b"an event", message_id="m-event")
+        assert await scanner.scan_once() == 0
+
+        # Then once no line is left, the command is sent again (it may have been lost)
+        await take_all(updates)
+        assert await scanner.scan_once() == 1
+        assert await pool.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL") == 1
+        assert await pool.fetchval("SELECT stall_backoff FROM executions WHERE id = 'e7'") == 2
 
 
 async def test_a_stalled_execution_is_nudged_ever_less_often_until_it_makes_progress(pool):

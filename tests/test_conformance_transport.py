@@ -278,6 +278,35 @@ async def test_prefetch_bounds_the_unsettled_deliveries_of_a_consumer(backend: B
         await consumer.close()
 
 
+async def test_waiting_counts_the_messages_that_no_consumer_holds(backend: Backend) -> None:
+    async with backend.open() as transport:
+
+        async def waiting_becomes(count: int) -> None:
+            # RabbitMQ updates its count as deliveries leave; bounded wait, no fixed sleep
+            deadline = time.monotonic() + 10
+            while (now := await transport.waiting(backend.queue)) != count:
+                assert time.monotonic() < deadline, f"waiting is {now}, expected {count}"
+                await asyncio.sleep(0.02)
+
+        await waiting_becomes(0)
+        for i in range(3):
+            await transport.publish(backend.queue, f"m{i}".encode(), message_id=str(i))
+        await waiting_becomes(3)
+        inbox = Inbox()  # holds its delivery unsettled
+        consumer = await transport.consume(backend.queue, inbox, prefetch=1)
+        await inbox.wait(1)
+        await waiting_becomes(2)  # the one handed out no longer waits
+        await inbox.deliveries[0].ack()
+        await inbox.wait(2)
+        await waiting_becomes(1)
+        for delivery in inbox.deliveries[1:]:
+            await delivery.ack()
+        await inbox.wait(3)
+        await inbox.deliveries[2].ack()
+        await waiting_becomes(0)
+        await consumer.close()
+
+
 async def test_closing_a_consumer_returns_its_unacked_deliveries_to_the_queue(backend: Backend) -> None:
     async with backend.open() as transport:
         for body in (b"a", b"b", b"c"):

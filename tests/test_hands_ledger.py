@@ -6,6 +6,8 @@ directory's lock), so its tests are per backend."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ import pytest
 
 from hands import ledger
 from hands.states import LedgerStatus
-from infra.db import create_pool, migrate, transact
+from infra.db import analyze_grown, create_pool, migrate, transact
 from infra.liveness import LocalWorkerRegistration, WorkerRegistration
 from infra.payloads import PayloadCodec
 from infra.sqlite import open_pool
@@ -299,3 +301,58 @@ async def test_on_sqlite_an_owner_from_an_earlier_opening_of_the_file_is_dead(tm
         assert claimed is not None and claimed.owner == "w2"
     finally:
         await second.close()
+
+
+async def _grow(conn: asyncpg.Connection, first: int, end: int) -> None:
+    """Executions first..end-1 of route lab, each with three unpublished events."""
+    await conn.execute(
+        """INSERT INTO executions
+                  (execution_id, route, request_digest, namespace, session_id, owner, status)
+           SELECT 'e' || g, 'lab', 'd', 'ns', 's', 'w', 'succeeded'
+             FROM generate_series($1::int, $2::int - 1) g""",
+        first,
+        end,
+    )
+    await conn.execute(
+        """INSERT INTO events (execution_id, seq, kind, payload)
+           SELECT 'e' || g, s, 'accepted', '\\x00'::bytea
+             FROM generate_series($1::int, $2::int - 1) g, generate_series(1, 3) s""",
+        first,
+        end,
+    )
+
+
+async def test_tables_that_grew_from_nothing_are_analyzed_so_a_cached_plan_is_made_again(
+    pg_pool: asyncpg.Pool,
+) -> None:
+    # Given a generic plan for the relay's kind of scan, settled while the ledger was nearly empty
+    async with pg_pool.acquire() as conn:
+        await _grow(conn, 0, 20)
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        await conn.execute(
+            """PREPARE due(text) AS SELECT ev.execution_id, ev.seq FROM events ev
+                 JOIN executions e USING (execution_id)
+                WHERE ev.published_at IS NULL AND e.route = $1 ORDER BY 1, 2 LIMIT 500"""
+        )
+
+        async def plan() -> str:
+            return "\n".join(r[0] for r in await conn.fetch("EXPLAIN EXECUTE due('lab')"))
+
+        small = await plan()
+        assert await analyze_grown(pg_pool) == []  # 20 rows: nothing worth analyzing
+
+        # When both tables grow by thousands of rows within seconds
+        await _grow(conn, 20, 3000)
+        await conn.execute("SELECT pg_stat_force_next_flush()")  # counters visible at once
+        deadline = time.monotonic() + 15
+        while not await conn.fetchval(
+            "SELECT count(*) = 2 FROM pg_stat_user_tables WHERE schemaname = current_schema()"
+            " AND relname IN ('events', 'executions') AND n_live_tup >= 3000"
+        ):
+            assert time.monotonic() < deadline, "the insert counts never reached the statistics views"
+            await asyncio.sleep(0.1)
+
+        # Then the statistics keeper analyzes them, and the cached plan is made again
+        assert {"events", "executions"} <= set(await analyze_grown(pg_pool))
+        assert await plan() != small
+        assert await analyze_grown(pg_pool) == []  # fresh statistics: nothing more to do

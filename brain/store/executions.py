@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import asyncpg
@@ -345,7 +346,13 @@ async def gaps_to_replay(conn: asyncpg.Connection, gap_seconds: float) -> list[a
     )
 
 
-async def stalled(conn: asyncpg.Connection, stall_seconds: float, limit: int = 100) -> list[asyncpg.Record]:
+async def stalled(
+    conn: asyncpg.Connection,
+    stall_seconds: float,
+    limit: int = 100,
+    *,
+    queued_routes: Collection[str] = (),
+) -> list[asyncpg.Record]:
     """Unfinished executions with no progress for ``stall_seconds`` (lost command or last event).
 
     UNKNOWN is not a stall: it waits for a reconcile on purpose. After each nudge (see
@@ -353,6 +360,10 @@ async def stalled(conn: asyncpg.Connection, stall_seconds: float, limit: int = 1
     a command that is merely queued behind a busy pool is not re-sent every few seconds, which
     would swamp the queue with duplicates exactly when it is longest. At most ``limit`` per
     pass, so that one scan transaction never holds many rows locked for long.
+
+    ``queued_routes``: routes whose command queue has messages waiting for a consumer. Their
+    INTENDED executions are left out: their commands are most likely in that line, and a
+    re-sent copy would only join it. They count again once the line is gone.
     """
     return await conn.fetch(
         """SELECT e.id, e.status, e.last_seq, e.route, e.request_digest, e.command_message_id,
@@ -362,10 +373,12 @@ async def stalled(conn: asyncpg.Connection, stall_seconds: float, limit: int = 1
               AND e.updated_at < now() - make_interval(secs => $1)
               AND (e.replay_requested_at IS NULL
                    OR e.replay_requested_at < now() - make_interval(secs => $1 * e.stall_backoff))
+              AND NOT (e.status = 'intended' AND e.route = ANY($3::text[]))
             LIMIT $2
             FOR UPDATE OF e SKIP LOCKED""",
         stall_seconds,
         limit,
+        list(queued_routes),
     )
 
 
