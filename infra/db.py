@@ -222,7 +222,8 @@ async def analyze_grown(pool: Any, *, floor: int = 1000) -> list[str]:
             for r in await conn.fetch(
                 """SELECT s.relname FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
                     WHERE s.schemaname = current_schema()
-                      AND s.n_live_tup >= greatest($1::float8, 2 * c.reltuples)""",
+                      AND s.n_live_tup >= greatest($1::float8, 2 * c.reltuples)
+                      AND pg_has_role(c.relowner, 'USAGE')  -- only an owner may analyze""",
                 floor,
             )
         ]
