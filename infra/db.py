@@ -209,7 +209,7 @@ async def analyze_grown(pool: Any, *, floor: int = 1000) -> list[str]:
     was nearly empty stays until the table is analyzed again, which autovacuum does only
     after its next nap (a minute by default). A fresh deployment's first burst grows tables
     from nothing to thousands of rows in seconds and meanwhile runs on plans made for ten:
-    measured, the Hands relay's scan for due events took 12 s per call at 30,000 events
+    measured, the Hands relay's scan for due events took 12.5 s per call at 30,000 events
     (20 ms with a fresh plan) and the relay stood still for 40 s. Analyzing a young table
     takes milliseconds and makes PostgreSQL plan its statements again. Once tables are big,
     autovacuum's own threshold (10 % of the rows changed) comes long before a doubling.
