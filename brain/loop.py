@@ -9,6 +9,7 @@ Model calls happen outside transactions; tool waits are rows, not coroutines.
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -126,21 +127,22 @@ class TurnDriver:
             TurnPhase.FINALIZE: self._finalize,
         }
 
-    async def run_one(self, *, look_first: bool = True) -> bool:
-        """Claim and drive one turn; False when nothing was claimable.
+    async def run_one(self, *, look_first: bool = True) -> Next:
+        """Claim and drive one turn; say what this driver should do next.
 
-        ``look_first``: a cheap read first, so that an idle scan opens no claim transaction.
-        After a wake hint the claim is tried at once: there is most likely something to claim.
+        ``look_first``: a cheap read first, so that a driver with no reason to expect a turn
+        opens no claim transaction. After a wake hint the claim is tried at once.
         """
         if look_first:
             async with self.ctx.pool.acquire() as conn:
                 if not await turns.anything_claimable(conn, self.alive_sql):
-                    return False
+                    return Next.WAIT
         claimed = await self._claim()
         if claimed is None:
-            return False
-        lease, started, row = claimed
-        self.on_claim()
+            return Next.WAIT
+        lease, started, row, more = claimed
+        if more:
+            self.on_claim()
         with bound_contextvars(turn_id=lease.turn_id, run_id=lease.run_id):
             log.info("run_started", phase=started, epoch=lease.epoch)
             try:
@@ -149,26 +151,27 @@ class TurnDriver:
                 log.warning("run_fenced_out", reason=str(exc))
             except Exception as exc:  # noqa: BLE001 - every failure ends this run somehow
                 await self._end_run_after(lease, exc)
-        return True
+        return after_run(more)
 
-    async def _claim(self) -> tuple[Lease, str, asyncpg.Record | None] | None:
+    async def _claim(self) -> tuple[Lease, str, asyncpg.Record | None, bool] | None:
         """Claim a turn and run its database-only phases in the same transaction.
 
-        Returns the lease, the phase the run started at, and the turn row to go on with (None
-        when the run already ended, e.g. the turn is waiting again). If a phase fails, the
+        Returns the lease, the phase the run started at, the turn row to go on with (None
+        when the run already ended, e.g. the turn is waiting again), and whether another turn
+        was claimable at the claim. If a phase fails, the
         fused transaction rolls back and the turn is claimed alone, so that the failure is met
         again by the run and handled like any other (retry or failed turn).
         """
 
         async def claim(
             conn: asyncpg.Connection, fuse: bool
-        ) -> tuple[Lease, str, asyncpg.Record | None] | None:
+        ) -> tuple[Lease, str, asyncpg.Record | None, bool] | None:
             claimed = await turns.claim(conn, self.owner, self.ctx.lease_seconds, self.alive_sql)
             if claimed is None:
                 return None
-            lease, row = claimed
+            lease, row, more = claimed
             after = await self._db_steps(conn, lease=lease, row=row) if fuse else row
-            return lease, row["phase"], after
+            return lease, row["phase"], after, more
 
         try:
             return await self._transact(lambda c: claim(c, True))
@@ -619,12 +622,32 @@ def _limit(n: int) -> TendonError:
     return LimitReachedError(f"the agent reached its limit of {n} model calls in one turn")
 
 
+class Next(enum.Enum):
+    """What a driver does once ``run_one`` returns."""
+
+    CLAIM = "claim"  # another turn was claimable when this one was claimed: claim at once
+    LOOK = "look"  # the run ended: a cheap look first (e.g. the next turn of its thread)
+    WAIT = "wait"  # nothing was claimable: sleep until a wake hint or the scan interval
+
+
+def after_run(more: bool) -> Next:
+    """After a run: claim at once only if the claim saw another claimable turn.
+
+    A claim transaction that finds nothing costs three round trips (BEGIN, claim, COMMIT)
+    and the look one. Under load the claim almost always saw more, so nothing changes there;
+    a lone turn's runs end in one look instead of an empty claim. Whatever became claimable
+    since the claim (a submit, a tool's answer) sent a wake hint, kept if no driver was idle.
+    """
+    return Next.CLAIM if more else Next.LOOK
+
+
 class Wakeups:
     """Wake-up hints shared by one Brain's drivers: each hint wakes one idle driver.
 
     Waking every driver on every hint would make each of them look at the database for the
-    one turn that became claimable. Instead a driver that claims a turn passes the hint on
-    (``on_claim``), so a burst of claimable turns still fans out over idle drivers. A hint
+    one turn that became claimable. Instead a driver whose claim saw another claimable turn
+    passes the hint on (``on_claim``), so a burst of claimable turns still fans out over idle
+    drivers, and a lone turn wakes no second driver for nothing. A hint
     that finds no driver idle is kept, so the next driver about to wait looks once more.
     """
 
@@ -662,16 +685,16 @@ class Wakeups:
 async def drive_forever(driver: TurnDriver, wakeups: Wakeups, interval: float) -> None:
     """Claim and drive turns; sleep until a wake hint or the periodic scan when idle.
 
-    After a hint, or right after a run (under load there is most likely another turn), the
-    claim is tried at once; the cheap look first is for the periodic scan of an idle driver.
+    After a hint, or after a run whose claim saw more claimable turns, the claim is tried at
+    once; otherwise (the periodic scan, the end of a lone run) a cheap look comes first.
     """
-    hinted = False
+    after = Next.LOOK
     while True:
         try:
-            if await driver.run_one(look_first=not hinted):
-                hinted = True
-                continue
+            after = await driver.run_one(look_first=after is not Next.CLAIM)
         except Exception as exc:  # noqa: BLE001 - e.g. the database is briefly unreachable
             # Nothing committed is lost; claim again after the scan interval.
             log.warning("driver_error", error=repr(exc))
-        hinted = await wakeups.wait(interval)
+            after = Next.WAIT
+        if after is Next.WAIT:
+            after = Next.CLAIM if await wakeups.wait(interval) else Next.LOOK

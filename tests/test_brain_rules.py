@@ -143,3 +143,11 @@ async def test_a_wake_hint_wakes_one_idle_driver_and_a_hint_nobody_waits_for_is_
     assert await asyncio.wait_for(wakeups.wait(5.0), timeout=0.2) is True
     # and a wait that no hint ends says so
     assert await wakeups.wait(0.01) is False
+
+
+def test_after_a_run_a_driver_claims_at_once_only_when_its_claim_saw_another_turn() -> None:
+    from brain.loop import Next, after_run
+
+    assert after_run(True) is Next.CLAIM
+    # a lone turn's run ends in a cheap look, not in an empty claim transaction
+    assert after_run(False) is Next.LOOK

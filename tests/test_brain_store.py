@@ -156,11 +156,11 @@ async def test_a_stale_owner_cannot_commit_and_its_whole_transaction_rolls_back(
     turn_id = await _submit(pool)
     alive = owner_alive_sql(schema, pool)
     async with register(pool, schema, pg_url) as a:
-        lease_a, _ = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
+        lease_a, _, _ = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
         # Given A's lease expired and B took the turn over with a new epoch
         await pool.execute("UPDATE turns SET lease_expires_at = now() - make_interval(secs => 1)")
         async with register(pool, schema, pg_url) as b:
-            lease_b, _ = await transact(pool, lambda c: turns.claim(c, b.worker_id, 30, alive))
+            lease_b, _, _ = await transact(pool, lambda c: turns.claim(c, b.worker_id, 30, alive))
             assert lease_b.epoch == lease_a.epoch + 1
 
             # When A tries to commit its next phase together with a history entry
@@ -180,7 +180,7 @@ async def test_a_claim_records_its_run_and_a_run_started_event_in_the_session_or
     turn_id = await _submit(pool)
     alive = owner_alive_sql(schema, pool)
     async with register(pool, schema, pg_url) as a:
-        lease, row = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
+        lease, row, _ = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
         assert (row["id"], row["status"], row["lease_owner"]) == (turn_id, "running", a.worker_id)
         nothing = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
     assert nothing is None  # the only turn is leased to a live owner
@@ -200,11 +200,24 @@ async def test_a_claim_records_its_run_and_a_run_started_event_in_the_session_or
     assert published[1]["data"] == {"run_id": lease.run_id, "phase": "prepare", "epoch": lease.epoch}
 
 
+async def test_a_claim_says_whether_another_turn_was_claimable_beside_the_one_it_took(pool, schema, pg_url):
+    # Given two claimable turns in two sessions
+    first, second = await _submit_in(pool, "s1"), await _submit_in(pool, "s2")
+    alive = owner_alive_sql(schema, pool)
+    async with register(pool, schema, pg_url) as a:
+        # When a driver claims one, the claim says another is waiting (pass the hint on)
+        one = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
+        # and the claim that takes the last one says nothing else is (no second driver woken)
+        two = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
+    assert {one.lease.turn_id, two.lease.turn_id} == {first, second}
+    assert (one.more, two.more) == (True, False)
+
+
 async def test_a_move_the_tables_forbid_is_refused_by_the_owner_and_changes_nothing(pool, schema, pg_url):
     turn_id = await _submit(pool)
     alive = owner_alive_sql(schema, pool)
     async with register(pool, schema, pg_url) as a:
-        lease, _ = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
+        lease, _, _ = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
 
         # When the owning run tries to jump from PREPARE straight to FINALIZE, or to COMPLETED
         with pytest.raises(IllegalTransitionError, match="turn phase cannot move from prepare to finalize"):
@@ -417,7 +430,7 @@ async def test_a_claim_that_meets_a_turn_claimed_since_its_snapshot_leaves_it_to
             await tx.start()
             claiming = asyncio.create_task(conn.fetchrow(slow_claim, late.worker_id, 30.0))
             await asyncio.sleep(0.1)  # the late claim has its snapshot and is scanning
-            lease, _ = await transact(pool, lambda c: turns.claim(c, first.worker_id, 30, alive))
+            lease, _, _ = await transact(pool, lambda c: turns.claim(c, first.worker_id, 30, alive))
             # When the late claim gets to the row
             taken = await asyncio.wait_for(claiming, 10)
             await tx.rollback()
@@ -447,7 +460,7 @@ async def test_concurrent_claims_never_take_a_turn_from_a_live_owner(pg_pool, te
                     await asyncio.sleep(0.001)
                     continue
                 claims += 1
-                lease, _ = got
+                lease = got.lease
                 await asyncio.sleep(0.002)
                 try:  # giving it back is fenced: it fails if another claim took the turn
                     await transact(pool, lambda c, lease=lease: turns.advance(c, lease, release=True))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import asyncpg
 
@@ -31,6 +31,19 @@ class Lease:
     owner: str
     epoch: int
     run_id: int
+
+
+class Claim(NamedTuple):
+    """A claimed turn: its lease, its row, and whether another turn was claimable too.
+
+    ``more`` tells the driver whether to pass a wake hint on and claim again after this
+    run; it reads the claim's own snapshot, so a turn another claim is taking right now may
+    count (one needless look), and a turn made claimable later brings its own wake hint.
+    """
+
+    lease: Lease
+    row: asyncpg.Record
+    more: bool
 
 
 async def submit(
@@ -189,27 +202,29 @@ def _claim_pg_sql(alive: str) -> str:
         "jsonb_build_object('run_id', run.id, 'phase', c.phase, 'epoch', c.lease_epoch)",
         source=", claimed c, run",
     )
+    # The statement's snapshot predates its own claim, so the claimed turn is one of the two.
     return f"""
     WITH claimed AS ({claim_sql(alive)}),
     run AS (
         INSERT INTO runs (turn_id, owner, epoch, started_phase)
         SELECT id, $1, lease_epoch, phase FROM claimed RETURNING id),
     {event}
-    SELECT claimed.*, run.id AS run_id FROM claimed, run"""
+    SELECT claimed.*, run.id AS run_id,
+           (SELECT count(*) FROM ({_claimable_sql(alive)} LIMIT 2) AS two) > 1 AS more_claimable
+      FROM claimed, run"""
 
 
-async def claim(
-    conn: asyncpg.Connection, owner: str, lease_seconds: float, alive_sql: str
-) -> tuple[Lease, asyncpg.Record] | None:
+async def claim(conn: asyncpg.Connection, owner: str, lease_seconds: float, alive_sql: str) -> Claim | None:
     """Claim one turn for a new run (inside the caller's transaction)."""
     if dialect(conn) == "postgres":
         row = await conn.fetchrow(_claim_pg_sql(alive_sql), owner, lease_seconds)
         if row is None:
             return None
-        return Lease(row["id"], owner, row["lease_epoch"], row["run_id"]), row
+        return Claim(Lease(row["id"], owner, row["lease_epoch"], row["run_id"]), row, row["more_claimable"])
     row = await conn.fetchrow(claim_sql(alive_sql, postgres=False), owner, lease_seconds)
     if row is None:
         return None
+    more = await conn.fetchval(f"SELECT EXISTS ({_claimable_sql(alive_sql, postgres=False)})")
     run_id = await conn.fetchval(
         "INSERT INTO runs (turn_id, owner, epoch, started_phase) VALUES ($1, $2, $3, $4) RETURNING id",
         row["id"],
@@ -224,7 +239,7 @@ async def claim(
         "turn.run_started",
         {"run_id": run_id, "phase": row["phase"], "epoch": row["lease_epoch"]},
     )
-    return Lease(row["id"], owner, row["lease_epoch"], run_id), row
+    return Claim(Lease(row["id"], owner, row["lease_epoch"], run_id), row, bool(more))
 
 
 async def load(conn: asyncpg.Connection, turn_id: str) -> asyncpg.Record:
