@@ -105,6 +105,11 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
     pool, broker, codec = backends.pool, backends.transport, backends.codec
     topology = broker.topology
     async with AsyncExitStack() as stack:
+        # The queues this Brain uses exist before anything runs: two first declares of a new
+        # quorum queue at once (the scanner's look at the updates queue and its consumer's
+        # declare) can make RabbitMQ drop the connection (see Broker.consume).
+        for queue in (topology.updates, topology.bindings):
+            await broker.declare(queue)
         channel = wake_channel(settings)
         wakeups = Wakeups()
         await backends.listen(channel, wakeups.hint)

@@ -8,6 +8,7 @@ the broker's confirm; the outbox tables make a publish after a reconnect safe to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,14 @@ from aio_pika.abc import (
     AbstractQueue,
     AbstractRobustConnection,
 )
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+from aiormq.exceptions import AMQPConnectionError, ChannelInvalidStateError
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from infra.logging import get_logger
 from infra.transport import Topology
@@ -32,6 +40,9 @@ __all__ = ["Broker", "Topology"]
 log = get_logger(__name__)
 
 Handler = Callable[[AbstractIncomingMessage], Awaitable[None]]
+
+# How long a consumer's set-up waits out a broker hiccup before the process gives up.
+SETUP_PATIENCE = 30.0
 
 
 class Broker:
@@ -55,7 +66,8 @@ class Broker:
             reraise=True,
         ):
             with attempt:
-                self._connection = await aio_pika.connect_robust(self.url)
+                # Reconnect a second after a lost connection, not aio-pika's default five.
+                self._connection = await aio_pika.connect_robust(self.url, reconnect_interval=1)
         assert self._connection is not None
         self._channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
         return self
@@ -156,12 +168,44 @@ class Broker:
         return int(ok.message_count or 0)
 
     async def consume(self, queue: str, handler: Handler, *, prefetch: int) -> AbstractChannel:
-        """Start consuming ``queue`` on its own channel with ``prefetch`` unacked messages."""
+        """Start consuming ``queue`` on its own channel with ``prefetch`` unacked messages.
+
+        Set-up is tried again (for up to ``SETUP_PATIENCE`` s) when the connection drops under
+        it. RabbitMQ 3.10 does that on its own when a consumer subscribes to a quorum queue
+        whose first declare is still starting the queue (another channel or process declared it
+        a moment before): 541 INTERNAL_ERROR, the whole connection closed. aio-pika then
+        reconnects; the consumer is set up on the new connection.
+        """
         assert self._connection is not None
-        ch = await self._connection.channel()
-        await ch.set_qos(prefetch_count=prefetch)
-        q = await self.declare(queue, channel=ch)
-        assert q is not None
-        await q.consume(handler, no_ack=False)
-        self._consumer_channels.append(ch)
-        return ch
+        connection = self._connection
+
+        def hiccup(exc: BaseException) -> bool:
+            lost = isinstance(exc, (AMQPConnectionError, ChannelInvalidStateError, ConnectionError))
+            return lost or not connection.connected.is_set()
+
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(hiccup),
+            stop=stop_after_delay(SETUP_PATIENCE),
+            wait=wait_exponential(multiplier=0.1, max=1),
+            before_sleep=lambda state: log.warning(
+                "consumer_setup_retry",
+                queue=queue,
+                error=repr(state.outcome.exception() if state.outcome else None),
+            ),
+            reraise=True,
+        ):
+            with attempt:
+                await asyncio.wait_for(connection.connected.wait(), SETUP_PATIENCE)
+                ch = await connection.channel()
+                try:
+                    await ch.set_qos(prefetch_count=prefetch)
+                    q = await self.declare(queue, channel=ch)
+                    assert q is not None
+                    await q.consume(handler, no_ack=False)
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        await ch.close()  # else the robust connection would restore it
+                    raise
+                self._consumer_channels.append(ch)
+                return ch
+        raise AssertionError("unreachable")  # pragma: no cover

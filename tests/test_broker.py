@@ -1,0 +1,33 @@
+"""RabbitMQ-only behaviour of ``infra.broker.Broker`` that the transport contract leaves open:
+what a consumer's set-up does when the connection drops under it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from infra.broker import Broker
+from infra.transport import Delivery, Topology
+from tests.support import TendonEnv
+from tests.tcp_cutter import TcpCutter
+
+
+async def test_a_consumer_set_up_while_the_connection_drops_is_set_up_once_it_is_back(tendon: TendonEnv):
+    # Given a broker connection whose TCP connection was just cut (as RabbitMQ itself closes
+    # it when a consumer subscribes to a quorum queue that another declare is still starting)
+    topology = Topology(tendon.prefix)
+    queue = topology.updates
+    received: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def handler(message: Delivery) -> None:
+        await received.put(message.body)
+        await message.ack()
+
+    async with TcpCutter(tendon.amqp_url) as proxy, Broker(proxy.url, topology) as broker:
+        await broker.declare(queue)
+        proxy.cut()
+        # When a consumer is set up right then
+        await asyncio.wait_for(broker.consume(queue, handler, prefetch=1), 20)
+        # Then it is set up on the new connection and gets what is published
+        await broker.publish(queue, b'{"n": 1}', message_id="m-1")
+        assert await asyncio.wait_for(received.get(), 10) == b'{"n": 1}'
+    assert proxy.cuts >= 1
