@@ -268,6 +268,7 @@ class TendonWorld:
         self.gate_dir.mkdir(parents=True, exist_ok=True)
         self._n = 0
         self.started: list[subprocess.Popen[bytes]] = []  # stopped by cleanup, before the queues go
+        self.kinds: dict[str, list[subprocess.Popen[bytes]]] = {}  # "Brain"/"Hands" -> processes
 
     @property
     def brain_schema(self) -> str:
@@ -301,7 +302,12 @@ class TendonWorld:
     async def _start(self, name: str, args: list[str], extra: dict[str, str]) -> subprocess.Popen[bytes]:
         proc = await self.procs.start_ready(name, args, {**self.env, **extra})
         self.started.append(proc)
+        self.kinds.setdefault(name.capitalize(), []).append(proc)
         return proc
+
+    def roles(self) -> dict[str, list[int]]:
+        """PIDs of this world's live processes by kind (for ``bench.cpu.CpuMeter``)."""
+        return {kind: [p.pid for p in procs if p.poll() is None] for kind, procs in self.kinds.items()}
 
     async def open(self) -> None:
         """Open the submitting pool in this process (migrates the Brain schema if needed)."""
@@ -475,6 +481,12 @@ def one_call_agent(tool: str = "noop", calls: int = 1, **args: Any) -> dict[str,
     """An agent whose turn makes ``calls`` sequential calls of ``tool``."""
     steps = [[{"tool": tool, "args": {**args}}] for _ in range(calls)]
     return agent(f"bench-{tool}-{calls}", steps, [tool])
+
+
+def parallel_agent(calls: int) -> dict[str, Any]:
+    """An agent whose turn makes ``calls`` calls of ``noop`` in one model step."""
+    steps = [[{"tool": "noop", "args": {"n": i}} for i in range(calls)]]
+    return agent(f"bench-noop-x{calls}", steps, ["noop"])
 
 
 def dumps(obj: Any) -> str:

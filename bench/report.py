@@ -121,6 +121,23 @@ def plots(series: dict[str, Any], out: Path) -> list[str]:
         fig.savefig(out / "throughput.png", dpi=100)
         plt.close(fig)
         written.append("throughput.png")
+    cpu = series.get("cpu")
+    if cpu:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        names = list(cpu)
+        roles = sorted({role for per in cpu.values() for role in per})
+        bottom = [0.0] * len(names)
+        for role in roles:
+            heights = [cpu[name].get(role, 0.0) for name in names]
+            ax.bar(names, heights, bottom=bottom, label=role)
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+        ax.set_ylabel("CPU ms per tool call")
+        ax.set_title("Where the CPU of one call goes (50 in flight)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "cpu.png", dpi=100)
+        plt.close(fig)
+        written.append("cpu.png")
     rec = series.get("recovery")
     if rec:
         fig, ax = plt.subplots(figsize=(9, 5))

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from urllib.parse import urlsplit, urlunsplit
+
+from tests.loopback_proxy import LoopbackProxy
 
 _COMMIT = b"Q\x00\x00\x00\x0cCOMMIT;\x00"  # asyncpg's simple-query COMMIT message
 _MOVE = b"WITH moved AS ("  # the ledger's one-statement move (hands.ledger.move_and_append)
@@ -41,42 +42,24 @@ class _Session:
         return data[portal_end + 1 : data.index(b"\x00", portal_end + 1)] in self.moves
 
 
-class CommitCutter:
+class CommitCutter(LoopbackProxy):
     """``async with CommitCutter(dsn) as proxy``: ``proxy.dsn`` goes through it."""
 
+    default_port = 5432
+
     def __init__(self, dsn: str) -> None:
-        parts = urlsplit(dsn)
-        self._target = (parts.hostname or "127.0.0.1", parts.port or 5432)
-        self._parts = parts
-        self._server: asyncio.Server | None = None
+        super().__init__(dsn)
         self._skip = 0
         self._cut = 0
         self.cuts = 0  # how many COMMITs were cut so far
-        self._pumps: set[asyncio.Task[None]] = set()
 
     @property
     def dsn(self) -> str:
-        assert self._server is not None
-        port = self._server.sockets[0].getsockname()[1]
-        netloc = self._parts.netloc.rsplit("@", 1)
-        host = f"127.0.0.1:{port}"
-        return urlunsplit(self._parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host))
+        return self.url
 
     def arm(self, *, skip: int = 0, cut: int = 1) -> None:
         """Let the next ``skip`` COMMITs through, then cut the ``cut`` after them."""
         self._skip, self._cut = skip, cut
-
-    async def __aenter__(self) -> CommitCutter:
-        self._server = await asyncio.start_server(self._connected, "127.0.0.1", 0)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in list(self._pumps):
-            task.cancel()
-        await asyncio.gather(*self._pumps, return_exceptions=True)
-        await self._server.wait_closed()
 
     async def _connected(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         server_r, server_w = await asyncio.open_connection(*self._target)
@@ -84,7 +67,7 @@ class CommitCutter:
         session = _Session()
         up = asyncio.create_task(self._upstream(client_r, server_w, cutting, session))
         down = asyncio.create_task(self._downstream(server_r, client_w, cutting, session))
-        self._pumps |= {up, down}
+        self._spawn(up, down)
         try:
             await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -92,7 +75,6 @@ class CommitCutter:
                 task.cancel()
             for writer in (client_w, server_w):
                 writer.close()
-            self._pumps -= {up, down}
 
     def _should_cut(self) -> bool:
         if self._skip > 0:

@@ -42,10 +42,19 @@ def test_quick_benchmark_writes_the_table(pg_url: str, amqp_url: str, tmp_path: 
         "Brain kill mid-step (lease held): standby completes p50",
         "1 MiB result",
         "waiting turns: Brain RSS growth",
+        "tool calls/s, 50 in flight as 5 turns of 10 calls",
+        "CPU per call, all processes",
+        "rows written per tool call",
+        "WAL records per tool call",
     ):
         assert metric in table, metric
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["meta"]["failed"] == []
+    # The CPU meter found the processes of each role it reports (not a timing: just non-zero).
+    cpu = {r["metric"]: r for r in results["rows"] if r["scenario"] == "cpu"}
+    for role in ("the Brain", "the Hands (both processes)", "PostgreSQL", "RabbitMQ"):
+        assert cpu[f"CPU per call: {role}"]["tendon"] > 0, role
+    assert cpu["CPU per call: PostgreSQL"]["floor"] > 0
     assert "quick mode: Celery throughput and latency not run" in table
     assert "quick mode: DBOS not run" in table
     assert "| DBOS | Tendon/DBOS |" in table

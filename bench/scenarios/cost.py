@@ -1,7 +1,7 @@
-"""Cost: PostgreSQL commits and broker publishes per tool call, for Tendon and the floor.
+"""Cost: PostgreSQL commits, rows, WAL and broker publishes per tool call, Tendon and floor.
 
-Two counts, both around a batch of sequential 1-call turns (and the same number of floor
-calls), each minus the background rate measured just before and the harness's own work:
+Counts around a batch of sequential 1-call turns (and the same number of floor calls), each
+minus the background rate measured just before and the harness's own work:
 
 * **write commits**: transaction ids handed out (``txid_current_snapshot()``'s xmax). Only a
   transaction that writes gets one, and only a writing commit waits for a WAL flush, so this
@@ -10,6 +10,11 @@ calls), each minus the background rate measured just before and the harness's ow
   (polls, claims that found nothing) included. A backend flushes these counters at most once
   a second, and an idle one may keep them for up to 10 s (PostgreSQL 15), so in full mode each
   reading waits 11 s first (1.5 s in quick mode: the count is rough there).
+* **rows written**: inserts, updates and deletes in the side's own schemas
+  (``pg_stat_user_tables``, flushed like the transaction counts): the durable footprint of a
+  call, which is most of what PostgreSQL's CPU time per call pays for.
+* **WAL records and bytes** (``pg_stat_wal``, server-wide like the write commits): each row
+  change writes a record, and so does each index entry it adds.
 
 The Tendon processes run with a 5 s scan interval here, so that their periodic repair scans
 (which a busy deployment pays once per interval, not per call) barely show. Publishes: the
@@ -27,48 +32,73 @@ from typing import Any
 import asyncpg
 
 from bench.floor import Floor
-from bench.harness import TendonWorld, agent, one_call_agent
+from bench.harness import TendonWorld, one_call_agent, parallel_agent
 from bench.scenarios.base import Context, Result, Row
 
 WIDE = 5  # calls in the one model step of the 'wide' turn
 
 
+COUNTERS = ("transactions", "xids", "wal_records", "wal_bytes", "rows")
+
+
 @dataclass(frozen=True)
 class Reading:
-    transactions: int  # pg_stat_database.xact_commit of the run's database
-    xids: int  # transaction ids handed out so far, server-wide
+    """Counters at one moment (see the module docstring), and when they were read."""
+
+    counts: dict[str, int]  # COUNTERS
     at: float
 
-    def rates(self, later: Reading) -> tuple[float, float]:
+    def rates(self, later: Reading) -> dict[str, float]:
         span = later.at - self.at
-        return (later.transactions - self.transactions) / span, (later.xids - self.xids) / span
+        return {k: (later.counts[k] - self.counts[k]) / span for k in COUNTERS}
 
 
-async def _reading(ctx: Context) -> Reading:
+async def _reading(ctx: Context, schemas: list[str]) -> Reading:
+    """Read the counters after letting backends flush theirs. ``rows``: rows inserted, updated
+    or deleted in ``schemas`` (pg_stat_user_tables of the run's database)."""
     await asyncio.sleep(1.5 if ctx.quick else 11.0)
     conn = await asyncpg.connect(ctx.services.admin_url)
     try:
         xids = int(await conn.fetchval("SELECT txid_snapshot_xmax(txid_current_snapshot())"))
+        wal = await conn.fetchrow("SELECT wal_records, wal_bytes FROM pg_stat_wal")
     finally:
         await conn.close()
-    return Reading(await ctx.services.xact_commits(), xids, time.monotonic())
+    conn = await asyncpg.connect(ctx.services.database_url)
+    try:
+        rows = await conn.fetchval(
+            "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables"
+            " WHERE schemaname = ANY($1::text[])",
+            schemas,
+        )
+    finally:
+        await conn.close()
+    counts = {
+        "transactions": await ctx.services.xact_commits(),
+        "xids": xids,
+        "wal_records": int(wal["wal_records"]),
+        "wal_bytes": int(wal["wal_bytes"]),
+        "rows": int(rows),
+    }
+    return Reading(counts, time.monotonic())
 
 
 def _per_call(
-    before: Reading, after: Reading, idle: tuple[float, float], own: tuple[int, int], n: int
-) -> tuple[float, float]:
-    """(transactions, write commits) per call: the change minus background and harness work."""
+    before: Reading, after: Reading, idle: dict[str, float], own: dict[str, int], n: int
+) -> dict[str, float]:
+    """Each counter per call: the change minus the background rate and the harness's own work."""
     span = after.at - before.at
-    transactions = (after.transactions - before.transactions - own[0] - idle[0] * span) / n
-    writes = (after.xids - before.xids - own[1] - idle[1] * span) / n
-    return transactions, writes
+    return {
+        k: (after.counts[k] - before.counts[k] - own.get(k, 0) - idle.get(k, 0.0) * span) / n
+        for k in COUNTERS
+    }
 
 
 async def _turns(
-    ctx: Context, world: TendonWorld, definition: dict[str, Any], n: int, idle: tuple[float, float]
-) -> tuple[float, float]:
-    """(transactions, write commits) per turn for ``n`` sequential turns of ``definition``."""
-    before = await _reading(ctx)
+    ctx: Context, world: TendonWorld, definition: dict[str, Any], n: int, idle: dict[str, float]
+) -> dict[str, float]:
+    """Counters per turn for ``n`` sequential turns of ``definition``."""
+    schemas = [world.brain_schema, world.hands_schema]
+    before = await _reading(ctx, schemas)
     polls = 0
     for _ in range(n):
         tid = await world.submit(definition)
@@ -77,16 +107,10 @@ async def _turns(
             if (await world.statuses([tid]))[tid] == "completed":
                 break
             await asyncio.sleep(0.02)
-    after = await _reading(ctx)
-    # The harness: a submit is one write commit; a status poll one read-only transaction.
-    return _per_call(before, after, idle, (n + polls, n), n)
-
-
-def parallel_agent(calls: int) -> dict[str, Any]:
-    """An agent whose turn makes ``calls`` calls of ``noop`` in one model step."""
-    return agent(
-        f"bench-noop-x{calls}", [[{"tool": "noop", "args": {"n": i}} for i in range(calls)]], ["noop"]
-    )
+    after = await _reading(ctx, schemas)
+    # The harness: a submit is one write commit and a status poll one read-only transaction,
+    # taken off those counts; the submit's rows and WAL are the turn's own and stay in.
+    return _per_call(before, after, idle, {"transactions": n + polls, "xids": n}, n)
 
 
 async def run(ctx: Context) -> Result:
@@ -98,11 +122,12 @@ async def run(ctx: Context) -> Result:
         await world.start_hands()
         await world.open()
         await world.wait_done([await world.submit(single), await world.submit(wide)], timeout=30)
-        r0 = await _reading(ctx)
-        r1 = await _reading(ctx)
+        schemas = [world.brain_schema, world.hands_schema]
+        r0 = await _reading(ctx, schemas)
+        r1 = await _reading(ctx, schemas)
         idle = r0.rates(r1)
-        tendon_tx, tendon_writes = await _turns(ctx, world, single, n, idle)
-        _, wide_writes = await _turns(ctx, world, wide, n // 2, idle)
+        tendon = await _turns(ctx, world, single, n, idle)
+        wide_writes = (await _turns(ctx, world, wide, n // 2, idle))["xids"]
         outbox = (await world.fetch("SELECT count(*) AS c FROM outbox"))[0]["c"]
         events = (await world.fetch(f'SELECT count(*) AS c FROM "{world.hands_schema}".events'))[0]["c"]
         publishes = (outbox + events) / (n + 1 + (n // 2 + 1) * WIDE)  # per call, warm-ups included
@@ -110,15 +135,17 @@ async def run(ctx: Context) -> Result:
         await world.cleanup()
     async with Floor(ctx.services.database_url, ctx.services.amqp_url) as floor:
         await floor.sequential(3)
-        f0 = await _reading(ctx)
+        f0 = await _reading(ctx, [floor.schema])
         await floor.sequential(n)
-        f1 = await _reading(ctx)
-        floor_tx, floor_writes = _per_call(f0, f1, (0.0, 0.0), (0, 0), n)
+        f1 = await _reading(ctx, [floor.schema])
+        fl = _per_call(f0, f1, {}, {}, n)
     ctx.notes.append(
-        f"cost: Tendon background subtracted ({idle[0]:.1f} transactions/s, {idle[1]:.1f} write "
-        f"commits/s, scan interval 5 s); the harness's submits and status polls "
-        "subtracted; write commits are server-wide transaction ids, so a busy server inflates them"
+        f"cost: Tendon background subtracted ({idle['transactions']:.1f} transactions/s, "
+        f"{idle['xids']:.1f} write commits/s, {idle['wal_records']:.1f} WAL records/s, scan interval "
+        "5 s); the harness's submits and status polls subtracted from the commit counts; write commits "
+        "and WAL are server-wide, so a busy server inflates them"
     )
+    tendon_writes = tendon["xids"]
     return Result(
         rows=[
             Row(
@@ -126,7 +153,7 @@ async def run(ctx: Context) -> Result:
                 "PostgreSQL commits per tool call (write commits, 1-call turn)",
                 "commits",
                 tendon_writes,
-                floor_writes,
+                fl["xids"],
                 target="<= 4",
                 note=f"{n} sequential turns; the turn's own commits (submit aside) included",
             ),
@@ -136,7 +163,7 @@ async def run(ctx: Context) -> Result:
                 "minus 1 call, per call)",
                 "commits",
                 (wide_writes - tendon_writes) / (WIDE - 1),
-                floor_writes,
+                fl["xids"],
                 note=f"{n // 2} sequential {WIDE}-call turns against the 1-call turns: what a call "
                 "costs beyond the turn around it",
             ),
@@ -144,9 +171,33 @@ async def run(ctx: Context) -> Result:
                 "cost",
                 "PostgreSQL transactions per tool call, read-only included",
                 "transactions",
-                tendon_tx,
-                floor_tx,
+                tendon["transactions"],
+                fl["transactions"],
                 note="pg_stat_database.xact_commit",
+            ),
+            Row(
+                "cost",
+                "rows written per tool call (inserted, updated or deleted; 1-call turn)",
+                "rows",
+                tendon["rows"],
+                fl["rows"],
+                note="pg_stat_user_tables of the side's own schemas; Tendon's submit included",
+            ),
+            Row(
+                "cost",
+                "WAL records per tool call (1-call turn)",
+                "records",
+                tendon["wal_records"],
+                fl["wal_records"],
+                note="pg_stat_wal, server-wide; every heap and index change is a record; submit included",
+            ),
+            Row(
+                "cost",
+                "WAL bytes per tool call (1-call turn)",
+                "bytes",
+                tendon["wal_bytes"],
+                fl["wal_bytes"],
+                note="pg_stat_wal, server-wide; submit included",
             ),
             Row(
                 "cost",

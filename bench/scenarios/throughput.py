@@ -1,28 +1,60 @@
-"""Throughput: tool calls per second with 1, 10 and 50 in flight (closed loop).
+"""Throughput: tool calls per second with 1, 10 and 50 in flight (closed loop), and the CPU
+time one call costs in every process that takes part.
 
 Tendon: one Brain, a Hands pool of 2 processes; each in-flight unit is a 1-call turn (so a
 Tendon "call" here also carries its turn: submit, two scripted model steps, finalize). The
 harness keeps K turns in flight and resubmits as it sees completions (polled every 10 ms).
-Floor, Celery and DBOS (full mode) run the same closed loop with K calls / tasks / one-step
-workflows in flight.
+A second shape keeps 50 calls in flight as 5 turns of 10 calls in one model step: what a call
+costs when the turn around it is shared. Floor, Celery and DBOS (full mode) run the same
+closed loop with K calls / tasks / one-step workflows in flight.
+
+At 50 in flight the machine is saturated, so calls per second is about the machine's two
+cores divided by the CPU time per call; ``bench.cpu`` splits that time by process role.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 
+from bench.cpu import HARNESS, CpuMeter, per_call
 from bench.floor import Floor
-from bench.harness import TendonWorld, median, one_call_agent
+from bench.harness import TendonWorld, median, one_call_agent, parallel_agent
 from bench.peers import celery_bench, dbos_bench
 from bench.scenarios.base import Context, Result, Row
 
+LEVELS = [1, 10, 50]
+TARGET_LEVEL = 50
+WIDE = 10  # calls per turn in the shared-turn shape
+WIDE_NAME = f"Tendon, turns of {WIDE}"
 
-async def tendon_closed_loop(world: TendonWorld, in_flight: int, duration: float) -> float:
-    """Keep ``in_flight`` 1-call turns going for ``duration`` s; completed calls per second."""
-    definition = one_call_agent("noop")
-    pending = set(await asyncio.gather(*(world.submit(definition) for _ in range(in_flight))))
+
+@dataclass
+class Level:
+    """One closed-loop run: calls per second, and CPU ms per call by role (if metered)."""
+
+    rate: float
+    cpu: dict[str, float] = field(default_factory=dict)
+
+
+async def tendon_closed_loop(
+    world: TendonWorld,
+    in_flight: int,
+    duration: float,
+    *,
+    calls_per_turn: int = 1,
+    meter: CpuMeter | None = None,
+) -> Level:
+    """Keep ``in_flight`` tool calls going for ``duration`` s, as turns of ``calls_per_turn``
+    calls in one model step; completed calls per second (and CPU per call, with ``meter``,
+    over the same window: the drain after it is not counted)."""
+    definition = one_call_agent("noop") if calls_per_turn == 1 else parallel_agent(calls_per_turn)
+    turns_in_flight = max(1, in_flight // calls_per_turn)
+    pending = set(await asyncio.gather(*(world.submit(definition) for _ in range(turns_in_flight))))
     done = 0
+    before = meter.read() if meter else {}
     t0 = time.perf_counter()
     stop = t0 + duration
     while time.perf_counter() < stop:
@@ -35,38 +67,65 @@ async def tendon_closed_loop(world: TendonWorld, in_flight: int, duration: float
         pending.difference_update(finished)
         if finished and time.perf_counter() < stop:
             pending.update(await asyncio.gather(*(world.submit(definition) for _ in finished)))
-    rate = done / (time.perf_counter() - t0)
+    calls = done * calls_per_turn
+    level = Level(calls / (time.perf_counter() - t0))
+    if meter:
+        level.cpu = per_call(before, meter.read(), calls)
     await world.wait_done(list(pending), timeout=120, interval=0.05)  # drain before the next level
-    return rate
+    return level
+
+
+async def metered(meter: CpuMeter, run: Callable[[], Awaitable[float]]) -> Level:
+    """Run a closed loop that returns calls per second; CPU per call over the whole run."""
+    before, t0 = meter.read(), time.perf_counter()
+    rate = await run()
+    return Level(rate, per_call(before, meter.read(), rate * (time.perf_counter() - t0)))
+
+
+def median_cpu(levels: list[Level]) -> dict[str, float]:
+    """Per role, the median over repeats of CPU ms per call."""
+    roles = sorted({role for lv in levels for role in lv.cpu})
+    return {role: median([lv.cpu.get(role, 0.0) for lv in levels]) for role in roles}
 
 
 async def run(ctx: Context) -> Result:
-    levels = [1, 10, 50]
     duration = 2.0 if ctx.quick else 10.0
     repeats = 1 if ctx.quick else 3
-    results: dict[str, dict[str, list[float]]] = {"Tendon": {}, "floor": {}, "Celery": {}, "DBOS": {}}
+    rates: dict[str, dict[str, list[float]]] = {"Tendon": {}, "floor": {}, "Celery": {}, "DBOS": {}}
+    at_target: dict[str, list[Level]] = {"Tendon": [], WIDE_NAME: [], "floor": [], "Celery": []}
     world = TendonWorld(ctx.services, ctx.procs)
     try:
         await world.start_brain()
         await world.start_hands()
         await world.start_hands()
         await world.open()
+        meter = CpuMeter(world.roles)
         await tendon_closed_loop(world, 4, 1.0)  # warm up
         deadlocks = await ctx.services.deadlocks()
         for _ in range(repeats):
-            for k in levels:
+            for k in LEVELS:
                 await world.settle()  # steady state, as autovacuum keeps it: see bench.harness.settle
-                results["Tendon"].setdefault(str(k), []).append(await tendon_closed_loop(world, k, duration))
+                level = await tendon_closed_loop(world, k, duration, meter=meter)
+                rates["Tendon"].setdefault(str(k), []).append(level.rate)
+                if k == TARGET_LEVEL:
+                    at_target["Tendon"].append(level)
+            await world.settle()
+            wide = await tendon_closed_loop(world, TARGET_LEVEL, duration, calls_per_turn=WIDE, meter=meter)
+            at_target[WIDE_NAME].append(wide)
         await asyncio.sleep(2)  # backends report their counters within a second or two
         deadlocks = await ctx.services.deadlocks() - deadlocks
     finally:
         await world.cleanup()
+    meter = CpuMeter()
     async with Floor(ctx.services.database_url, ctx.services.amqp_url) as floor:
         await floor.closed_loop(4, 0.5)
         for _ in range(repeats):
-            for k in levels:
+            for k in LEVELS:
                 await floor.settle()
-                results["floor"].setdefault(str(k), []).append(await floor.closed_loop(k, duration))
+                level = await metered(meter, lambda k=k: floor.closed_loop(k, duration))  # type: ignore[misc]
+                rates["floor"].setdefault(str(k), []).append(level.rate)
+                if k == TARGET_LEVEL:
+                    at_target["floor"].append(level)
     celery_ok = False
     if ctx.quick:
         ctx.notes.append(
@@ -77,38 +136,58 @@ async def run(ctx: Context) -> Result:
         ctx.notes.append("Celery is not installed (pip install -e '.[bench]'): its columns are empty")
     else:
         async with celery_bench.CeleryPeer(ctx.services.amqp_url, ctx.procs) as peer:
+            celery_meter = CpuMeter(
+                lambda: {"Celery worker": [p.pid for p in peer.workers if p.poll() is None]}
+            )
             await peer.closed_loop(4, 1.0)
             for _ in range(repeats):
-                for k in levels:
-                    results["Celery"].setdefault(str(k), []).append(await peer.closed_loop(k, duration))
+                for k in LEVELS:
+                    level = await metered(celery_meter, lambda k=k: peer.closed_loop(k, duration))  # type: ignore[misc]
+                    rates["Celery"].setdefault(str(k), []).append(level.rate)
+                    if k == TARGET_LEVEL:
+                        at_target["Celery"].append(level)
             celery_ok = True
             res_lat = await peer.sequential(ctx.n(10, 200))
     dbos = await dbos_bench.maybe_run(
         ctx,
         "throughput",
-        timeout=len(levels) * repeats * (duration + 30) + 120,
-        levels=",".join(map(str, levels)),
+        timeout=len(LEVELS) * repeats * (duration + 30) + 120,
+        levels=",".join(map(str, LEVELS)),
         duration=duration,
         repeats=repeats,
     )
     if dbos:
-        results["DBOS"] = dbos["rates"]
+        rates["DBOS"] = dbos["rates"]
     res = Result()
-    for k in levels:
+    note = f"median of {repeats} x {duration:.0f} s"
+    for k in LEVELS:
         key = str(k)
         res.rows.append(
             Row(
                 "throughput",
                 f"tool calls/s, {k} in flight",
                 "calls/s",
-                median(results["Tendon"][key]),
-                median(results["floor"][key]),
-                median(results["Celery"][key]) if celery_ok else None,
-                median(results["DBOS"][key]) if dbos else None,
-                target="not below Celery" if k == 50 else "",
-                note=f"median of {repeats} x {duration:.0f} s",
+                median(rates["Tendon"][key]),
+                median(rates["floor"][key]),
+                median(rates["Celery"][key]) if celery_ok else None,
+                median(rates["DBOS"][key]) if dbos else None,
+                target="not below Celery" if k == TARGET_LEVEL else "",
+                note=note + ("; Tendon: 1-call turns" if k == TARGET_LEVEL else ""),
             )
         )
+    res.rows.append(
+        Row(
+            "throughput",
+            f"tool calls/s, {TARGET_LEVEL} in flight as {TARGET_LEVEL // WIDE} turns of {WIDE} calls",
+            "calls/s",
+            median([lv.rate for lv in at_target[WIDE_NAME]]),
+            median(rates["floor"][str(TARGET_LEVEL)]),
+            median(rates["Celery"][str(TARGET_LEVEL)]) if celery_ok else None,
+            median(rates["DBOS"][str(TARGET_LEVEL)]) if dbos else None,
+            note=f"{note}; the calls of a turn share its model steps; the other columns are their "
+            f"{TARGET_LEVEL}-in-flight figures",
+        )
+    )
     res.rows.append(
         Row(
             "throughput",
@@ -118,6 +197,9 @@ async def run(ctx: Context) -> Result:
             note="each one stalls two transactions for deadlock_timeout (1 s) before one is retried",
         )
     )
+    cpu = {name: median_cpu(levels) for name, levels in at_target.items() if levels}
+    res.rows += cpu_rows(cpu, celery_ok)
+    res.series["cpu"] = cpu
     if celery_ok:
         res.rows.append(
             Row(
@@ -130,5 +212,61 @@ async def run(ctx: Context) -> Result:
                 note="compare with the client-observed latency row",
             )
         )
-    res.series["throughput"] = {name: {k: median(v) for k, v in per.items()} for name, per in results.items()}
+    res.series["throughput"] = {name: {k: median(v) for k, v in per.items()} for name, per in rates.items()}
     return res
+
+
+def cpu_rows(cpu: Mapping[str, Mapping[str, float]], celery_ok: bool) -> list[Row]:
+    """CPU ms per call at the target level: in all, and by role."""
+    tendon, wide = cpu.get("Tendon", {}), cpu.get(WIDE_NAME, {})
+    floor, celery = cpu.get("floor", {}), cpu.get("Celery", {}) if celery_ok else {}
+
+    def total(roles: Mapping[str, float]) -> float | None:
+        return sum(roles.values()) if roles else None
+
+    where = f"at {TARGET_LEVEL} in flight, median of the repeats; user + system time from /proc"
+    rows = [
+        Row(
+            "cpu",
+            "CPU per call, all processes",
+            "ms",
+            total(tendon),
+            total(floor),
+            total(celery),
+            note=f"{where}; on 2 cores, calls/s is about 2000 / this",
+        ),
+        Row(
+            "cpu",
+            f"CPU per call, all processes, turns of {WIDE} calls",
+            "ms",
+            total(wide),
+            total(floor),
+            total(celery),
+            note=f"Tendon's {TARGET_LEVEL // WIDE} turns of {WIDE} calls; the other columns as above",
+        ),
+    ]
+    for role, label in (
+        ("Brain", "the Brain"),
+        ("Hands", "the Hands (both processes)"),
+        ("PostgreSQL", "PostgreSQL"),
+        ("RabbitMQ", "RabbitMQ"),
+        (HARNESS, "the harness process"),
+        ("Celery worker", "the Celery worker (prefork children included)"),
+    ):
+        values = [tendon.get(role), floor.get(role), celery.get(role)]
+        if any(v is not None for v in values):
+            rows.append(
+                Row(
+                    "cpu",
+                    f"CPU per call: {label}",
+                    "ms",
+                    tendon=values[0],
+                    floor=values[1],
+                    celery=values[2],
+                    note="harness: Tendon's submits and polls; the whole floor (it runs here); "
+                    "the Celery client"
+                    if role == HARNESS
+                    else f"{TARGET_LEVEL} in flight, 1-call turns for Tendon",
+                )
+            )
+    return rows
