@@ -7,8 +7,8 @@ import asyncio
 
 from infra.broker import Broker
 from infra.transport import Delivery, Topology
-from tests.support import TendonEnv
 from tests.loopback_proxy import TcpCutter
+from tests.support import TendonEnv
 
 
 async def test_a_consumer_set_up_while_the_connection_drops_is_set_up_once_it_is_back(tendon: TendonEnv):

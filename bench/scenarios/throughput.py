@@ -266,7 +266,7 @@ def cpu_rows(cpu: Mapping[str, Mapping[str, float]], celery_ok: bool) -> list[Ro
                     note="harness: Tendon's submits and polls; the whole floor (it runs here); "
                     "the Celery client"
                     if role == HARNESS
-                    else f"{TARGET_LEVEL} in flight, 1-call turns for Tendon",
+                    else f"at {TARGET_LEVEL} in flight" + ("; Tendon: 1-call turns" if values[0] else ""),
                 )
             )
     return rows
