@@ -15,9 +15,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 
 class LoopbackProxy:
-    """``async with Proxy(url) as proxy``: ``proxy.url`` is ``url`` through the proxy."""
+    """``async with Proxy(url) as proxy``: ``proxy.url`` is ``url`` through the proxy.
 
-    default_port = 5672
+    ``default_port``: where to connect when ``url`` names no port (each subclass's service).
+    """
+
+    default_port: int
 
     def __init__(self, url: str) -> None:
         self._parts = urlsplit(url)
@@ -55,20 +58,27 @@ class LoopbackProxy:
 
 
 class TcpCutter(LoopbackProxy):
+    """A plain proxy (to RabbitMQ unless the URL says otherwise) with a ``cut()``."""
+
+    default_port = 5672
+
     def __init__(self, url: str) -> None:
         super().__init__(url)
         self._writers: set[asyncio.StreamWriter] = set()
-        self.cuts = 0
+        self.cuts = 0  # how many times ``cut()`` was called
 
     def cut(self) -> None:
         """Drop every open connection now."""
         self.cuts += 1
+        self._drop()
+
+    def _drop(self) -> None:
         for writer in list(self._writers):
             writer.transport.abort()
         self._writers.clear()
 
     async def __aexit__(self, *exc: object) -> None:
-        self.cut()
+        self._drop()  # closing is not a cut: ``cuts`` counts only what a test asked for
         await super().__aexit__(*exc)
 
     async def _connected(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
