@@ -53,8 +53,9 @@ def test_quick_benchmark_writes_the_table(pg_url: str, amqp_url: str, tmp_path: 
     # The CPU meter found the processes of each role it reports (not a timing: just non-zero).
     cpu = {r["metric"]: r for r in results["rows"] if r["scenario"] == "cpu"}
     for role in ("the Brain", "the Hands (both processes)", "PostgreSQL", "RabbitMQ"):
-        assert cpu[f"CPU per call: {role}"]["tendon"] > 0, role
-    assert cpu["CPU per call: PostgreSQL"]["floor"] > 0
+        row = cpu[f"CPU per call: {role}"]
+        assert row["tendon"] is not None and row["tendon"] > 0, row
+    assert (cpu["CPU per call: PostgreSQL"]["floor"] or 0) > 0, cpu["CPU per call: PostgreSQL"]
     assert "quick mode: Celery throughput and latency not run" in table
     assert "quick mode: DBOS not run" in table
     assert "| DBOS | Tendon/DBOS |" in table

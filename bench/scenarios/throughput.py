@@ -10,6 +10,18 @@ closed loop with K calls / tasks / one-step workflows in flight.
 
 At 50 in flight the machine is saturated, so calls per second is about the machine's two
 cores divided by the CPU time per call; ``bench.cpu`` splits that time by process role.
+
+A Tendon level's measuring window lasts ``duration`` seconds and, if that is not enough, until
+as many calls as it keeps in flight have completed in it (one round of the loop; a window that
+does not see it within ``WINDOW_TIMEOUT`` s raises). Calls per second is the calls completed in
+the window over its length, and CPU per call the CPU time of the window over those calls, as
+before. The rule is new: in quick mode (2 s) on a loaded machine, the 50 turns of a level,
+which move through their steps together, could all still be running when the window closed, so
+the level had a rate of 0 and no CPU split (and its CPU rows vanished from the table), or the
+window caught one 10-call turn of the five, a fifth of the rate and five times the CPU per call.
+The floor's and the peers' loops need no such rule: each in-flight slot starts a call at once
+and the loop waits for every slot's last call, so each slot completes at least one. A window
+that ran past ``duration`` is named in the run's notes.
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from bench.cpu import HARNESS, CpuMeter, per_call
 from bench.floor import Floor
@@ -29,35 +42,54 @@ LEVELS = [1, 10, 50]
 TARGET_LEVEL = 50
 WIDE = 10  # calls per turn in the shared-turn shape
 WIDE_NAME = f"Tendon, turns of {WIDE}"
+WINDOW_TIMEOUT = 120.0  # s: a Tendon window that has not seen its round of calls by then raises
 
 
 @dataclass
 class Level:
-    """One closed-loop run: calls per second, and CPU ms per call by role (if metered)."""
+    """One closed-loop run: calls per second, CPU ms per call by role (if metered), and the
+    length of the measuring window in seconds."""
 
     rate: float
     cpu: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class Turns(Protocol):
+    """What a Tendon closed loop needs of its world (``bench.harness.TendonWorld``)."""
+
+    async def submit(self, definition: dict[str, Any]) -> str: ...
+
+    async def statuses(self, ids: list[str]) -> dict[str, str]: ...
+
+    async def wait_done(self, ids: list[str], timeout: float, interval: float = ...) -> None: ...
 
 
 async def tendon_closed_loop(
-    world: TendonWorld,
+    world: Turns,
     in_flight: int,
     duration: float,
     *,
     calls_per_turn: int = 1,
     meter: CpuMeter | None = None,
+    timeout: float = WINDOW_TIMEOUT,
 ) -> Level:
-    """Keep ``in_flight`` tool calls going for ``duration`` s, as turns of ``calls_per_turn``
-    calls in one model step; completed calls per second (and CPU per call, with ``meter``,
-    over the same window: the drain after it is not counted)."""
+    """Keep ``in_flight`` tool calls going, as turns of ``calls_per_turn`` calls in one model
+    step, for ``duration`` s and until ``in_flight`` calls have completed (see the module
+    docstring); completed calls per second (and CPU per call, with ``meter``, over the same
+    window: the drain after it is not counted).
+
+    Raises ``TimeoutError`` if the window has not seen ``in_flight`` calls complete within
+    ``timeout`` s, and ``RuntimeError`` if a turn ends other than completed.
+    """
     definition = one_call_agent("noop") if calls_per_turn == 1 else parallel_agent(calls_per_turn)
     turns_in_flight = max(1, in_flight // calls_per_turn)
     pending = set(await asyncio.gather(*(world.submit(definition) for _ in range(turns_in_flight))))
     done = 0
     before = meter.read() if meter else {}
     t0 = time.perf_counter()
-    stop = t0 + duration
-    while time.perf_counter() < stop:
+    stop, deadline = t0 + duration, t0 + max(duration, timeout)
+    while True:
         await asyncio.sleep(0.01)
         statuses = await world.statuses(list(pending))
         finished = [t for t, s in statuses.items() if s in ("completed", "failed", "cancelled")]
@@ -65,10 +97,20 @@ async def tendon_closed_loop(
             raise RuntimeError("a throughput turn did not complete")
         done += len(finished)
         pending.difference_update(finished)
-        if finished and time.perf_counter() < stop:
+        now = time.perf_counter()
+        if now >= stop and done * calls_per_turn >= in_flight:
+            break
+        if now >= deadline:
+            raise TimeoutError(
+                f"throughput window at {in_flight} in flight: {done * calls_per_turn} of the "
+                f"{in_flight} calls it waits for completed in {now - t0:.0f} s (the Brain or Hands "
+                "logs may say why)"
+            )
+        if finished:
             pending.update(await asyncio.gather(*(world.submit(definition) for _ in finished)))
     calls = done * calls_per_turn
-    level = Level(calls / (time.perf_counter() - t0))
+    seconds = time.perf_counter() - t0
+    level = Level(calls / seconds, seconds=seconds)
     if meter:
         level.cpu = per_call(before, meter.read(), calls)
     await world.wait_done(list(pending), timeout=120, interval=0.05)  # drain before the next level
@@ -79,13 +121,14 @@ async def metered(meter: CpuMeter, run: Callable[[], Awaitable[float]]) -> Level
     """Run a closed loop that returns calls per second; CPU per call over the whole run."""
     before, t0 = meter.read(), time.perf_counter()
     rate = await run()
-    return Level(rate, per_call(before, meter.read(), rate * (time.perf_counter() - t0)))
+    seconds = time.perf_counter() - t0
+    return Level(rate, per_call(before, meter.read(), rate * seconds), seconds)
 
 
 def median_cpu(levels: list[Level]) -> dict[str, float]:
-    """Per role, the median over repeats of CPU ms per call."""
+    """Per role, the median over the repeats that measured it of CPU ms per call."""
     roles = sorted({role for lv in levels for role in lv.cpu})
-    return {role: median([lv.cpu.get(role, 0.0) for lv in levels]) for role in roles}
+    return {role: median([lv.cpu[role] for lv in levels if role in lv.cpu]) for role in roles}
 
 
 async def run(ctx: Context) -> Result:
@@ -102,16 +145,25 @@ async def run(ctx: Context) -> Result:
         meter = CpuMeter(world.roles)
         await tendon_closed_loop(world, 4, 1.0)  # warm up
         deadlocks = await ctx.services.deadlocks()
+        windows: list[tuple[str, float]] = []  # (shape, seconds) of every Tendon window
         for _ in range(repeats):
             for k in LEVELS:
                 await world.settle()  # steady state, as autovacuum keeps it: see bench.harness.settle
                 level = await tendon_closed_loop(world, k, duration, meter=meter)
                 rates["Tendon"].setdefault(str(k), []).append(level.rate)
+                windows.append((f"{k} in flight", level.seconds))
                 if k == TARGET_LEVEL:
                     at_target["Tendon"].append(level)
             await world.settle()
             wide = await tendon_closed_loop(world, TARGET_LEVEL, duration, calls_per_turn=WIDE, meter=meter)
             at_target[WIDE_NAME].append(wide)
+            windows.append((f"{TARGET_LEVEL} in flight as turns of {WIDE}", wide.seconds))
+        long = [f"{shape} {seconds:.1f} s" for shape, seconds in windows if seconds > duration + 0.5]
+        if long:
+            ctx.notes.append(
+                f"throughput: Tendon windows that ran past {duration:.0f} s until the calls they keep "
+                f"in flight had completed (a slow or busy machine): {', '.join(long)}"
+            )
         await asyncio.sleep(2)  # backends report their counters within a second or two
         deadlocks = await ctx.services.deadlocks() - deadlocks
     finally:
@@ -159,7 +211,7 @@ async def run(ctx: Context) -> Result:
     if dbos:
         rates["DBOS"] = dbos["rates"]
     res = Result()
-    note = f"median of {repeats} x {duration:.0f} s"
+    note = f"median of {repeats} x {duration:.0f} s or more"
     for k in LEVELS:
         key = str(k)
         res.rows.append(
@@ -216,57 +268,77 @@ async def run(ctx: Context) -> Result:
     return res
 
 
+# role -> its row's label and the sides whose processes have it (the floor runs in the harness)
+ROLES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "Brain": ("the Brain", ("Tendon",)),
+    "Hands": ("the Hands (both processes)", ("Tendon",)),
+    "PostgreSQL": ("PostgreSQL", ("Tendon", "floor")),
+    "RabbitMQ": ("RabbitMQ", ("Tendon", "floor", "Celery")),
+    HARNESS: ("the harness process", ("Tendon", "floor", "Celery")),
+    "Celery worker": ("the Celery worker (prefork children included)", ("Celery",)),
+}
+
+
 def cpu_rows(cpu: Mapping[str, Mapping[str, float]], celery_ok: bool) -> list[Row]:
-    """CPU ms per call at the target level: in all, and by role."""
+    """CPU ms per call at the target level: in all, and by role.
+
+    Tendon and the floor always run here, Celery when ``celery_ok``. A role's row is written
+    whenever a side that ran has that role, and a figure such a side lacks is named "not
+    measured" in the note: a row never vanishes because a measurement came back empty.
+    """
     tendon, wide = cpu.get("Tendon", {}), cpu.get(WIDE_NAME, {})
     floor, celery = cpu.get("floor", {}), cpu.get("Celery", {}) if celery_ok else {}
+    ran = ("Tendon", "floor", "Celery") if celery_ok else ("Tendon", "floor")
 
     def total(roles: Mapping[str, float]) -> float | None:
         return sum(roles.values()) if roles else None
 
+    def unmeasured(figures: Mapping[str, float | None]) -> str:
+        missing = [side for side, value in figures.items() if side in ran and value is None]
+        return f"; not measured: {', '.join(missing)}" if missing else ""
+
     where = f"at {TARGET_LEVEL} in flight, median of the repeats; user + system time from /proc"
+    totals = {"floor": total(floor), "Celery": total(celery)}
     rows = [
         Row(
             "cpu",
             "CPU per call, all processes",
             "ms",
             total(tendon),
-            total(floor),
-            total(celery),
-            note=f"{where}; on 2 cores, calls/s is about 2000 / this",
+            totals["floor"],
+            totals["Celery"],
+            note=f"{where}; on 2 cores, calls/s is about 2000 / this"
+            + unmeasured({"Tendon": total(tendon), **totals}),
         ),
         Row(
             "cpu",
             f"CPU per call, all processes, turns of {WIDE} calls",
             "ms",
             total(wide),
-            total(floor),
-            total(celery),
-            note=f"Tendon's {TARGET_LEVEL // WIDE} turns of {WIDE} calls; the other columns as above",
+            totals["floor"],
+            totals["Celery"],
+            note=f"Tendon's {TARGET_LEVEL // WIDE} turns of {WIDE} calls; the other columns as above"
+            + unmeasured({"Tendon": total(wide), **totals}),
         ),
     ]
-    for role, label in (
-        ("Brain", "the Brain"),
-        ("Hands", "the Hands (both processes)"),
-        ("PostgreSQL", "PostgreSQL"),
-        ("RabbitMQ", "RabbitMQ"),
-        (HARNESS, "the harness process"),
-        ("Celery worker", "the Celery worker (prefork children included)"),
-    ):
-        values = [tendon.get(role), floor.get(role), celery.get(role)]
-        if any(v is not None for v in values):
-            rows.append(
-                Row(
-                    "cpu",
-                    f"CPU per call: {label}",
-                    "ms",
-                    tendon=values[0],
-                    floor=values[1],
-                    celery=values[2],
-                    note="harness: Tendon's submits and polls; the whole floor (it runs here); "
-                    "the Celery client"
-                    if role == HARNESS
-                    else f"at {TARGET_LEVEL} in flight" + ("; Tendon: 1-call turns" if values[0] else ""),
-                )
+    for role, (label, sides) in ROLES.items():
+        figures = {"Tendon": tendon.get(role), "floor": floor.get(role), "Celery": celery.get(role)}
+        if not any(side in ran for side in sides) and all(v is None for v in figures.values()):
+            continue
+        note = (
+            "harness: Tendon's submits and polls; the whole floor (it runs here); the Celery client"
+            if role == HARNESS
+            else f"at {TARGET_LEVEL} in flight" + ("; Tendon: 1-call turns" if "Tendon" in sides else "")
+        )
+        rows.append(
+            Row(
+                "cpu",
+                f"CPU per call: {label}",
+                "ms",
+                tendon=figures["Tendon"],
+                floor=figures["floor"],
+                celery=figures["Celery"],
+                note=note + unmeasured({side: figures[side] for side in sides}),
             )
+        )
     return rows

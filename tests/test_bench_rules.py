@@ -1,0 +1,138 @@
+"""The benchmark's own rules, without servers: a slow machine gets honest figures, never missing rows.
+
+A fake world stands in for Tendon: its turns complete only after a number of status looks that
+a short measuring window cannot reach (the closed loop sleeps 10 ms between looks), whatever the
+machine's speed. No timed assertions: benchmarks are not tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench.cpu import HARNESS, CpuMeter
+from bench.scenarios.base import Row
+from bench.scenarios.throughput import WIDE_NAME, Level, cpu_rows, median_cpu, tendon_closed_loop
+
+ROLES = ("Brain", "Hands", "PostgreSQL", "RabbitMQ", HARNESS)
+WINDOW = 0.05  # s: at most 6 status looks at one every 10 ms
+LOOKS = 20  # a fake turn completes at its 20th status look: never inside WINDOW
+
+
+class SlowWorld:
+    """Turns that take ``looks`` status looks to complete (``None``: never)."""
+
+    def __init__(self, looks: int | None = LOOKS) -> None:
+        self.looks = looks
+        self.seen: dict[str, int] = {}
+        self.submitted: list[dict[str, Any]] = []
+
+    async def submit(self, definition: dict[str, Any]) -> str:
+        self.submitted.append(definition)
+        tid = f"t{len(self.submitted)}"
+        self.seen[tid] = 0
+        return tid
+
+    async def statuses(self, ids: list[str]) -> dict[str, str]:
+        out = {}
+        for tid in ids:
+            self.seen[tid] += 1
+            done = self.looks is not None and self.seen[tid] >= self.looks
+            out[tid] = "completed" if done else "running"
+        return out
+
+    async def wait_done(self, ids: list[str], timeout: float, interval: float = 0.005) -> None:
+        """The drain: every turn the loop left in flight completes."""
+        for tid in ids:
+            self.seen[tid] = LOOKS
+
+
+class StepMeter(CpuMeter):
+    """Each reading adds one CPU second to every role."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.readings = 0
+
+    def read(self) -> dict[str, float]:
+        self.readings += 1
+        return dict.fromkeys(ROLES, float(self.readings))
+
+
+@pytest.mark.parametrize(("in_flight", "calls_per_turn"), [(3, 1), (10, 5)])
+async def test_a_window_shorter_than_a_turn_still_gives_a_rate_and_the_cpu_of_every_role(
+    in_flight: int, calls_per_turn: int
+) -> None:
+    # Given turns that outlast the measuring window (a loaded machine)
+    world, meter = SlowWorld(), StepMeter()
+
+    # When a closed loop measures them
+    level = await tendon_closed_loop(world, in_flight, WINDOW, calls_per_turn=calls_per_turn, meter=meter)
+
+    # Then the window waited for a round of calls: the level has a rate and a CPU split
+    assert meter.readings == 2
+    assert sorted(level.cpu) == sorted(ROLES)
+    calls = 1000.0 / level.cpu["Brain"]  # one CPU second per role between the two readings
+    assert calls >= in_flight
+    assert level.rate == pytest.approx(calls / level.seconds)
+    assert all(ms > 0 for ms in level.cpu.values())
+
+
+async def test_a_window_that_never_sees_a_call_complete_raises_with_what_it_waited_for() -> None:
+    with pytest.raises(TimeoutError, match="0 of the 3 calls"):
+        await tendon_closed_loop(SlowWorld(looks=None), 3, WINDOW, meter=StepMeter(), timeout=0.2)
+
+
+async def test_a_failed_turn_fails_the_level() -> None:
+    class FailingWorld(SlowWorld):
+        async def statuses(self, ids: list[str]) -> dict[str, str]:
+            return dict.fromkeys(ids, "failed")
+
+    with pytest.raises(RuntimeError, match="did not complete"):
+        await tendon_closed_loop(FailingWorld(), 2, WINDOW)
+
+
+FLOOR = {"PostgreSQL": 1.0, "RabbitMQ": 0.7, HARNESS: 1.5}
+TENDON = {"Brain": 6.0, "Hands": 4.3, "PostgreSQL": 8.3, "RabbitMQ": 2.8, HARNESS: 1.1}
+
+
+def by_metric(rows: list[Row]) -> dict[str, Row]:
+    return {r.metric: r for r in rows}
+
+
+def test_cpu_rows_of_every_tendon_role_are_written_with_their_figures() -> None:
+    rows = by_metric(cpu_rows({"Tendon": TENDON, WIDE_NAME: TENDON, "floor": FLOOR}, celery_ok=False))
+
+    assert rows["CPU per call: the Brain"].tendon == 6.0
+    assert rows["CPU per call: PostgreSQL"].floor == 1.0
+    assert rows["CPU per call, all processes"].tendon == pytest.approx(sum(TENDON.values()))
+    assert "CPU per call: the Celery worker (prefork children included)" not in rows  # Celery did not run
+    assert not any("not measured" in r.note for r in rows.values())
+
+
+def test_a_tendon_level_without_a_cpu_split_keeps_its_rows_and_says_not_measured() -> None:
+    rows = by_metric(cpu_rows({"Tendon": {}, WIDE_NAME: {}, "floor": FLOOR}, celery_ok=False))
+
+    for label in ("the Brain", "the Hands (both processes)", "PostgreSQL", "RabbitMQ", "the harness process"):
+        row = rows[f"CPU per call: {label}"]
+        assert row.tendon is None
+        assert "not measured: Tendon" in row.note, label
+    assert rows["CPU per call: PostgreSQL"].floor == 1.0
+    assert "not measured: Tendon" in rows["CPU per call, all processes"].note
+
+
+def test_a_celery_run_without_worker_figures_says_not_measured() -> None:
+    rows = by_metric(
+        cpu_rows({"Tendon": TENDON, "floor": FLOOR, "Celery": {"RabbitMQ": 1.0}}, celery_ok=True)
+    )
+
+    worker = rows["CPU per call: the Celery worker (prefork children included)"]
+    assert worker.celery is None
+    assert "not measured: Celery" in worker.note
+
+
+def test_the_median_of_a_role_counts_only_the_repeats_that_measured_it() -> None:
+    levels = [Level(80.0, {"Brain": 6.0}), Level(0.0), Level(82.0, {"Brain": 8.0})]
+
+    assert median_cpu(levels) == {"Brain": 7.0}
