@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,15 @@ import asyncpg
 from brain.loop import LoopContext, TurnDriver, Wakeups, drive_forever
 from brain.relay import OutboxRelay
 from brain.scanner import RepairScanner
+from brain.store import turns
 from brain.store.migrations import MIGRATIONS
 from brain.updates import BindingsConsumer, UpdateConsumer
 from infra.broker import Broker
 from infra.db import create_pool, keep_statistics, migrate
 from infra.killpoints import KillPoints
-from infra.liveness import WorkerRegistration, owner_alive_sql, worker_alive
+from infra.liveness import Liveness, WorkerRegistration
 from infra.logging import get_logger
+from infra.notify import Listener
 from infra.payloads import PayloadCodec, open_payload_codec
 from infra.settings import Settings
 from infra.transport import Topology, Transport
@@ -44,23 +47,6 @@ async def open_store(settings: Settings) -> asyncpg.Pool:
     return pool
 
 
-async def watch_liveness(pool: asyncpg.Pool, schema: str, worker_id: str, interval: float) -> None:
-    """Return (ending the Brain) once others would take this Brain for dead.
-
-    That happens when its liveness session ended while the process lives on (a database
-    restart, a cut connection): other Brains may then claim its turns, so it must stop.
-    """
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            async with pool.acquire() as conn:
-                if not await worker_alive(conn, schema, worker_id):
-                    log.error("liveness_lost", worker=worker_id)
-                    return
-        except Exception as exc:  # noqa: BLE001 - a failed check is not yet a lost lock
-            log.warning("liveness_check_failed", error=repr(exc))
-
-
 @dataclass
 class Backends:
     """What a Brain runs on: PostgreSQL/RabbitMQ/S3, or the embedded SQLite/local queue/dir."""
@@ -68,7 +54,7 @@ class Backends:
     pool: Any  # an asyncpg pool or an infra.sqlite.SqlitePool
     transport: Transport
     codec: PayloadCodec
-    worker_id: str
+    register: Callable[..., Liveness]  # the worker registration, given its options
     listen: Callable[[str, Callable[..., Any]], Awaitable[None]]  # wake-up hints
 
 
@@ -78,29 +64,39 @@ async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
     async with AsyncExitStack() as stack:
         pool = await open_store(settings)
         stack.push_async_callback(pool.close)
-        registration = await stack.enter_async_context(
-            WorkerRegistration(settings.database_url, settings.brain_schema, "brain")
-        )
         codec = await stack.enter_async_context(open_payload_codec(settings))
         broker = await stack.enter_async_context(
             Broker(settings.amqp_url, Topology(settings.queue_prefix), delivery_limit=settings.delivery_limit)
         )
-        listener = await asyncpg.connect(settings.database_url)
-        stack.push_async_callback(listener.close)
-        yield Backends(pool, broker, codec, registration.worker_id, listener.add_listener)
+        listener = await stack.enter_async_context(Listener(settings.database_url))
+        register = partial(WorkerRegistration, settings.database_url, settings.brain_schema, "brain")
+        yield Backends(pool, broker, codec, register, listener.add)
 
 
 async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event) -> int:
-    """Run a distributed Brain until ``stop`` is set (see :func:`run`)."""
-    async with open_backends(settings) as backends:
-        return await run(backends, settings, killpoints, stop)
+    """Run a distributed Brain until ``stop`` is set (see :func:`run`).
+
+    A Brain that the others presumed dead (paused or cut off for longer than its lease) starts
+    over under a new worker id: its runs were handed over and are fenced out already.
+    """
+    while True:
+        async with open_backends(settings) as backends:
+            code = await run(backends, settings, killpoints, stop)
+        if code != RESTART or stop.is_set():
+            return 0 if code == RESTART else code
+        log.warning("starting_over", reason="presumed dead by the other Brains")
+
+
+# What :func:`run` returns when this Brain was presumed dead: start over under a new id.
+RESTART = -1
 
 
 async def run(backends: Backends, settings: Settings, killpoints: KillPoints, stop: asyncio.Event) -> int:
     """Run a Brain on ``backends`` until ``stop`` is set; then stop and close in reverse order.
 
-    Returns 0 after a requested stop, 1 when a background task ended on its own (which
-    should never happen: it is logged and the process exits so a supervisor restarts it).
+    Returns 0 after a requested stop, ``RESTART`` when the others presumed this Brain dead,
+    1 when a background task ended on its own (which should never happen: it is logged and the
+    process exits so a supervisor restarts it).
     """
     pool, broker, codec = backends.pool, backends.transport, backends.codec
     topology = broker.topology
@@ -115,6 +111,17 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
         await backends.listen(channel, wakeups.hint)
 
         relay = OutboxRelay(pool, broker, interval=settings.scan_interval)
+        active: set[str] = set()
+        liveness = await stack.enter_async_context(
+            backends.register(
+                lease_seconds=settings.lease_seconds,
+                grace=settings.reconnect_grace,
+                interval=settings.scan_interval,
+                release=lambda conn, dead: turns.release_owners(conn, dead, channel),
+                on_renew=lambda conn, me: turns.renew_leases(conn, me, active, settings.lease_seconds),
+            )
+        )
+        worker_id = liveness.worker_id
         ctx = LoopContext(
             pool=pool,
             codec=codec,
@@ -124,8 +131,8 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
             lease_seconds=settings.lease_seconds,
             binding_wait_seconds=settings.binding_wait_seconds,
             outbox_ready=relay.notify,
+            active=active,
         )
-        alive = owner_alive_sql(settings.brain_schema, pool)
         scanner = RepairScanner(
             pool,
             topology,
@@ -135,18 +142,16 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
             interval=settings.scan_interval,
             outbox_ready=relay.notify,
             waiting=broker.waiting,
+            consumers=broker.consumers,
+            repair_attempts=settings.repair_attempts,
         )
         tasks = [
             asyncio.create_task(relay.run(), name="outbox-relay"),
             asyncio.create_task(scanner.run(), name="repair-scan"),
             asyncio.create_task(keep_statistics(pool), name="statistics"),
-            asyncio.create_task(
-                watch_liveness(pool, settings.brain_schema, backends.worker_id, settings.scan_interval),
-                name="liveness",
-            ),
         ]
         for i in range(settings.concurrency):
-            driver = TurnDriver(ctx, backends.worker_id, alive, on_claim=wakeups.hint)
+            driver = TurnDriver(ctx, worker_id, on_claim=wakeups.hint)
             tasks.append(
                 asyncio.create_task(
                     drive_forever(driver, wakeups, settings.scan_interval), name=f"driver-{i}"
@@ -155,13 +160,13 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
 
         updates = UpdateConsumer(pool, broker, codec, killpoints, channel)
         await broker.consume(updates.queue, updates.handle, prefetch=settings.concurrency * 8)
-        bindings = BindingsConsumer(pool, broker)
+        bindings = BindingsConsumer(pool, broker, channel)
         await broker.consume(bindings.queue, bindings.handle, prefetch=8)
 
-        log.info("brain_ready", worker=backends.worker_id, schema=settings.brain_schema)
+        log.info("brain_ready", worker=worker_id, schema=settings.brain_schema)
         if settings.ready_file:
             ready = Path(settings.ready_file)
-            await asyncio.to_thread(ready.write_text, backends.worker_id + "\n")
+            await asyncio.to_thread(ready.write_text, worker_id + "\n")
             stack.callback(ready.unlink, missing_ok=True)
         crashed: list[asyncio.Task[None]] = []
 
@@ -173,8 +178,12 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
 
         for task in tasks:
             task.add_done_callback(on_task_end)
-        await stop.wait()
-        log.info("brain_stopping")
+        presumed_dead = asyncio.create_task(liveness.lost.wait())
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait([presumed_dead, stopping], return_when=asyncio.FIRST_COMPLETED)
+        presumed_dead.cancel()
+        stopping.cancel()
+        log.info("brain_stopping", presumed_dead=liveness.lost.is_set())
         # Nothing waits in memory, so cancelling mid-phase only loses uncommitted work,
         # which the next run redoes from the last committed phase.
         for task in tasks:
@@ -183,4 +192,6 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-    return 1 if crashed else 0
+    if crashed:
+        return 1
+    return RESTART if liveness.lost.is_set() and not stop.is_set() else 0

@@ -15,18 +15,29 @@ from typing import Any
 
 import asyncpg
 
+from brain import verbs
 from brain.agents import AgentDefinition
 from brain.app import open_store, serve, wake_channel
 from brain.demo import main_demo
 from brain.states import TERMINAL_TURN, TurnStatus
-from brain.store import events, turns
-from infra.db import transact
+from brain.store import turns
+from infra.broker import Broker
 from infra.killpoints import KillPoints
 from infra.logging import configure_logging
 from infra.settings import Settings
-from protocol import TendonError
+from infra.transport import Topology
+from protocol import ConflictError, TendonError
 
-EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 3
+EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_CONFLICT, EXIT_UNAVAILABLE = 1, 2, 3, 4, 5
+EXIT_CODES = f"""exit codes:
+  0  done (submit: the turn is accepted and durable; wait: it completed)
+  {EXIT_FAILED}  the turn failed (wait)
+  {EXIT_USAGE}  bad input or a bad TENDON_* setting
+  {EXIT_TIMEOUT}  still not finished after --timeout (wait); the turn goes on
+  {EXIT_CONFLICT}  CONFLICT: the request id was used before with a different input (or the agent
+     version exists with other content); nothing was changed
+  {EXIT_UNAVAILABLE}  a service (PostgreSQL, RabbitMQ, S3) could not be reached or refused the request
+  130  interrupted (Ctrl-C)"""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,12 +45,23 @@ def _parser() -> argparse.ArgumentParser:
         prog="brain",
         description="Tendon Brain: runs agent turns durably on PostgreSQL and sends tool calls "
         "to Hands pools over RabbitMQ. Settings come from TENDON_* environment variables.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run a Brain process until SIGTERM/SIGINT")
     s.add_argument("--concurrency", type=int, help="turns driven at once (TENDON_CONCURRENCY)")
 
-    s = sub.add_parser("submit", help="submit a turn; prints its turn id once it is durable")
+    s = sub.add_parser(
+        "submit",
+        help="submit a turn; prints its turn id once it is durable",
+        description="Submit a turn and print its id once it is committed. The same request id "
+        "with the same input prints the same turn, however many submits race; with another "
+        "input it is a CONFLICT (exit code 4). Warns (on stderr) when no Hands pool serves a "
+        "tool the agent names right now.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     s.add_argument("--session", required=True, help="session id (created on first use)")
     s.add_argument(
         "--request-id",
@@ -94,23 +116,42 @@ async def _submit(settings: Settings, args: argparse.Namespace) -> int:
     agent = AgentDefinition.from_file(args.agent)
 
     async def work(pool: asyncpg.Pool) -> int:
-        async def commit(conn: asyncpg.Connection) -> tuple[str, bool]:
-            result = await turns.submit(
-                conn,
-                namespace=settings.namespace,
-                session_id=args.session,
-                request_id=args.request_id,
-                user_input=args.input,
-                agent=agent,
-            )
-            await events.wake(conn, wake_channel(settings))
-            return result
-
-        turn_id, _created = await transact(pool, commit)
-        print(turn_id)
+        turn_id, created = await verbs.submit(
+            pool,
+            namespace=settings.namespace,
+            session_id=args.session,
+            request_id=args.request_id,
+            user_input=args.input,
+            agent=agent,
+            wake_channel=wake_channel(settings),
+        )
+        print(turn_id, flush=True)
+        if created and agent.tools:
+            await _warn_unserved(pool, settings, agent)
         return 0
 
     return await _with_store(settings, work)
+
+
+async def _warn_unserved(pool: asyncpg.Pool, settings: Settings, agent: AgentDefinition) -> None:
+    """Say so when a tool the agent names would not run now (the turn waits for it)."""
+    topology = Topology(settings.queue_prefix)
+
+    async def problems() -> list[str]:
+        async with Broker(settings.amqp_url, topology) as broker:
+            return await verbs.unserved_tools(pool, broker, topology, agent.tools)
+
+    try:
+        found = await asyncio.wait_for(problems(), 10)
+    except Exception as exc:  # noqa: BLE001 - only a warning: the turn is accepted already
+        print(f"brain: warning: could not check which tools are served: {exc!r}", file=sys.stderr)
+        return
+    for problem in found:
+        print(
+            f"brain: warning: {problem}; the turn waits up to {settings.binding_wait_seconds:g}s "
+            "for it (start `hands serve --route ROUTE --tools MODULE`)",
+            file=sys.stderr,
+        )
 
 
 async def describe(pool: asyncpg.Pool, turn_id: str) -> dict[str, Any]:
@@ -241,15 +282,18 @@ def main(argv: list[str] | None = None) -> int:
     command = {"serve": _serve, "submit": _submit, "wait": _wait, "show": _show}[args.command]
     try:
         return asyncio.run(command(settings, args))
+    except ConflictError as exc:
+        print(f"brain: CONFLICT: {exc.message}", file=sys.stderr)
+        return EXIT_CONFLICT
     except TendonError as exc:
         print(f"brain: {exc.message}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_UNAVAILABLE if exc.retryable else EXIT_USAGE
     except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
         print(f"brain: cannot reach a service: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_UNAVAILABLE
     except asyncpg.PostgresError as exc:
         print(f"brain: the database refused the request: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_UNAVAILABLE
     except KeyboardInterrupt:
         return 130
 

@@ -25,6 +25,7 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from brain.app import Backends
@@ -113,7 +114,6 @@ async def run_local(
         transport = await stack.enter_async_context(
             LocalBroker(data.queue, Topology(settings.queue_prefix), delivery_limit=settings.delivery_limit)
         )
-        registration = await stack.enter_async_context(LocalWorkerRegistration(brain_pool, "brain"))
         hands = await stack.enter_async_context(
             HandsApp(
                 settings,
@@ -124,7 +124,8 @@ async def run_local(
             )
         )
         stop = asyncio.Event()
-        backends = Backends(brain_pool, transport, codec, registration.worker_id, brain_pool.add_listener)
+        register = partial(LocalWorkerRegistration, brain_pool, "brain")
+        backends = Backends(brain_pool, transport, codec, register, brain_pool.add_listener)
         brain_task = asyncio.create_task(run_brain(backends, settings, killpoints, stop))
         hands_task = asyncio.create_task(hands.serve())
         try:

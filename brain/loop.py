@@ -24,7 +24,7 @@ from brain.retry import RetryPolicy
 from brain.states import TurnPhase, TurnStatus
 from brain.store import events, executions, turns
 from brain.store.turns import Lease
-from infra.db import is_transient, transact
+from infra.db import is_transient, patiently, transact
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec
@@ -101,6 +101,9 @@ class LoopContext:
     outbox_ready: Callable[[], None]
     retry: RetryPolicy = RetryPolicy()
     threads: FrozenThreads = field(default_factory=FrozenThreads)  # shared by the drivers
+    # Turns whose runs are in progress in this process: the liveness keeper renews their
+    # leases, so a phase longer than a lease is not taken over while this Brain lives.
+    active: set[str] = field(default_factory=set)
 
 
 class TurnDriver:
@@ -112,12 +115,9 @@ class TurnDriver:
     commit still moves the turn from one committed phase to another (invariant 2).
     """
 
-    def __init__(
-        self, ctx: LoopContext, owner: str, alive_sql: str, on_claim: Callable[[], None] = lambda: None
-    ) -> None:
+    def __init__(self, ctx: LoopContext, owner: str, on_claim: Callable[[], None] = lambda: None) -> None:
         self.ctx = ctx
         self.owner = owner
-        self.alive_sql = alive_sql
         self.on_claim = on_claim  # another turn may be claimable too: pass the hint on
         self._freezing: list[Mapping[str, Any]] = []  # threads frozen by the open transaction
         self._db_phases: dict[TurnPhase, DbPhase] = {
@@ -135,7 +135,7 @@ class TurnDriver:
         """
         if look_first:
             async with self.ctx.pool.acquire() as conn:
-                if not await turns.anything_claimable(conn, self.alive_sql):
+                if not await turns.anything_claimable(conn):
                     return Next.WAIT
         claimed = await self._claim()
         if claimed is None:
@@ -143,14 +143,18 @@ class TurnDriver:
         lease, started, row, more = claimed
         if more:
             self.on_claim()
-        with bound_contextvars(turn_id=lease.turn_id, run_id=lease.run_id):
-            log.info("run_started", phase=started, epoch=lease.epoch)
-            try:
-                await self._drive(lease, row)
-            except StaleOwnerError as exc:
-                log.warning("run_fenced_out", reason=str(exc))
-            except Exception as exc:  # noqa: BLE001 - every failure ends this run somehow
-                await self._end_run_after(lease, exc)
+        self.ctx.active.add(lease.turn_id)
+        try:
+            with bound_contextvars(turn_id=lease.turn_id, run_id=lease.run_id):
+                log.info("run_started", phase=started, epoch=lease.epoch)
+                try:
+                    await self._drive(lease, row)
+                except StaleOwnerError as exc:
+                    log.warning("run_fenced_out", reason=str(exc))
+                except Exception as exc:  # noqa: BLE001 - every failure ends this run somehow
+                    await self._end_run_after(lease, exc)
+        finally:
+            self.ctx.active.discard(lease.turn_id)
         return after_run(more)
 
     async def _claim(self) -> tuple[Lease, str, asyncpg.Record | None, bool] | None:
@@ -166,7 +170,7 @@ class TurnDriver:
         async def claim(
             conn: asyncpg.Connection, fuse: bool
         ) -> tuple[Lease, str, asyncpg.Record | None, bool] | None:
-            claimed = await turns.claim(conn, self.owner, self.ctx.lease_seconds, self.alive_sql)
+            claimed = await turns.claim(conn, self.owner, self.ctx.lease_seconds)
             if claimed is None:
                 return None
             lease, row, more = claimed
@@ -182,11 +186,20 @@ class TurnDriver:
             return await self._transact(lambda c: claim(c, False))
 
     async def _end_run_after(self, lease: Lease, exc: Exception) -> None:
-        """Retry a passing fault later (persisted backoff); fail the turn for anything else."""
+        """Retry a passing fault later (persisted backoff); fail the turn for anything else.
+
+        Either is one commit, which waits out a database that is away (while this run holds
+        the lease, nobody else would take the turn anyway); if it never comes back within the
+        lease, the lease runs out and another run takes over.
+        """
         if is_transient(exc) or (isinstance(exc, TendonError) and exc.retryable):
             log.warning("run_interrupted", error=repr(exc))
             try:
-                await self._transact(lambda c: self._schedule_retry(c, lease, exc))
+                await patiently(
+                    lambda: self._transact(lambda c: self._schedule_retry(c, lease, exc)),
+                    what="the retry of an interrupted run",
+                    patience=self.ctx.lease_seconds,
+                )
                 return
             except StaleOwnerError:
                 return
@@ -194,7 +207,6 @@ class TurnDriver:
                 await self._fail(lease, exhausted.as_dict())
                 return
             except Exception as again:  # noqa: BLE001
-                # The database is gone too: the lease expires and another run takes over.
                 log.warning("retry_not_scheduled", error=repr(again))
                 return
         if isinstance(exc, TendonError):
@@ -285,20 +297,24 @@ class TurnDriver:
             found = await _latest_bindings(conn, agent.tools)
             missing = sorted(set(agent.tools) - set(found))
             if missing:
-                overdue = await conn.fetchval(
-                    "SELECT created_at < now() - make_interval(secs => $2) FROM turns WHERE id = $1",
+                deadline = await conn.fetchrow(
+                    """SELECT created_at < now() - make_interval(secs => $2) AS overdue,
+                              created_at + make_interval(secs => $2) AS at
+                         FROM turns WHERE id = $1""",
                     lease.turn_id,
                     self.ctx.binding_wait_seconds,
                 )
-                if overdue:
+                if deadline["overdue"]:
                     raise _no_binding(missing, self.ctx.binding_wait_seconds)
+                # Waiting is a row: woken when a pool announces bindings, or at the deadline.
                 await turns.advance(
                     conn,
                     lease,
                     phase=TurnPhase.PREPARE,
+                    status=TurnStatus.WAITING,
                     release=True,
                     waiting_for=f"a Hands pool to announce {', '.join(missing)}",
-                    wake_at=await conn.fetchval("SELECT now() + make_interval(secs => 0.5)"),
+                    wake_at=deadline["at"],
                 )
                 return None
             # Freeze the bindings into the thread: later turns use these digests.
@@ -567,14 +583,21 @@ class TurnDriver:
 
     async def _fail(self, lease: Lease, error: dict[str, str]) -> None:
         log.error("turn_failed", **error)
+        settled = 0
 
         async def commit(conn: asyncpg.Connection) -> None:
+            nonlocal settled
             current = await turns.load(conn, lease.turn_id)
             await turns.advance(conn, lease, status=TurnStatus.FAILED, release=True, error=error)
             await events.append(conn, current["session_id"], lease.turn_id, "turn.failed", {"error": error})
+            settled = await executions.settle_open(conn, lease.turn_id, error, self.ctx.topology)
 
         try:
-            await self._transact(commit)
+            await patiently(
+                lambda: self._transact(commit), what="the failure of a turn", patience=self.ctx.lease_seconds
+            )
+            if settled:
+                self.ctx.outbox_ready()  # the cancels for its executions
         except StaleOwnerError:
             pass
         except Exception as exc:  # noqa: BLE001

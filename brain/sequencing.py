@@ -9,12 +9,20 @@ class Arrival(StrEnum):
     APPLY = "apply"  # the next expected seq: apply now
     DUPLICATE = "duplicate"  # already applied: a no-op
     HOLD = "hold"  # ahead of a gap: keep it (durably) until the gap is filled
+    LATE = "late"  # for an execution the Brain settled already (its turn ended): a no-op
 
 
-def classify(last_applied: int, seq: int) -> Arrival:
-    """What to do with event ``seq`` when events 1..``last_applied`` are applied."""
+def classify(last_applied: int, seq: int, *, settled: bool = False) -> Arrival:
+    """What to do with event ``seq`` when events 1..``last_applied`` are applied.
+
+    ``settled``: the execution is final on the Brain's side. Hands say nothing after a final
+    event, so a new one is the answer to a cancel the Brain sent when the turn ended first:
+    the Hands' ledger keeps what happened; the Brain's record stays as it was settled.
+    """
     if seq <= last_applied:
         return Arrival.DUPLICATE
+    if settled:
+        return Arrival.LATE
     if seq == last_applied + 1:
         return Arrival.APPLY
     return Arrival.HOLD

@@ -7,15 +7,15 @@ a payload that fails verification also fails its turn with a clear error.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import asyncpg
 from structlog.contextvars import bound_contextvars
 
 from brain.sequencing import Arrival
-from brain.store import executions
+from brain.store import executions, turns
 from infra.db import transact
+from infra.delivery import handle_patiently
 from infra.groupcommit import GroupCommit
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
@@ -50,6 +50,7 @@ class UpdateConsumer:
         self.codec = codec
         self.killpoints = killpoints
         self.wake_channel = wake_channel
+        self.topology = broker.topology
         self.queue = broker.topology.updates
         # Events arriving together (a burst from one execution, or many executions under
         # load) are applied in one transaction, in (execution, seq) order.
@@ -62,11 +63,7 @@ class UpdateConsumer:
 
     async def handle(self, message: Delivery) -> None:
         """Apply one update; whatever happens, the message is acked, parked or requeued."""
-        try:
-            await self._handle(message)
-        except Exception as exc:  # noqa: BLE001 - never leave a message unacked
-            log.warning("update_requeued", error=repr(exc), message_id=message.message_id)
-            await requeue_later(message)
+        await handle_patiently(message, self._handle, what="an update")
 
     async def _handle(self, message: Delivery) -> None:
         try:
@@ -87,49 +84,44 @@ class UpdateConsumer:
                     "message": f"update {header.kind} #{header.seq} of "
                     f"execution {header.execution_id} refused: {exc.message}",
                 }
-                await transact(self.pool, lambda c: self._fail_turn_of(c, header.execution_id, error))
+                await transact(self.pool, lambda c: self._fail_turn_of(c, header, error))
                 await self.broker.dead_letter(self.queue, message, error["message"])
                 return
             except TendonError as exc:
                 if exc.retryable:
-                    await message.nack(requeue=True)
-                else:
-                    await self.broker.dead_letter(self.queue, message, str(exc))
+                    raise  # the object store is away: waited out (see handle)
+                await self.broker.dead_letter(self.queue, message, str(exc))
                 return
             try:
                 arrival = await self.applier.submit(event)
             except TendonError as exc:
+                if exc.retryable:
+                    raise  # the database is away: waited out, the apply is idempotent
                 await self.broker.dead_letter(self.queue, message, str(exc))
                 return
             log.debug("update_received", arrival=str(arrival))
             await message.ack()
 
-    async def _fail_turn_of(self, conn: asyncpg.Connection, execution_id: str, error: dict[str, str]) -> None:
-        turn_id = await conn.fetchval("SELECT turn_id FROM executions WHERE id = $1", execution_id)
+    async def _fail_turn_of(self, conn: asyncpg.Connection, header: Any, error: dict[str, str]) -> None:
+        """Fail the turn of the execution an unverifiable update names, if the update's header
+        is that execution's (scope and request digest): a message that merely names an
+        execution id proves nothing, and is only parked."""
+        turn_id = await executions.turn_of(conn, header)
         if turn_id is not None:
-            await executions.fail_turn(conn, turn_id, error, self.wake_channel)
-
-
-async def requeue_later(message: Delivery, pause: float = 1.0) -> None:
-    """Give a message back after a pause, so a short outage does not burn its delivery limit."""
-    await asyncio.sleep(pause)
-    await message.nack(requeue=True)
+            await executions.fail_turn(conn, turn_id, error, self.wake_channel, self.topology)
 
 
 class BindingsConsumer:
     """Stores what Hands pools announce; the Brain never imports tool code."""
 
-    def __init__(self, pool: asyncpg.Pool, broker: Transport) -> None:
+    def __init__(self, pool: asyncpg.Pool, broker: Transport, wake_channel: str) -> None:
         self.pool = pool
         self.broker = broker
+        self.wake_channel = wake_channel
         self.queue = broker.topology.bindings
 
     async def handle(self, message: Delivery) -> None:
-        try:
-            await self._handle(message)
-        except Exception as exc:  # noqa: BLE001 - never leave a message unacked
-            log.warning("bindings_requeued", error=repr(exc))
-            await requeue_later(message)
+        await handle_patiently(message, self._handle, what="a bindings announcement")
 
     async def _handle(self, message: Delivery) -> None:
         try:
@@ -153,6 +145,7 @@ class BindingsConsumer:
                     b.digest,
                     b.model_dump(mode="json"),
                 )
+            await turns.wake_for_bindings(conn, self.wake_channel)
 
         await transact(self.pool, store)
         log.info("bindings_announced", route=announcement.body.route, tools=[b.name for b in bindings])

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from hands import ledger
 from hands.controls import ControlConsumer
 from hands.executor import Executor
 from hands.ledger import MIGRATIONS
@@ -35,12 +36,12 @@ from hands.worker import CommandConsumer
 from infra.broker import Broker, Topology
 from infra.db import create_pool, dialect, keep_statistics, migrate
 from infra.killpoints import KillPoints
-from infra.liveness import LocalWorkerRegistration, WorkerRegistration
+from infra.liveness import Liveness, LocalWorkerRegistration, WorkerRegistration
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec, open_payload_codec
 from infra.settings import Settings
 from infra.transport import Consumer, Transport
-from protocol import BindingsAnnouncement, BindingsBody
+from protocol import BindingsAnnouncement, BindingsBody, StaleOwnerError
 
 log = get_logger(__name__)
 
@@ -124,13 +125,19 @@ class HandsApp:
 
         pool, broker, codec = await self._open_backends()
         applied = await migrate(pool, schema, MIGRATIONS)
-        registration: WorkerRegistration | LocalWorkerRegistration = (
-            LocalWorkerRegistration(pool, "hands")
+        options: dict[str, Any] = {
+            "lease_seconds": s.lease_seconds,
+            "grace": s.reconnect_grace,
+            "interval": s.scan_interval,
+            "release": ledger.release_owners,
+        }
+        self.liveness: Liveness = (
+            LocalWorkerRegistration(pool, "hands", **options)
             if dialect(pool) == "sqlite"
-            else WorkerRegistration(s.ledger_database_url, schema, "hands")
+            else WorkerRegistration(s.ledger_database_url, schema, "hands", **options)
         )
-        await self._stack.enter_async_context(registration)
-        self.worker_id = registration.worker_id
+        await self._stack.enter_async_context(self.liveness)
+        self.worker_id = self.liveness.worker_id
 
         self.relay = EventRelay(pool, broker, route=self.route, interval=s.scan_interval, kill=self.kill)
         self.executor = Executor(
@@ -144,7 +151,6 @@ class HandsApp:
         )
         self.recovery = RecoveryScanner(
             pool=pool,
-            schema=schema,
             route=self.route,
             executor=self.executor,
             interval=s.scan_interval,
@@ -171,6 +177,7 @@ class HandsApp:
             asyncio.create_task(self.relay.run(), name="event-relay"),
             asyncio.create_task(self.recovery.run(), name="recovery-scan"),
             asyncio.create_task(keep_statistics(pool), name="statistics"),
+            asyncio.create_task(self._watch_liveness(), name="liveness"),
         ]
         self._stack.push_async_callback(self._cancel_background)
 
@@ -206,6 +213,17 @@ class HandsApp:
             object_store=codec.store is not None,
             schema=schema,
         )
+
+    async def _watch_liveness(self) -> None:
+        """End (and so end :meth:`serve`) once the others presumed this worker dead."""
+        await self.liveness.lost.wait()
+        reason = (
+            f"worker {self.worker_id} was presumed dead by the others (its lease ran out, or its "
+            "lost database connection was not taken again within the grace), so they may be "
+            "taking over its executions; stopping its work"
+        )
+        self.executor.abandon(reason)
+        raise StaleOwnerError(reason)
 
     async def _open_backends(self) -> tuple[Any, Transport, PayloadCodec]:
         if self.backends is not None:

@@ -34,12 +34,13 @@ from hands.relay import EventRelay
 from infra.broker import Broker, Topology
 from infra.db import create_pool
 from infra.killpoints import KillPoints
-from infra.logging import configure_logging
+from infra.logging import configure_logging, get_logger
 from infra.payloads import PayloadCodec, open_payload_codec
 from infra.settings import Settings
-from protocol import NotFoundError, TendonError, TransientError, loads
+from protocol import NotFoundError, StaleOwnerError, TendonError, TransientError, loads
 
 EXIT_ERROR = 2
+log = get_logger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,20 +167,34 @@ def _one_line(exc: BaseException) -> str | None:
 
 
 async def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    app = HandsApp(
-        settings,
-        route=args.route,
-        tools=args.tools,
-        kill=KillPoints(settings.kill_at),
-        concurrency=args.concurrency,
-        grace=args.grace,
-    )
+    stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, app.stop)
-    async with app:
-        await app.serve()
-    return 0
+    while True:
+        app = HandsApp(
+            settings,
+            route=args.route,
+            tools=args.tools,
+            kill=KillPoints(settings.kill_at),
+            concurrency=args.concurrency,
+            grace=args.grace,
+        )
+
+        def stop(app: HandsApp = app) -> None:
+            stopping.set()
+            app.stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop)
+        try:
+            async with app:
+                await app.serve()
+            return 0
+        except StaleOwnerError as exc:
+            if stopping.is_set():
+                return 0
+            # Presumed dead by the others (a long pause, or a partition longer than the grace):
+            # its work is theirs now. A new worker id starts clean, as a restart would.
+            log.warning("starting_over", worker=app.worker_id, reason=exc.message)
 
 
 # ---- show / reconcile -------------------------------------------------------------------

@@ -2,38 +2,41 @@
 
 Controls have their own queue so that a backlog of commands never delays them. A control
 that can never be carried out (malformed, unknown execution, wrong route) is dead-lettered
-with a reason; anything else that goes wrong hands it back after a pause (``hands.delivery``).
+with a reason; a passing fault is waited out, and anything else that goes wrong hands it back
+after a pause (``infra.delivery``).
 
 - ``replay`` (from_seq): the Brain saw a gap. The events from ``from_seq`` on are made due
   again in the ledger and the relay republishes the stored bytes; no tool is re-run
   (invariant 7).
 - ``cancel``: sets the durable ``cancel_requested`` flag and signals ``ctx.cancelled`` if the
-  execution runs in this process. (Cancel receipts, tombstones for executions not seen yet and
-  cancelling on other replicas are a later issue; this is the seam they plug into.)
+  execution runs in this process; a body not started yet never starts (on any worker: the
+  start is guarded by the flag). A cancel for an execution not in the ledger yet leaves a
+  tombstone, a CANCELLED row with its ``cancelled`` event, so that the command, if it comes
+  later, is a duplicate that never runs. (Receipts and reaching a body that runs on another
+  replica are a later issue.)
 """
 
 from __future__ import annotations
-
-import asyncio
 
 import asyncpg
 from structlog.contextvars import bound_contextvars
 
 from hands import ledger
-from hands.delivery import hand_back
 from hands.executor import Executor
 from hands.relay import EventRelay
+from hands.states import LedgerStatus
 from infra.db import transact
+from infra.delivery import handle_patiently
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec
 from infra.transport import Delivery, Transport
 from protocol import (
     CancelControl,
+    CancelledBody,
     NotFoundError,
     ReplayControl,
     RoutingError,
     TendonError,
-    is_retryable,
 )
 
 log = get_logger(__name__)
@@ -63,19 +66,7 @@ class ControlConsumer:
 
     async def handle(self, message: Delivery) -> None:
         """aio-pika callback: every delivery ends acked, dead-lettered or handed back."""
-        try:
-            await self._handle(message)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            # A passing fault (database, broker) or one we did not foresee: never leave the
-            # message unacked; give it back after a pause, and let the delivery limit park it
-            # if this keeps happening.
-            if is_retryable(exc):
-                log.warning("control_retry", error=f"{type(exc).__name__}: {exc}")
-            else:
-                log.exception("control_failed", error=f"{type(exc).__name__}: {exc}")
-            await hand_back(message)
+        await handle_patiently(message, self._handle, what="a control")
 
     async def _handle(self, message: Delivery) -> None:
         try:
@@ -117,10 +108,38 @@ class ControlConsumer:
         self._relay.wake(control.execution_id)
 
     async def _cancel(self, control: CancelControl) -> None:
-        async def work(conn: asyncpg.Connection) -> None:
-            await self._owned_by_route(conn, control.execution_id)
-            await ledger.request_cancel(conn, control.execution_id)
+        reason = control.body.reason if control.body is not None else ""
 
-        await transact(self._pool, work)
+        async def work(conn: asyncpg.Connection) -> bool:
+            row = await ledger.get_execution(conn, control.execution_id)
+            if row is None:
+                # The cancel came first: a tombstone, so that the command, if it still comes,
+                # is a duplicate of a CANCELLED execution and never runs.
+                values = {
+                    "execution_id": control.execution_id,
+                    "route": self.route,
+                    "request_digest": control.request_digest,
+                    "namespace": control.namespace,
+                    "session_id": control.session_id,
+                    "owner": self._executor.worker_id,
+                    "status": LedgerStatus.CANCELLED,
+                }
+                body = CancelledBody(reason=f"cancelled before its command arrived: {reason}".rstrip(": "))
+                if await ledger.insert_with_event(conn, self._codec, values, body) is not None:
+                    return True
+                row = await ledger.get_execution(conn, control.execution_id)  # the command won
+                assert row is not None
+            if row.route != self.route:
+                raise RoutingError(
+                    f"execution {control.execution_id} belongs to route {row.route}, not {self.route}"
+                )
+            await ledger.request_cancel(conn, control.execution_id)
+            return False
+
+        tombstone = await transact(self._pool, work)
+        if tombstone:
+            self._relay.wake(control.execution_id)
+            log.info("cancel_before_command", reason=reason)
+            return
         local = self._executor.cancel_local(control.execution_id)
         log.info("cancel_requested", running_here=local)

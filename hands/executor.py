@@ -67,9 +67,11 @@ Change = Callable[[asyncpg.Connection, Execution], Awaitable[Execution | None]] 
 StartReason = Literal["first_run", "rerun_after_crash"]
 SuccessHow = Literal["ran", "verified_by_query", "reconciled"]
 FailureHow = Literal["ran", "rejected", "verified_by_query", "reconciled"]
-# How long a state change waits out a passing database or object-store fault before giving up
-# (giving up on the outcome of a body that already ran costs a re-run or an UNKNOWN).
-SAVE_PATIENCE = 30.0
+# How long a state change waits out a passing database or object-store fault before giving up.
+# Giving up on the outcome of a body that already ran would cost a re-run or an UNKNOWN, so it
+# waits as long as this worker is alive: the database back, it commits (fenced by ownership);
+# presumed dead meanwhile, it is fenced out (``abandon``) and the new owner's replay rule decides.
+SAVE_PATIENCE = float("inf")
 
 
 class BadResultError(ValueError):
@@ -198,7 +200,7 @@ class Executor:
         one_statement: bool = False,
     ) -> None:
         """Commit ``change`` on the row this worker owns (locked and fenced), waiting out
-        passing faults for up to ``patience`` seconds.
+        passing faults for up to ``patience`` seconds (see ``SAVE_PATIENCE``).
 
         An attempt that failed may still have committed (a connection lost during COMMIT).
         So every later attempt first asks ``landed`` about the locked row and does nothing if
@@ -238,13 +240,19 @@ class Executor:
             return await change(conn, row)
 
         def retrying(state: RetryCallState) -> None:
-            error = state.outcome.exception() if state.outcome is not None else None
-            log.warning("save_retry", execution_id=execution_id, error=_describe(error or Exception()))
+            if state.attempt_number % 10 == 1:
+                error = state.outcome.exception() if state.outcome is not None else None
+                log.warning(
+                    "save_waits_for_the_database",
+                    execution_id=execution_id,
+                    attempts=state.attempt_number,
+                    error=_describe(error or Exception()),
+                )
 
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(_passing),
             stop=stop_after_delay(patience),
-            wait=wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.5),
+            wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.1),
             before_sleep=retrying,
             reraise=True,
         ):
@@ -288,6 +296,8 @@ class Executor:
         """Run ``work`` as this (reserved) execution's task; the caller's slot and reservation
         are released when it ends."""
         assert execution_id in self._reserved and execution_id not in self._tasks, execution_id
+        # From now on a cancel for it reaches ``ctx.cancelled`` (or stops it before the start).
+        self._cancelled.setdefault(execution_id, asyncio.Event())
         task = asyncio.create_task(self._guard(execution_id, work), name=f"execution-{execution_id}")
         self._tasks[execution_id] = task
 
@@ -496,34 +506,44 @@ class Executor:
                     how="rejected",
                 )
                 return
-            if row.cancel_requested:
-                await self._finish(
-                    execution_id,
-                    LedgerStatus.CANCELLED,
-                    CancelledBody(reason="cancel requested before the tool started"),
-                )
+            attempt = await self._start(execution_id, reason, cancel_asked=row.cancel_requested)
+            if attempt is None:
+                log.info("execution_cancelled_before_start")
                 return
-            attempt = await self._start(execution_id, reason)
             await self._body(row, tool, attempt)
 
-    async def _start(self, execution_id: str, reason: StartReason) -> int:
-        attempt = 0
+    async def _start(self, execution_id: str, reason: StartReason, *, cancel_asked: bool) -> int | None:
+        """Start the body (the attempt's number), or, if a cancel was asked for (here, in the
+        row this worker knows, or in the row as committed by any worker), end it CANCELLED
+        instead (None): a cancel that comes before the body means the body never runs."""
+        attempt: int | None = 0
 
         async def start(conn: asyncpg.Connection, row: Execution) -> Execution:
             nonlocal attempt
+            if cancel_asked or row.cancel_requested or self._cancel_asked(execution_id):
+                attempt = None
+                cancelled = CancelledBody(reason="cancel requested before the tool started")
+                return await ledger.move_and_append(conn, self.codec, row, LedgerStatus.CANCELLED, cancelled)
             attempt = row.attempts + 1
             started = StartedBody(attempt=attempt, worker=self.worker_id, reason=reason)
             return await ledger.move_and_append(
-                conn, self.codec, row, LedgerStatus.RUNNING, started, attempts=attempt
+                conn, self.codec, row, LedgerStatus.RUNNING, started, unless_cancelled=True, attempts=attempt
             )
 
         async def landed(conn: asyncpg.Connection, row: Execution) -> bool:
-            # Only the owner counts attempts, so this count is the earlier attempt's doing.
+            # Only the owner counts attempts or closes a row, so this is the earlier attempt's.
+            if attempt is None:
+                return row.status is LedgerStatus.CANCELLED
             return row.status is LedgerStatus.RUNNING and row.attempts == attempt
 
         await self.save(execution_id, start, landed=landed, one_statement=True)
-        log.info("execution_started", attempt=attempt, reason=reason)
+        if attempt is not None:
+            log.info("execution_started", attempt=attempt, reason=reason)
         return attempt
+
+    def _cancel_asked(self, execution_id: str) -> bool:
+        event = self._cancelled.get(execution_id)
+        return event is not None and event.is_set()
 
     def _context(self, execution_id: str, attempt: int, *, output: bool) -> ToolContext:
         cancelled = self._cancelled.setdefault(execution_id, asyncio.Event())

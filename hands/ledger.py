@@ -25,7 +25,7 @@ import asyncpg
 
 from hands.states import OPEN_STATUSES, LedgerStatus, transition
 from infra.db import Json, dialect
-from infra.liveness import owner_alive_sql
+from infra.liveness import ALIVE_SQL
 from infra.payloads import PayloadCodec
 from protocol import (
     AcceptedBody,
@@ -115,6 +115,14 @@ POSTGRES: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        2,
+        # Liveness by a lease renewed in time, beside the lock (infra.liveness).
+        """
+        ALTER TABLE workers ADD COLUMN lease_expires_at timestamptz,
+            ADD COLUMN lock_lost_at timestamptz, ADD COLUMN dead_at timestamptz;
+        """,
+    ),
 ]
 
 
@@ -182,6 +190,14 @@ SQLITE: list[tuple[int, str]] = [
             actor text NOT NULL,
             at timestamptz TEXT NOT NULL DEFAULT {_NOW}
         );
+        """,
+    ),
+    (
+        2,
+        """
+        ALTER TABLE workers ADD COLUMN lease_expires_at timestamptz TEXT;
+        ALTER TABLE workers ADD COLUMN lock_lost_at timestamptz TEXT;
+        ALTER TABLE workers ADD COLUMN dead_at timestamptz TEXT;
         """,
     ),
 ]
@@ -406,26 +422,31 @@ async def has_output(conn: asyncpg.Connection, execution_id: str, offset: int, d
 # ---- recovery ---------------------------------------------------------------------------
 
 
-def _owner_dead(schema: str, db: Any) -> str:
-    # An owner missing from ``workers`` counts as dead too: NOT EXISTS covers both.
-    return f"NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = e.owner AND {owner_alive_sql(schema, db)})"
+# An owner missing from ``workers`` counts as dead too: NOT EXISTS covers both. An owner
+# presumed dead has its open rows handed to a released name already (``release_owners``).
+_OWNER_DEAD = f"NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = e.owner AND {ALIVE_SQL})"
 
 
-async def worker_alive(conn: asyncpg.Connection, schema: str, worker_id: str) -> bool:
-    """Whether others see ``worker_id`` as alive (the same predicate their scans use)."""
-    alive = owner_alive_sql(schema, conn)
-    sql = f"SELECT EXISTS (SELECT 1 FROM workers w WHERE w.id = $1 AND {alive})"
-    return bool(await conn.fetchval(sql, worker_id))
+async def release_owners(conn: asyncpg.Connection, owners: list[str]) -> int:
+    """Hand the open executions of workers presumed dead (or retiring) to released names no
+    live worker has, in the transaction that records their death: from then on their late
+    commits are refused (fenced by owner), and any worker's recovery scan takes them over by
+    the replay rule. Returns how many."""
+    status = await conn.execute(
+        "UPDATE executions SET owner = 'released-by:' || owner, updated_at = now()"
+        " WHERE owner = ANY($1::text[]) AND status = ANY($2::text[])",
+        owners,
+        [s.value for s in OPEN_STATUSES],
+    )
+    return int(status.split()[-1])
 
 
-async def open_orphans(
-    conn: asyncpg.Connection, schema: str, route: str, me: str, limit: int
-) -> list[tuple[str, str]]:
+async def open_orphans(conn: asyncpg.Connection, route: str, me: str, limit: int) -> list[tuple[str, str]]:
     """(execution_id, owner) of open executions of ``route`` whose owner is dead, oldest first."""
     recs = await conn.fetch(
         f"""SELECT e.execution_id, e.owner FROM executions e
             WHERE e.route = $1 AND e.status = ANY($2::text[]) AND e.owner <> $3
-              AND {_owner_dead(schema, conn)}
+              AND {_OWNER_DEAD}
             ORDER BY e.updated_at LIMIT $4""",
         route,
         [s.value for s in OPEN_STATUSES],
@@ -458,7 +479,7 @@ async def open_owned(
 
 
 async def claim_orphan(
-    conn: asyncpg.Connection, schema: str, execution_id: str, dead_owner: str, me: str
+    conn: asyncpg.Connection, execution_id: str, dead_owner: str, me: str
 ) -> Execution | None:
     """Compare-and-set the owner from ``dead_owner`` to ``me``; None if someone else won."""
     rec = await conn.fetchrow(
@@ -468,7 +489,7 @@ async def claim_orphan(
                 FOR UPDATE SKIP LOCKED)
             UPDATE executions AS e SET owner = $3, updated_at = now()
             FROM target
-            WHERE e.execution_id = target.execution_id AND {_owner_dead(schema, conn)}
+            WHERE e.execution_id = target.execution_id AND {_OWNER_DEAD}
             RETURNING e.*""",
         execution_id,
         dead_owner,
@@ -514,6 +535,8 @@ async def move_and_append(
     row: Execution,
     new: LedgerStatus,
     body: Any,
+    *,
+    unless_cancelled: bool = False,
     **changes: Any,
 ) -> Execution:
     """:func:`move` and :func:`append_event` together; returns the row as it is now.
@@ -523,10 +546,15 @@ async def move_and_append(
     always matches. On PostgreSQL the status change and the event are one statement, atomic on
     its own, so a caller that knows the row may even run it without a transaction around it
     (see ``Executor.save``); the event's seq is then known before the statement.
+
+    ``unless_cancelled``: also only while no cancel was asked for (a start: a cancel committed
+    meanwhile by any worker of the pool makes the locked path look at the row again).
     """
     sets, values = _status_change(row, new, False, changes)
     n = len(values) + 2
     guard = f"execution_id = $1 AND owner = ${n} AND status = ${n + 1} AND last_seq = ${n + 2}"
+    if unless_cancelled:
+        guard += " AND NOT cancel_requested"
     guard_values = [row.owner, row.status.value, row.last_seq]
     if dialect(conn) == "postgres":
         kind, payload = await _pack_event(codec, row.execution_id, _header(row), row.last_seq + 1, body)

@@ -2,19 +2,16 @@
 
 Two kinds of row qualify:
 
-- *orphans*: open rows whose owner is dead. Liveness is the owner's PostgreSQL advisory lock
-  (``infra.liveness``): a killed process loses it the moment its socket closes, so a takeover
-  waits one scan interval, not a lease. A claim is a compare-and-set on the owner column.
+- *orphans*: open rows whose owner is dead: handed to a released name when the owner was
+  presumed dead (``infra.liveness``: a lease that ran out, or a lock gone for longer than the
+  grace) or when it gave them up. A claim is a compare-and-set on the owner column.
 - *strays*: open rows this very worker owns but has no task for. A commit whose outcome was
   unclear (an accept or a claim that did land although the caller saw an error) or a release
   that failed leaves one; no other worker would ever claim it while this one lives.
 
 Either way the replay rule then decides what to do (``Executor.recover``). Taking work over
-uses concurrency slots like new commands do.
-
-Each scan first checks that this worker still counts as alive. If its liveness session ended
-while the process lives on, others are already claiming its rows: it abandons its local work
-at once (``Executor.abandon``) and the process stops.
+uses concurrency slots like new commands do. That this worker itself is still alive is the
+liveness keeper's business (``hands.app``), not the scan's.
 """
 
 from __future__ import annotations
@@ -28,7 +25,6 @@ from hands import ledger
 from hands.executor import Executor
 from infra.db import transact
 from infra.logging import get_logger
-from protocol import StaleOwnerError
 
 log = get_logger(__name__)
 
@@ -37,11 +33,8 @@ class RecoveryScanner:
     """Every ``interval`` seconds, recover what dead workers of this route (or this worker's
     unclear commits) left open."""
 
-    def __init__(
-        self, *, pool: asyncpg.Pool, schema: str, route: str, executor: Executor, interval: float
-    ) -> None:
+    def __init__(self, *, pool: asyncpg.Pool, route: str, executor: Executor, interval: float) -> None:
         self._pool = pool
-        self._schema = schema
         self._route = route
         self._executor = executor
         self._interval = interval
@@ -55,7 +48,7 @@ class RecoveryScanner:
             strays = await ledger.open_owned(
                 conn, self._route, ex.worker_id, sorted(ex.reserved), ex.concurrency
             )
-            orphans = await ledger.open_orphans(conn, self._schema, self._route, ex.worker_id, ex.concurrency)
+            orphans = await ledger.open_orphans(conn, self._route, ex.worker_id, ex.concurrency)
         taken = 0
         for execution_id in strays:
             if ex.slots.locked():
@@ -79,7 +72,6 @@ class RecoveryScanner:
                     self._pool,
                     partial(
                         ledger.claim_orphan,
-                        schema=self._schema,
                         execution_id=execution_id,
                         dead_owner=dead_owner,
                         me=ex.worker_id,
@@ -104,35 +96,13 @@ class RecoveryScanner:
             taken += 1
         return taken
 
-    async def check_alive(self) -> None:
-        """Raise StaleOwnerError if other workers would now take this worker for dead.
-
-        That happens when the liveness session ended while the process lives on (a database
-        restart, a cut connection, a terminated backend). Others may be claiming its
-        executions right now, so every local body is cancelled at once (no waiting for the
-        shutdown grace) and nothing more is committed; then the process stops (and is
-        restarted by whatever runs it).
-        """
-        async with self._pool.acquire() as conn:
-            alive = await ledger.worker_alive(conn, self._schema, self._executor.worker_id)
-        if not alive:
-            reason = (
-                f"worker {self._executor.worker_id} lost its liveness lock, so other workers "
-                "treat it as dead and may take over its executions; stopping"
-            )
-            self._executor.abandon(reason)
-            raise StaleOwnerError(reason)
-
     async def run(self) -> None:
-        """Scan forever; ends (with StaleOwnerError) only if this worker lost its liveness."""
+        """Scan forever; a failed scan (the database away) is logged and tried again."""
         while True:
             try:
-                await self.check_alive()
                 await self.scan_once()
-            except StaleOwnerError:
-                raise
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("recovery_scan_failed")
+            except Exception as exc:
+                log.warning("recovery_scan_failed", error=repr(exc))
             await asyncio.sleep(self._interval)

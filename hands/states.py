@@ -3,7 +3,7 @@
     ACCEPTED ──► RUNNING ──► SUCCEEDED | FAILED | CANCELLED
        │           │ ▲
        │           ▼ │ (query said NotFound: run it now)
-       │        QUERYING ──► SUCCEEDED (verified by query)
+       │        QUERYING ──► SUCCEEDED (verified by query) | CANCELLED (not found, cancel asked)
        │           │
        │           ▼
        │        UNKNOWN ──► SUCCEEDED | FAILED   (only by an explicit, audited reconcile)
@@ -39,7 +39,8 @@ S = LedgerStatus
 TRANSITIONS: dict[LedgerStatus, frozenset[LedgerStatus]] = {
     S.ACCEPTED: frozenset({S.RUNNING, S.FAILED, S.CANCELLED}),
     S.RUNNING: frozenset({S.RUNNING, S.QUERYING, S.SUCCEEDED, S.FAILED, S.CANCELLED, S.UNKNOWN}),
-    S.QUERYING: frozenset({S.QUERYING, S.RUNNING, S.SUCCEEDED, S.UNKNOWN}),
+    # CANCELLED: the query found no trace of the operation, and a cancel was asked meanwhile.
+    S.QUERYING: frozenset({S.QUERYING, S.RUNNING, S.SUCCEEDED, S.CANCELLED, S.UNKNOWN}),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),
     S.CANCELLED: frozenset(),

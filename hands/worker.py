@@ -19,7 +19,8 @@ A duplicate of a row that this worker owns, still open, with no task here, is ou
 whose commit looked failed but landed (the message was handed back and came again): it is
 acked and its execution started now instead of being left ACCEPTED under a live owner.
 
-Anything else that goes wrong hands the message back after a pause (``hands.delivery``).
+A passing fault (the database away) is waited out with the message unacked; anything else
+that goes wrong hands it back after a pause (``infra.delivery``).
 """
 
 from __future__ import annotations
@@ -33,12 +34,12 @@ import asyncpg
 from structlog.contextvars import bound_contextvars
 
 from hands import ledger
-from hands.delivery import hand_back
 from hands.executor import Executor
 from hands.ledger import Execution
 from hands.registry import ToolRegistry
 from hands.states import OPEN_STATUSES, LedgerStatus
-from infra.db import dialect, transact
+from infra.db import dialect, transact, unstorable
+from infra.delivery import handle_patiently
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec
@@ -66,6 +67,29 @@ class _Inserted:
 
     row: Execution
     new: bool
+
+
+def _unstorable_names(command: ExecuteCommand) -> str | None:
+    """Why the ids and names a command carries cannot be stored in the ledger, or None."""
+    names = {
+        "execution_id": command.execution_id,
+        "namespace": command.namespace,
+        "session_id": command.session_id,
+        "request_digest": command.request_digest,
+    }
+    if command.body is not None:
+        body = command.body
+        names |= {
+            "turn_id": body.turn_id,
+            "call_id": body.call_id,
+            "tool": body.tool,
+            "binding_digest": body.binding_digest,
+        }
+    for field, text in names.items():
+        problem = unstorable(text)
+        if problem is not None:
+            return f"the command's {field} {problem}"
+    return None
 
 
 def _short(digest: str) -> str:
@@ -111,16 +135,7 @@ class CommandConsumer:
 
     async def handle(self, message: Delivery) -> None:
         """aio-pika callback: one task per delivery; no exception ever leaves it."""
-        try:
-            await self._handle(message)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            # Not the message's fault as far as we can tell (database, object store, broker
-            # trouble, or a bug): give it back after a pause; the delivery limit parks it if
-            # this keeps happening.
-            log.exception("command_failed", error=f"{type(exc).__name__}: {exc}")
-            await hand_back(message)
+        await handle_patiently(message, self._handle, what="a command")
 
     async def _handle(self, message: Delivery) -> None:
         if self._stopping.is_set():
@@ -155,6 +170,11 @@ class CommandConsumer:
 
     async def _process(self, message: Delivery, header: ExecuteCommand) -> bool:
         """Returns True when the execution was accepted and handed to the executor."""
+        problem = _unstorable_names(header)
+        if problem is not None:
+            # Not even a rejection can be recorded under such a name: park it, saying why.
+            await self._dead_letter(message, f"schema_error: {problem}")
+            return False
         try:
             command: ExecuteCommand = await self._codec.unpack(message.body)
         except ObjectRefError as exc:
@@ -167,6 +187,10 @@ class CommandConsumer:
             return False
         body = command.body
         assert body is not None
+        problem = _unstorable_names(command)
+        if problem is not None:
+            await self._dead_letter(message, f"schema_error: {problem}")
+            return False
         expected = request_digest(command.execution_id, body)
         if expected != command.request_digest:
             await self._dead_letter(
@@ -190,6 +214,9 @@ class CommandConsumer:
                     f"{_short(body.binding_digest)} is {tool.binding.replay_policy}"
                 )
             tool.validate_args(body.args)
+            problem = unstorable(body.args)
+            if problem is not None:
+                raise SchemaError(f"the arguments of {body.tool} cannot be stored: their text {problem}")
         except (RoutingError, SchemaError) as exc:
             outcome = await self._record_rejection(command, command, exc)
             if outcome.new:
@@ -301,7 +328,11 @@ class CommandConsumer:
             "error": exc.as_dict(),
         }
         if command is not None and command.body is not None:
-            values |= {"replay_policy": str(command.body.replay_policy), "args": command.body.args}
+            args = command.body.args
+            values |= {
+                "replay_policy": str(command.body.replay_policy),
+                "args": None if unstorable(args) else args,
+            }
         outcome = await self._insert(values, FailedBody(error=exc.as_dict(), how="rejected"))
         if outcome.new:
             log.warning("command_rejected", reason=exc.message)

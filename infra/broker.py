@@ -151,11 +151,17 @@ class Broker:
         log.warning("dead_lettered", queue=queue, message_id=message.message_id, reason=reason)
 
     async def waiting(self, queue: str) -> int:
-        """Messages ready in ``queue`` (RabbitMQ's ``message_count``: unacked ones not counted).
+        """Messages ready in ``queue`` (RabbitMQ's ``message_count``: unacked ones not counted)."""
+        return int((await self._inspect(queue)).message_count or 0)
 
-        Asked with a passive declare on the raw channel under a channel of its own: aio-pika's
-        robust channel answers a passive declare of a known queue from its cache, and a failed
-        declare closes the channel it ran on, which must never be the publishing one.
+    async def consumers(self, queue: str) -> int:
+        """Consumers subscribed to ``queue`` right now, in any process."""
+        return int((await self._inspect(queue)).consumer_count or 0)
+
+    async def _inspect(self, queue: str) -> Any:
+        """A passive declare of ``queue`` on the raw channel under a channel of its own:
+        aio-pika's robust channel answers a passive declare of a known queue from its cache, and
+        a failed declare closes the channel it ran on, which must never be the publishing one.
         """
         await self.declare(queue)
         assert self._connection is not None
@@ -165,7 +171,7 @@ class Broker:
         raw = await self._inspection.get_underlay_channel()
         ok = await raw.queue_declare(queue, passive=True)
         assert ok is not None
-        return int(ok.message_count or 0)
+        return ok
 
     async def consume(self, queue: str, handler: Handler, *, prefetch: int) -> AbstractChannel:
         """Start consuming ``queue`` on its own channel with ``prefetch`` unacked messages.

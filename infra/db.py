@@ -57,6 +57,26 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(state, str) and state[:2] in _TRANSIENT_SQLSTATE_CLASSES
 
 
+def unstorable(value: Any) -> str | None:
+    """Why PostgreSQL cannot store ``value`` as text or jsonb (a NUL character, or a lone
+    surrogate that is no Unicode at all), or None when it can. SQLite keeps the same rule, so
+    that both stores refuse the same input."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            return "contains a NUL character (\\u0000)"
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "contains a lone surrogate, which is not valid Unicode"
+        return None
+    if isinstance(value, dict):
+        items: list[Any] = [*value.keys(), *value.values()]
+        return next((p for p in map(unstorable, items) if p), None)
+    if isinstance(value, list | tuple):
+        return next((p for p in map(unstorable, value) if p), None)
+    return None
+
+
 class Json:
     """A value bound for a JSON column that may be a bare string or number.
 
@@ -105,7 +125,11 @@ async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int
 
 
 async def transact(
-    pool: asyncpg.Pool, work: Callable[[asyncpg.Connection], Awaitable[T]], *, single_statement: bool = False
+    pool: asyncpg.Pool,
+    work: Callable[[asyncpg.Connection], Awaitable[T]],
+    *,
+    single_statement: bool = False,
+    read_then_insert: bool = False,
 ) -> T:
     """Run ``work(conn)`` in one transaction; the one way Tendon commits a state change.
 
@@ -118,10 +142,16 @@ async def transact(
     ``single_statement``: ``work`` makes its change in one statement (reads aside), which the
     database commits on its own, so no BEGIN/COMMIT is sent around it: two round trips fewer.
     Only for work where that holds on the pool's backend.
+
+    ``read_then_insert``: ``work`` looks a key up and inserts it when missing (an idempotent
+    submit). Two such transactions racing on one key both miss it, and the later insert fails
+    with a unique violation once the earlier one committed: that one is tried again too, and
+    then finds the key.
     """
+    retried = (*_ROLLED_BACK, _NotStarted, *((asyncpg.UniqueViolationError,) if read_then_insert else ()))
     try:
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type((*_ROLLED_BACK, _NotStarted)),
+            retry=retry_if_exception_type(retried),
             stop=stop_after_attempt(5),
             wait=wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05),
             reraise=True,
@@ -145,6 +175,37 @@ async def transact(
     except _NotStarted as exc:
         raise TransientError(f"cannot reach the database: {exc}") from exc
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+# How long work that meets a passing database fault waits for the database to come back
+# before it gives up (a restart or a failover takes seconds, not minutes).
+OUTAGE_PATIENCE = 120.0
+
+
+async def patiently(
+    work: Callable[[], Awaitable[T]], *, what: str, patience: float = OUTAGE_PATIENCE, **context: Any
+) -> T:
+    """Run ``work()``, trying again while it fails with a passing fault (``is_transient``), with
+    backoff up to 2 s, for at most ``patience`` seconds; then the last error is raised.
+
+    The one way a loop rides out a lost database (invariant 14): ``work`` must be safe to run
+    again after a failure whose outcome is unknown (it re-reads, or its writes are guarded).
+    A warning names ``what`` waits, at the first failure and every ten after.
+    """
+    deadline = asyncio.get_running_loop().time() + patience
+    failures = 0
+    while True:
+        try:
+            return await work()
+        except Exception as exc:
+            if not is_transient(exc) or asyncio.get_running_loop().time() >= deadline:
+                raise
+            failures += 1
+            if failures % 10 == 1:
+                log.warning(
+                    "waiting_for_the_database", waiting=what, attempts=failures, error=repr(exc), **context
+                )
+            await asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6)))
 
 
 def lock_class(schema: str) -> int:

@@ -1,9 +1,10 @@
 """The embedded mode's object store: big envelope bodies as files in one directory.
 
 Same contract as ``infra.objectstore.S3ObjectStore`` (DESIGN invariant 9): immutable,
-scope-checked, content-addressed objects under ``<root>/<namespace>/<session_id>/sha256/<hex>``,
-referenced as ``file://<absolute path>``; ``get`` verifies scope, path, size and sha256 before
-it hands out a single byte, with the same error messages.
+scope- and binding-checked, content-addressed objects under
+``<root>/<namespace>/<session_id>/<execution_id>/<kind>[-<seq>]/sha256/<hex>`` (the key of
+``infra.payloads.object_key``), referenced as ``file://<absolute path>``; ``get`` verifies scope,
+binding, path, size and sha256 before it hands out a single byte, with the same error messages.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import os
 import tempfile
 from pathlib import Path
 
-from infra.payloads import check_scope, verify_content
+from infra.payloads import expected_key, object_key, verify_content
 from protocol import ObjectRef, ObjectRefError
 
 __all__ = ["DirectoryObjectStore"]
 
 
 class DirectoryObjectStore:
-    """Content-addressed, scope-checked payload storage under ``root``.
+    """Content-addressed, scope- and binding-checked payload storage under ``root``.
 
     Use as ``async with DirectoryObjectStore(root) as store``; file I/O runs in a worker thread.
     """
@@ -38,29 +39,25 @@ class DirectoryObjectStore:
     async def __aexit__(self, *exc: object) -> None:
         """Nothing to release: every call opens and closes its own files."""
 
-    async def put(self, scope: str, data: bytes) -> ObjectRef:
-        """Store ``data`` under ``scope`` and return its ref; equal bytes are stored once."""
-        check_scope(scope)
+    async def put(self, scope: str, bound_to: str, data: bytes) -> ObjectRef:
+        """Store ``data`` for the message ``bound_to`` under ``scope`` and return its ref;
+        equal bytes for the same message are stored once."""
         digest = hashlib.sha256(data).hexdigest()
-        path = self._path(scope, digest)
+        path = self._root / object_key(scope, bound_to, digest)
         await asyncio.to_thread(self._put_sync, path, digest, data)
-        return ObjectRef(uri=path.as_uri(), sha256=digest, size=len(data), scope=scope)
+        return ObjectRef(uri=path.as_uri(), sha256=digest, size=len(data), scope=scope, bound_to=bound_to)
 
-    async def get(self, ref: ObjectRef, *, expected_scope: str) -> bytes:
+    async def get(self, ref: ObjectRef, *, expected_scope: str, expected_binding: str) -> bytes:
         """Fetch the bytes behind ``ref``, verified; raise ObjectRefError if anything is off."""
-        if ref.scope != expected_scope:
-            raise ObjectRefError(f"object ref scope {ref.scope!r} does not match expected {expected_scope!r}")
-        check_scope(ref.scope)
-        path = self._path(ref.scope, ref.sha256)
-        # The path must be derived from scope and digest, never trusted as sent: otherwise a ref
-        # could point at another session's object (or any file) while claiming this scope.
+        key = expected_key(ref, expected_scope=expected_scope, expected_binding=expected_binding)
+        path = self._root / key
+        # The path must be derived from scope, binding and digest, never trusted as sent:
+        # otherwise a ref could point at another session's or execution's object (or any file)
+        # while claiming this one's scope and binding.
         if ref.uri != path.as_uri():
             raise ObjectRefError(f"object ref uri {ref.uri!r} does not match {path.as_uri()}")
         data = await asyncio.to_thread(self._get_sync, path, ref)
         return verify_content(ref, data)
-
-    def _path(self, scope: str, digest: str) -> Path:
-        return self._root / scope / "sha256" / digest
 
     # ---- blocking parts, run in a worker thread -----------------------------------------
 

@@ -1,110 +1,349 @@
-"""Owner liveness through PostgreSQL session advisory locks.
+"""Liveness of Brain and Hands processes: a lease renewed in time, and a lock for a fast path.
 
-Every Brain or Hands process registers a row in its schema's ``workers`` table and holds
-an advisory lock on a dedicated connection for as long as it lives. When the process dies
-(even by SIGKILL) the kernel closes its socket, PostgreSQL ends the session and the lock is
-gone at once, so others can tell a dead owner in one query instead of waiting out a lease.
+Every process registers a row in its schema's ``workers`` table and keeps it alive:
+
+- **the lease**: it renews ``lease_expires_at`` every third of ``lease_seconds``. An owner that
+  stops renewing (SIGSTOP, a long pause, a half-open partition, a frozen VM) is presumed dead
+  once its lease ran out, although its connection (and lock) may look fine for hours;
+- **the lock**: it holds a PostgreSQL session advisory lock on a dedicated connection. A
+  process that dies (even by SIGKILL) loses it the moment its socket closes, so it is seen
+  dead after ``grace`` seconds instead of a whole lease. A lost connection loses the lock too:
+  the process reconnects with backoff and takes it again; within ``grace`` nobody acts on it.
+
+Death is a recorded fact, decided by the others (:meth:`Liveness.judge`, run by every settled
+process every ``interval`` seconds) and never undone: ``dead_at`` is set once, in the same
+transaction that hands the dead worker's work back (``release``: its turns or executions), so
+its late commits are fenced at once. A process that finds its own row dead (its renewal
+matches nothing) sets :attr:`Liveness.lost`: it must stop its work, and may start over under
+a new worker id. A process that stops cleanly retires its row the same way, so that its work
+is taken over without waiting for anything.
+
+A judge must not mistake a reconnecting peer for a dead one: it judges only once its own
+liveness has been up for ``grace`` seconds. After a database restart every process reconnects
+within a second or so and takes its lock again before anyone judges.
 
 Each schema that uses this needs (created by its migrations)::
 
     CREATE SEQUENCE worker_lock_seq;
-    CREATE TABLE workers (id text PRIMARY KEY, kind text NOT NULL,
-                          lock_key int NOT NULL, started_at timestamptz NOT NULL DEFAULT now());
+    CREATE TABLE workers (id text PRIMARY KEY, kind text NOT NULL, lock_key int NOT NULL,
+                          started_at timestamptz NOT NULL DEFAULT now(),
+                          lease_expires_at timestamptz, lock_lost_at timestamptz,
+                          dead_at timestamptz);
+
+The embedded mode (SQLite) has one process per data directory (it holds a file lock): the
+workers of this process are the ones stamped with its boot id, and any other is dead at once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
 import asyncpg
 
-from infra.db import lock_class
+from infra.db import is_transient, lock_class
+from infra.logging import get_logger
 from protocol import new_id
 
-# Used in WHERE clauses; ``w`` must be the workers row of the owner being checked.
-OWNER_ALIVE_SQL = """EXISTS (
-    SELECT 1 FROM pg_locks l
-    WHERE l.locktype = 'advisory' AND l.granted
-      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND l.classid = $LOCK_CLASS::oid AND l.objid = w.lock_key::oid AND l.objsubid = 2)"""
+log = get_logger(__name__)
+
+# Hands a dead worker's work back, inside the transaction that records its death.
+Release = Callable[[Any, list[str]], Awaitable[Any]]
+# Renews what the worker (its id given) holds beside its own row (a Brain: its running turns).
+Renew = Callable[[Any, str], Awaitable[Any]]
+
+# A worker row that is alive in others' eyes; used in WHERE clauses where ``w`` is the row.
+ALIVE_SQL = "(w.dead_at IS NULL)"
+# Whatever is kept of a dead worker's row, for ``show`` commands, before it is deleted.
+PRUNE_AFTER = 3600.0
+# Reconnecting after a lost connection: at most this long between attempts (well below any
+# sensible grace, so that a restarted database sees every process back in time).
+RECONNECT_MAX_DELAY = 0.5
 
 
-def owner_alive_sql(schema: str, db: Any = None) -> str:
-    """The liveness predicate for ``w`` (a workers row), for the database ``db`` is on.
+def _lock_held_sql(schema: str, alias: str) -> str:
+    return f"""EXISTS (
+        SELECT 1 FROM pg_locks l
+        WHERE l.locktype = 'advisory' AND l.granted
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND l.classid = {lock_class(schema)}::oid AND l.objid = {alias}.lock_key::oid
+          AND l.objsubid = 2)"""
 
-    On the embedded SQLite store one process owns the data directory (it holds a file
-    lock), so exactly the workers registered since this process opened it are alive.
+
+def _judge_sql(held: str) -> tuple[str, str]:
+    """The two statements of a judgement: note lost locks, then record deaths (returning ids)."""
+    mark = f"""UPDATE workers SET lock_lost_at = now()
+                WHERE dead_at IS NULL AND lock_lost_at IS NULL AND id <> $1 AND NOT {held}"""
+    dead = f"""UPDATE workers SET dead_at = now()
+                WHERE dead_at IS NULL AND id <> $1
+                  AND (lease_expires_at < now()
+                       OR (lock_lost_at < now() - make_interval(secs => $2) AND NOT {held}))
+            RETURNING id"""
+    return mark, dead
+
+
+_RENEW = """UPDATE workers SET lease_expires_at = now() + make_interval(secs => $2), lock_lost_at = NULL
+             WHERE id = $1 AND dead_at IS NULL RETURNING id"""
+_RETIRE = "UPDATE workers SET dead_at = now() WHERE id = $1 AND dead_at IS NULL RETURNING id"
+_PRUNE = "DELETE FROM workers WHERE dead_at < now() - make_interval(secs => $1)"
+_REGISTER = """INSERT INTO workers (id, kind, lock_key, lease_expires_at)
+               VALUES ($1, $2, $3, now() + make_interval(secs => $4))"""
+
+
+def new_worker_id(kind: str) -> str:
+    return f"{kind}-{socket.gethostname()}-{os.getpid()}-{new_id()[:6]}"
+
+
+class Liveness:
+    """``async with`` one of the two backends below: ``worker_id`` is alive until ``lost``.
+
+    ``interval``: how often the keeper judges the others (and the least it waits between two
+    looks at its own connection); ``release``: what to hand back when it declares a worker dead
+    (and when this worker retires); ``on_renew``: what to renew beside the row, each time.
     """
-    boot_id = getattr(db, "boot_id", None)
-    if boot_id is not None:
-        return f"(w.lock_key = {int(boot_id)})"
-    return OWNER_ALIVE_SQL.replace("$LOCK_CLASS", str(lock_class(schema)))
 
-
-async def worker_alive(conn: asyncpg.Connection, schema: str, worker_id: str) -> bool:
-    """Whether others would take ``worker_id`` for alive right now."""
-    return bool(
-        await conn.fetchval(
-            f"SELECT {owner_alive_sql(schema, conn)} FROM workers w WHERE w.id = $1", worker_id
-        )
-    )
-
-
-class WorkerRegistration:
-    """``async with WorkerRegistration(dsn, schema, kind) as reg``: ``reg.worker_id`` is alive."""
-
-    def __init__(self, dsn: str, schema: str, kind: str) -> None:
-        self._dsn = dsn
-        self._schema = schema
+    def __init__(
+        self,
+        kind: str,
+        *,
+        lease_seconds: float = 30.0,
+        grace: float = 2.0,
+        interval: float = 0.5,
+        release: Release | None = None,
+        on_renew: Renew | None = None,
+    ) -> None:
         self.kind = kind
-        self.worker_id = f"{kind}-{socket.gethostname()}-{os.getpid()}-{new_id()[:6]}"
-        self._conn: asyncpg.Connection | None = None
+        self.worker_id = new_worker_id(kind)
+        self.lease_seconds = lease_seconds
+        self.grace = grace
+        self.interval = interval
+        self._release = release
+        self._on_renew = on_renew
+        self.lost = asyncio.Event()  # set once this worker is presumed dead: stop working
+        self._keeper: asyncio.Task[None] | None = None
+        self._up_since: float | None = None  # when the liveness was last (re)taken
+        self._renewed = 0.0
+        self._judged = 0.0
 
-    async def __aenter__(self) -> WorkerRegistration:
-        conn = await asyncpg.connect(self._dsn, server_settings={"search_path": self._schema})
-        try:
-            lock_key = await conn.fetchval("SELECT nextval('worker_lock_seq')::int")
-            await conn.execute("SELECT pg_advisory_lock($1, $2)", lock_class(self._schema), lock_key)
-            await conn.execute(
-                "INSERT INTO workers (id, kind, lock_key) VALUES ($1, $2, $3)",
-                self.worker_id,
-                self.kind,
-                lock_key,
-            )
-        except BaseException:
-            await conn.close()
-            raise
-        self._conn = conn
+    # ---- what a backend provides --------------------------------------------------------
+
+    held_sql: str  # "this worker row's lock is held", for ``w``... see _judge_sql
+
+    async def _register(self) -> None:
+        raise NotImplementedError
+
+    async def _ensure(self) -> bool:
+        """Make sure the liveness session is up (reconnect and take the lock again if it was
+        lost); True when it was (re)taken just now."""
+        raise NotImplementedError
+
+    def _transaction(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A transaction on the liveness session; yields its connection."""
+        raise NotImplementedError
+
+    async def _close(self, *, broken: bool = False) -> None:
+        raise NotImplementedError
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    async def __aenter__(self) -> Liveness:
+        await self._register()
+        self._up_since = self._renewed = time.monotonic()
+        self._keeper = asyncio.create_task(self._keep(), name=f"liveness-{self.kind}")
         return self
 
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._conn is not None:
-            # Closing the session releases the lock: the same signal a crash gives, on purpose.
-            await self._conn.close()
-            self._conn = None
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._keeper
+        try:
+            if not self.lost.is_set():
+                await self._retire()
+        except Exception as exc:  # noqa: BLE001 - then the others presume it dead after the grace
+            log.warning("retire_failed", worker=self.worker_id, error=repr(exc))
+        finally:
+            await self._close()
+
+    async def _retire(self) -> None:
+        """A clean stop: dead now, and its work handed back, so nobody waits for a lease."""
+        await self._ensure()
+        async with self._transaction() as conn:
+            if await conn.fetchval(_RETIRE, self.worker_id) is not None and self._release is not None:
+                await self._release(conn, [self.worker_id])
+
+    # ---- the keeper ---------------------------------------------------------------------
+
+    @property
+    def settled(self) -> bool:
+        """Whether this process has been continuously alive for ``grace``: only then may it
+        presume others dead (they may be reconnecting, as it just did)."""
+        return self._up_since is not None and time.monotonic() - self._up_since >= self.grace
+
+    async def _keep(self) -> None:
+        tick = max(0.02, min(self.interval, self.grace / 4, self.lease_seconds / 6))
+        # A statement that hangs (a half-open connection) must not stop the renewals for good.
+        patience = max(1.0, self.lease_seconds / 3)
+        failures = 0
+        while not self.lost.is_set():
+            await asyncio.sleep(tick if failures == 0 else min(RECONNECT_MAX_DELAY, 0.05 * 2**failures))
+            try:
+                async with asyncio.timeout(patience):
+                    await self.step()
+                failures = 0
+            except Exception as exc:
+                if not (is_transient(exc) or isinstance(exc, TimeoutError)):
+                    log.exception("liveness_error", worker=self.worker_id)
+                await self._close(broken=True)
+                failures += 1
+                self._up_since = None
+                if failures in (1, 10) or failures % 50 == 0:
+                    log.warning(
+                        "liveness_reconnecting", worker=self.worker_id, attempts=failures, error=repr(exc)
+                    )
+
+    async def step(self) -> None:
+        """One turn of the keeper: reconnect if needed, renew when due, judge when due."""
+        now = time.monotonic()
+        if await self._ensure():
+            self._up_since = None  # not settled again before a whole grace has passed
+        if self._up_since is None or now - self._renewed >= self.lease_seconds / 3:
+            if not await self.renew():
+                return
+            if self._up_since is None:
+                self._up_since = now
+                log.info("liveness_restored", worker=self.worker_id)
+        if self.settled and now - self._judged >= self.interval:
+            self._judged = now
+            await self.judge()
+
+    async def renew(self) -> bool:
+        """Extend the lease (and what ``on_renew`` renews); False, with ``lost`` set, when this
+        worker turned out to be presumed dead already."""
+        async with self._transaction() as conn:
+            if await conn.fetchval(_RENEW, self.worker_id, self.lease_seconds) is None:
+                log.error(
+                    "liveness_lost",
+                    worker=self.worker_id,
+                    reason="presumed dead by the others (no renewal within the lease, or a lost "
+                    "connection not taken again within the grace): its work was handed over",
+                )
+                self.lost.set()
+                return False
+            if self._on_renew is not None:
+                await self._on_renew(conn, self.worker_id)
+        self._renewed = time.monotonic()
+        return True
+
+    async def judge(self) -> list[str]:
+        """Record the death of workers whose lease ran out or whose lock has been gone for
+        ``grace``; hand their work back in the same transaction. Returns their ids."""
+        mark, dead_sql = _judge_sql(self.held_sql)
+        async with self._transaction() as conn:
+            await conn.execute(mark, self.worker_id)
+            dead = [r["id"] for r in await conn.fetch(dead_sql, self.worker_id, self.grace)]
+            if dead and self._release is not None:
+                await self._release(conn, dead)
+            await conn.execute(_PRUNE, PRUNE_AFTER)
+        if dead:
+            log.warning("workers_presumed_dead", workers=dead)
+        return dead
 
 
-class LocalWorkerRegistration:
-    """The embedded-mode registration: a row stamped with this process's boot id."""
+class WorkerRegistration(Liveness):
+    """The PostgreSQL backend: a dedicated connection holding the worker's advisory lock."""
 
-    def __init__(self, pool: Any, kind: str) -> None:
-        self._pool = pool
-        self.kind = kind
-        self.worker_id = f"{kind}-{socket.gethostname()}-{os.getpid()}-{new_id()[:6]}"
+    def __init__(self, dsn: str, schema: str, kind: str, **options: Any) -> None:
+        super().__init__(kind, **options)
+        self._dsn = dsn
+        self._schema = schema
+        self.held_sql = _lock_held_sql(schema, "workers")
+        self._connection: asyncpg.Connection | None = None
+        self._lock_key = 0
+        self._holding = False
 
-    async def __aenter__(self) -> LocalWorkerRegistration:
-        await self._pool.execute(
-            "INSERT INTO workers (id, kind, lock_key) VALUES ($1, $2, $3)",
-            self.worker_id,
-            self.kind,
-            self._pool.boot_id,
+    async def _connect(self) -> asyncpg.Connection:
+        return await asyncpg.connect(
+            self._dsn,
+            timeout=10,
+            server_settings={"search_path": self._schema, "application_name": f"tendon:{self.kind}:liveness"},
         )
-        return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def _register(self) -> None:
+        conn = await self._connect()
+        try:
+            self._lock_key = await conn.fetchval("SELECT nextval('worker_lock_seq')::int")
+            await conn.execute("SELECT pg_advisory_lock($1, $2)", lock_class(self._schema), self._lock_key)
+            await conn.execute(_REGISTER, self.worker_id, self.kind, self._lock_key, self.lease_seconds)
+        except BaseException:
+            await conn.close()
+            raise
+        self._connection, self._holding = conn, True
+
+    async def _ensure(self) -> bool:
+        retaken = False
+        if self._connection is None or self._connection.is_closed():
+            if self._connection is not None:
+                log.warning("liveness_connection_lost", worker=self.worker_id)
+            self._connection, self._holding = None, False
+            self._connection = await self._connect()
+            retaken = True
+        if not self._holding:
+            # The old session may still hold it (the server has not noticed that it is gone):
+            # the row is renewed meanwhile, and the lock is taken once that session ends.
+            self._holding = bool(
+                await self._connection.fetchval(
+                    "SELECT pg_try_advisory_lock($1, $2)", lock_class(self._schema), self._lock_key
+                )
+            )
+        return retaken
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[asyncpg.Connection]:
+        conn = self._connection
+        assert conn is not None
+        async with conn.transaction():
+            yield conn
+
+    async def _close(self, *, broken: bool = False) -> None:
+        conn, self._connection, self._holding = self._connection, None, False
+        if conn is None:
+            return
+        if broken:
+            conn.terminate()  # it may be stuck mid-statement: drop it, a new one takes over
+            return
+        # Closing the session releases the lock (after a retire nobody needs it any more).
+        with contextlib.suppress(Exception):
+            await conn.close()
+
+
+class LocalWorkerRegistration(Liveness):
+    """The embedded backend: a row stamped with this process's boot id, on the store's pool."""
+
+    def __init__(self, pool: Any, kind: str, **options: Any) -> None:
+        options.setdefault("grace", 0.0)  # another boot's worker is gone for sure: no reconnects
+        super().__init__(kind, **options)
+        self._pool = pool
+        self.held_sql = f"(lock_key = {int(pool.boot_id)})"
+
+    async def _register(self) -> None:
+        await self._pool.execute(_REGISTER, self.worker_id, self.kind, self._pool.boot_id, self.lease_seconds)
+
+    async def _ensure(self) -> bool:
+        return False
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[Any]:
+        async with self._pool.acquire() as conn, conn.transaction():
+            yield conn
+
+    async def _close(self, *, broken: bool = False) -> None:
         return None

@@ -252,6 +252,10 @@ class LocalBroker:
         """Messages in ``queue`` not out for delivery in this process."""
         return await self._call(self._waiting_sync, queue)
 
+    async def consumers(self, queue: str) -> int:
+        """Consumers of ``queue``: only this process consumes the file (see the module notes)."""
+        return sum(1 for c in self._consumers if c.queue == queue and not c.is_closed)
+
     async def consume(self, queue: str, handler: DeliveryHandler, *, prefetch: int) -> LocalConsumer:
         """Start delivering ``queue`` to ``handler``, one task per delivery, ``prefetch`` at most."""
         if self._db is None:

@@ -1,8 +1,10 @@
 """S3 object store for big envelope bodies (DESIGN invariant 9).
 
-Payloads above the envelope threshold are stored under an immutable, scoped,
-content-addressed key ``<namespace>/<session_id>/sha256/<hex>``. The receiver verifies scope,
-key, size and sha256 before it hands out a single byte, so it never acks what it can't verify.
+Payloads above the envelope threshold are stored under an immutable, scoped, bound,
+content-addressed key ``<namespace>/<session_id>/<execution_id>/<kind>[-<seq>]/sha256/<hex>``
+(``infra.payloads.object_key``): one object per session, message it was written for, and
+content. The receiver verifies scope, binding, key, size and sha256 before it hands out a
+single byte, so it never acks what it can't verify.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from s3transfer.exceptions import RetriesExceededError
 
-from infra.payloads import check_scope, verify_content
+from infra.payloads import expected_key, object_key, verify_content
 from protocol import ObjectRef, ObjectRefError, TransientError
 
 _MISSING = {"404", "NoSuchKey", "NotFound", "NoSuchBucket"}
@@ -40,7 +42,7 @@ def _is_transient(exc: Exception) -> bool:
 
 
 class S3ObjectStore:
-    """Content-addressed, scope-checked payload storage in one S3 bucket.
+    """Content-addressed, scope- and binding-checked payload storage in one S3 bucket.
 
     Use as ``async with S3ObjectStore(bucket=...) as store``. Credentials come from the usual
     AWS environment variables; ``endpoint_url`` points at MinIO or moto instead of AWS.
@@ -64,23 +66,21 @@ class S3ObjectStore:
         if client is not None:
             await asyncio.to_thread(client.close)
 
-    async def put(self, scope: str, data: bytes) -> ObjectRef:
-        """Store ``data`` under ``scope`` and return its ref; equal bytes are stored once."""
-        check_scope(scope)
+    async def put(self, scope: str, bound_to: str, data: bytes) -> ObjectRef:
+        """Store ``data`` for the message ``bound_to`` under ``scope`` and return its ref;
+        equal bytes for the same message are stored once."""
         digest = hashlib.sha256(data).hexdigest()
-        key = f"{scope}/sha256/{digest}"
+        key = object_key(scope, bound_to, digest)
         await self._call(self._put_sync, key, data)
         uri = f"s3://{self._bucket}/{key}"
-        return ObjectRef(uri=uri, sha256=digest, size=len(data), scope=scope)
+        return ObjectRef(uri=uri, sha256=digest, size=len(data), scope=scope, bound_to=bound_to)
 
-    async def get(self, ref: ObjectRef, *, expected_scope: str) -> bytes:
+    async def get(self, ref: ObjectRef, *, expected_scope: str, expected_binding: str) -> bytes:
         """Fetch the bytes behind ``ref``, verified; raise ObjectRefError if anything is off."""
-        if ref.scope != expected_scope:
-            raise ObjectRefError(f"object ref scope {ref.scope!r} does not match expected {expected_scope!r}")
-        check_scope(ref.scope)
-        key = f"{ref.scope}/sha256/{ref.sha256}"
-        # The key must be derived from scope and digest, never trusted as sent: otherwise a ref
-        # could point at another session's object while claiming this session's scope.
+        key = expected_key(ref, expected_scope=expected_scope, expected_binding=expected_binding)
+        # The key must be derived from scope, binding and digest, never trusted as sent:
+        # otherwise a ref could point at another session's (or execution's) object while
+        # claiming this one's scope and binding.
         if ref.uri != f"s3://{self._bucket}/{key}":
             raise ObjectRefError(f"object ref uri {ref.uri!r} does not match s3://{self._bucket}/{key}")
         data = await self._call(self._get_sync, key, ref)

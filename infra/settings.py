@@ -36,11 +36,28 @@ class Settings(BaseSettings):
 
     namespace: str = "default"
     concurrency: int = Field(default=4, ge=1)
-    lease_seconds: float = Field(default=30.0, gt=0)
+    lease_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="a Brain or Hands process that has not renewed its lease for this long (frozen, "
+        "paused, cut off) is presumed dead and its work taken over; a live one renews every third",
+    )
+    reconnect_grace: float = Field(
+        default=2.0,
+        gt=0,
+        description="how long a process whose database session ended may take to connect again "
+        "before the others presume it dead (a killed process is taken over after this)",
+    )
     scan_interval: float = Field(default=0.5, gt=0)
     gap_timeout: float = Field(default=1.0, gt=0)
     stall_seconds: float = Field(
         default=10.0, gt=0, description="after this long without progress, re-send or ask for a replay"
+    )
+    repair_attempts: int = Field(
+        default=8,
+        ge=1,
+        description="re-sent commands or replay requests that may go unanswered (each waits twice as "
+        "long as the one before) before the turn fails with an error naming the silent route",
     )
     binding_wait_seconds: float = Field(
         default=60.0, gt=0, description="how long a new turn waits for its tools to be announced"

@@ -135,6 +135,11 @@ class Transport(Protocol):
         count. A hint for the moment it is read, never a basis for correctness."""
         ...
 
+    async def consumers(self, queue: str) -> int:
+        """How many consumers ``queue`` has right now (any process): whether anyone serves it.
+        A hint for the moment it is read."""
+        ...
+
     async def consume(self, queue: str, handler: DeliveryHandler, *, prefetch: int) -> Consumer:
         """Call ``handler`` for each delivery, with at most ``prefetch`` unsettled at once."""
         ...

@@ -36,12 +36,18 @@ class _Model(BaseModel):
 
 
 class ObjectRef(_Model):
-    """A verified reference to a payload in object storage."""
+    """A verified reference to a payload in object storage.
+
+    ``scope`` is the ``namespace/session_id`` the object belongs to; ``bound_to`` is the one
+    message it was written for (``execution_id/kind/seq`` for an event, ``execution_id/kind``
+    for a command or control). A receiver uses the object only as the body of that message.
+    """
 
     uri: str = Field(pattern=r"^(s3|file)://")
     sha256: str = Field(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")
     size: int = Field(ge=0)
     scope: str = Field(min_length=1)
+    bound_to: str = Field(min_length=1)
 
 
 # ---- bodies -----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ TendonError                      root; ``retryable`` says whether trying again c
 ├── RoutingError                 an unknown route, tool or binding digest
 ├── LimitReachedError            an agent hit one of its configured limits
 ├── ObjectRefError               a payload reference that fails verification (sha256, size, scope, missing)
+├── NoAnswerError                a party that must answer (a Hands pool) stayed silent through every retry
 └── TransientError               a service is briefly unavailable; retryable
 """
 
@@ -70,6 +71,10 @@ class LimitReachedError(TendonError):
 
 class ObjectRefError(TendonError):
     code = "object_ref_error"
+
+
+class NoAnswerError(TendonError):
+    code = "no_answer"
 
 
 class TransientError(TendonError):

@@ -29,7 +29,7 @@ import pytest
 
 from tests.support import UNCLEANED, WORLDS, Processes, TendonEnv, delete_queues_and_exchanges
 
-pytest_plugins = ["tests.s3server"]
+pytest_plugins = ["tests.s3server", "tests.hands_bus"]
 
 PG_URL = os.environ.get("TENDON_TEST_DATABASE_URL", "postgresql://root@127.0.0.1:5432/test")
 AMQP_URL = os.environ.get("TENDON_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")

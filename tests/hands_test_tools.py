@@ -4,6 +4,8 @@
   run), so a test can count runs across processes;
 - ``LAB_CHARGES_FILE``: the "external system" of ``charge``: a JSON object keyed by operation
   id. ``find_charge`` (its query) reads it; without the variable the query cannot answer.
+- ``LAB_GATE_DIR``: ``gated`` waits inside its body until a file named after its ``gate``
+  argument exists there, so a test can hold a body in flight while it injects a fault.
 """
 
 from __future__ import annotations
@@ -120,6 +122,18 @@ async def nul_result(ctx: ToolContext, text: str) -> dict:
     """Return ``text`` with a NUL appended: valid JSON, but PostgreSQL jsonb refuses it."""
     _record_run("nul_result", ctx)
     return {"text": text + "\x00"}
+
+
+@tool(route="lab", version="1", replay="unsafe")
+async def gated(ctx: ToolContext, gate: str) -> dict:
+    """Wait until the test opens ``gate``, then act once (unsafe, no query: after a crash in
+    here nobody can tell whether it acted)."""
+    _record_run("gated", ctx)
+    opened = Path(os.environ["LAB_GATE_DIR"]) / gate
+    # A file another process creates: there is nothing to wait on but time.
+    while not opened.exists():  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    return {"acted": gate, "attempt": ctx.attempt}
 
 
 @tool(route="other", version="1", replay="safe")

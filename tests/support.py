@@ -18,6 +18,7 @@ from typing import Any
 import aio_pika
 import asyncpg
 
+from infra.liveness import Liveness, WorkerRegistration
 from infra.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,6 +70,7 @@ class TendonEnv:
             "TENDON_SCAN_INTERVAL": "0.2",
             "TENDON_GAP_TIMEOUT": "0.5",
             "TENDON_LEASE_SECONDS": "10",
+            "TENDON_RECONNECT_GRACE": "1",
             **self.extra,
         }
 
@@ -162,6 +164,16 @@ async def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+def crash(registration: Liveness) -> None:
+    """Stop a worker registration as SIGKILL would: no renewal, no retirement, its session
+    gone (a test of liveness rules without a process to kill)."""
+    assert registration._keeper is not None
+    registration._keeper.cancel()
+    registration.lost.set()  # so that leaving its ``async with`` retires nothing
+    if isinstance(registration, WorkerRegistration) and registration._connection is not None:
+        registration._connection.terminate()
 
 
 class Processes:

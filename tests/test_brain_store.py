@@ -13,6 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from brain import verbs
 from brain.agents import AgentDefinition
 from brain.app import open_store
 from brain.scanner import RepairScanner
@@ -21,8 +22,8 @@ from brain.states import TurnPhase, TurnStatus
 from brain.store import executions, turns
 from brain.store.migrations import MIGRATIONS
 from infra.broker import Broker
-from infra.db import dialect, migrate, transact
-from infra.liveness import LocalWorkerRegistration, WorkerRegistration, owner_alive_sql
+from infra.db import dialect, lock_class, migrate, transact
+from infra.liveness import Liveness, LocalWorkerRegistration, WorkerRegistration
 from infra.localqueue import LocalBroker
 from infra.sqlite import open_pool
 from infra.transport import Delivery, Topology, Transport
@@ -37,8 +38,9 @@ from protocol import (
     StartedEvent,
     SucceededBody,
     SucceededEvent,
+    decode,
 )
-from tests.support import TendonEnv
+from tests.support import TendonEnv, crash, wait_for
 
 AGENT = AgentDefinition(name="a", version="1", model={"kind": "scripted", "script": [{"content": "hi"}]})
 
@@ -59,12 +61,12 @@ def schema(pool: Any, tendon: TendonEnv) -> str:
     return tendon.settings().brain_schema if dialect(pool) == "postgres" else "brain"
 
 
-def register(pool: Any, schema: str, database_url: str | None = None) -> Any:
+def register(pool: Any, schema: str, database_url: str | None = None, **options: Any) -> Any:
     """A live worker registration on whichever backend ``pool`` is."""
     if dialect(pool) == "sqlite":
-        return LocalWorkerRegistration(pool, "brain")
+        return LocalWorkerRegistration(pool, "brain", **options)
     assert database_url is not None
-    return WorkerRegistration(database_url, schema, "brain")
+    return WorkerRegistration(database_url, schema, "brain", **options)
 
 
 async def _submit(pool: asyncpg.Pool, request_id: str = "r1", text: str = "hello") -> str:
@@ -87,8 +89,16 @@ async def _submit_in(pool: Any, session_id: str) -> str:
     return turn_id
 
 
-async def _intent(pool: Any, turn_id: str, execution_id: str) -> None:
-    """A committed intent for call-1 of ``turn_id`` (request digest "d" * 64)."""
+async def _intent(pool: Any, turn_id: str, execution_id: str, route: str | None = None) -> None:
+    """A committed intent for call-1 of ``turn_id`` (request digest "d" * 64); with ``route``,
+    also its outbox command to that route (session s1)."""
+    command: dict[str, Any] = {}
+    if route is not None:
+        command = {
+            "command_message_id": f"m-{execution_id}",
+            "command": (Topology("unused").commands(route), b"{}"),
+            "session_id": "s1",
+        }
     await transact(
         pool,
         lambda c: executions.insert_intent(
@@ -97,9 +107,10 @@ async def _intent(pool: Any, turn_id: str, execution_id: str) -> None:
             turn_id=turn_id,
             tool_step=1,
             call_id="call-1",
-            binding={"route": "lab", "name": "echo", "digest": "b" * 64, "replay_policy": "safe"},
+            binding={"route": route or "lab", "name": "echo", "digest": "b" * 64, "replay_policy": "safe"},
             args={},
             request_digest="d" * 64,
+            **command,
         ),
     )
 
@@ -154,13 +165,12 @@ async def test_a_changed_agent_under_the_same_version_is_refused(pool):
 
 async def test_a_stale_owner_cannot_commit_and_its_whole_transaction_rolls_back(pool, schema, pg_url):
     turn_id = await _submit(pool)
-    alive = owner_alive_sql(schema, pool)
     async with register(pool, schema, pg_url) as a:
-        lease_a, _, _ = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
+        lease_a, _, _ = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30))
         # Given A's lease expired and B took the turn over with a new epoch
         await pool.execute("UPDATE turns SET lease_expires_at = now() - make_interval(secs => 1)")
         async with register(pool, schema, pg_url) as b:
-            lease_b, _, _ = await transact(pool, lambda c: turns.claim(c, b.worker_id, 30, alive))
+            lease_b, _, _ = await transact(pool, lambda c: turns.claim(c, b.worker_id, 30))
             assert lease_b.epoch == lease_a.epoch + 1
 
             # When A tries to commit its next phase together with a history entry
@@ -178,11 +188,10 @@ async def test_a_stale_owner_cannot_commit_and_its_whole_transaction_rolls_back(
 
 async def test_a_claim_records_its_run_and_a_run_started_event_in_the_session_order(pool, schema, pg_url):
     turn_id = await _submit(pool)
-    alive = owner_alive_sql(schema, pool)
     async with register(pool, schema, pg_url) as a:
-        lease, row, _ = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
+        lease, row, _ = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30))
         assert (row["id"], row["status"], row["lease_owner"]) == (turn_id, "running", a.worker_id)
-        nothing = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
+        nothing = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30))
     assert nothing is None  # the only turn is leased to a live owner
     run = await pool.fetchrow(
         "SELECT turn_id, owner, epoch, started_phase FROM runs WHERE id = $1", lease.run_id
@@ -197,27 +206,30 @@ async def test_a_claim_records_its_run_and_a_run_started_event_in_the_session_or
         "SELECT seq, kind, data FROM public_events WHERE session_id = 's1' ORDER BY seq"
     )
     assert [(e["seq"], e["kind"]) for e in published] == [(1, "turn.accepted"), (2, "turn.run_started")]
-    assert published[1]["data"] == {"run_id": lease.run_id, "phase": "prepare", "epoch": lease.epoch}
+    assert published[1]["data"] == {
+        "run_id": lease.run_id,
+        "run": 1,
+        "phase": "prepare",
+        "epoch": lease.epoch,
+    }
 
 
 async def test_a_claim_says_whether_another_turn_was_claimable_beside_the_one_it_took(pool, schema, pg_url):
     # Given two claimable turns in two sessions
     first, second = await _submit_in(pool, "s1"), await _submit_in(pool, "s2")
-    alive = owner_alive_sql(schema, pool)
     async with register(pool, schema, pg_url) as a:
         # When a driver claims one, the claim says another is waiting (pass the hint on)
-        one = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
+        one = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30))
         # and the claim that takes the last one says nothing else is (no second driver woken)
-        two = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
+        two = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30))
     assert {one.lease.turn_id, two.lease.turn_id} == {first, second}
     assert (one.more, two.more) == (True, False)
 
 
 async def test_a_move_the_tables_forbid_is_refused_by_the_owner_and_changes_nothing(pool, schema, pg_url):
     turn_id = await _submit(pool)
-    alive = owner_alive_sql(schema, pool)
     async with register(pool, schema, pg_url) as a:
-        lease, _, _ = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30, alive))
+        lease, _, _ = await transact(pool, lambda c: turns.claim(c, a.worker_id, 30))
 
         # When the owning run tries to jump from PREPARE straight to FINALIZE, or to COMPLETED
         with pytest.raises(IllegalTransitionError, match="turn phase cannot move from prepare to finalize"):
@@ -233,27 +245,134 @@ async def test_a_move_the_tables_forbid_is_refused_by_the_owner_and_changes_noth
         assert (moved["phase"], moved["revision"]) == ("model_request", row["revision"] + 1)
 
 
-async def test_a_dead_owner_is_detected_at_once_without_waiting_for_its_lease(tendon):
-    pool = await open_store(tendon.settings())
-    try:
-        await _dead_owner_is_detected(pool, tendon)
-    finally:
-        await pool.close()
+def releasing(pool: Any, schema: str, database_url: str | None = None, **options: Any) -> Any:
+    """A live Brain registration that judges the others and hands back the turns of the dead."""
+    options = {"grace": 0.3, "interval": 0.05, **options}
+    options["release"] = lambda conn, dead: turns.release_owners(conn, dead, "wake")
+    if dialect(pool) == "sqlite":
+        return LocalWorkerRegistration(pool, "brain", **options)
+    assert database_url is not None
+    return WorkerRegistration(database_url, schema, "brain", **options)
 
 
-async def _dead_owner_is_detected(pool: Any, tendon: TendonEnv) -> None:
-    await _submit(pool)
-    schema = tendon.settings().brain_schema
-    alive = owner_alive_sql(schema)
-    async with WorkerRegistration(tendon.database_url, schema, "brain") as a:
-        await transact(pool, lambda c: turns.claim(c, a.worker_id, 3600, alive))
-        async with WorkerRegistration(tendon.database_url, schema, "brain") as b:
-            assert await transact(pool, lambda c: turns.claim(c, b.worker_id, 30, alive)) is None
-    # A's session is gone (as after SIGKILL): its one-hour lease no longer protects the turn.
-    async with WorkerRegistration(tendon.database_url, schema, "brain") as c:
-        claimed = await transact(pool, lambda conn: turns.claim(conn, c.worker_id, 30, alive))
-        assert claimed is not None and claimed[0].epoch == 2
+async def _claimable(pool: Any) -> bool:
+    async with pool.acquire() as conn:
+        return await turns.anything_claimable(conn)
+
+
+async def test_a_killed_owner_is_taken_over_after_the_grace_not_its_lease(pg_pool, tendon):
+    # Given a turn claimed under a one-hour lease by a Brain that is then killed (SQLite: see
+    # the test of an earlier opening of the file, the only way a worker dies there)
+    pool, schema = pg_pool, tendon.settings().brain_schema
+    turn_id = await _submit(pool)
+    async with register(pool, schema, tendon.database_url) as a:
+        await transact(pool, lambda c: turns.claim(c, a.worker_id, 3600))
+        crash(a)
+    # When another Brain judges (once it has been up for its grace)
+    async with releasing(pool, schema, tendon.database_url) as c:
+        assert not await _claimable(pool)
+        await wait_for(lambda: _claimable(pool), timeout=10, what="the dead owner's turn handed back")
+        # Then the dead owner is recorded as such, and the turn goes to a new run, epoch 2
+        dead = await pool.fetchval("SELECT dead_at IS NOT NULL FROM workers WHERE id = $1", a.worker_id)
+        assert dead
+        claimed = await transact(pool, lambda conn: turns.claim(conn, c.worker_id, 30))
+        assert claimed is not None and claimed.lease.epoch == 2 and claimed.lease.turn_id == turn_id
     assert await pool.fetchval("SELECT count(*) FROM runs") == 2
+
+
+async def test_a_frozen_owner_is_presumed_dead_once_its_lease_ran_out(pg_pool, tendon):
+    # PostgreSQL (the lock outlives a frozen process there). Given a Brain whose keeper stops
+    # renewing (frozen) while its session, and so its lock, live on
+    pool = pg_pool
+    schema = tendon.settings().brain_schema
+    turn_id = await _submit(pool)
+    async with register(pool, schema, tendon.database_url, lease_seconds=1.0) as frozen:
+        await transact(pool, lambda c: turns.claim(c, frozen.worker_id, 3600))
+        assert frozen._keeper is not None
+        frozen._keeper.cancel()
+        async with releasing(pool, schema, tendon.database_url) as judge:
+            # Then its turn is handed back once its lease ran out, though its lock is held
+            await wait_for(lambda: _claimable(pool), timeout=10, what="the frozen owner's turn")
+            row = await pool.fetchrow("SELECT lease_owner FROM turns WHERE id = $1", turn_id)
+            assert row["lease_owner"] is None
+            # and when it wakes, its renewal finds it dead: it must stop (``lost``)
+            assert not await frozen.renew()
+            assert frozen.lost.is_set()
+            assert await transact(pool, lambda c: turns.claim(c, judge.worker_id, 30)) is not None
+
+
+async def test_a_lost_liveness_connection_taken_again_within_the_grace_keeps_the_work(pg_pool, tendon):
+    # Given a Brain holding a turn, and another that judges every 50 ms
+    pool = pg_pool
+    schema = tendon.settings().brain_schema
+    turn_id = await _submit(pool)
+    async with (
+        register(pool, schema, tendon.database_url, grace=3.0, interval=0.05) as owner,
+        releasing(pool, schema, tendon.database_url, grace=3.0) as judge,
+    ):
+        await transact(pool, lambda c: turns.claim(c, owner.worker_id, 3600))
+        await wait_for(lambda: _settled(judge), timeout=10, what="the judge to settle")
+        # When the owner's liveness session is ended under it (a cut connection, a restart)
+        ended = await pool.fetchval(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND classid = $1::oid AND objid = $2::oid",
+            lock_class(schema),
+            await pool.fetchval("SELECT lock_key FROM workers WHERE id = $1", owner.worker_id),
+        )
+        assert ended
+        # Then it connects again and takes its lock back in time: nobody presumes it dead
+        await wait_for(
+            lambda: _holds_lock(pool, schema, owner.worker_id), timeout=10, what="the lock taken again"
+        )
+        await asyncio.sleep(0.5)  # several judgements later
+        assert not owner.lost.is_set()
+        row = await pool.fetchrow("SELECT dead_at, lock_lost_at FROM workers WHERE id = $1", owner.worker_id)
+        assert row["dead_at"] is None and row["lock_lost_at"] is None
+        assert (await pool.fetchrow("SELECT lease_owner FROM turns WHERE id = $1", turn_id))[
+            0
+        ] == owner.worker_id
+        assert judge.worker_id != owner.worker_id
+
+
+async def _settled(registration: Liveness) -> bool:
+    return registration.settled
+
+
+async def _holds_lock(pool: Any, schema: str, worker_id: str) -> bool:
+    return bool(
+        await pool.fetchval(
+            """SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN workers w ON l.objid = w.lock_key::oid
+                WHERE w.id = $1 AND l.locktype = 'advisory' AND l.granted AND l.classid = $2::oid)""",
+            worker_id,
+            lock_class(schema),
+        )
+    )
+
+
+async def test_a_stopping_brain_hands_its_turns_back_at_once(pool, schema, tendon):
+    turn_id = await _submit(pool)
+    async with releasing(pool, schema, tendon.database_url) as a:
+        await transact(pool, lambda c: turns.claim(c, a.worker_id, 3600))
+        assert not await _claimable(pool)
+    # Leaving the block retired it: dead now, its turn claimable without any wait
+    assert await _claimable(pool)
+    assert await pool.fetchval("SELECT dead_at IS NOT NULL FROM workers WHERE id = $1", a.worker_id)
+    assert (await pool.fetchrow("SELECT lease_owner FROM turns WHERE id = $1", turn_id))[0] is None
+
+
+async def test_dead_workers_rows_are_pruned_after_a_while(pool, schema, tendon):
+    async with releasing(pool, schema, tendon.database_url) as a:
+        pass
+    async with releasing(pool, schema, tendon.database_url, interval=0.05, grace=0.05) as judge:
+        await pool.execute(
+            "UPDATE workers SET dead_at = now() - make_interval(secs => 7200) WHERE id = $1", a.worker_id
+        )
+
+        async def pruned() -> bool:
+            return await pool.fetchval("SELECT count(*) FROM workers WHERE id = $1", a.worker_id) == 0
+
+        await wait_for(pruned, timeout=10, what="the dead worker's row pruned")
+        assert await pool.fetchval("SELECT count(*) FROM workers WHERE id = $1", judge.worker_id) == 1
 
 
 async def test_events_apply_once_in_order_whatever_order_they_arrive_in(pool):
@@ -417,8 +536,7 @@ async def test_a_claim_that_meets_a_turn_claimed_since_its_snapshot_leaves_it_to
     pool = pg_pool
     schema = tendon.settings().brain_schema
     turn_id = await _submit(pool)
-    alive = owner_alive_sql(schema, pool)
-    slow_claim = turns._claim_pg_sql(alive).replace(
+    slow_claim = turns._CLAIM_PG.replace(
         "WHERE t.status IN", "WHERE pg_sleep(0.3) IS NOT NULL AND t.status IN", 1
     )
     async with (
@@ -430,7 +548,7 @@ async def test_a_claim_that_meets_a_turn_claimed_since_its_snapshot_leaves_it_to
             await tx.start()
             claiming = asyncio.create_task(conn.fetchrow(slow_claim, late.worker_id, 30.0))
             await asyncio.sleep(0.1)  # the late claim has its snapshot and is scanning
-            lease, _, _ = await transact(pool, lambda c: turns.claim(c, first.worker_id, 30, alive))
+            lease, _, _ = await transact(pool, lambda c: turns.claim(c, first.worker_id, 30))
             # When the late claim gets to the row
             taken = await asyncio.wait_for(claiming, 10)
             await tx.rollback()
@@ -447,7 +565,6 @@ async def test_concurrent_claims_never_take_a_turn_from_a_live_owner(pg_pool, te
     schema = tendon.settings().brain_schema
     for i in range(30):
         await _submit_in(pool, f"s{i}")
-    alive = owner_alive_sql(schema, pool)
     fenced: list[str] = []
     claims = 0
     async with register(pool, schema, tendon.database_url) as brain:
@@ -455,7 +572,7 @@ async def test_concurrent_claims_never_take_a_turn_from_a_live_owner(pg_pool, te
         async def claimer(until: float) -> None:
             nonlocal claims
             while asyncio.get_running_loop().time() < until:
-                got = await transact(pool, lambda c: turns.claim(c, brain.worker_id, 30, alive))
+                got = await transact(pool, lambda c: turns.claim(c, brain.worker_id, 30))
                 if got is None:
                     await asyncio.sleep(0.001)
                     continue
@@ -475,20 +592,21 @@ async def test_concurrent_claims_never_take_a_turn_from_a_live_owner(pg_pool, te
     assert fenced == []
 
 
-async def test_on_sqlite_only_workers_of_the_process_that_has_the_file_open_are_alive(tmp_path):
+async def test_on_sqlite_the_workers_of_an_earlier_opening_of_the_file_are_dead_at_once(tmp_path):
     first = await open_pool(tmp_path / "brain.sqlite3")
     await migrate(first, "brain", MIGRATIONS)
     await _submit(first)
     async with LocalWorkerRegistration(first, "brain") as a:
-        await transact(first, lambda c: turns.claim(c, a.worker_id, 3600, owner_alive_sql("brain", first)))
+        await transact(first, lambda c: turns.claim(c, a.worker_id, 3600))
+        crash(a)
     await first.close()  # the process "dies": its one-hour lease must not protect the turn
     second = await open_pool(tmp_path / "brain.sqlite3")
     try:
-        async with LocalWorkerRegistration(second, "brain") as b:
-            alive = owner_alive_sql("brain", second)
-            claimed = await transact(second, lambda c: turns.claim(c, b.worker_id, 30, alive))
+        async with releasing(second, "brain") as b:
+            await wait_for(lambda: _claimable(second), timeout=10, what="the turn handed back")
+            claimed = await transact(second, lambda c: turns.claim(c, b.worker_id, 30))
             assert claimed is not None and claimed[0].epoch == 2
-            assert await transact(second, lambda c: turns.claim(c, "other", 30, alive)) is None
+            assert await transact(second, lambda c: turns.claim(c, "other", 30)) is None
     finally:
         await second.close()
 
@@ -540,18 +658,21 @@ async def test_a_stalled_command_is_not_sent_again_while_commands_wait_in_its_qu
         else LocalBroker(tmp_path / "queues.sqlite3", Topology(tendon.prefix))
     )
     async with transport:
-        scanner = RepairScanner(
-            pool,
-            Topology(tendon.prefix),
-            wake_channel="unused_channel",
-            gap_timeout=1.0,
-            stall_seconds=1.0,
-            interval=1.0,
-            outbox_ready=lambda: None,
-            waiting=transport.waiting,
-        )
-        # and another command waiting in line in the route's queue (a busy pool)
+        scanner = _scanner(pool, tendon, transport)
+        # and a busy pool: its one consumer works on a command, another waits in line
+        held: list[Delivery] = []
+
+        async def hold(delivery: Delivery) -> None:
+            held.append(delivery)
+
+        busy = await transport.consume(queue, hold, prefetch=1)
+        await transport.publish(queue, b"worked on", message_id="m-busy")
         await transport.publish(queue, b"ahead", message_id="m-ahead")
+
+        async def one_held_one_waiting() -> bool:
+            return bool(held) and await transport.waiting(queue) == 1
+
+        await wait_for(one_held_one_waiting, timeout=10, what="a busy pool")
 
         # When the scan passes, it sends nothing again: the command is most likely in that line
         assert await scanner.scan_once() == 0
@@ -573,8 +694,11 @@ async def test_a_stalled_command_is_not_sent_again_while_commands_wait_in_its_qu
                 await asyncio.sleep(0.02)
             await consumer.close()
 
-        # When the command line is gone but events wait for the Brains (its answer may be there)
+        # When the command line is gone (the pool served it, and waits for more) but events wait
+        # for the Brains (its answer may be there)
+        await busy.close()
         await take_all(queue)
+        idle = await transport.consume(queue, hold, prefetch=1)
         updates = Topology(tendon.prefix).updates
         await transport.publish(updates, b"an event", message_id="m-event")
         assert await scanner.scan_once() == 0
@@ -584,6 +708,67 @@ async def test_a_stalled_command_is_not_sent_again_while_commands_wait_in_its_qu
         assert await scanner.scan_once() == 1
         assert await pool.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL") == 1
         assert await pool.fetchval("SELECT stall_backoff FROM executions WHERE id = 'e7'") == 2
+        await idle.close()
+
+
+def _scanner(pool: Any, tendon: TendonEnv, transport: Transport, **options: Any) -> RepairScanner:
+    return RepairScanner(
+        pool,
+        Topology(tendon.prefix),
+        wake_channel="unused_channel",
+        gap_timeout=1.0,
+        stall_seconds=1.0,
+        interval=1.0,
+        outbox_ready=lambda: None,
+        waiting=transport.waiting,
+        consumers=transport.consumers,
+        **options,
+    )
+
+
+async def test_a_command_nobody_serves_is_not_sent_again_and_its_turn_fails_after_the_attempts(
+    pool: Any, tendon: TendonEnv, tmp_path: Path
+) -> None:
+    # Given an execution whose command was published to a route that no pool consumes
+    turn_id = await _submit(pool)
+    await _intent(pool, turn_id, "e8", route="gone")
+    tendon.routes.add("gone")
+    transport: Transport = (
+        Broker(tendon.amqp_url, Topology(tendon.prefix))
+        if dialect(pool) == "postgres"
+        else LocalBroker(tmp_path / "queues.sqlite3", Topology(tendon.prefix))
+    )
+    async with transport:
+        scanner = _scanner(pool, tendon, transport, repair_attempts=3)
+        for attempt in range(1, 4):
+            async with pool.acquire() as conn:
+                await conn.execute("UPDATE outbox SET published_at = now()")
+                await conn.execute(
+                    "UPDATE executions SET updated_at = $1, replay_requested_at = $1",
+                    datetime.now(UTC) - timedelta(seconds=600),
+                )
+            # When the scan passes: nothing is sent again (nobody would take it), but it counts
+            assert await scanner.scan_once() == 0
+            assert await pool.fetchval("SELECT nudges FROM executions WHERE id = 'e8'") == attempt
+            assert await pool.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL") == 0
+        async with pool.acquire() as conn:
+            await conn.execute(
+                "UPDATE executions SET updated_at = $1, replay_requested_at = $1",
+                datetime.now(UTC) - timedelta(seconds=600),
+            )
+        # Then, the attempts used up, the turn fails with an error naming the silent route,
+        # and its execution is settled: cancelled here, and its Hands told (a cancel control)
+        assert await scanner.scan_once() == 1
+    turn = await pool.fetchrow("SELECT status, error FROM turns WHERE id = $1", turn_id)
+    assert turn["status"] == "failed" and turn["error"]["code"] == "no_answer"
+    assert "route gone" in turn["error"]["message"] and "e8" in turn["error"]["message"]
+    row = await pool.fetchrow("SELECT status, error FROM executions WHERE id = 'e8'")
+    assert row["status"] == "cancelled" and "turn ended first" in row["error"]["message"]
+    cancel = await pool.fetchrow("SELECT queue, payload FROM outbox WHERE published_at IS NULL")
+    assert cancel["queue"] == Topology(tendon.prefix).controls("gone")
+    assert decode(bytes(cancel["payload"])).kind == "cancel"
+    kinds = [r["kind"] for r in await pool.fetch("SELECT kind FROM public_events ORDER BY seq")]
+    assert kinds[-2:] == ["turn.failed", "execution.cancelled"]
 
 
 async def test_a_stalled_execution_is_nudged_ever_less_often_until_it_makes_progress(pool):
@@ -618,3 +803,39 @@ async def test_a_stalled_execution_is_nudged_ever_less_often_until_it_makes_prog
     await transact(pool, lambda c: executions.receive(c, accepted, "unused_channel"))
     async with pool.acquire() as conn:
         assert await conn.fetchval("SELECT stall_backoff FROM executions WHERE id = 'e9'") == 1
+
+
+@pytest.mark.parametrize("session_exists", [False, True])
+async def test_concurrent_submits_of_one_request_agree_on_one_turn(pg_pool, session_exists):
+    # PostgreSQL only (SQLite has one writer at a time). Given eight submits of one request id
+    # racing in eight transactions, half of them with another input
+    pool = pg_pool
+    if session_exists:
+        await _submit(pool, request_id="earlier")
+
+    async def submit(text: str) -> str | Exception:
+        try:
+            turn_id, _ = await verbs.submit(
+                pool,
+                namespace="ns",
+                session_id="s1",
+                request_id="same",
+                user_input=text,
+                agent=AGENT,
+                wake_channel="wake",
+            )
+            return turn_id
+        except Exception as exc:  # noqa: BLE001 - what each caller got is the point
+            return exc
+
+    texts = ["one", "other"] * 4
+    answers = await asyncio.gather(*(submit(t) for t in texts))
+
+    # Then one turn exists; callers with its input got it, the others a ConflictError, and no
+    # caller saw a unique-constraint error
+    (turn,) = await pool.fetch("SELECT id, input FROM turns WHERE request_id = 'same'")
+    for text, answer in zip(texts, answers, strict=True):
+        if text == turn["input"]["text"]:
+            assert answer == turn["id"]
+        else:
+            assert isinstance(answer, ConflictError), answer

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import signal
 from collections.abc import Iterator
@@ -12,7 +11,7 @@ import aio_pika
 import pytest
 
 from examples.mailbox import MailboxServer
-from protocol import SucceededBody, decode, dumps, encode
+from protocol import decode, encode
 from tests.support import Observer, Processes, TendonEnv, run_cli, wait_for
 
 BRAIN = ["-m", "brain", "serve"]
@@ -132,11 +131,13 @@ def _bulk_agent(tmp_path: Path, blob: str) -> str:
     return str(path)
 
 
-async def _run_bulk_turn(tendon: TendonEnv, processes: Processes, tmp_path: Path, blob: str) -> str:
+async def _run_bulk_turn(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path, blob: str, **brain_env: str
+) -> str:
     """A Brain and a "bulk" Hands pool with a 4 KiB offload threshold; submit one echo turn."""
     tendon.routes.add("bulk")
     env = {**tendon.env, "TENDON_OFFLOAD_THRESHOLD": "4096"}
-    await processes.start_ready("brain", BRAIN, env)
+    await processes.start_ready("brain", BRAIN, {**env, **brain_env})
     await processes.start_ready("hands", HANDS_BULK, env)
     agent = _bulk_agent(tmp_path, blob)
     code, out, err = await run_cli(
@@ -175,8 +176,10 @@ async def test_arguments_and_results_over_the_threshold_travel_through_s3(
     await obs.wait_turn(turn_id, "completed")
     (row,) = await obs.executions(turn_id)
     assert row["result"] == {"blob": blob, "length": 20_000}
-    # One object for the command's body and one for the result's, both in the session's scope
-    assert len(_bucket_keys(s3_server, f"default/s-{tendon.suffix}/sha256/")) == 2
+    # One object for the command's body and one for the result's, in the session's scope, each
+    # under the message it was written for
+    keys = _bucket_keys(s3_server, f"default/s-{tendon.suffix}/{row['id']}/")
+    assert sorted(k.split("/")[3] for k in keys) == ["execute", "succeeded-3"]
 
 
 async def test_a_tampered_result_object_is_refused_and_fails_the_turn_with_a_clear_error(
@@ -186,14 +189,25 @@ async def test_a_tampered_result_object_is_refused_and_fails_the_turn_with_a_cle
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     blob = "y" * 20_000
-    scope = f"default/s-{tendon.suffix}"
-    # Given the result's content-addressed key already holds other bytes of the same size
-    body = dumps(SucceededBody(result={"blob": blob, "length": 20_000}).model_dump(mode="json"))
-    key = f"{scope}/sha256/{hashlib.sha256(body).hexdigest()}"
+    obs = Observer(tendon)
+    # Given a Brain that dies as the result's update arrives, before it reads the result...
+    turn_id = await _run_bulk_turn(
+        tendon, processes, tmp_path, blob, TENDON_KILL_AT="brain.after_update_received@succeeded"
+    )
+    assert await processes.wait_exit(processes.children[0]) == -signal.SIGKILL
+    # ...and the result's object then holding other bytes of the same size
+    (row,) = await obs.executions(turn_id)
+    (event,) = await obs.fetch(
+        "SELECT payload FROM {hands}.events WHERE execution_id = $1 AND kind = 'succeeded'", row["id"]
+    )
+    ref = decode(bytes(event["payload"])).body_ref
+    key = ref.uri.removeprefix(f"s3://{s3_server.bucket}/")
+    body = s3_server.client().get_object(Bucket=s3_server.bucket, Key=key)["Body"].read()
     s3_server.client().put_object(Bucket=s3_server.bucket, Key=key, Body=body.replace(b"y", b"z", 1))
 
-    turn_id = await _run_bulk_turn(tendon, processes, tmp_path, blob)
-    turn = await Observer(tendon).wait_turn(turn_id, "failed")
+    # When a Brain receives the update again
+    await processes.start_ready("brain", BRAIN, {**tendon.env, "TENDON_OFFLOAD_THRESHOLD": "4096"})
+    turn = await obs.wait_turn(turn_id, "failed")
     assert turn["error"]["code"] == "object_ref_error"
     assert "sha256 mismatch" in turn["error"]["message"]
     parked = await _drain(tendon.amqp_url, f"t-{tendon.suffix}.updates.dlq")

@@ -125,7 +125,11 @@ SAMPLES: dict[str, tuple[type[BaseModel], BaseModel, dict[str, Any]]] = {
 KINDS = sorted(SAMPLES)
 
 REF = ObjectRef(
-    uri="s3://tendon-payloads/acme/sess-1/ab", sha256="a" * 64, size=2_000_000, scope="acme/sess-1"
+    uri="s3://tendon-payloads/acme/sess-1/ab",
+    sha256="a" * 64,
+    size=2_000_000,
+    scope="acme/sess-1",
+    bound_to=f"{EXECUTION_ID}/execute",
 )
 
 
@@ -358,6 +362,16 @@ def test_an_unknown_replay_policy_is_a_schema_error():
     message = schema_error(data)
     assert "execute.body.replay_policy" in message
     assert "'safe'" in message and "'unsafe'" in message
+
+
+@pytest.mark.parametrize("field", ["bound_to", "scope"])
+def test_a_body_ref_that_does_not_say_what_it_belongs_to_is_a_schema_error(field):
+    data = wire("succeeded", body_ref=REF)
+    del data["body_ref"][field]
+    message = schema_error(data)
+    assert f"body_ref.{field}" in message and "Field required" in message
+    data["body_ref"][field] = ""
+    assert f"body_ref.{field}" in schema_error(data)
 
 
 def test_a_body_ref_outside_object_storage_is_a_schema_error():

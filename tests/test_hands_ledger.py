@@ -30,7 +30,7 @@ from protocol import (
     decode,
     new_id,
 )
-from tests.support import TendonEnv
+from tests.support import TendonEnv, crash, wait_for
 
 CODEC = PayloadCodec(None, 1024 * 1024)
 
@@ -129,18 +129,15 @@ async def test_a_status_change_outside_the_table_is_refused_and_changes_nothing(
     assert row is not None and row.status is LedgerStatus.ACCEPTED and row.result is None
 
 
-async def test_an_owner_missing_from_workers_counts_as_dead_and_is_claimed_once(
-    tendon: TendonEnv, pool: asyncpg.Pool
-) -> None:
-    schema = tendon.settings().hands_schema
+async def test_an_owner_missing_from_workers_counts_as_dead_and_is_claimed_once(pool: asyncpg.Pool) -> None:
     # Given a running execution whose owner never registered (or was cleaned away)
     execution_id = await _execution(pool, "ghost", LedgerStatus.RUNNING)
 
     # When two workers scan and claim it
     async with pool.acquire() as conn:
-        orphans = await ledger.open_orphans(conn, schema, "lab", "w1", 10)
-        first = await ledger.claim_orphan(conn, schema, execution_id, "ghost", "w1")
-        second = await ledger.claim_orphan(conn, schema, execution_id, "ghost", "w2")
+        orphans = await ledger.open_orphans(conn, "lab", "w1", 10)
+        first = await ledger.claim_orphan(conn, execution_id, "ghost", "w1")
+        second = await ledger.claim_orphan(conn, execution_id, "ghost", "w2")
 
     # Then it is an orphan, and only the first compare-and-set wins
     assert orphans == [(execution_id, "ghost")]
@@ -148,34 +145,45 @@ async def test_an_owner_missing_from_workers_counts_as_dead_and_is_claimed_once(
     assert second is None
 
 
-async def test_a_live_owner_is_never_claimed_and_a_closed_one_is_at_once(
+async def test_a_live_owners_execution_is_never_claimed_and_a_dead_ones_is_handed_back(
     tendon: TendonEnv, pg_pool: asyncpg.Pool
 ) -> None:
     pool = pg_pool
     schema = tendon.settings().hands_schema
-    # Given an execution owned by a registered, live worker
-    async with WorkerRegistration(tendon.database_url, schema, "hands") as reg:
-        execution_id = await _execution(pool, reg.worker_id, LedgerStatus.RUNNING)
+    judging = {"grace": 0.3, "interval": 0.05, "release": ledger.release_owners}
+    # Given an execution owned by a registered, live worker, and another worker that judges
+    async with WorkerRegistration(tendon.database_url, schema, "hands", **judging) as judge:
+        async with WorkerRegistration(tendon.database_url, schema, "hands") as reg:
+            execution_id = await _execution(pool, reg.worker_id, LedgerStatus.RUNNING)
+            async with pool.acquire() as conn:
+                # Then nobody may claim it while it lives
+                assert await ledger.open_orphans(conn, "lab", "w1", 10) == []
+                assert await ledger.claim_orphan(conn, execution_id, reg.worker_id, "w1") is None
+            # When it dies (as by SIGKILL: its session gone, nothing renewed)
+            crash(reg)
+
+        # Then once its lock has been gone for the grace, it is presumed dead, and the
+        # execution is handed to a released name in the same transaction: an orphan, fenced
+        async def handed_back() -> list[tuple[str, str]]:
+            async with pool.acquire() as conn:
+                return await ledger.open_orphans(conn, "lab", judge.worker_id, 10)
+
+        orphans = await wait_for(handed_back, timeout=10, what="the dead owner's execution")
+        assert orphans == [(execution_id, f"released-by:{reg.worker_id}")]
         async with pool.acquire() as conn:
-            # Then nobody may claim it while it lives
-            assert await ledger.worker_alive(conn, schema, reg.worker_id)
-            assert await ledger.open_orphans(conn, schema, "lab", "w1", 10) == []
-            assert await ledger.claim_orphan(conn, schema, execution_id, reg.worker_id, "w1") is None
-    # When its session ends, Then it is claimable without waiting for any lease
-    async with pool.acquire() as conn:
-        assert not await ledger.worker_alive(conn, schema, reg.worker_id)
-        claimed = await ledger.claim_orphan(conn, schema, execution_id, reg.worker_id, "w1")
-    assert claimed is not None and claimed.owner == "w1"
+            with pytest.raises(StaleOwnerError):
+                await ledger.lock_owned(conn, execution_id, reg.worker_id)
+            claimed = await ledger.claim_orphan(conn, execution_id, orphans[0][1], "w1")
+        assert claimed is not None and claimed.owner == "w1"
 
 
 async def test_a_released_execution_becomes_an_orphan_for_every_worker_including_its_owner(
-    tendon: TendonEnv, pool: asyncpg.Pool
+    pool: asyncpg.Pool,
 ) -> None:
-    schema = tendon.settings().hands_schema
     execution_id = await _execution(pool, "w1", LedgerStatus.RUNNING)
     async with pool.acquire() as conn:
         assert await ledger.release(conn, execution_id, "w1")
-        assert await ledger.open_orphans(conn, schema, "lab", "w1", 10) == [(execution_id, "released-by:w1")]
+        assert await ledger.open_orphans(conn, "lab", "w1", 10) == [(execution_id, "released-by:w1")]
 
 
 async def test_events_get_contiguous_seqs_and_carry_the_rows_headers(pool: asyncpg.Pool) -> None:
@@ -291,14 +299,22 @@ async def test_on_sqlite_an_owner_from_an_earlier_opening_of_the_file_is_dead(tm
     async with LocalWorkerRegistration(first, "hands") as old:
         execution_id = await _execution(first, old.worker_id, LedgerStatus.RUNNING)
         async with first.acquire() as conn:
-            assert await ledger.open_orphans(conn, "hands", "lab", "w1", 10) == []
+            assert await ledger.open_orphans(conn, "lab", "w1", 10) == []
+        crash(old)
     await first.close()  # the process that had the data directory is gone
     second = await open_pool(tmp_path / "hands.sqlite3")
     try:
-        async with second.acquire() as conn:
-            assert not await ledger.worker_alive(conn, "hands", old.worker_id)
-            claimed = await ledger.claim_orphan(conn, "hands", execution_id, old.worker_id, "w2")
-        assert claimed is not None and claimed.owner == "w2"
+        judging = {"interval": 0.05, "release": ledger.release_owners}
+        async with LocalWorkerRegistration(second, "hands", **judging) as new:
+
+            async def handed_back() -> list[tuple[str, str]]:
+                async with second.acquire() as conn:
+                    return await ledger.open_orphans(conn, "lab", new.worker_id, 10)
+
+            [(orphan, released)] = await wait_for(handed_back, timeout=10, what="the old owner's execution")
+            async with second.acquire() as conn:
+                claimed = await ledger.claim_orphan(conn, orphan, released, "w2")
+        assert orphan == execution_id and claimed is not None and claimed.owner == "w2"
     finally:
         await second.close()
 

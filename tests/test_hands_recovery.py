@@ -127,7 +127,7 @@ async def _lab(
                 kill=KillPoints(),
                 concurrency=4,
             )
-            scanner = RecoveryScanner(pool=pool, schema=schema, route="lab", executor=executor, interval=0.2)
+            scanner = RecoveryScanner(pool=pool, route="lab", executor=executor, interval=0.2)
             yield Lab(pool, registry, executor, scanner, runs_file, charges_file)
             await executor.drain(5.0)
     finally:

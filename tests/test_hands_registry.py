@@ -27,6 +27,7 @@ def test_a_module_name_loads_only_the_tools_of_the_route() -> None:
         "charge",
         "charge_noquery",
         "echo",
+        "gated",
         "nul_result",
         "slow",
         "wait_cancel",

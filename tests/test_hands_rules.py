@@ -33,6 +33,7 @@ ALLOWED = {
     (S.QUERYING, S.QUERYING),
     (S.QUERYING, S.RUNNING),
     (S.QUERYING, S.SUCCEEDED),
+    (S.QUERYING, S.CANCELLED),  # the query found nothing, and a cancel was asked meanwhile
     (S.QUERYING, S.UNKNOWN),
 }
 

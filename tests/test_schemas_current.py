@@ -115,7 +115,7 @@ def test_encoded_envelopes_validate_against_the_generated_schemas():
     jsonschema = pytest.importorskip("jsonschema")
     rendered = schemas.render()
     union = json.loads(rendered["envelope.json"])
-    ref = protocol.ObjectRef(uri="s3://b/k", sha256="a" * 64, size=1, scope="n/s")
+    ref = protocol.ObjectRef(uri="s3://b/k", sha256="a" * 64, size=1, scope="n/s", bound_to="e/execute")
     header = {"execution_id": "e", "namespace": "n", "session_id": "s", "request_digest": "d" * 64}
     samples = [
         protocol.ExecuteCommand(**header, body_ref=ref),

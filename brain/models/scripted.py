@@ -7,11 +7,13 @@
 The reply for a turn is the script entry at the number of assistant replies already in that
 turn's history, so a restarted Brain asks again and gets the same answer. ``{results}`` in
 content is replaced by one line per tool result of the turn. Call ids are ``call-N``,
-numbered across the turn.
+numbered across the turn. ``"delay": SECONDS`` in an entry makes that reply take so long, as a
+slow model would (tests of leases and of faults during a model call).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -38,6 +40,8 @@ class ScriptedModel:
         if replies >= len(self.script):
             return ModelReply(content="(script exhausted)")
         entry = self.script[replies]
+        if entry.get("delay"):
+            await asyncio.sleep(float(entry["delay"]))
         calls_so_far = sum(len(m.content.get("tool_calls", [])) for m in mine if m.role == "assistant")
         if "tool_calls" in entry:
             calls = [

@@ -18,7 +18,11 @@ from brain.states import (
 )
 from brain.store import events, outbox
 from infra.db import Json, dialect
-from protocol import ConflictError, NotFoundError, RoutingError, decode, encode
+from infra.logging import get_logger
+from infra.transport import Topology
+from protocol import CancelBody, CancelControl, ConflictError, NotFoundError, RoutingError, decode, encode
+
+log = get_logger(__name__)
 
 _INSERT_INTENT = """INSERT INTO executions (id, turn_id, tool_step, call_id, route, tool, binding_digest,
                                    replay_policy, args, request_digest, status, command_message_id)
@@ -121,8 +125,17 @@ async def receive(conn: asyncpg.Connection, event: Any, wake_channel: str) -> Ar
     if row["request_digest"] != event.request_digest:
         raise ConflictError(f"event for execution {event.execution_id} carries a foreign request digest")
 
-    arrival = classify(row["last_seq"], event.seq)
+    arrival = classify(
+        row["last_seq"], event.seq, settled=ExecutionStatus(row["status"]) in TERMINAL_EXECUTION
+    )
     if arrival is Arrival.DUPLICATE:
+        if row["nudges"] and event.seq == row["last_seq"]:
+            # The answer to a nudge (it asks for the last event again): the Hands have the
+            # execution, which has nothing new yet. Not a silence that counts towards giving up.
+            await conn.execute("UPDATE executions SET nudges = 0 WHERE id = $1", row["id"])
+        return arrival
+    if arrival is Arrival.LATE:
+        log.warning("late_event", status=row["status"], kind=event.kind, seq=event.seq)
         return arrival
     if arrival is Arrival.HOLD:
         await conn.execute(
@@ -206,7 +219,7 @@ def _effect(event: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 # Event kinds applied in place on PostgreSQL: a status change and nothing else (an output page
 # has its own table, an UNKNOWN also tells the turn what it waits for).
 _IN_PLACE_KINDS = frozenset({"accepted", "started", "succeeded", "failed", "cancelled"})
-_PROGRESS = "last_seq = $2, updated_at = now(), replay_requested_at = NULL, stall_backoff = 1"
+_PROGRESS = "last_seq = $2, updated_at = now(), replay_requested_at = NULL, stall_backoff = 1, nudges = 0"
 
 
 async def _apply_in_place(conn: asyncpg.Connection, event: Any) -> asyncpg.Record | None:
@@ -335,12 +348,14 @@ async def wake_stuck_turns(conn: asyncpg.Connection, wake_channel: str) -> int:
 async def gaps_to_replay(conn: asyncpg.Connection, gap_seconds: float) -> list[asyncpg.Record]:
     """Executions whose held events have waited longer than ``gap_seconds`` for a missing seq."""
     return await conn.fetch(
-        """SELECT e.id, e.last_seq, e.route, e.request_digest, t.namespace, t.session_id
+        """SELECT e.id, e.turn_id, e.status, e.last_seq, e.route, e.request_digest, e.nudges,
+                  t.namespace, t.session_id
              FROM executions e JOIN turns t ON t.id = e.turn_id
-            WHERE EXISTS (SELECT 1 FROM held_events h WHERE h.execution_id = e.id
+            WHERE e.holding AND e.status IN ('intended', 'accepted', 'running', 'unknown')
+              AND EXISTS (SELECT 1 FROM held_events h WHERE h.execution_id = e.id
                             AND h.received_at < now() - make_interval(secs => $1))
               AND (e.replay_requested_at IS NULL
-                   OR e.replay_requested_at < now() - make_interval(secs => $1 * 4))
+                   OR e.replay_requested_at < now() - make_interval(secs => $1 * 4 * e.stall_backoff))
             FOR UPDATE OF e SKIP LOCKED""",
         gap_seconds,
     )
@@ -366,8 +381,8 @@ async def stalled(
     re-sent copy would only join it. They count again once the line is gone.
     """
     return await conn.fetch(
-        """SELECT e.id, e.status, e.last_seq, e.route, e.request_digest, e.command_message_id,
-                  t.namespace, t.session_id
+        """SELECT e.id, e.turn_id, e.status, e.last_seq, e.route, e.request_digest, e.command_message_id,
+                  e.nudges, t.namespace, t.session_id
              FROM executions e JOIN turns t ON t.id = e.turn_id
             WHERE e.status IN ('intended', 'accepted', 'running')
               AND e.updated_at < now() - make_interval(secs => $1)
@@ -383,16 +398,33 @@ async def stalled(
 
 
 async def mark_nudged(conn: asyncpg.Connection, execution_id: str) -> None:
-    """Record that a command was re-sent or a replay asked for; the next nudge waits longer."""
+    """Record that a command was re-sent or a replay asked for (or that nobody serves its
+    route): the next nudge waits longer, and an answer (any event) resets the count."""
     await conn.execute(
-        "UPDATE executions SET replay_requested_at = now(), stall_backoff = LEAST(stall_backoff * 2, 64)"
-        " WHERE id = $1",
+        "UPDATE executions SET replay_requested_at = now(), stall_backoff = LEAST(stall_backoff * 2, 64),"
+        " nudges = nudges + 1 WHERE id = $1",
         execution_id,
     )
 
 
-async def fail_turn(conn: asyncpg.Connection, turn_id: str, error: dict[str, str], wake_channel: str) -> None:
-    """Fail a turn from outside its run (e.g. an update that cannot be verified).
+async def turn_of(conn: asyncpg.Connection, header: Any) -> str | None:
+    """The turn of the execution an envelope names, if the envelope's scope and request digest
+    are that execution's (else None: the message proves nothing about it)."""
+    return await conn.fetchval(
+        """SELECT e.turn_id FROM executions e JOIN turns t ON t.id = e.turn_id
+            WHERE e.id = $1 AND t.namespace = $2 AND t.session_id = $3 AND e.request_digest = $4""",
+        header.execution_id,
+        header.namespace,
+        header.session_id,
+        header.request_digest,
+    )
+
+
+async def fail_turn(
+    conn: asyncpg.Connection, turn_id: str, error: dict[str, str], wake_channel: str, topology: Topology
+) -> int:
+    """Fail a turn from outside its run (e.g. an update that cannot be verified, or Hands that
+    no longer answer), and settle its executions (see :func:`settle_open`); returns how many.
 
     Bumping the epoch fences out whichever run still holds the lease.
     """
@@ -404,6 +436,48 @@ async def fail_turn(conn: asyncpg.Connection, turn_id: str, error: dict[str, str
         turn_id,
         error,
     )
-    if row is not None:
-        await events.append(conn, row["session_id"], turn_id, "turn.failed", {"error": error})
-        await events.wake(conn, wake_channel)
+    if row is None:
+        return 0
+    await events.append(conn, row["session_id"], turn_id, "turn.failed", {"error": error})
+    settled = await settle_open(conn, turn_id, error, topology)
+    await events.wake(conn, wake_channel)
+    return settled
+
+
+async def settle_open(
+    conn: asyncpg.Connection, turn_id: str, error: dict[str, str], topology: Topology
+) -> int:
+    """Settle the unfinished executions of a turn that ended before them (it failed).
+
+    Each becomes CANCELLED here, with the turn's error, and its Hands are told: a cancel
+    control goes out through the outbox in this same transaction. A command they have not seen
+    yet then never runs (the cancel leaves a tombstone), a body that runs is asked to stop, and
+    whatever they report afterwards is a late event the Brain leaves alone. So nothing is
+    nudged or waited for any more. UNKNOWN executions stay UNKNOWN: a reconcile may still come.
+    Returns how many were settled.
+    """
+    turn = await conn.fetchrow("SELECT namespace, session_id FROM turns WHERE id = $1", turn_id)
+    reason = f"its turn ended first ({error.get('code')}: {error.get('message')})"
+    settled = await conn.fetch(
+        """UPDATE executions SET status = 'cancelled', error = $2, holding = false, updated_at = now()
+            WHERE turn_id = $1 AND status IN ('intended', 'accepted', 'running')
+        RETURNING id, route, request_digest, call_id, tool""",
+        turn_id,
+        {"code": "cancelled", "message": reason},
+    )
+    for e in settled:
+        control = CancelControl(
+            execution_id=e["id"],
+            namespace=turn["namespace"],
+            session_id=turn["session_id"],
+            request_digest=e["request_digest"],
+            body=CancelBody(reason=reason),
+        )
+        await outbox.add(conn, topology.controls(e["route"]), control.message_id, encode(control))
+        detail = {"execution_id": e["id"], "call_id": e["call_id"], "tool": e["tool"], "reason": reason}
+        await events.append(conn, turn["session_id"], turn_id, "execution.cancelled", detail)
+    if settled:
+        await conn.execute(
+            "DELETE FROM held_events WHERE execution_id = ANY($1::text[])", [e["id"] for e in settled]
+        )
+    return len(settled)

@@ -34,6 +34,25 @@ DROP INDEX turns_claimable;
 CREATE INDEX turns_claimable ON turns (wake_at, seq) WHERE status IN ('queued', 'running');
 """
 
+# Liveness by a lease renewed in time, beside the lock (infra.liveness); runs numbered per turn
+# (the claim counts them; existing turns count the runs they had); nudges of an execution that
+# got no answer, counted towards giving up (brain.scanner).
+_LEASES_PG = """
+ALTER TABLE workers ADD COLUMN lease_expires_at timestamptz, ADD COLUMN lock_lost_at timestamptz,
+    ADD COLUMN dead_at timestamptz;
+ALTER TABLE turns ADD COLUMN runs int NOT NULL DEFAULT 0;
+UPDATE turns SET runs = (SELECT count(*) FROM runs r WHERE r.turn_id = turns.id);
+ALTER TABLE executions ADD COLUMN nudges int NOT NULL DEFAULT 0;
+"""
+_LEASES_SQLITE = """
+ALTER TABLE workers ADD COLUMN lease_expires_at timestamptz TEXT;
+ALTER TABLE workers ADD COLUMN lock_lost_at timestamptz TEXT;
+ALTER TABLE workers ADD COLUMN dead_at timestamptz TEXT;
+ALTER TABLE turns ADD COLUMN runs int NOT NULL DEFAULT 0;
+UPDATE turns SET runs = (SELECT count(*) FROM runs r WHERE r.turn_id = turns.id);
+ALTER TABLE executions ADD COLUMN nudges int NOT NULL DEFAULT 0;
+"""
+
 POSTGRES: list[tuple[int, str]] = [
     (
         1,
@@ -135,6 +154,7 @@ ALTER TABLE executions ADD COLUMN command_message_id text;
     (4, "ALTER TABLE executions ADD COLUMN stall_backoff int NOT NULL DEFAULT 1;"),
     (5, _HOLDING),
     (6, _CLAIM_ORDER),
+    (7, _LEASES_PG),
 ]
 
 _NOW = "(strftime('%Y-%m-%dT%H:%M:%f', 'now'))"
@@ -243,6 +263,7 @@ ALTER TABLE turns ADD COLUMN retries int NOT NULL DEFAULT 0;
     (4, "ALTER TABLE executions ADD COLUMN stall_backoff int NOT NULL DEFAULT 1;"),
     (5, _HOLDING),
     (6, _CLAIM_ORDER),
+    (7, _LEASES_SQLITE),
 ]
 
 MIGRATIONS: dict[str, list[tuple[int, str]]] = {"postgres": POSTGRES, "sqlite": SQLITE}

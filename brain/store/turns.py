@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, NoReturn
 
@@ -149,82 +149,71 @@ _INSERT_TURN = """INSERT INTO turns (id, namespace, session_id, thread_id, reque
                   VALUES ($1, $2, $3, $3, $4, $5, $6, $7, $8)"""
 
 
-def _claimable_sql(alive: str, postgres: bool = True) -> str:
-    """Turns that may be claimed now: due, not owned by a live lease, first in their thread.
+# Claimable: queued or running, due, not under a live lease, first unfinished in its thread.
+# A lease is live until it runs out; the owner renews it while its run goes on (see
+# ``renew_leases``), and the judgement that presumes an owner dead hands its turns back at once
+# (``release_owners``). So a claim reads nothing but the turn's own columns.
+_CLAIMABLE = """
+    SELECT t.id FROM turns t
+    WHERE t.status IN ('queued', 'running') AND t.wake_at <= now()
+      AND (t.lease_owner IS NULL OR t.lease_expires_at < now())
+      AND NOT EXISTS (
+          SELECT 1 FROM turns p WHERE p.thread_id = t.thread_id AND p.seq < t.seq
+            AND p.status NOT IN ('completed', 'failed', 'cancelled'))"""
 
-    The dead owners are one array, computed once per statement, not a join or a subquery on
-    ``t``: a claim that finds its candidate changed since its snapshot (another claim
-    committed just now) has PostgreSQL recheck these conditions on the new row version, and
-    only plain conditions on ``t`` were seen to hold up there. With a joined ``workers`` row
-    the recheck kept the old version's (none: "dead"), and with a correlated subquery it let
-    a few claims through as well: either way a claim took a turn from a live owner, which
-    fencing then caught at the owner's next commit (tests/test_brain_store.py). SQLite has
-    one writer at a time, so no claim there meets a row changed under it.
-    """
-    dead = f"SELECT w.id FROM workers w WHERE NOT {alive}"
-    dead_owner = f"t.lease_owner = ANY (ARRAY({dead}))" if postgres else f"t.lease_owner IN ({dead})"
-    return f"""
-        SELECT t.id FROM turns t
-        WHERE t.status IN ('queued', 'running') AND t.wake_at <= now()
-          AND (t.lease_owner IS NULL OR t.lease_expires_at < now() OR {dead_owner})
-          AND NOT EXISTS (
-              SELECT 1 FROM turns p WHERE p.thread_id = t.thread_id AND p.seq < t.seq
-                AND p.status NOT IN ('completed', 'failed', 'cancelled'))"""
-
-
-async def anything_claimable(conn: asyncpg.Connection, alive_sql: str) -> bool:
-    """A cheap look before opening a claim transaction (wake-ups reach every idle driver)."""
-    claimable = _claimable_sql(alive_sql, dialect(conn) == "postgres")
-    return bool(await conn.fetchval(f"SELECT EXISTS ({claimable})"))
-
-
-def claim_sql(alive: str, postgres: bool = True) -> str:
-    """Claim the first claimable turn (see ``_claimable_sql``) for a new run."""
-    return f"""
-    WITH candidate AS ({_claimable_sql(alive, postgres)}
+_CLAIM = f"""
+    WITH candidate AS ({_CLAIMABLE}
         ORDER BY t.wake_at, t.seq
         LIMIT 1
         FOR UPDATE OF t SKIP LOCKED)
     UPDATE turns AS t
-       SET lease_owner = $1, lease_epoch = t.lease_epoch + 1,
+       SET lease_owner = $1, lease_epoch = t.lease_epoch + 1, runs = t.runs + 1,
            lease_expires_at = now() + make_interval(secs => $2), status = 'running',
            updated_at = now()
       FROM candidate WHERE t.id = candidate.id
     RETURNING t.*"""
 
 
-def _claim_pg_sql(alive: str) -> str:
+def _claim_pg_sql() -> str:
     """The claim, its runs row and its ``turn.run_started`` event in one statement (PostgreSQL)."""
     event = events.cte(
         "(SELECT session_id FROM claimed)",
         "(SELECT id FROM claimed)",
         "'turn.run_started'",
-        "jsonb_build_object('run_id', run.id, 'phase', c.phase, 'epoch', c.lease_epoch)",
+        "jsonb_build_object('run_id', run.id, 'run', c.runs, 'phase', c.phase, 'epoch', c.lease_epoch)",
         source=", claimed c, run",
     )
     # The statement's snapshot predates its own claim, so the claimed turn is one of the two.
     return f"""
-    WITH claimed AS ({claim_sql(alive)}),
+    WITH claimed AS ({_CLAIM}),
     run AS (
         INSERT INTO runs (turn_id, owner, epoch, started_phase)
         SELECT id, $1, lease_epoch, phase FROM claimed RETURNING id),
     {event}
     SELECT claimed.*, run.id AS run_id,
-           (SELECT count(*) FROM ({_claimable_sql(alive)} LIMIT 2) AS two) > 1 AS more_claimable
+           (SELECT count(*) FROM ({_CLAIMABLE} LIMIT 2) AS two) > 1 AS more_claimable
       FROM claimed, run"""
 
 
-async def claim(conn: asyncpg.Connection, owner: str, lease_seconds: float, alive_sql: str) -> Claim | None:
+_CLAIM_PG = _claim_pg_sql()
+
+
+async def anything_claimable(conn: asyncpg.Connection) -> bool:
+    """A cheap look before opening a claim transaction (wake-ups reach every idle driver)."""
+    return bool(await conn.fetchval(f"SELECT EXISTS ({_CLAIMABLE})"))
+
+
+async def claim(conn: asyncpg.Connection, owner: str, lease_seconds: float) -> Claim | None:
     """Claim one turn for a new run (inside the caller's transaction)."""
     if dialect(conn) == "postgres":
-        row = await conn.fetchrow(_claim_pg_sql(alive_sql), owner, lease_seconds)
+        row = await conn.fetchrow(_CLAIM_PG, owner, lease_seconds)
         if row is None:
             return None
         return Claim(Lease(row["id"], owner, row["lease_epoch"], row["run_id"]), row, row["more_claimable"])
-    row = await conn.fetchrow(claim_sql(alive_sql, postgres=False), owner, lease_seconds)
+    row = await conn.fetchrow(_CLAIM, owner, lease_seconds)
     if row is None:
         return None
-    more = await conn.fetchval(f"SELECT EXISTS ({_claimable_sql(alive_sql, postgres=False)})")
+    more = await conn.fetchval(f"SELECT EXISTS ({_CLAIMABLE})")
     run_id = await conn.fetchval(
         "INSERT INTO runs (turn_id, owner, epoch, started_phase) VALUES ($1, $2, $3, $4) RETURNING id",
         row["id"],
@@ -237,9 +226,61 @@ async def claim(conn: asyncpg.Connection, owner: str, lease_seconds: float, aliv
         row["session_id"],
         row["id"],
         "turn.run_started",
-        {"run_id": run_id, "phase": row["phase"], "epoch": row["lease_epoch"]},
+        {"run_id": run_id, "run": row["runs"], "phase": row["phase"], "epoch": row["lease_epoch"]},
     )
     return Claim(Lease(row["id"], owner, row["lease_epoch"], run_id), row, bool(more))
+
+
+async def renew_leases(
+    conn: asyncpg.Connection, owner: str, turn_ids: Collection[str], lease_seconds: float
+) -> None:
+    """Extend the leases ``owner`` holds on ``turn_ids`` (its runs in progress): a phase that
+    takes longer than a lease (a slow model) is not taken over while its Brain is alive."""
+    if turn_ids:
+        await conn.execute(
+            """UPDATE turns SET lease_expires_at = now() + make_interval(secs => $3)
+                WHERE id = ANY($2::text[]) AND lease_owner = $1""",
+            owner,
+            list(turn_ids),
+            lease_seconds,
+        )
+
+
+async def wake_for_bindings(conn: asyncpg.Connection, wake_channel: str) -> int:
+    """Tools were announced: turns waiting for bindings look again (each checks its own)."""
+    woken = await conn.fetch(
+        """UPDATE turns SET status = 'running', wake_at = now(), waiting_for = NULL, updated_at = now()
+            WHERE status = 'waiting' AND phase = 'prepare' RETURNING id"""
+    )
+    if woken:
+        await events.wake(conn, wake_channel)
+    return len(woken)
+
+
+async def wake_due(conn: asyncpg.Connection, wake_channel: str) -> int:
+    """Turns whose wait has a deadline that came (no pool announced their tools in time): claimable
+    again, so that their run says why they cannot go on."""
+    woken = await conn.fetch(
+        """UPDATE turns SET status = 'running', updated_at = now()
+            WHERE status = 'waiting' AND phase = 'prepare' AND wake_at <= now() RETURNING id"""
+    )
+    if woken:
+        await events.wake(conn, wake_channel)
+    return len(woken)
+
+
+async def release_owners(conn: asyncpg.Connection, owners: list[str], wake_channel: str) -> int:
+    """Hand back the turns of Brains presumed dead (or retiring): claimable at once, and their
+    runs fenced out (they no longer own what they would commit). Returns how many."""
+    released = await conn.fetch(
+        """UPDATE turns SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+            WHERE lease_owner = ANY($1::text[]) AND status NOT IN ('completed', 'failed', 'cancelled')
+        RETURNING id""",
+        owners,
+    )
+    if released:
+        await events.wake(conn, wake_channel)
+    return len(released)
 
 
 async def load(conn: asyncpg.Connection, turn_id: str) -> asyncpg.Record:

@@ -1,0 +1,147 @@
+"""Pytest plugin: the lab Hands pool's world and a bus to talk to it (route ``lab``).
+
+``world``: a Tendon world whose lab tools record their runs and charges in files; ``bus``: the
+test's side of the broker, publishing commands and controls and collecting every update. Load
+it with ``pytest_plugins`` (tests/conftest.py does).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import asyncpg
+import pytest
+
+from hands.tools import Tool
+from infra.broker import Broker, Topology
+from protocol import ExecuteBody, ExecuteCommand, decode, encode, new_id, request_digest
+from tests import hands_test_tools as lab
+from tests.support import Processes, TendonEnv, wait_for
+
+SERVE = ["-m", "hands", "serve", "--route", "lab", "--tools", "tests.hands_test_tools"]
+WAIT = 20.0
+
+
+@pytest.fixture
+def world(tendon: TendonEnv, tmp_path: Path) -> TendonEnv:
+    tendon.routes = {"lab"}
+    tendon.extra.update(
+        {
+            "LAB_RUNS_FILE": str(tmp_path / "runs.txt"),
+            "LAB_CHARGES_FILE": str(tmp_path / "charges.json"),
+        }
+    )
+    return tendon
+
+
+class Bus:
+    """The test's side of the broker: publish commands and controls, collect updates."""
+
+    def __init__(self, world: TendonEnv, broker: Broker) -> None:
+        self.world = world
+        self.broker = broker
+        self.topology = broker.topology
+        self.raw: dict[str, list[bytes]] = defaultdict(list)
+
+    async def _on_update(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        envelope = decode(message.body)
+        self.raw[envelope.execution_id].append(message.body)
+        await message.ack()
+
+    async def publish_command(self, command: ExecuteCommand | bytes) -> None:
+        body = command if isinstance(command, bytes) else encode(command)
+        await self.broker.publish(self.topology.commands("lab"), body, message_id=new_id())
+
+    async def publish_control(self, control: Any) -> None:
+        await self.broker.publish(self.topology.controls("lab"), encode(control), message_id=new_id())
+
+    def events(self, execution_id: str) -> list[Any]:
+        """Every event received for ``execution_id``, in arrival order (duplicates included)."""
+        return [decode(raw) for raw in self.raw[execution_id]]
+
+    def by_seq(self, execution_id: str) -> dict[int, Any]:
+        return {e.seq: e for e in self.events(execution_id)}
+
+    async def wait_seqs(self, execution_id: str, last: int) -> dict[int, Any]:
+        """Wait until seqs 1..last of ``execution_id`` all arrived; return them by seq."""
+
+        async def complete() -> dict[int, Any] | None:
+            got = self.by_seq(execution_id)
+            return got if all(s in got for s in range(1, last + 1)) else None
+
+        return await wait_for(complete, timeout=WAIT, what=f"events 1..{last} of {execution_id}")
+
+    async def wait_kind(self, execution_id: str, kind: str) -> Any:
+        async def found() -> Any:
+            return next((e for e in self.events(execution_id) if e.kind == kind), None)
+
+        return await wait_for(found, timeout=WAIT, what=f"a {kind} event for {execution_id}")
+
+    async def dead_letters(self, queue: str) -> list[aio_pika.abc.AbstractIncomingMessage]:
+        channel = await self.broker._connection.channel()  # type: ignore[union-attr]
+        try:
+            dlq = await channel.declare_queue(
+                self.topology.dlq(queue), durable=True, arguments={"x-queue-type": "quorum"}
+            )
+            out = []
+            while (message := await dlq.get(no_ack=True, fail=False)) is not None:
+                out.append(message)
+            return out
+        finally:
+            await channel.close()
+
+
+@pytest.fixture
+async def bus(world: TendonEnv) -> AsyncIterator[Bus]:
+    settings = world.settings()
+    async with Broker(settings.amqp_url, Topology(settings.queue_prefix)) as broker:
+        bus = Bus(world, broker)
+        await broker.consume(broker.topology.updates, bus._on_update, prefetch=100)
+        yield bus
+
+
+def command(
+    t: Tool,
+    args: dict[str, Any],
+    *,
+    binding_digest: str | None = None,
+    execution_id: str | None = None,
+) -> ExecuteCommand:
+    """An execute command for test tool ``t`` as a Brain would publish it."""
+    execution_id = execution_id or new_id()
+    body = ExecuteBody(
+        turn_id=f"turn-{execution_id[:6]}",
+        call_id=f"call-{execution_id[:6]}",
+        route="lab",
+        tool=t.name,
+        binding_digest=binding_digest or t.binding.digest,
+        replay_policy=t.binding.replay_policy,
+        args=args,
+    )
+    return ExecuteCommand(
+        execution_id=execution_id,
+        namespace="tests",
+        session_id=f"s{execution_id[:8]}",
+        request_digest=request_digest(execution_id, body),
+        body=body,
+    )
+
+
+async def start_worker(processes: Processes, world: TendonEnv, **env: str) -> Any:
+    return await processes.start_ready("hands", SERVE, {**world.env, **env})
+
+
+def runs(world: TendonEnv) -> list[tuple[str, str, int]]:
+    return lab.runs(Path(world.extra["LAB_RUNS_FILE"]))
+
+
+async def ledger_fetch(world: TendonEnv, sql: str, *args: Any) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(world.database_url, server_settings={"search_path": f"th_{world.suffix}"})
+    try:
+        return await conn.fetch(sql, *args)
+    finally:
+        await conn.close()

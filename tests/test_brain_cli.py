@@ -1,0 +1,93 @@
+"""`brain submit` as users run it: real processes, racing, on the local PostgreSQL and RabbitMQ."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+
+from tests.support import Observer, Processes, TendonEnv, run_cli, wait_for
+
+AGENT = "examples/notice_agent.json"
+BRAIN = ["-m", "brain", "serve"]
+HANDS = ["-m", "hands", "serve", "--route", "email", "--tools", "examples.email_tools"]
+
+
+async def _submit(env: dict[str, str], session: str, request_id: str, text: str) -> tuple[int, str, str]:
+    return await run_cli(
+        ["-m", "brain", "submit", "--session", session, "--request-id", request_id, "--agent", AGENT, text],
+        env,
+    )
+
+
+@pytest.mark.parametrize("session_exists", [False, True])
+async def test_racing_identical_submits_all_get_the_one_turn(tendon: TendonEnv, session_exists: bool) -> None:
+    env = tendon.env
+    if session_exists:
+        code, _, err = await _submit(env, "s-race", "earlier", "an earlier turn")
+        assert code == 0, err
+
+    # When six identical submits arrive together
+    answers = await asyncio.gather(*(_submit(env, "s-race", "same", "send the notice") for _ in range(6)))
+
+    # Then every caller gets the one turn, and nobody sees a database error
+    assert [code for code, _, _ in answers] == [0] * 6, [err for _, _, err in answers]
+    assert len({out.strip() for _, out, _ in answers}) == 1
+    rows = await Observer(tendon).fetch("SELECT id FROM {brain}.turns WHERE request_id = 'same'")
+    assert [r["id"] for r in rows] == [answers[0][1].strip()]
+
+
+async def test_racing_submits_with_other_input_get_a_conflict_with_its_own_exit_code(
+    tendon: TendonEnv,
+) -> None:
+    env = tendon.env
+    # When submits of one request id race with two different inputs
+    texts = ["first input", "second input"] * 3
+    answers = await asyncio.gather(*(_submit(env, "s-conflict", "r", text) for text in texts))
+
+    # Then the turn is one input's; every caller with that input gets it, every other caller a
+    # CONFLICT (exit code 4) that names the request id, and nothing else failed
+    (turn,) = await Observer(tendon).fetch("SELECT id, input FROM {brain}.turns WHERE request_id = 'r'")
+    won = turn["input"]["text"]
+    for text, (code, out, err) in zip(texts, answers, strict=True):
+        if text == won:
+            assert (code, out.strip()) == (0, turn["id"]), err
+        else:
+            assert code == 4 and out == "", err
+            assert err.startswith("brain: CONFLICT:") and "'r'" in err and len(err.strip().splitlines()) == 1
+
+
+async def test_submit_help_lists_the_exit_codes() -> None:
+    code, out, _ = await run_cli(["-m", "brain", "submit", "--help"], {})
+    assert code == 0
+    assert "4  CONFLICT" in out and "5  a service" in out
+
+
+async def test_submit_warns_when_no_pool_serves_a_tool_the_agent_names(
+    tendon: TendonEnv, processes: Processes
+) -> None:
+    # Given no Hands pool at all
+    code, out, err = await _submit(tendon.env, "s-lonely", "r1", "go")
+
+    # Then the turn is accepted, and the caller is told what it will wait for
+    assert code == 0 and out.strip().startswith("turn-")
+    assert err.startswith("brain: warning: no Hands pool has announced send_email;")
+    assert "the turn waits up to 60s" in err and len(err.strip().splitlines()) == 1
+
+    # Given a pool that announced the tool to a Brain and then stopped
+    obs = Observer(tendon)
+    await processes.start_ready("brain", BRAIN, tendon.env)
+    hands = await processes.start_ready("hands", HANDS, tendon.env)
+
+    async def announced() -> bool:
+        return bool(await obs.fetch("SELECT 1 FROM {brain}.bindings WHERE name = 'send_email'"))
+
+    await wait_for(announced, what="the announcement")
+    hands.send_signal(signal.SIGTERM)
+    assert await processes.wait_exit(hands) == 0
+
+    # Then the warning says that nobody serves its route right now
+    code, out, err = await _submit(tendon.env, "s-lonely-2", "r2", "go")
+    assert code == 0 and out.strip().startswith("turn-")
+    assert "warning: no Hands pool serves route email (send_email) right now" in err

@@ -1,0 +1,344 @@
+"""Faults an operator meets in production, against real processes on real services.
+
+A frozen process (SIGSTOP: a long pause, a frozen VM, a half-open partition) keeps its
+connections and locks: it is taken over once its lease ran out, and what it writes when it
+wakes is refused. A live process whose phase outlasts a lease keeps it. A lost database
+connection (cut by a TCP proxy, or a real restart of PostgreSQL) is ridden out by Brain and
+Hands alike: the turn completes, nothing runs twice, and nothing becomes UNKNOWN that was not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import hands_test_tools as lab
+from tests.hands_bus import SERVE, Bus, command, ledger_fetch, runs
+from tests.loopback_proxy import TcpCutter
+from tests.support import Observer, Processes, TendonEnv, run_cli, wait_for
+
+BRAIN = ["-m", "brain", "serve"]
+
+pytestmark = pytest.mark.chaos
+
+
+@pytest.fixture
+def gates(world: TendonEnv, tmp_path: Path) -> Path:
+    """Where the test opens the gates of ``gated`` bodies."""
+    gate_dir = tmp_path / "gates"
+    gate_dir.mkdir()
+    world.extra["LAB_GATE_DIR"] = str(gate_dir)
+    return gate_dir
+
+
+@pytest.fixture
+async def pg_cutter(world: TendonEnv) -> AsyncIterator[TcpCutter]:
+    """A TCP proxy in front of PostgreSQL that can drop every connection through it."""
+    async with TcpCutter(world.database_url) as proxy:
+        yield proxy
+
+
+async def _worker_id(processes: Processes, proc: subprocess.Popen[bytes]) -> str:
+    """The worker id a ready Tendon process wrote into its ready file."""
+    ready = Path(str(proc.log_path).removesuffix(".log") + ".ready")  # type: ignore[attr-defined]
+    return (await asyncio.to_thread(ready.read_text)).strip()
+
+
+async def _until(check: Callable[[], Any], what: str) -> Any:
+    """Wait (bounded) until the plain function ``check`` returns something truthy."""
+
+    async def checked() -> Any:
+        return check()
+
+    return await wait_for(checked, timeout=30, what=what)
+
+
+async def _running(world: TendonEnv, tool: str, count: int = 1) -> list[tuple[str, str, int]]:
+    """Wait until ``tool`` has entered its body ``count`` times; returns its runs."""
+
+    async def entered() -> list[tuple[str, str, int]] | None:
+        mine = [r for r in runs(world) if r[0] == tool]
+        return mine if len(mine) >= count else None
+
+    return await wait_for(entered, timeout=30, what=f"{tool} to run {count} time(s)")
+
+
+def _agent(tmp_path: Path, script: list[dict[str, Any]], tools: list[str]) -> str:
+    path = tmp_path / "agent.json"
+    path.write_text(
+        json.dumps(
+            {
+                "name": "hardening",
+                "version": "1",
+                "model": {"kind": "scripted", "script": script},
+                "tools": tools,
+            }
+        )
+    )
+    return str(path)
+
+
+async def _submit(env: dict[str, str], agent: str, request_id: str = "r1") -> str:
+    code, out, err = await run_cli(
+        ["-m", "brain", "submit", "--session", "s-hard", "--request-id", request_id, "--agent", agent, "go"],
+        env,
+    )
+    assert code == 0, err
+    return out.strip()
+
+
+# ---- a frozen process is taken over; a live one keeps its work --------------------------
+
+
+async def test_a_frozen_hands_worker_is_taken_over_after_its_lease_and_refused_when_it_wakes(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given two workers with a 2 s lease, one of which runs a safe tool that takes a while
+    env = {**world.env, "TENDON_LEASE_SECONDS": "2"}
+    first = await processes.start_ready("hands", SERVE, env)
+    cmd = command(lab.slow, {"pages": 40, "delay": 0.1})
+    await bus.publish_command(cmd)
+    started = await bus.wait_kind(cmd.execution_id, "started")
+    second = await processes.start_ready("hands", SERVE, env)
+    owner, other = (
+        (first, second) if started.body.worker == await _worker_id(processes, first) else (second, first)
+    )
+    frozen_id = started.body.worker
+
+    # When the owner freezes mid-body (SIGSTOP keeps its connections and its lock)
+    owner.send_signal(signal.SIGSTOP)
+    try:
+        # Then the other worker takes the execution over once the lease ran out, by the replay
+        # rule (a safe tool: run again, as attempt 2, under the new owner)
+        rerun = await _until(
+            lambda: next(
+                (e for e in bus.events(cmd.execution_id) if e.kind == "started" and e.seq > 2), None
+            ),
+            "the takeover",
+        )
+        assert rerun.body.worker == await _worker_id(processes, other)
+        assert (rerun.body.attempt, rerun.body.reason) == (2, "rerun_after_crash")
+        dead = await ledger_fetch(
+            world, "SELECT dead_at IS NOT NULL AS dead FROM workers WHERE id = $1", frozen_id
+        )
+        assert [r["dead"] for r in dead] == [True]
+    finally:
+        owner.send_signal(signal.SIGCONT)
+
+    # When it wakes, what it still tries to write is refused (its ownership moved on), and it
+    # starts over under a new worker id instead of working on
+    await _until(lambda: "starting_over" in processes.output(owner), "a restart under a new id")
+    final = await bus.wait_kind(cmd.execution_id, "succeeded")
+    events = bus.by_seq(cmd.execution_id)
+    assert sorted(events) == list(range(1, final.seq + 1))  # one contiguous sequence
+    assert all(e.body.worker != frozen_id for s, e in events.items() if e.kind == "started" and s > 2)
+    assert "liveness_lost" in processes.output(owner)
+    assert owner.poll() is None
+    rows = await ledger_fetch(world, "SELECT status, owner, attempts FROM executions")
+    assert [tuple(r) for r in rows] == [("succeeded", await _worker_id(processes, other), 2)]
+
+
+async def test_a_frozen_brain_is_taken_over_after_its_lease_and_its_late_commit_is_refused(
+    world: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    # Given a Brain with a 2 s lease whose model call takes 4 s, and a standby Brain
+    env = {**world.env, "TENDON_LEASE_SECONDS": "2"}
+    obs = Observer(world)
+    agent = _agent(tmp_path, [{"content": "slow answer", "delay": 4}], [])
+    first = await processes.start_ready("brain", BRAIN, env)
+    turn_id = await _submit(env, agent)
+
+    async def first_run() -> Any:
+        rows = await obs.fetch("SELECT owner FROM {brain}.runs WHERE turn_id = $1", turn_id)
+        return rows[0]["owner"] if rows else None
+
+    owner_id = await wait_for(first_run, timeout=30, what="the first run")
+    standby = await processes.start_ready("brain", BRAIN, env)
+    owner, other = (first, standby) if owner_id == await _worker_id(processes, first) else (standby, first)
+
+    # When the owner freezes in the middle of its model call
+    owner.send_signal(signal.SIGSTOP)
+    try:
+        # Then the standby takes the turn over after the lease and completes it
+        turn = await obs.wait_turn(turn_id, "completed", timeout=40)
+    finally:
+        owner.send_signal(signal.SIGCONT)
+    assert turn["result"] == {"text": "slow answer"}
+    run_owners = [
+        r["owner"]
+        for r in await obs.fetch("SELECT owner FROM {brain}.runs WHERE turn_id = $1 ORDER BY id", turn_id)
+    ]
+    assert run_owners[0] == owner_id and run_owners[-1] == await _worker_id(processes, other)
+
+    # And when the frozen Brain wakes, it finds itself presumed dead: its run is stopped or its
+    # reply refused (fenced), nothing of it counts, and the process goes on under a new id
+    await _until(lambda: "starting_over" in processes.output(owner), "a restart under a new id")
+    calls = await obs.fetch(
+        "SELECT r.owner FROM {brain}.model_calls m JOIN {brain}.runs r ON r.id = m.run_id"
+        " WHERE m.turn_id = $1",
+        turn_id,
+    )
+    assert [c["owner"] for c in calls] == [await _worker_id(processes, other)]
+    assert "liveness_lost" in processes.output(owner)
+    assert owner.poll() is None
+
+
+async def test_a_live_brain_keeps_a_turn_whose_model_call_outlasts_the_lease(
+    world: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    # Given two Brains with a 1 s lease, and a model call that takes 3 s
+    env = {**world.env, "TENDON_LEASE_SECONDS": "1"}
+    obs = Observer(world)
+    agent = _agent(tmp_path, [{"content": "worth the wait", "delay": 3}], [])
+    brains = [await processes.start_ready("brain", BRAIN, env) for _ in range(2)]
+
+    # When the turn runs
+    turn_id = await _submit(env, agent)
+    await obs.wait_turn(turn_id, "completed", timeout=40)
+
+    # Then the Brain that claimed it kept it (it renewed the lease): one run, one model call
+    assert len(await obs.fetch("SELECT id FROM {brain}.runs WHERE turn_id = $1", turn_id)) == 1
+    assert len(await obs.fetch("SELECT id FROM {brain}.model_calls WHERE turn_id = $1", turn_id)) == 1
+    for brain in brains:
+        assert "run_fenced_out" not in processes.output(brain)
+
+
+# ---- a lost database connection is ridden out ---------------------------------------------
+
+
+async def test_a_hands_worker_rides_out_cut_database_connections_and_saves_the_outcome_it_holds(
+    world: TendonEnv, bus: Bus, processes: Processes, gates: Path, pg_cutter: TcpCutter
+) -> None:
+    # Given a worker whose ledger connections go through a proxy, a second worker (which would
+    # take over the first one's work if it took it for dead), and an unsafe tool without a
+    # query in flight on the first worker
+    env = {**world.env, "TENDON_RECONNECT_GRACE": "3"}
+    cut_off = await processes.start_ready("hands", SERVE, {**env, "TENDON_HANDS_DATABASE_URL": pg_cutter.url})
+    cmd = command(lab.gated, {"gate": "g1"})
+    await bus.publish_command(cmd)
+    await _running(world, "gated")
+    await processes.start_ready("hands", SERVE, env)
+
+    # When every connection it has to PostgreSQL is cut, again and again, while the body runs
+    # and as it saves its outcome
+    for _ in range(3):
+        pg_cutter.cut()
+        await asyncio.sleep(0.5)
+    (gates / "g1").touch()
+    pg_cutter.cut()
+
+    # Then it saves the outcome itself: the tool ran once, and nothing is UNKNOWN
+    final = await bus.wait_kind(cmd.execution_id, "succeeded")
+    assert final.body.result == {"acted": "g1", "attempt": 1}
+    assert [r for r in runs(world) if r[0] == "gated"] == [("gated", cmd.execution_id, 1)]
+    assert "unknown" not in [e.kind for e in bus.events(cmd.execution_id)]
+    assert cut_off.poll() is None and pg_cutter.cuts == 4
+    assert "starting_over" not in processes.output(cut_off)
+
+
+async def test_a_turn_completes_through_cut_connections_of_its_brain_and_its_hands(
+    world: TendonEnv, processes: Processes, gates: Path, pg_cutter: TcpCutter, tmp_path: Path
+) -> None:
+    # Given a Brain and a Hands worker that both reach PostgreSQL through a proxy, and a turn
+    # whose model call is slow and whose unsafe tool (no query) waits at a gate
+    env = {
+        **world.env,
+        "TENDON_RECONNECT_GRACE": "3",
+        "TENDON_DATABASE_URL": pg_cutter.url,
+    }
+    obs = Observer(world)
+    script = [
+        {"tool_calls": [{"tool": "gated", "args": {"gate": "g2"}}], "delay": 1},
+        {"content": "done: {results}", "delay": 1},
+    ]
+    brain = await processes.start_ready("brain", BRAIN, env)
+    hands = await processes.start_ready("hands", SERVE, env)
+    turn_id = await _submit(env, _agent(tmp_path, script, ["gated"]))
+
+    # When their connections are cut during the model call, during the tool, and as the
+    # outcome is saved and applied
+    await asyncio.sleep(0.5)
+    pg_cutter.cut()
+    await _running(world, "gated")
+    pg_cutter.cut()
+    await asyncio.sleep(0.5)
+    (gates / "g2").touch()
+    pg_cutter.cut()
+    await asyncio.sleep(0.5)
+    pg_cutter.cut()
+
+    # Then the turn completes, the tool ran once, nothing is UNKNOWN, and both lived through it
+    turn = await obs.wait_turn(turn_id, "completed", timeout=60)
+    assert "acted" in turn["result"]["text"]
+    assert [r[0] for r in runs(world)] == ["gated"]
+    (execution,) = await obs.executions(turn_id)
+    assert (execution["status"], execution["how"]) == ("succeeded", "ran")
+    assert brain.poll() is None and hands.poll() is None
+    for proc in (brain, hands):
+        assert "starting_over" not in processes.output(proc)
+
+
+# ---- a real restart of PostgreSQL ---------------------------------------------------------
+
+
+def _restart_postgres() -> None:
+    """Restart the local PostgreSQL cluster (fast shutdown: every session is ended)."""
+    if shutil.which("pg_ctlcluster") is None or shutil.which("pg_lsclusters") is None:
+        message = "pg_ctlcluster is not available: cannot restart PostgreSQL here"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    version, cluster = subprocess.run(
+        ["pg_lsclusters", "--no-header"], capture_output=True, text=True, check=True
+    ).stdout.split()[:2]
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, cluster, "restart", "-m", "fast"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def local_postgres(world: TendonEnv) -> None:
+    if "127.0.0.1" not in world.database_url and "localhost" not in world.database_url:
+        pytest.skip("PostgreSQL is not this machine's: it is not restarted by tests")
+
+
+async def test_a_turn_completes_across_a_real_postgresql_restart_in_the_middle_of_its_tool(
+    world: TendonEnv, processes: Processes, gates: Path, tmp_path: Path, local_postgres: None
+) -> None:
+    # Given a Brain and two Hands workers, and a turn whose unsafe tool (no query) is in flight
+    env = {**world.env, "TENDON_RECONNECT_GRACE": "3"}
+    obs = Observer(world)
+    script = [{"tool_calls": [{"tool": "gated", "args": {"gate": "g3"}}]}, {"content": "done: {results}"}]
+    brain = await processes.start_ready("brain", BRAIN, env)
+    workers = [await processes.start_ready("hands", SERVE, env) for _ in range(2)]
+    turn_id = await _submit(env, _agent(tmp_path, script, ["gated"]))
+    await _running(world, "gated")
+
+    # When PostgreSQL restarts, every session of every process ended by it
+    await asyncio.to_thread(_restart_postgres)
+    (gates / "g3").touch()
+
+    # Then the turn completes: the tool ran once, its outcome saved by the worker that ran
+    # it, nothing UNKNOWN, and every process lived through it without starting over
+    turn = await obs.wait_turn(turn_id, "completed", timeout=90)
+    assert "acted" in turn["result"]["text"]
+    assert [r[0] for r in runs(world)] == ["gated"]
+    (execution,) = await obs.executions(turn_id)
+    assert (execution["status"], execution["how"], execution["attempts"]) == ("succeeded", "ran", 1)
+    for proc in (brain, *workers):
+        assert proc.poll() is None, processes.output(proc)
+        assert "starting_over" not in processes.output(proc)
+    dead = await ledger_fetch(world, "SELECT count(*) AS n FROM workers WHERE dead_at IS NOT NULL")
+    assert dead[0]["n"] == 0
