@@ -1,5 +1,11 @@
+"""``python -m brain`` is the ``brain`` command (``infra.entry``)."""
+
 import sys
 
-from brain.cli import main
+try:  # a Ctrl-C while the program still loads: one line, not a traceback
+    from infra.entry import brain
+except KeyboardInterrupt:
+    print("\nbrain: interrupted", file=sys.stderr)
+    sys.exit(130)
 
-sys.exit(main())
+sys.exit(brain())

@@ -23,8 +23,9 @@ from infra.broker import Broker
 from infra.db import create_pool, keep_statistics, migrate
 from infra.killpoints import KillPoints
 from infra.liveness import Liveness, WorkerRegistration
-from infra.logging import get_logger
+from infra.logging import bind_worker, get_logger
 from infra.notify import Listener
+from infra.parked import ParkedConsumer
 from infra.payloads import PayloadCodec, open_payload_codec
 from infra.settings import Settings
 from infra.transport import Topology, Transport
@@ -122,6 +123,7 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
             )
         )
         worker_id = liveness.worker_id
+        bind_worker("brain", worker_id)
         ctx = LoopContext(
             pool=pool,
             codec=codec,
@@ -158,10 +160,13 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
                 )
             )
 
-        updates = UpdateConsumer(pool, broker, codec, killpoints, channel)
+        updates = UpdateConsumer(pool, broker, codec, killpoints, channel, relay.notify)
         await broker.consume(updates.queue, updates.handle, prefetch=settings.concurrency * 8)
         bindings = BindingsConsumer(pool, broker, channel)
         await broker.consume(bindings.queue, bindings.handle, prefetch=8)
+        # What the broker parks is read back, recorded and surfaced (infra.parked).
+        await ParkedConsumer(pool, broker, updates.queue, updates.surface_parked).start()
+        await ParkedConsumer(pool, broker, bindings.queue).start()
 
         log.info("brain_ready", worker=worker_id, schema=settings.brain_schema)
         if settings.ready_file:

@@ -11,7 +11,6 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 
@@ -20,10 +19,11 @@ from brain.agents import AgentDefinition
 from brain.app import open_store, serve, wake_channel
 from brain.demo import main_demo
 from brain.states import TERMINAL_TURN, TurnStatus
-from brain.store import turns
+from brain.views import describe, print_turn, waiting_line
 from infra.broker import Broker
 from infra.killpoints import KillPoints
 from infra.logging import configure_logging
+from infra.parked import show_parked
 from infra.settings import Settings
 from infra.transport import Topology
 from protocol import ConflictError, TendonError
@@ -98,6 +98,17 @@ def _parser() -> argparse.ArgumentParser:
         help="SIGKILL this process while email N (1-5) is inside send_email, after the mailbox accepted it",
     )
 
+    s = sub.add_parser(
+        "parked",
+        help="list the messages the broker parked for the Brain, or show one",
+        description="Updates and bindings announcements that could never be processed are parked "
+        "by the broker; the Brain reads them back, fails the turn they concern (saying why) "
+        "or logs them, and keeps them here. Without an id: the latest, newest first.",
+    )
+    s.add_argument("parked_id", nargs="?", type=int, metavar="ID", help="show this one, with its body")
+    s.add_argument("--limit", type=int, default=50, help="how many to list (default 50)")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+
     s = sub.add_parser("show", help="show a turn: status, history, executions")
     s.add_argument("turn_id")
     s.add_argument("--json", action="store_true", help="machine-readable output")
@@ -154,74 +165,10 @@ async def _warn_unserved(pool: asyncpg.Pool, settings: Settings, agent: AgentDef
         )
 
 
-async def describe(pool: asyncpg.Pool, turn_id: str) -> dict[str, Any]:
-    """Everything `show` prints, as plain data."""
-    async with pool.acquire() as conn:
-        t = await turns.load(conn, turn_id)
-        hist = await conn.fetch(
-            "SELECT position, role, content FROM history WHERE turn_id = $1 ORDER BY position",
-            turn_id,
-        )
-        exes = await conn.fetch(
-            "SELECT * FROM executions WHERE turn_id = $1 ORDER BY tool_step, call_id", turn_id
-        )
-        runs = await conn.fetchval("SELECT count(*) FROM runs WHERE turn_id = $1", turn_id)
-    return {
-        "turn_id": t["id"],
-        "session_id": t["session_id"],
-        "request_id": t["request_id"],
-        "status": t["status"],
-        "phase": t["phase"],
-        "waiting_for": t["waiting_for"],
-        "runs": runs,
-        "result": t["result"],
-        "error": t["error"],
-        "history": [{"role": h["role"], **h["content"]} for h in hist],
-        "executions": [
-            {
-                k: e[k]
-                for k in (
-                    "id",
-                    "call_id",
-                    "tool",
-                    "route",
-                    "status",
-                    "attempts",
-                    "how",
-                    "evidence",
-                    "result",
-                    "error",
-                    "last_seq",
-                )
-            }
-            for e in exes
-        ],
-    }
-
-
-def _print_human(d: dict[str, Any]) -> None:
-    print(f"turn {d['turn_id']}  session {d['session_id']}  request {d['request_id']}")
-    print(f"status: {d['status']} (phase {d['phase']}, {d['runs']} run(s))")
-    if d["waiting_for"]:
-        print(f"waiting for: {d['waiting_for']}")
-    if d["error"]:
-        print(f"error: {d['error'].get('code')}: {d['error'].get('message')}")
-    if d["executions"]:
-        print("executions:")
-        for e in d["executions"]:
-            how = f" ({e['how']})" if e["how"] else ""
-            print(f"  {e['call_id']:<8} {e['tool']:<16} {e['status']:<10}{how}  {e['id']}")
-            if e["evidence"]:
-                print(f"           evidence: {e['evidence']}")
-    if d["result"]:
-        print("result:")
-        print("  " + str(d["result"].get("text")).replace("\n", "\n  "))
-
-
 async def _show(settings: Settings, args: argparse.Namespace) -> int:
     async def work(pool: asyncpg.Pool) -> int:
         d = await describe(pool, args.turn_id)
-        print(json.dumps(d, indent=2, default=str)) if args.json else _print_human(d)
+        print(json.dumps(d, indent=2, default=str)) if args.json else print_turn(d)
         return 0
 
     return await _with_store(settings, work)
@@ -230,10 +177,15 @@ async def _show(settings: Settings, args: argparse.Namespace) -> int:
 async def _wait(settings: Settings, args: argparse.Namespace) -> int:
     async def work(pool: asyncpg.Pool) -> int:
         deadline = time.monotonic() + args.timeout
+        said: str | None = None
         while True:
             d = await describe(pool, args.turn_id)
+            if d["status"] == TurnStatus.WAITING and d["waiting_for"] != said:
+                # Said once per thing it waits for: a wait can last (a reconcile by a person).
+                said = d["waiting_for"]
+                print(f"brain: {waiting_line(d)}", file=sys.stderr, flush=True)
             if TurnStatus(d["status"]) in TERMINAL_TURN:
-                print(json.dumps(d, indent=2, default=str)) if args.json else _print_human(d)
+                print(json.dumps(d, indent=2, default=str)) if args.json else print_turn(d)
                 return 0 if d["status"] == TurnStatus.COMPLETED else EXIT_FAILED
             if time.monotonic() > deadline:
                 # Observers never change work: the turn goes on.
@@ -245,6 +197,13 @@ async def _wait(settings: Settings, args: argparse.Namespace) -> int:
                 )
                 return EXIT_TIMEOUT
             await asyncio.sleep(0.2)
+
+    return await _with_store(settings, work)
+
+
+async def _parked(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(pool: asyncpg.Pool) -> int:
+        return await show_parked(pool, args.parked_id, limit=args.limit, as_json=args.json)
 
     return await _with_store(settings, work)
 
@@ -278,8 +237,10 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_USAGE
         except KeyboardInterrupt:
             return 130
-    configure_logging(settings.log_format, settings.log_level)
-    command = {"serve": _serve, "submit": _submit, "wait": _wait, "show": _show}[args.command]
+    configure_logging(settings.log_format, settings.log_level, process="brain")
+    command = {"serve": _serve, "submit": _submit, "wait": _wait, "show": _show, "parked": _parked}[
+        args.command
+    ]
     try:
         return asyncio.run(command(settings, args))
     except ConflictError as exc:

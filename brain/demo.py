@@ -36,7 +36,7 @@ SESSION, REQUEST = "demo", "five-emails"
 TASK = "Send the maintenance notice to our five customers, then summarize the receipts."
 HOW = {
     "ran": "sent",
-    "verified_by_query": "verified by its operation id, not resent",
+    "verified_by_query": "the mail service had it: verified by its operation id, not resent",
     "reconciled": "reconciled",
 }
 
@@ -52,6 +52,11 @@ class Timeline:
     tty: bool = False
     seen_file: Path | None = None
     runs_shown: int = 0
+    # Executions a crash left unfinished: their "sending" is held back until their outcome says
+    # whether the Hands sent it or asked the mail service about it (a line saying "sending"
+    # before "not resent" would read like a resend).
+    unfinished: set[str] = field(default_factory=set)
+    held: dict[str, tuple[str, datetime]] = field(default_factory=dict)
 
     def seen(self, seq: int) -> None:
         """Remember what was printed, so a rerun can show what a crash kept from view."""
@@ -75,20 +80,33 @@ class Timeline:
 
     def show(self, kind: str, data: dict[str, Any], label: str, at: datetime) -> None:
         line = functools.partial(self.line, at=at)
+        execution_id = data.get("execution_id")
+        held = self.held.pop(execution_id, None) if execution_id else None
+        if held is not None and not (
+            kind == "execution.succeeded" and data.get("how") == "verified_by_query"
+        ):
+            self.line(*held)
         if kind == "turn.accepted":
             line("turn accepted and committed")
         elif kind == "turn.run_started":
             # Every wait for a tool ends a run; show only the first of this process.
             if self.runs_shown == 0:
-                line(f"run {data['run_id']} claimed the turn at phase {data['phase']}")
+                line(f"run {data.get('run', data['run_id'])} of the turn claimed it at phase {data['phase']}")
             self.runs_shown += 1
         elif kind == "execution.intended":
             line(f"{label}: intent committed (operation id {data['execution_id']})")
         elif kind == "execution.running":
             again = " again after a crash" if data.get("reason") == "rerun_after_crash" else ""
-            line(f"{label}: sending{again} (attempt {data.get('attempt', 1)})")
+            text = f"{label}: sending{again} (attempt {data.get('attempt', 1)})"
+            if execution_id in self.unfinished and not again:
+                self.held[execution_id] = (text, at)
+            else:
+                line(text)
         elif kind == "execution.succeeded":
             self.delivered.add(data["execution_id"])
+            if data.get("how") == "verified_by_query":
+                # What the Hands did before this answer: they asked instead of sending again.
+                line(f"{label}: asking the mail service about operation {data['execution_id']}")
             line(f"{label}: confirmed, {HOW.get(data.get('how', 'ran'), data.get('how'))}")
         elif kind == "execution.unknown":
             line(f"{label}: UNKNOWN ({data.get('reason')}); the turn waits for a reconcile")
@@ -218,8 +236,9 @@ async def run_demo(settings: Settings, data: DataDir, *, crash_at: int | None, o
     if crash_at is not None:
         spec = ",".join(filter(None, [spec, f"hands.after_tool_body@call-{crash_at}"]))
         print(f"(will SIGKILL this process while email {crash_at} is inside send_email)", file=out)
-    timeline = Timeline(out, tty=out.isatty(), seen_file=data.root / SEEN_FILE)
     before = previous.executions if previous else {}
+    unfinished = {e for e, status in before.items() if status not in ("succeeded", "failed", "cancelled")}
+    timeline = Timeline(out, tty=out.isatty(), seen_file=data.root / SEEN_FILE, unfinished=unfinished)
     with MailboxServer(port=0, state_path=data.root / "mailbox.json") as mailbox:
         os.environ["TENDON_MAILBOX_URL"] = mailbox.url
         async with run_local(
@@ -300,7 +319,9 @@ def main_demo(base: Settings, data_dir: Path, *, fresh: bool, crash_at: int | No
             reset(data)
         return asyncio.run(run_demo(demo_settings(base), data, crash_at=crash_at, out=sys.stdout))
     except KeyboardInterrupt:
-        print("\ninterrupted: run the same command again to resume", file=sys.stderr)
+        print("\nbrain: interrupted: run the same command again to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise  # the output's reader went away: not the data directory's doing (infra.entry)
     except OSError as exc:
         raise TendonError(f"cannot use {data.root} as the data directory: {exc.strerror or exc}") from exc

@@ -7,12 +7,14 @@ a payload that fails verification also fails its turn with a clear error.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
 from structlog.contextvars import bound_contextvars
 
 from brain.sequencing import Arrival
+from brain.states import TERMINAL_TURN
 from brain.store import executions, turns
 from infra.db import transact
 from infra.delivery import handle_patiently
@@ -25,6 +27,7 @@ from protocol import (
     TERMINAL_EVENT_KINDS,
     BindingsAnnouncement,
     ObjectRefError,
+    ParkedError,
     ProtocolError,
     TendonError,
     ToolBinding,
@@ -44,12 +47,14 @@ class UpdateConsumer:
         codec: PayloadCodec,
         killpoints: KillPoints,
         wake_channel: str,
+        outbox_ready: Callable[[], None] = lambda: None,
     ) -> None:
         self.pool = pool
         self.broker = broker
         self.codec = codec
         self.killpoints = killpoints
         self.wake_channel = wake_channel
+        self.outbox_ready = outbox_ready  # cancels of the executions of a turn it failed
         self.topology = broker.topology
         self.queue = broker.topology.updates
         # Events arriving together (a burst from one execution, or many executions under
@@ -84,7 +89,8 @@ class UpdateConsumer:
                     "message": f"update {header.kind} #{header.seq} of "
                     f"execution {header.execution_id} refused: {exc.message}",
                 }
-                await transact(self.pool, lambda c: self._fail_turn_of(c, header, error))
+                if await transact(self.pool, lambda c: self._fail_turn_of(c, header, error)):
+                    self.outbox_ready()
                 await self.broker.dead_letter(self.queue, message, error["message"])
                 return
             except TendonError as exc:
@@ -102,13 +108,30 @@ class UpdateConsumer:
             log.debug("update_received", arrival=str(arrival))
             await message.ack()
 
-    async def _fail_turn_of(self, conn: asyncpg.Connection, header: Any, error: dict[str, str]) -> None:
+    async def _fail_turn_of(self, conn: asyncpg.Connection, header: Any, error: dict[str, str]) -> int:
         """Fail the turn of the execution an unverifiable update names, if the update's header
         is that execution's (scope and request digest): a message that merely names an
-        execution id proves nothing, and is only parked."""
-        turn_id = await executions.turn_of(conn, header)
-        if turn_id is not None:
-            await executions.fail_turn(conn, turn_id, error, self.wake_channel, self.topology)
+        execution id proves nothing, and is only parked. Returns the executions settled."""
+        named = await executions.named_by(conn, header)
+        if named is None:
+            return 0
+        return await executions.fail_turn(conn, named["turn_id"], error, self.wake_channel, self.topology)
+
+    async def surface_parked(self, conn: asyncpg.Connection, envelope: Any, reason: str) -> str | None:
+        """An update parked for good: its turn cannot go on past it, so it fails, saying why
+        (unless the update was applied after all, or the turn ended already)."""
+        if envelope.kind not in EVENT_KINDS:
+            return None
+        named = await executions.named_by(conn, envelope)
+        if named is None or envelope.seq <= named["last_seq"] or named["turn_status"] in TERMINAL_TURN:
+            return None
+        error = ParkedError(
+            f"update {envelope.kind} #{envelope.seq} of execution {envelope.execution_id} could not be "
+            f"applied and was parked: {reason}"
+        )
+        await executions.fail_turn(conn, named["turn_id"], error.as_dict(), self.wake_channel, self.topology)
+        self.outbox_ready()
+        return f"turn {named['turn_id']} failed: {error.message}"
 
 
 class BindingsConsumer:

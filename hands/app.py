@@ -37,7 +37,8 @@ from infra.broker import Broker, Topology
 from infra.db import create_pool, dialect, keep_statistics, migrate
 from infra.killpoints import KillPoints
 from infra.liveness import Liveness, LocalWorkerRegistration, WorkerRegistration
-from infra.logging import get_logger
+from infra.logging import bind_worker, get_logger
+from infra.parked import ParkedConsumer
 from infra.payloads import PayloadCodec, open_payload_codec
 from infra.settings import Settings
 from infra.transport import Consumer, Transport
@@ -138,6 +139,7 @@ class HandsApp:
         )
         await self._stack.enter_async_context(self.liveness)
         self.worker_id = self.liveness.worker_id
+        bind_worker("hands", self.worker_id)
 
         self.relay = EventRelay(pool, broker, route=self.route, interval=s.scan_interval, kill=self.kill)
         self.executor = Executor(
@@ -189,6 +191,11 @@ class HandsApp:
             await codec.pack(announcement),
             message_id=announcement.message_id,
         )
+        # What the broker parks is read back, recorded and surfaced (infra.parked).
+        await ParkedConsumer(
+            pool, broker, self.topology.commands(self.route), self.commands.surface_parked
+        ).start()
+        await ParkedConsumer(pool, broker, self.topology.controls(self.route)).start()
         self._channels.append(
             await broker.consume(
                 self.topology.controls(self.route), self.controls.handle, prefetch=self.concurrency

@@ -35,6 +35,7 @@ from infra.broker import Broker, Topology
 from infra.db import create_pool
 from infra.killpoints import KillPoints
 from infra.logging import configure_logging, get_logger
+from infra.parked import show_parked
 from infra.payloads import PayloadCodec, open_payload_codec
 from infra.settings import Settings
 from protocol import NotFoundError, StaleOwnerError, TendonError, TransientError, loads
@@ -92,6 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true", help="print one JSON document")
     show.set_defaults(func=_show)
 
+    parked = sub.add_parser(
+        "parked",
+        help="list the messages the broker parked for this pool, or show one",
+        description="Commands and controls that could never be processed are parked by the "
+        "broker; the pool reads them back, fails the execution a parked command concerns (if "
+        "it never ran) or logs them, and keeps them here. Without an id: the latest, newest first.",
+    )
+    parked.add_argument("parked_id", nargs="?", type=int, metavar="ID", help="show this one, with its body")
+    parked.add_argument("--limit", type=int, default=50, help="how many to list (default 50)")
+    parked.add_argument("--json", action="store_true", help="print JSON")
+    parked.set_defaults(func=_parked)
+
     rec = sub.add_parser(
         "reconcile",
         help="resolve an UNKNOWN execution with a result or a failure, plus evidence",
@@ -128,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
-    configure_logging(settings.log_format, settings.log_level)
+    configure_logging(settings.log_format, settings.log_level, process="hands")
     try:
         return int(asyncio.run(args.func(args, settings)))
     except KeyboardInterrupt:
@@ -265,6 +278,12 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
             f"{audit['at']}; evidence: {audit['evidence']}"
         )
     return 0
+
+
+async def _parked(args: argparse.Namespace, settings: Settings) -> int:
+    async with AsyncExitStack() as stack:
+        pool = await _ledger_pool(stack, settings)
+        return await show_parked(pool, args.parked_id, limit=args.limit, as_json=args.json)
 
 
 def _describe_row(row: Execution) -> str:

@@ -43,7 +43,7 @@ from hands.relay import EventRelay
 from hands.replay import Recovery, decide
 from hands.states import OPEN_STATUSES, LedgerStatus
 from hands.tools import Found, NotFound, Tool, ToolContext
-from infra.db import dialect, is_transient, transact
+from infra.db import dialect, is_transient, storable, transact
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec
@@ -88,18 +88,10 @@ def _jsonable(value: Any) -> Any:
     return plain
 
 
-def _storable(text: str) -> str:
-    """``text`` as PostgreSQL text and jsonb accept it (they refuse NUL characters and lone
-    surrogates), at most 2000 characters: a saved error must never fail for the very reason
-    it reports."""
-    safe = text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
-    return safe if len(safe) <= 2000 else safe[:2000] + "…"
-
-
 def _describe(exc: BaseException) -> str:
     """``Type: message``, storable."""
     text = str(exc)
-    return _storable(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+    return storable(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
 def _passing(exc: BaseException) -> bool:
@@ -340,7 +332,7 @@ class Executor:
         - if no write works, release the row: the replay rule takes over, and it never
           re-runs an unsafe tool. If even that fails, the recovery scan adopts the row.
         """
-        detail = _storable(exc.message) if isinstance(exc, TendonError) else _describe(exc)
+        detail = storable(exc.message) if isinstance(exc, TendonError) else _describe(exc)
         code = exc.code if isinstance(exc, TendonError) else "bad_result"
         try:
             row = await self._row(execution_id)
@@ -457,7 +449,8 @@ class Executor:
             return row.status not in OPEN_STATUSES
 
         await self.save(execution_id, close, landed=landed, one_statement=True)
-        log.info("execution_" + status.value, execution_id=execution_id)
+        if status is not LedgerStatus.UNKNOWN:  # mark_unknown says more
+            log.info("execution_" + status.value, execution_id=execution_id)
 
     async def succeed(self, execution_id: str, result: Any, how: SuccessHow = "ran") -> None:
         # A result that can never be saved (PostgreSQL refuses it, or it is over the offload
@@ -478,6 +471,14 @@ class Executor:
             LedgerStatus.UNKNOWN,
             UnknownBody(reason=reason),
             error={"code": "unknown", "message": reason},
+        )
+        # Someone has to act: nothing resolves an UNKNOWN but an explicit reconcile.
+        log.warning(
+            "execution_unknown",
+            execution_id=execution_id,
+            reason=reason,
+            resolve=f"hands reconcile {execution_id} --result JSON --evidence TEXT "
+            "(or --failed MESSAGE), once you know what happened",
         )
 
     # ---- running ------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import asyncpg
 from hands.states import OPEN_STATUSES, LedgerStatus, transition
 from infra.db import Json, dialect
 from infra.liveness import ALIVE_SQL
+from infra.parked import MIGRATION as PARKED
 from infra.payloads import PayloadCodec
 from protocol import (
     AcceptedBody,
@@ -123,6 +124,7 @@ POSTGRES: list[tuple[int, str]] = [
             ADD COLUMN lock_lost_at timestamptz, ADD COLUMN dead_at timestamptz;
         """,
     ),
+    (3, PARKED["postgres"]),
 ]
 
 
@@ -200,6 +202,7 @@ SQLITE: list[tuple[int, str]] = [
         ALTER TABLE workers ADD COLUMN dead_at timestamptz TEXT;
         """,
     ),
+    (3, PARKED["sqlite"]),
 ]
 
 MIGRATIONS: dict[str, list[tuple[int, str]]] = {"postgres": POSTGRES, "sqlite": SQLITE}

@@ -50,6 +50,7 @@ from protocol import (
     ExecuteCommand,
     FailedBody,
     ObjectRefError,
+    ParkedError,
     ProtocolError,
     RoutingError,
     SchemaError,
@@ -266,6 +267,29 @@ class CommandConsumer:
         finally:
             if reserved and not launched:
                 ex.unreserve(execution_id)
+
+    async def surface_parked(self, conn: asyncpg.Connection, envelope: Any, reason: str) -> str | None:
+        """A command parked for good that never made it into the ledger fails as rejected (so the
+        Brain hears why, and a copy that comes later never runs); one that is in the ledger is
+        being, or was, handled. Garbage (a digest that does not match) is only logged."""
+        if not isinstance(envelope, ExecuteCommand) or _unstorable_names(envelope) is not None:
+            return None
+        body = envelope.body
+        if body is not None and request_digest(envelope.execution_id, body) != envelope.request_digest:
+            return None
+        if await ledger.get_execution(conn, envelope.execution_id) is not None:
+            return None
+        error = ParkedError(f"the command was parked before it could run: {reason}")
+        values = self._row_values(envelope, envelope if body is not None else None) | {
+            "status": LedgerStatus.FAILED,
+            "error": error.as_dict(),
+        }
+        if await ledger.insert_with_event(
+            conn, self._codec, values, FailedBody(error=error.as_dict(), how="rejected")
+        ):
+            self._executor.relay.wake(envelope.execution_id)
+            return f"execution {envelope.execution_id} failed as rejected: {error.message}"
+        return None
 
     async def _tell_again(self, execution_id: str) -> None:
         """A command we already have came again: its sender (a Brain's stall repair, typically)

@@ -88,10 +88,19 @@ class Broker:
         return self._channel
 
     async def declare(self, queue: str, channel: AbstractChannel | None = None) -> AbstractQueue | None:
-        """Declare ``queue`` (and its dead-letter queue) with the same arguments everywhere."""
+        """Declare ``queue`` (and its dead-letter queue) with the same arguments everywhere.
+
+        A dead-letter queue itself (``Topology.dlq``) is declared as such: it has no limit and no
+        dead-letter queue of its own (its consumer records what it reads, see ``infra.parked``).
+        """
         if queue in self._declared and channel is None:
             return None
         ch = channel or self.channel
+        if Topology.is_dlq(queue):
+            await self.declare(queue.removesuffix(".dlq"))  # which binds it to the exchange
+            parked = await ch.declare_queue(queue, durable=True, arguments={"x-queue-type": "quorum"})
+            self._declared.add(queue)
+            return parked
         dlx = await ch.declare_exchange(self.topology.dlx, aio_pika.ExchangeType.DIRECT, durable=True)
         dlq = await ch.declare_queue(
             self.topology.dlq(queue), durable=True, arguments={"x-queue-type": "quorum"}

@@ -77,6 +77,14 @@ def unstorable(value: Any) -> str | None:
     return None
 
 
+def storable(text: str, limit: int = 2000) -> str:
+    """``text`` as PostgreSQL text and jsonb accept it (they refuse NUL characters and lone
+    surrogates), at most ``limit`` characters: a saved error must never fail for the very
+    reason it reports."""
+    safe = text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    return safe if len(safe) <= limit else safe[:limit] + "…"
+
+
 class Json:
     """A value bound for a JSON column that may be a bare string or number.
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import time
@@ -133,7 +134,8 @@ class Liveness:
 
     # ---- what a backend provides --------------------------------------------------------
 
-    held_sql: str  # "this worker row's lock is held", for ``w``... see _judge_sql
+    held_sql: str  # "this worker row's lock is held", in the judgement's statements
+    death_level = logging.WARNING  # a death is news where processes fail one by one
 
     async def _register(self) -> None:
         raise NotImplementedError
@@ -254,7 +256,7 @@ class Liveness:
                 await self._release(conn, dead)
             await conn.execute(_PRUNE, PRUNE_AFTER)
         if dead:
-            log.warning("workers_presumed_dead", workers=dead)
+            log.log(self.death_level, "workers_presumed_dead", workers=dead)
         return dead
 
 
@@ -329,8 +331,9 @@ class LocalWorkerRegistration(Liveness):
     """The embedded backend: a row stamped with this process's boot id, on the store's pool."""
 
     def __init__(self, pool: Any, kind: str, **options: Any) -> None:
-        options.setdefault("grace", 0.0)  # another boot's worker is gone for sure: no reconnects
+        options["grace"] = 0.0  # another boot's worker is gone for sure: nobody reconnects
         super().__init__(kind, **options)
+        self.death_level = logging.INFO  # the workers of the process before this one: expected
         self._pool = pool
         self.held_sql = f"(lock_key = {int(pool.boot_id)})"
 

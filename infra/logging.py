@@ -4,24 +4,37 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
+from typing import Any
 
 import structlog
 
 
-def configure_logging(fmt: str = "auto", level: str = "INFO") -> None:
+def configure_logging(fmt: str = "auto", level: str = "INFO", *, process: str | None = None) -> None:
     """Configure structlog once per process. ``auto`` picks console on a TTY, JSON otherwise.
 
-    Turn and execution ids are bound with ``structlog.contextvars.bound_contextvars``
-    by the code that handles them, so every line inside carries them.
+    ``process`` (``brain``, ``hands``) is on every line, and so is the worker id once the
+    process registered (``bind_worker``); turn and execution ids are bound with
+    ``structlog.contextvars.bound_contextvars`` by the code that handles them, so every line
+    inside carries them: a line says which process wrote it, and about what.
     """
     if fmt == "auto":
         fmt = "console" if sys.stderr.isatty() else "json"
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer() if fmt == "console" else structlog.processors.JSONRenderer()
     )
+
+    def stamp(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        if process is not None:
+            event.setdefault("process", process)
+        if process in _workers:
+            event.setdefault("worker", _workers[process])
+        return event
+
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            stamp,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
@@ -31,6 +44,17 @@ def configure_logging(fmt: str = "auto", level: str = "INFO") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+# The worker id of each kind of process (one at a time: a process that starts over gets a new
+# one). Lines are stamped with the one of the process's own kind, so the embedded mode, which
+# runs a Brain and a Hands pool in one process with logging for neither, stamps none.
+_workers: dict[str, str] = {}
+
+
+def bind_worker(kind: str, worker_id: str) -> None:
+    """Put ``worker_id`` on every log line of a ``kind`` process from now on."""
+    _workers[kind] = worker_id
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:

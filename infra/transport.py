@@ -52,6 +52,10 @@ class Topology:
     def dlq(queue: str) -> str:
         return f"{queue}.dlq"
 
+    @staticmethod
+    def is_dlq(queue: str) -> bool:
+        return queue.endswith(".dlq")
+
 
 # Header carried by a message that ``dead_letter`` parked: why it was parked.
 REASON_HEADER = "x-tendon-reason"

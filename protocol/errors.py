@@ -12,6 +12,7 @@ TendonError                      root; ``retryable`` says whether trying again c
 ├── LimitReachedError            an agent hit one of its configured limits
 ├── ObjectRefError               a payload reference that fails verification (sha256, size, scope, missing)
 ├── NoAnswerError                a party that must answer (a Hands pool) stayed silent through every retry
+├── ParkedError                  a message about the work could never be processed and was parked
 └── TransientError               a service is briefly unavailable; retryable
 """
 
@@ -75,6 +76,10 @@ class ObjectRefError(TendonError):
 
 class NoAnswerError(TendonError):
     code = "no_answer"
+
+
+class ParkedError(TendonError):
+    code = "parked"
 
 
 class TransientError(TendonError):

@@ -20,7 +20,7 @@ from hands.tools import Tool
 from infra.broker import Broker, Topology
 from protocol import ExecuteBody, ExecuteCommand, decode, encode, new_id, request_digest
 from tests import hands_test_tools as lab
-from tests.support import Processes, TendonEnv, wait_for
+from tests.support import Observer, Processes, TendonEnv, wait_for
 
 SERVE = ["-m", "hands", "serve", "--route", "lab", "--tools", "tests.hands_test_tools"]
 WAIT = 20.0
@@ -81,18 +81,9 @@ class Bus:
 
         return await wait_for(found, timeout=WAIT, what=f"a {kind} event for {execution_id}")
 
-    async def dead_letters(self, queue: str) -> list[aio_pika.abc.AbstractIncomingMessage]:
-        channel = await self.broker._connection.channel()  # type: ignore[union-attr]
-        try:
-            dlq = await channel.declare_queue(
-                self.topology.dlq(queue), durable=True, arguments={"x-queue-type": "quorum"}
-            )
-            out = []
-            while (message := await dlq.get(no_ack=True, fail=False)) is not None:
-                out.append(message)
-            return out
-        finally:
-            await channel.close()
+    async def parked(self, queue: str, count: int = 1) -> list[asyncpg.Record]:
+        """The messages of ``queue`` the pool parked and read back (its ``parked`` table)."""
+        return await Observer(self.world).parked(queue, count=count, component="hands")
 
 
 @pytest.fixture

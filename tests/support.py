@@ -293,5 +293,17 @@ class Observer:
             turn_id,
         )
 
+    async def parked(self, queue: str, *, count: int = 1, component: str = "brain") -> list[asyncpg.Record]:
+        """Wait until ``count`` messages of ``queue`` were parked and read back by ``component``
+        (``brain`` or ``hands``: whose ``parked`` table); returns them in order."""
+
+        async def recorded() -> list[asyncpg.Record] | None:
+            rows = await self.fetch(
+                f"SELECT * FROM {{{component}}}.parked WHERE queue = $1 ORDER BY id", queue
+            )
+            return rows if len(rows) >= count else None
+
+        return await wait_for(recorded, timeout=30, what=f"{count} parked message(s) of {queue}")
+
     async def ledger(self) -> list[asyncpg.Record]:
         return await self.fetch("SELECT * FROM {hands}.executions ORDER BY created_at")

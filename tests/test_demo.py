@@ -5,16 +5,18 @@ No PostgreSQL, RabbitMQ or S3 is touched: the demo keeps everything under --data
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
 import signal
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support import run_cli
+from tests.support import REPO, run_cli
 
 DEMO = ["-m", "brain", "demo"]
 CUSTOMERS = [f"customer{i}@example.com" for i in range(1, 6)]
@@ -57,9 +59,17 @@ async def test_a_crash_at_email_four_then_a_rerun_reuses_verifies_and_sends_the_
     recap = out.split("what happened to each email:")[1]
     for i in (1, 2, 3):
         assert f"call-{i}  customer{i}@example.com    msg-{i}    reused" in recap
-    assert "call-4  customer4@example.com    msg-4    verified by its operation id" in recap
+    assert "call-4  customer4@example.com    msg-4    the mail service had it" in recap
     assert "call-5  customer5@example.com    msg-5    sent" in recap
     assert final_state(data) == EXPECTED
+    # The timeline says the fourth was asked about, not sent again, and which run of the turn
+    # this is (the first ran before the crash)
+    after = out.split("after the restart:")[1]
+    assert "email 4 to customer4@example.com: asking the mail service about operation exe-" in after
+    assert "email 4 to customer4@example.com: confirmed, the mail service had it" in after
+    assert "sending (attempt" not in after.split("email 5")[0]
+    claimed = next(line for line in out.splitlines() if "of the turn claimed it" in line)
+    assert "run 1 " not in claimed
 
 
 @pytest.mark.parametrize(
@@ -108,3 +118,47 @@ async def test_fresh_starts_over_keeps_other_files_and_a_busy_data_dir_is_refuse
         os.close(held)
     assert code == 2
     assert f"another Tendon process is using {data}" in err
+
+
+@pytest.mark.parametrize("after", [0.2, 0.5, 1.0])
+async def test_ctrl_c_at_any_moment_ends_the_demo_with_one_line(tmp_path: Path, after: float) -> None:
+    # Given a demo starting (still loading, opening its directory, or running)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *DEMO,
+        "--data-dir",
+        str(tmp_path / "demo"),
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    # When Ctrl-C comes
+    await asyncio.sleep(after)
+    proc.send_signal(signal.SIGINT)
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+
+    # Then it stops with one line, never a traceback (or, done already, it says nothing)
+    if proc.returncode == 130:
+        lines = err.decode().strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("brain: interrupted"), err
+    else:
+        assert proc.returncode in (0, -signal.SIGINT) and err == b"", err
+
+
+async def test_a_closed_output_ends_the_demo_with_one_line_not_a_data_directory_error(tmp_path: Path) -> None:
+    # Given the demo piped into a reader that stops after three lines (`brain demo | head -3`)
+    proc = await asyncio.create_subprocess_shell(
+        f"{sys.executable} -m brain demo --data-dir {tmp_path / 'demo'} | head -3;"
+        " echo ${PIPESTATUS[0]} >&2",
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        executable="/bin/bash",
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+
+    # Then it stops saying why, with SIGPIPE's exit code, and the turn can be resumed
+    assert len(out.decode().splitlines()) == 3
+    assert err.decode().splitlines() == ["brain: stopped: the output was closed (broken pipe)", "141"]
+    code, out_again, _ = await run_cli([*DEMO, "--data-dir", str(tmp_path / "demo")], {})
+    assert code == 0 and final_state(tmp_path / "demo") == EXPECTED

@@ -6,9 +6,11 @@ lands in the same place every run; every wait is bounded.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -139,7 +141,7 @@ async def test_with_a_mailbox_that_cannot_be_queried_email_four_stays_unknown_un
 
     turn_id = await submit(env)
     await processes.wait_exit(doomed)
-    await processes.start_ready("hands", HANDS, env)
+    survivor = await processes.start_ready("hands", HANDS, env)
 
     # The 4th execution becomes UNKNOWN and the turn waits: nothing is guessed.
     obs = Observer(tendon)
@@ -153,6 +155,19 @@ async def test_with_a_mailbox_that_cannot_be_queried_email_four_stays_unknown_un
     turn = await obs.turn(turn_id)
     assert turn["status"] == "waiting" and "reconcile" in turn["waiting_for"]
     assert len(blind_mailbox.stats()["deliveries"]) == 4
+    # Whoever waits for the turn is told what it waits for, and how to give it that
+    code, _, err = await run_cli(["-m", "brain", "wait", turn_id, "--timeout", "1"], env)
+    assert code == 3
+    told = err.splitlines()[0]
+    assert told.startswith(f"brain: turn {turn_id} waits for reconcile of") and fourth["id"] in told
+    assert "hands reconcile EXECUTION_ID --result JSON --evidence TEXT" in told
+    # and the pool's log says so as a warning, naming the command, from a process it names
+    log = await asyncio.to_thread(Path(survivor.log_path).read_text)  # type: ignore[attr-defined]
+    lines = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
+    (said,) = [x for x in lines if x["event"] == "execution_unknown"]
+    assert said["level"] == "warning"
+    assert said["resolve"].startswith(f"hands reconcile {fourth['id']} --result")
+    assert said["process"] == "hands" and said["worker"].startswith("hands-")
 
     # An operator reconciles it with the mailbox's own record as evidence.
     receipt = next(d for d in blind_mailbox.stats()["deliveries"] if d["idempotency_key"] == fourth["id"])

@@ -21,6 +21,9 @@ from typing import Any
 
 import pytest
 
+from infra.broker import Broker
+from infra.transport import Topology
+from protocol import SucceededBody, SucceededEvent, encode, new_id
 from tests import hands_test_tools as lab
 from tests.hands_bus import SERVE, Bus, command, ledger_fetch, runs
 from tests.loopback_proxy import TcpCutter
@@ -342,3 +345,76 @@ async def test_a_turn_completes_across_a_real_postgresql_restart_in_the_middle_o
         assert "starting_over" not in processes.output(proc)
     dead = await ledger_fetch(world, "SELECT count(*) AS n FROM workers WHERE dead_at IS NOT NULL")
     assert dead[0]["n"] == 0
+
+
+# ---- what cannot go on ends visibly, and settles what it leaves -----------------------------
+
+
+async def test_an_update_parked_for_good_fails_its_turn_settles_its_execution_and_nothing_asks_forever(
+    world: TendonEnv, processes: Processes, gates: Path, tmp_path: Path
+) -> None:
+    # Given a turn whose unsafe tool runs at a gate, a Brain that parks an update after two
+    # deliveries and nudges a stalled execution after 1 s
+    env = {**world.env, "TENDON_DELIVERY_LIMIT": "2", "TENDON_STALL_SECONDS": "1"}
+    obs = Observer(world)
+    brain = await processes.start_ready("brain", BRAIN, env)
+    await processes.start_ready("hands", SERVE, env)
+    script = [{"tool_calls": [{"tool": "gated", "args": {"gate": "g4"}}]}, {"content": "done"}]
+    turn_id = await _submit(env, _agent(tmp_path, script, ["gated"]))
+    await _running(world, "gated")
+
+    async def running() -> Any:
+        rows = await obs.executions(turn_id)
+        return rows[0] if rows and rows[0]["status"] == "running" else None
+
+    execution = await wait_for(running, timeout=30, what="the execution running")
+
+    # When an update for it arrives that the Brain can never apply (PostgreSQL refuses its
+    # result), authentic in every other way
+    poison = SucceededEvent(
+        execution_id=execution["id"],
+        namespace="default",
+        session_id="s-hard",
+        request_digest=execution["request_digest"],
+        seq=execution["last_seq"] + 1,
+        body=SucceededBody(result={"text": "a\x00b"}),
+    )
+    await _publish(world, f"{world.prefix}.updates", encode(poison), delivery_limit=2)
+
+    # Then, parked after its deliveries, it is read back and fails the turn, saying why...
+    turn = await obs.wait_turn(turn_id, "failed", timeout=60)
+    assert turn["error"]["code"] == "parked"
+    assert f"update succeeded #{poison.seq} of execution {execution['id']}" in turn["error"]["message"]
+    assert "delivery limit" in turn["error"]["message"]
+    code, out, err = await run_cli(["-m", "brain", "parked", "--json"], env)
+    assert code == 0, err
+    (parked,) = json.loads(out)
+    assert parked["surfaced"].startswith(f"turn {turn_id} failed")
+    code, out, _ = await run_cli(["-m", "brain", "parked", str(parked["id"])], env)
+    assert code == 0 and '"a\\u0000b"' in out
+
+    # ...its execution is settled on both sides: cancelled here, and the Hands told...
+    (settled,) = await obs.executions(turn_id)
+    assert settled["status"] == "cancelled" and "turn ended first" in settled["error"]["message"]
+
+    async def hands_told() -> bool:
+        rows = await ledger_fetch(world, "SELECT cancel_requested FROM executions")
+        return bool(rows) and rows[0]["cancel_requested"]
+
+    await wait_for(hands_told, timeout=30, what="the Hands told to cancel")
+
+    # ...and nothing asks about it any more: no replay requests, however long it stays quiet
+    # (the tool, which ignores cancels, finishing later changes nothing here either)
+    failed_at = len(processes.output(brain))
+    await asyncio.sleep(3.5)  # more than three stall periods
+    (gates / "g4").touch()
+    await _until(lambda: "late_event" in processes.output(brain), "the tool's late outcome")
+    assert "replay_requested" not in processes.output(brain)[failed_at:]
+    assert (await obs.executions(turn_id))[0]["status"] == "cancelled"
+    assert (await obs.turn(turn_id))["status"] == "failed"
+
+
+async def _publish(world: TendonEnv, queue: str, body: bytes, *, delivery_limit: int) -> None:
+    """Publish as a process declaring the queues with this delivery limit would."""
+    async with Broker(world.amqp_url, Topology(world.prefix), delivery_limit=delivery_limit) as broker:
+        await broker.publish(queue, body, message_id=new_id())

@@ -210,8 +210,9 @@ async def test_a_tampered_result_object_is_refused_and_fails_the_turn_with_a_cle
     turn = await obs.wait_turn(turn_id, "failed")
     assert turn["error"]["code"] == "object_ref_error"
     assert "sha256 mismatch" in turn["error"]["message"]
-    parked = await _drain(tendon.amqp_url, f"t-{tendon.suffix}.updates.dlq")
-    assert [decode(b).kind for b in parked] == ["succeeded"]
+    (parked,) = await obs.parked(f"t-{tendon.suffix}.updates")
+    assert parked["kind"] == "succeeded" and "sha256 mismatch" in parked["reason"]
+    assert parked["surfaced"] == "logged: nothing was left to tell"  # the turn had failed already
 
 
 async def test_malformed_and_foreign_updates_are_dead_lettered_with_a_reason_and_nothing_changes(
@@ -240,32 +241,22 @@ async def test_malformed_and_foreign_updates_are_dead_lettered_with_a_reason_and
     ]
     await _publish(tendon.amqp_url, updates, bad)
 
-    connection = await aio_pika.connect(tendon.amqp_url)
-    async with connection:
-        channel = await connection.channel()
-        dlq = await channel.get_queue(f"{updates}.dlq")
-        reasons: list[str] = []
-
-        async def parked() -> bool:
-            while (m := await dlq.get(no_ack=False, fail=False)) is not None:
-                reasons.append(str(m.headers.get("x-tendon-reason")))
-                await m.ack()
-            return len(reasons) == 4
-
-        await wait_for(parked, timeout=20, what="four dead-lettered updates")
-    assert "malformed JSON" in reasons[0]
-    assert "duplicate JSON key 'v'" in reasons[1]
-    assert "seq" in reasons[2]
-    assert "unknown execution exe-nope" in reasons[3]
     obs = Observer(tendon)
+    # (read back concurrently: in any order)
+    parked = {bytes(r["body"]): r for r in await obs.parked(updates, count=4)}
+    assert "malformed JSON" in parked[bad[0]]["reason"]
+    assert "duplicate JSON key 'v'" in parked[bad[1]]["reason"]
+    assert "seq" in parked[bad[2]]["reason"]
+    assert "unknown execution exe-nope" in parked[bad[3]]["reason"]
+    assert all(r["surfaced"].startswith("logged") for r in parked.values())
     assert await obs.fetch("SELECT * FROM {brain}.executions") == []
 
 
-async def test_a_turn_whose_tool_no_hands_pool_serves_fails_with_a_clear_error(
+async def test_a_turn_whose_tool_no_hands_pool_serves_waits_as_a_row_then_fails_with_a_clear_error(
     tendon: TendonEnv, processes: Processes, tmp_path: Path
 ) -> None:
-    env = {**tendon.env, "TENDON_BINDING_WAIT_SECONDS": "1"}
-    await processes.start_ready("brain", BRAIN, env)
+    env = {**tendon.env, "TENDON_BINDING_WAIT_SECONDS": "3"}
+    brain = await processes.start_ready("brain", BRAIN, env)
     code, out, err = await run_cli(
         [
             "-m",
@@ -282,6 +273,47 @@ async def test_a_turn_whose_tool_no_hands_pool_serves_fails_with_a_clear_error(
         env,
     )
     assert code == 0, err
-    turn = await Observer(tendon).wait_turn(out.strip(), "failed", timeout=20)
+    turn_id = out.strip()
+    obs = Observer(tendon)
+
+    # While no pool serves it, the turn waits as a row, saying what for: one run, not one per scan
+    waiting = await obs.wait_turn(turn_id, "waiting")
+    assert waiting["waiting_for"] == "a Hands pool to announce echo_blob"
+    turn = await obs.wait_turn(turn_id, "failed", timeout=20)
+
+    # Then, at the deadline, it fails with a routing error; the deadline woke it once more
     assert turn["error"]["code"] == "routing_error"
-    assert "no Hands pool announced tool(s) echo_blob" in turn["error"]["message"]
+    assert "no Hands pool announced tool(s) echo_blob within 3s" in turn["error"]["message"]
+    runs = await obs.fetch("SELECT started_phase FROM {brain}.runs WHERE turn_id = $1", turn_id)
+    assert [r["started_phase"] for r in runs] == ["prepare", "prepare"]
+    assert processes.output(brain).count('"event": "run_started"') == 2
+
+
+async def test_a_turn_waiting_for_its_tools_is_woken_when_a_pool_announces_them(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    # Given a turn that waits for a pool (it would wait for a minute)
+    tendon.routes.add("bulk")
+    await processes.start_ready("brain", BRAIN, tendon.env)
+    code, out, err = await run_cli(
+        [
+            "-m",
+            "brain",
+            "submit",
+            "--session",
+            "s",
+            "--request-id",
+            "r",
+            "--agent",
+            _bulk_agent(tmp_path, "b"),
+            "go",
+        ],
+        tendon.env,
+    )
+    assert code == 0, err
+    obs = Observer(tendon)
+    await obs.wait_turn(out.strip(), "waiting")
+
+    # When the pool starts and announces its tools, Then the turn goes on at once
+    await processes.start_ready("hands", HANDS_BULK, tendon.env)
+    await obs.wait_turn(out.strip(), "completed", timeout=20)

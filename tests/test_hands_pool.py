@@ -39,7 +39,7 @@ from protocol import (
 from tests import hands_test_tools as lab
 from tests.hands_bus import SERVE, WAIT, Bus, command, ledger_fetch, runs, start_worker
 from tests.hands_pg_proxy import CommitCutter
-from tests.support import Processes, TendonEnv, wait_for
+from tests.support import Observer, Processes, TendonEnv, wait_for
 
 # ---- the happy path ---------------------------------------------------------------------
 
@@ -231,9 +231,7 @@ async def test_the_same_execution_id_with_a_different_request_is_dead_lettered_a
 
     # Then it is parked as a conflict and nothing runs again
     queue = bus.topology.commands("lab")
-    parked = await wait_for(lambda: bus.dead_letters(queue), timeout=WAIT, what="a dead letter")
-    reason = parked[0].headers["x-tendon-reason"]
-    reason = reason.decode() if isinstance(reason, bytes) else reason
+    reason = (await bus.parked(queue))[0]["reason"]
     assert reason.startswith(f"conflict: execution {cmd.execution_id} is already in the ledger")
     assert runs(world) == [("echo", cmd.execution_id, 1)]
 
@@ -269,6 +267,61 @@ async def test_a_cancel_control_signals_the_running_tool_and_the_execution_ends_
     assert [tuple(r) for r in rows] == [("cancelled", True)]
 
 
+async def test_a_cancel_that_comes_before_its_command_leaves_a_tombstone_and_the_command_never_runs(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a pool, and a command that has not reached it yet
+    await start_worker(processes, world)
+    cmd = command(lab.echo, {"text": "too late"})
+
+    # When its cancel arrives first (the Brain settled the execution: its turn ended)
+    await bus.publish_control(
+        CancelControl(
+            execution_id=cmd.execution_id,
+            namespace=cmd.namespace,
+            session_id=cmd.session_id,
+            request_digest=cmd.request_digest,
+            body=CancelBody(reason="its turn failed"),
+        )
+    )
+
+    # Then the execution is CANCELLED at once, as its seq 1...
+    tombstone = await bus.wait_kind(cmd.execution_id, "cancelled")
+    assert tombstone.seq == 1 and "before its command arrived: its turn failed" in tombstone.body.reason
+
+    # ...and when the command comes after all, it is a duplicate of that: it never runs
+    await bus.publish_command(cmd)
+    await bus.wait_seqs(cmd.execution_id, 1)
+    rows = await ledger_fetch(
+        world, "SELECT status FROM executions WHERE execution_id = $1", cmd.execution_id
+    )
+    assert [r["status"] for r in rows] == ["cancelled"]
+
+    async def told_again() -> bool:
+        return len([e for e in bus.events(cmd.execution_id) if e.kind == "cancelled"]) >= 2
+
+    await wait_for(told_again, timeout=WAIT, what="the duplicate command answered with the tombstone")
+    assert runs(world) == []
+
+
+async def test_a_command_whose_arguments_hold_a_nul_fails_as_rejected_instead_of_being_parked(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a pool, and arguments that are valid JSON but that PostgreSQL cannot store
+    await start_worker(processes, world)
+    cmd = command(lab.echo, {"text": "a\x00b"})
+
+    # When the command arrives
+    await bus.publish_command(cmd)
+
+    # Then the execution fails at once as rejected, saying why; nothing runs, nothing is parked
+    failed = await bus.wait_kind(cmd.execution_id, "failed")
+    assert (failed.seq, failed.body.how, failed.body.error["code"]) == (1, "rejected", "schema_error")
+    assert "cannot be stored" in failed.body.error["message"] and "NUL" in failed.body.error["message"]
+    assert runs(world) == []
+    assert await ledger_fetch(world, "SELECT 1 FROM parked") == []
+
+
 async def test_malformed_json_goes_to_the_commands_dead_letter_queue_with_a_reason(
     world: TendonEnv, bus: Bus, processes: Processes
 ) -> None:
@@ -280,10 +333,9 @@ async def test_malformed_json_goes_to_the_commands_dead_letter_queue_with_a_reas
 
     # Then it is parked in the commands DLQ with a reason header that says why
     queue = bus.topology.commands("lab")
-    parked = await wait_for(lambda: bus.dead_letters(queue), timeout=WAIT, what="a dead letter")
-    assert len(parked) == 1
-    reason = parked[0].headers["x-tendon-reason"]
-    reason = reason.decode() if isinstance(reason, bytes) else reason
+    parked = await bus.parked(queue)
+    assert len(parked) == 1 and parked[0]["surfaced"].startswith("logged")
+    reason = parked[0]["reason"]
     assert reason.startswith("decode_error:") and "duplicate JSON key 'kind'" in reason
 
 
@@ -301,16 +353,16 @@ async def test_a_command_for_another_route_is_dead_lettered_with_a_reason_and_no
     # When a command addressed to route billing lands on lab's queue
     await bus.publish_command(misrouted)
 
-    # Then it is parked with a reason naming both routes, and nothing runs or is recorded
+    # Then it is parked with a reason naming both routes, nothing runs, and the sender hears
+    # that the execution failed (rejected), saying why: parked messages are surfaced
     queue = bus.topology.commands("lab")
-    parked = await wait_for(lambda: bus.dead_letters(queue), timeout=WAIT, what="a dead letter")
-    reason = parked[0].headers["x-tendon-reason"]
-    reason = reason.decode() if isinstance(reason, bytes) else reason
-    assert "route billing" in reason and "route lab" in reason
+    (parked,) = await bus.parked(queue)
+    assert "route billing" in parked["reason"] and "route lab" in parked["reason"]
+    assert parked["surfaced"].startswith(f"execution {cmd.execution_id} failed as rejected")
+    failed = await bus.wait_kind(cmd.execution_id, "failed")
+    assert (failed.seq, failed.body.how, failed.body.error["code"]) == (1, "rejected", "parked")
+    assert "route billing" in failed.body.error["message"]
     assert runs(world) == []
-    assert (
-        await ledger_fetch(world, "SELECT 1 FROM executions WHERE execution_id = $1", cmd.execution_id) == []
-    )
 
 
 async def test_a_tool_that_raises_fails_with_its_exception_type_and_message(
@@ -360,9 +412,7 @@ async def test_a_command_whose_body_ref_fails_verification_is_failed_for_the_tur
     assert failed.body.error["code"] == "object_ref_error"
     assert "missing" in failed.body.error["message"]
     queue = bus.topology.commands("lab")
-    parked = await wait_for(lambda: bus.dead_letters(queue), timeout=WAIT, what="a dead letter")
-    reason = parked[0].headers["x-tendon-reason"]
-    reason = reason.decode() if isinstance(reason, bytes) else reason
+    reason = (await bus.parked(queue))[0]["reason"]
     assert reason.startswith("object_ref_error:")
     assert runs(world) == []
 
@@ -706,20 +756,10 @@ async def test_a_control_that_raises_an_unforeseen_error_is_handed_back_until_it
     async with Broker(settings.amqp_url, topology, delivery_limit=2) as broker:
         await broker.publish(topology.controls("lab"), encode(control), message_id=new_id())
 
-        # Then it is never left unacked: it is handed back after a pause each time, and the
-        # delivery limit parks it in the controls' dead-letter queue
-        channel = await broker._connection.channel()  # type: ignore[union-attr]
-        try:
-            dlq = await channel.declare_queue(
-                topology.dlq(topology.controls("lab")), durable=True, arguments={"x-queue-type": "quorum"}
-            )
-
-            async def parked() -> Any:
-                return await dlq.get(no_ack=True, fail=False)
-
-            message = await wait_for(parked, timeout=WAIT, what="the control in the dead-letter queue")
-        finally:
-            await channel.close()
-    assert message.body == encode(control)
+    # Then it is never left unacked: it is handed back after a pause each time, the delivery
+    # limit parks it, and the pool reads it back from the controls' dead-letter queue
+    (parked,) = await Observer(world).parked(topology.controls("lab"), component="hands")
+    assert bytes(parked["body"]) == encode(control)
+    assert parked["reason"].startswith("delivered more times than the delivery limit allows")
     log = await asyncio.to_thread(Path(worker.log_path).read_text, errors="replace")
     assert log.count('"event": "handling_failed"') >= 2, log[-3000:]

@@ -210,6 +210,37 @@ async def test_a_query_answer_postgresql_refuses_leaves_the_execution_unknown_an
     assert lab.runs() == []
 
 
+@pytest.mark.parametrize(
+    ("tool", "status", "expected"),
+    [
+        # never started: it never will
+        ("charge", LedgerStatus.ACCEPTED, LedgerStatus.CANCELLED),
+        # a safe body cut short: not run again, since nobody wants it any more
+        ("echo", LedgerStatus.RUNNING, LedgerStatus.CANCELLED),
+        # an unsafe body cut short whose query finds no trace: QUERYING -> CANCELLED
+        ("charge", LedgerStatus.RUNNING, LedgerStatus.CANCELLED),
+        # one that cannot be asked: nothing is guessed
+        ("charge_noquery", LedgerStatus.RUNNING, LedgerStatus.UNKNOWN),
+    ],
+)
+async def test_an_orphan_whose_cancel_was_asked_for_is_cancelled_not_run(
+    lab: Lab, tool: str, status: LedgerStatus, expected: LedgerStatus
+) -> None:
+    # Given an execution left by a dead worker after a cancel was asked for (its turn ended)
+    args = {"text": "late"} if tool == "echo" else {"amount": 5}
+    execution_id = await lab.add(tool, args, status, "dead-worker")
+    async with lab.pool.acquire() as conn:
+        await ledger.request_cancel(conn, execution_id)
+
+    # When this worker takes it over
+    assert await lab.scanner.scan_once() == 1
+
+    # Then the replay rule ends it without running the body again
+    row = await lab.settled(execution_id)
+    assert row.status is expected
+    assert lab.runs() == []
+
+
 async def test_open_rows_of_this_live_worker_with_no_task_here_are_adopted_by_its_own_scan(
     lab: Lab,
 ) -> None:

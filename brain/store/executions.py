@@ -407,11 +407,13 @@ async def mark_nudged(conn: asyncpg.Connection, execution_id: str) -> None:
     )
 
 
-async def turn_of(conn: asyncpg.Connection, header: Any) -> str | None:
-    """The turn of the execution an envelope names, if the envelope's scope and request digest
-    are that execution's (else None: the message proves nothing about it)."""
-    return await conn.fetchval(
-        """SELECT e.turn_id FROM executions e JOIN turns t ON t.id = e.turn_id
+async def named_by(conn: asyncpg.Connection, header: Any) -> asyncpg.Record | None:
+    """The execution an envelope names (its ``turn_id``, ``last_seq`` and ``turn_status``), if
+    the envelope's scope and request digest are that execution's (else None: the message
+    proves nothing about it)."""
+    return await conn.fetchrow(
+        """SELECT e.turn_id, e.last_seq, t.status AS turn_status
+             FROM executions e JOIN turns t ON t.id = e.turn_id
             WHERE e.id = $1 AND t.namespace = $2 AND t.session_id = $3 AND e.request_digest = $4""",
         header.execution_id,
         header.namespace,

@@ -6,6 +6,8 @@ Both describe the same tables; the store functions run unchanged on either.
 
 from __future__ import annotations
 
+from infra.parked import MIGRATION as PARKED
+
 # Found by the waiting benchmark (10,000 turns): without these, claiming a turn scanned every
 # earlier turn of its thread, the wake check and the stall scan read every execution, and each
 # re-sent command read the whole outbox (inside the scan's transaction, holding its locks).
@@ -155,6 +157,7 @@ ALTER TABLE executions ADD COLUMN command_message_id text;
     (5, _HOLDING),
     (6, _CLAIM_ORDER),
     (7, _LEASES_PG),
+    (8, PARKED["postgres"]),
 ]
 
 _NOW = "(strftime('%Y-%m-%dT%H:%M:%f', 'now'))"
@@ -264,6 +267,7 @@ ALTER TABLE turns ADD COLUMN retries int NOT NULL DEFAULT 0;
     (5, _HOLDING),
     (6, _CLAIM_ORDER),
     (7, _LEASES_SQLITE),
+    (8, PARKED["sqlite"]),
 ]
 
 MIGRATIONS: dict[str, list[tuple[int, str]]] = {"postgres": POSTGRES, "sqlite": SQLITE}

@@ -1,0 +1,85 @@
+"""What the CLI shows of a turn: one read of everything about it, and its human rendering."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from brain.store import turns
+
+RECONCILE_HINT = (
+    "resolve each with `hands reconcile EXECUTION_ID --result JSON --evidence TEXT` "
+    "(or --failed MESSAGE) once you know what happened"
+)
+
+
+async def describe(pool: Any, turn_id: str) -> dict[str, Any]:
+    """Everything `show` prints, as plain data."""
+    async with pool.acquire() as conn:
+        t = await turns.load(conn, turn_id)
+        hist = await conn.fetch(
+            "SELECT position, role, content FROM history WHERE turn_id = $1 ORDER BY position",
+            turn_id,
+        )
+        exes = await conn.fetch(
+            "SELECT * FROM executions WHERE turn_id = $1 ORDER BY tool_step, call_id", turn_id
+        )
+        runs = await conn.fetchval("SELECT count(*) FROM runs WHERE turn_id = $1", turn_id)
+    return {
+        "turn_id": t["id"],
+        "session_id": t["session_id"],
+        "request_id": t["request_id"],
+        "status": t["status"],
+        "phase": t["phase"],
+        "waiting_for": t["waiting_for"],
+        "runs": runs,
+        "result": t["result"],
+        "error": t["error"],
+        "history": [{"role": h["role"], **h["content"]} for h in hist],
+        "executions": [
+            {
+                k: e[k]
+                for k in (
+                    "id",
+                    "call_id",
+                    "tool",
+                    "route",
+                    "status",
+                    "attempts",
+                    "how",
+                    "evidence",
+                    "result",
+                    "error",
+                    "last_seq",
+                )
+            }
+            for e in exes
+        ],
+    }
+
+
+def print_turn(d: dict[str, Any]) -> None:
+    """`show` and `wait` for people."""
+    print(f"turn {d['turn_id']}  session {d['session_id']}  request {d['request_id']}")
+    print(f"status: {d['status']} (phase {d['phase']}, {d['runs']} run(s))")
+    if d["waiting_for"]:
+        print(f"waiting for: {d['waiting_for']}")
+    if d["error"]:
+        print(f"error: {d['error'].get('code')}: {d['error'].get('message')}")
+    if d["executions"]:
+        print("executions:")
+        for e in d["executions"]:
+            how = f" ({e['how']})" if e["how"] else ""
+            print(f"  {e['call_id']:<8} {e['tool']:<16} {e['status']:<10}{how}  {e['id']}")
+            if e["evidence"]:
+                print(f"           evidence: {e['evidence']}")
+    if d["result"]:
+        print("result:")
+        print("  " + str(d["result"].get("text")).replace("\n", "\n  "))
+
+
+def waiting_line(d: dict[str, Any]) -> str:
+    """One line saying what a waiting turn waits for (and, for a reconcile, how to give it)."""
+    line = f"turn {d['turn_id']} waits for {d['waiting_for'] or 'its tools'}"
+    if (d["waiting_for"] or "").startswith("reconcile"):
+        line += f"; {RECONCILE_HINT}"
+    return line

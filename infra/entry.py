@@ -1,0 +1,42 @@
+"""The ``brain`` and ``hands`` commands' first steps, before anything heavy is imported.
+
+Loading the program takes a few hundred milliseconds; a Ctrl-C then, or a closed output (``|
+head``) later, ends it with one line on stderr and a documented exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
+EXIT_OUTPUT_CLOSED = 141  # the reader of the output went away, as shells report SIGPIPE
+
+
+def run(command: str) -> int:
+    """Import ``<command>.cli`` and run its ``main``; Ctrl-C and a closed output end it cleanly."""
+    try:
+        return int(importlib.import_module(f"{command}.cli").main())
+    except KeyboardInterrupt:
+        print(f"\n{command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return output_closed(command)
+
+
+def output_closed(command: str) -> int:
+    """The output's reader went away: say so once, and keep the interpreter's final flush of
+    stdout from failing again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    print(f"{command}: stopped: the output was closed (broken pipe)", file=sys.stderr)
+    return EXIT_OUTPUT_CLOSED
+
+
+def brain() -> int:
+    return run("brain")
+
+
+def hands() -> int:
+    return run("hands")
