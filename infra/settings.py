@@ -1,7 +1,8 @@
 """The one settings object: every knob is a ``TENDON_*`` environment variable.
 
-Read once at process start (``Settings()``) and passed down; nothing reads the
-environment at import time.
+Read once at process start (``Settings()``) and passed down; nothing reads the environment at
+import time. ``python -m infra.settings`` prints every setting as the table README.md carries
+(a test fails when the two drift apart).
 """
 
 from __future__ import annotations
@@ -19,23 +20,40 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="TENDON_", extra="ignore")
 
-    database_url: str = "postgresql://tendon:tendon@127.0.0.1:5432/tendon"
-    brain_schema: str = Field(default="tendon_brain", pattern=_IDENT)
-    hands_database_url: str | None = Field(
-        default=None, description="the Hands ledger's database; defaults to database_url"
+    database_url: str = Field(
+        default="postgresql://tendon:tendon@127.0.0.1:5432/tendon",
+        description="the Brain's PostgreSQL (and the Hands ledger's, unless `TENDON_HANDS_DATABASE_URL`)",
     )
-    hands_schema: str = Field(default="tendon_hands", pattern=_IDENT)
-    amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
-    queue_prefix: str = Field(default="tendon", pattern=r"^[a-z0-9][a-z0-9_.-]*$")
-    delivery_limit: int = Field(default=5, ge=1)
+    brain_schema: str = Field(default="tendon_brain", pattern=_IDENT, description="the Brain's schema")
+    hands_database_url: str | None = Field(
+        default=None, description="the Hands ledger's database; defaults to `TENDON_DATABASE_URL`"
+    )
+    hands_schema: str = Field(default="tendon_hands", pattern=_IDENT, description="the Hands ledger's schema")
+    amqp_url: str = Field(default="amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ")
+    queue_prefix: str = Field(
+        default="tendon",
+        pattern=r"^[a-z0-9][a-z0-9_.-]*$",
+        description="the first part of every queue name: a deployment of its own on a shared broker",
+    )
+    delivery_limit: int = Field(
+        default=5, ge=1, description="deliveries of a message before the broker parks it (`brain parked`)"
+    )
 
-    s3_endpoint_url: str | None = None
-    s3_bucket: str = "tendon"
-    s3_region: str = "us-east-1"
-    offload_threshold: int = Field(default=1024 * 1024, ge=1)
+    s3_endpoint_url: str | None = Field(
+        default=None,
+        description="an S3 API (MinIO, moto, AWS) for payloads over the offload threshold; "
+        "credentials as boto3 reads them (`AWS_ACCESS_KEY_ID`...)",
+    )
+    s3_bucket: str = Field(default="tendon", description="the bucket (created if missing)")
+    s3_region: str = Field(default="us-east-1", description="the bucket's region")
+    offload_threshold: int = Field(
+        default=1024 * 1024, ge=1, description="bytes: a bigger message body travels through S3 by reference"
+    )
 
-    namespace: str = "default"
-    concurrency: int = Field(default=4, ge=1)
+    namespace: str = Field(default="default", description="the tenant `brain submit` submits into")
+    concurrency: int = Field(
+        default=4, ge=1, description="turns a Brain drives, or executions a Hands worker runs, at once"
+    )
     lease_seconds: float = Field(
         default=30.0,
         gt=0,
@@ -48,8 +66,14 @@ class Settings(BaseSettings):
         description="how long a process whose database session ended may take to connect again "
         "before the others presume it dead (a killed process is taken over after this)",
     )
-    scan_interval: float = Field(default=0.5, gt=0)
-    gap_timeout: float = Field(default=1.0, gt=0)
+    scan_interval: float = Field(
+        default=0.5, gt=0, description="seconds between the periodic scans that repair lost wake-ups"
+    )
+    gap_timeout: float = Field(
+        default=1.0,
+        gt=0,
+        description="how long events held behind a missing one wait before a replay request",
+    )
     stall_seconds: float = Field(
         default=10.0, gt=0, description="after this long without progress, re-send or ask for a replay"
     )
@@ -63,11 +87,29 @@ class Settings(BaseSettings):
         default=60.0, gt=0, description="how long a new turn waits for its tools to be announced"
     )
 
-    log_format: Literal["auto", "json", "console"] = "auto"
-    log_level: str = "INFO"
-    kill_at: str = Field(default="", description="kill points to arm, e.g. hands.after_tool_body@call-4")
-    ready_file: str | None = None
+    log_format: Literal["auto", "json", "console"] = Field(
+        default="auto", description="`console` on a terminal, `json` otherwise (with `auto`)"
+    )
+    log_level: str = Field(default="INFO", description="`DEBUG`, `INFO`, `WARNING` or `ERROR`")
+    kill_at: str = Field(default="", description="kill points to arm, e.g. `hands.after_tool_body@call-4`")
+    ready_file: str | None = Field(
+        default=None,
+        description="a file a server writes (its worker id) once it is ready, and removes at exit",
+    )
 
     @property
     def ledger_database_url(self) -> str:
         return self.hands_database_url or self.database_url
+
+
+def settings_table() -> str:
+    """Every setting as a Markdown table: variable, default, what it is."""
+    rows = ["| variable | default | what it is |", "| --- | --- | --- |"]
+    for name, field in Settings.model_fields.items():
+        default = "" if field.default in (None, "") else f"`{field.default}`"
+        rows.append(f"| `TENDON_{name.upper()}` | {default} | {field.description or ''} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(settings_table())

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 # Every route a test of this suite serves or publishes to. A world's cleanup deletes the queues
 # of all of them (deleting a queue that does not exist is a no-op), so a test that forgot to add
 # its route to ``TendonEnv.routes`` still leaves nothing behind.
-TEST_ROUTES = frozenset({"email", "lab", "other", "bulk", "conf"})
+TEST_ROUTES = frozenset({"email", "lab", "other", "bulk", "conf", "hello", "gone"})
 
 # Every world this process made, by suffix, and those whose cleanup has not finished (a
 # failed or interrupted teardown): the session's last sweep (tests/conftest.py) goes over them.

@@ -6,6 +6,7 @@ No PostgreSQL, RabbitMQ or S3 is touched: the demo keeps everything under --data
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
@@ -134,7 +135,8 @@ async def test_ctrl_c_at_any_moment_ends_the_demo_with_one_line(tmp_path: Path, 
     )
     # When Ctrl-C comes
     await asyncio.sleep(after)
-    proc.send_signal(signal.SIGINT)
+    with contextlib.suppress(ProcessLookupError):  # it may have finished already
+        proc.send_signal(signal.SIGINT)
     _, err = await asyncio.wait_for(proc.communicate(), 60)
 
     # Then it stops with one line, never a traceback (or, done already, it says nothing)
