@@ -69,6 +69,15 @@ def test_events_are_applied_only_as_a_contiguous_prefix(last, seq, expected):
     assert classify(last, seq) is expected
 
 
+@pytest.mark.parametrize(
+    ("last", "seq", "expected"),
+    [(3, 4, Arrival.LATE), (3, 9, Arrival.LATE), (3, 3, Arrival.DUPLICATE), (3, 2, Arrival.DUPLICATE)],
+)
+def test_a_new_event_for_an_execution_the_brain_settled_is_late_not_applied(last, seq, expected):
+    # A turn that ended settled its executions; what the Hands say afterwards changes nothing
+    assert classify(last, seq, settled=True) is expected
+
+
 def test_held_events_drain_in_order_up_to_the_next_gap():
     assert drainable(2, [5, 3, 4, 7]) == [3, 4, 5]
     assert drainable(2, [4, 5]) == []

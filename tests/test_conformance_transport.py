@@ -307,6 +307,42 @@ async def test_waiting_counts_the_messages_that_no_consumer_holds(backend: Backe
         await consumer.close()
 
 
+async def test_consumers_counts_who_serves_a_queue_right_now(backend: Backend) -> None:
+    async with backend.open() as transport:
+        await transport.declare(backend.queue)
+        assert await transport.consumers(backend.queue) == 0
+        consumer = await transport.consume(backend.queue, Inbox(ack), prefetch=1)
+        assert await transport.consumers(backend.queue) == 1
+        await consumer.close()
+        assert await transport.consumers(backend.queue) == 0
+
+
+async def test_a_dead_letter_queue_can_be_consumed_through_the_transport_with_its_reasons(
+    backend: Backend,
+) -> None:
+    # Given a message parked with a reason
+    async with backend.open() as transport:
+        await transport.publish(backend.queue, b"poison", message_id="p1")
+
+        async def park(delivery: Delivery) -> None:
+            await transport.dead_letter(backend.queue, delivery, "never works")
+
+        consumer = await transport.consume(backend.queue, park, prefetch=1)
+        # When whoever consumes the queue also consumes its dead-letter queue (infra.parked)
+        parked = Inbox(ack)
+        reader = await transport.consume(Topology.dlq(backend.queue), parked, prefetch=4)
+        await parked.wait(1)
+        await reader.close()
+        await consumer.close()
+    # Then it reads the message with its reason, and the queues are declared the same way
+    (delivery,) = parked.deliveries
+    assert (delivery.body, delivery.message_id, delivery.headers[REASON_HEADER]) == (
+        b"poison",
+        "p1",
+        "never works",
+    )
+
+
 async def test_closing_a_consumer_returns_its_unacked_deliveries_to_the_queue(backend: Backend) -> None:
     async with backend.open() as transport:
         for body in (b"a", b"b", b"c"):

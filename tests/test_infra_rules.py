@@ -1,0 +1,82 @@
+"""The pure rules of infra/, without servers: what a database can store, why a message was
+parked, how long a passing fault is waited out."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+from infra.db import patiently, storable, unstorable
+from infra.parked import reason_of
+from infra.transport import REASON_HEADER
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("fine", None),
+        ({"a": [1, "two", {"b": None}]}, None),
+        ("a\x00b", "NUL"),
+        ({"k\x00": 1}, "NUL"),
+        ([["deep", "x\x00"]], "NUL"),
+        ("\ud800", "lone surrogate"),
+        ({"text": "ok", "more": ["\udfff"]}, "lone surrogate"),
+    ],
+)
+def test_unstorable_finds_what_postgresql_refuses_anywhere_in_a_json_value(value, problem):
+    found = unstorable(value)
+    assert (found is None) if problem is None else (problem in (found or ""))
+
+
+def test_storable_escapes_what_postgresql_refuses_and_bounds_the_length():
+    assert storable("a\x00b\ud800") == "a\\x00b\\ud800"
+    assert unstorable(storable("x\x00" * 5000)) is None
+    assert len(storable("y" * 5000)) == 2001
+
+
+@pytest.mark.parametrize(
+    ("headers", "reason"),
+    [
+        ({REASON_HEADER: "decode_error: not JSON"}, "decode_error: not JSON"),
+        (
+            {"x-first-death-reason": "delivery_limit", "x-first-death-queue": "t.updates"},
+            "delivered more times than the delivery limit allows without being settled (queue t.updates)",
+        ),
+        ({"x-first-death-reason": "rejected"}, "rejected by its consumer"),
+        ({}, "no reason given"),
+        (None, "no reason given"),
+    ],
+)
+def test_a_parked_message_says_why_from_its_headers(headers, reason):
+    assert reason_of(headers) == reason
+
+
+async def test_patiently_waits_out_a_passing_fault_and_not_anything_else():
+    calls = 0
+
+    async def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise ConnectionResetError("the database went away")
+        return "done"
+
+    assert await patiently(flaky, what="a test") == "done" and calls == 3
+
+    async def broken() -> None:
+        raise asyncpg.UniqueViolationError("a bug, not weather")
+
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await patiently(broken, what="a test")
+
+
+async def test_patiently_gives_up_after_its_patience_with_the_last_error():
+    async def away() -> None:
+        raise ConnectionRefusedError("still away")
+
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(ConnectionRefusedError):
+        await patiently(away, what="a test", patience=0.3)
+    assert asyncio.get_running_loop().time() - started < 30  # it gave up: not forever
