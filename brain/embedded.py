@@ -120,7 +120,9 @@ async def run_local(
                 route=route,
                 tools=tools,
                 kill=killpoints,
-                backends=HandsBackends(pool=ledger_pool, transport=transport, codec=codec),
+                backends=HandsBackends(
+                    ledger_pool, transport, codec, partial(LocalWorkerRegistration, ledger_pool, "hands")
+                ),
             )
         )
         stop = asyncio.Event()

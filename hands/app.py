@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -34,9 +36,9 @@ from hands.registry import ToolRegistry, load_tools
 from hands.relay import EventRelay
 from hands.worker import CommandConsumer
 from infra.broker import Broker, Topology
-from infra.db import create_pool, dialect, keep_statistics, migrate
+from infra.db import create_pool, keep_statistics, migrate
 from infra.killpoints import KillPoints
-from infra.liveness import Liveness, LocalWorkerRegistration, WorkerRegistration
+from infra.liveness import Liveness, WorkerRegistration
 from infra.logging import bind_worker, get_logger
 from infra.parked import ParkedConsumer
 from infra.payloads import PayloadCodec, open_payload_codec
@@ -49,11 +51,13 @@ log = get_logger(__name__)
 
 @dataclass(frozen=True)
 class HandsBackends:
-    """Backends opened by someone else (the embedded mode); the app uses but never closes them."""
+    """What a pool runs on. Opened by someone else (the embedded mode), the app uses but never
+    closes them; ``HandsApp`` opens the distributed ones itself."""
 
     pool: Any  # an asyncpg pool or an infra.sqlite.SqlitePool
     transport: Transport
     codec: PayloadCodec
+    register: Callable[..., Liveness]  # the worker registration, given its options
 
 
 class HandsApp:
@@ -124,18 +128,14 @@ class HandsApp:
         self.registry = load_tools(self.tools_spec, self.route)
         schema = s.hands_schema
 
-        pool, broker, codec = await self._open_backends()
+        backends = self.backends or await self._open_backends()
+        pool, broker, codec = backends.pool, backends.transport, backends.codec
         applied = await migrate(pool, schema, MIGRATIONS)
-        options: dict[str, Any] = {
-            "lease_seconds": s.lease_seconds,
-            "grace": s.reconnect_grace,
-            "interval": s.scan_interval,
-            "release": ledger.release_owners,
-        }
-        self.liveness: Liveness = (
-            LocalWorkerRegistration(pool, "hands", **options)
-            if dialect(pool) == "sqlite"
-            else WorkerRegistration(s.ledger_database_url, schema, "hands", **options)
+        self.liveness = backends.register(
+            lease_seconds=s.lease_seconds,
+            grace=s.reconnect_grace,
+            interval=s.scan_interval,
+            release=ledger.release_owners,
         )
         await self._stack.enter_async_context(self.liveness)
         self.worker_id = self.liveness.worker_id
@@ -232,9 +232,8 @@ class HandsApp:
         self.executor.abandon(reason)
         raise StaleOwnerError(reason)
 
-    async def _open_backends(self) -> tuple[Any, Transport, PayloadCodec]:
-        if self.backends is not None:
-            return self.backends.pool, self.backends.transport, self.backends.codec
+    async def _open_backends(self) -> HandsBackends:
+        """The distributed backends, closed with the app."""
         s = self.settings
         pool = await create_pool(s.ledger_database_url, s.hands_schema, max_size=self.concurrency + 6)
         self._stack.push_async_callback(pool.close)
@@ -242,7 +241,8 @@ class HandsApp:
         broker = await self._stack.enter_async_context(
             Broker(s.amqp_url, self.topology, delivery_limit=s.delivery_limit)
         )
-        return pool, broker, codec
+        register = partial(WorkerRegistration, s.ledger_database_url, s.hands_schema, "hands")
+        return HandsBackends(pool, broker, codec, register)
 
     # ---- stop ---------------------------------------------------------------------------
 
