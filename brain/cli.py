@@ -23,7 +23,7 @@ from brain.views import describe, print_turn, waiting_line
 from infra.broker import Broker
 from infra.killpoints import KillPoints
 from infra.logging import configure_logging
-from infra.parked import show_parked
+from infra.parked import add_parked_command, show_parked
 from infra.settings import Settings
 from infra.transport import Topology
 from protocol import ConflictError, TendonError
@@ -98,16 +98,12 @@ def _parser() -> argparse.ArgumentParser:
         help="SIGKILL this process while email N (1-5) is inside send_email, after the mailbox accepted it",
     )
 
-    s = sub.add_parser(
-        "parked",
-        help="list the messages the broker parked for the Brain, or show one",
-        description="Updates and bindings announcements that could never be processed are parked "
-        "by the broker; the Brain reads them back, fails the turn they concern (saying why) "
-        "or logs them, and keeps them here. Without an id: the latest, newest first.",
+    add_parked_command(
+        sub,
+        what="the Brain",
+        surfacing="the Brain reads back the updates and bindings announcements parked, fails the "
+        "turn a parked update concerns (saying why) or logs them",
     )
-    s.add_argument("parked_id", nargs="?", type=int, metavar="ID", help="show this one, with its body")
-    s.add_argument("--limit", type=int, default=50, help="how many to list (default 50)")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
 
     s = sub.add_parser("show", help="show a turn: status, history, executions")
     s.add_argument("turn_id")

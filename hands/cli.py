@@ -35,7 +35,7 @@ from infra.broker import Broker, Topology
 from infra.db import create_pool
 from infra.killpoints import KillPoints
 from infra.logging import configure_logging, get_logger
-from infra.parked import show_parked
+from infra.parked import add_parked_command, show_parked
 from infra.payloads import PayloadCodec, open_payload_codec
 from infra.settings import Settings
 from protocol import NotFoundError, StaleOwnerError, TendonError, TransientError, loads
@@ -93,16 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true", help="print one JSON document")
     show.set_defaults(func=_show)
 
-    parked = sub.add_parser(
-        "parked",
-        help="list the messages the broker parked for this pool, or show one",
-        description="Commands and controls that could never be processed are parked by the "
-        "broker; the pool reads them back, fails the execution a parked command concerns (if "
-        "it never ran) or logs them, and keeps them here. Without an id: the latest, newest first.",
+    parked = add_parked_command(
+        sub,
+        what="this pool",
+        surfacing="the pool reads back the commands and controls parked, fails the execution a "
+        "parked command concerns (if it never ran) or logs them",
     )
-    parked.add_argument("parked_id", nargs="?", type=int, metavar="ID", help="show this one, with its body")
-    parked.add_argument("--limit", type=int, default=50, help="how many to list (default 50)")
-    parked.add_argument("--json", action="store_true", help="print JSON")
     parked.set_defaults(func=_parked)
 
     rec = sub.add_parser(

@@ -17,6 +17,7 @@ by the component's migrations).
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -171,6 +172,20 @@ async def one(pool: Any, parked_id: int) -> dict[str, Any] | None:
         "body": text if text is not None else body.hex(),
         "body_encoding": "utf-8" if text is not None else "hex",
     }
+
+
+def add_parked_command(subparsers: Any, *, what: str, surfacing: str) -> argparse.ArgumentParser:
+    """The ``parked`` command of a CLI (``brain``, ``hands``): the same arguments for both."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "parked",
+        help=f"list the messages the broker parked for {what}, or show one",
+        description=f"Messages that could never be processed are parked by the broker; {surfacing}, "
+        "and keeps them here. Without an id: the latest, newest first.",
+    )
+    parser.add_argument("parked_id", nargs="?", type=int, metavar="ID", help="show this one, with its body")
+    parser.add_argument("--limit", type=int, default=50, help="how many to list (default 50)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
 
 
 async def show_parked(pool: Any, parked_id: int | None, *, limit: int, as_json: bool) -> int:

@@ -257,23 +257,7 @@ async def test_a_turn_whose_tool_no_hands_pool_serves_waits_as_a_row_then_fails_
 ) -> None:
     env = {**tendon.env, "TENDON_BINDING_WAIT_SECONDS": "3"}
     brain = await processes.start_ready("brain", BRAIN, env)
-    code, out, err = await run_cli(
-        [
-            "-m",
-            "brain",
-            "submit",
-            "--session",
-            "s",
-            "--request-id",
-            "r",
-            "--agent",
-            _bulk_agent(tmp_path, "b"),
-            "echo",
-        ],
-        env,
-    )
-    assert code == 0, err
-    turn_id = out.strip()
+    turn_id = await _submit_bulk(env, tmp_path)
     obs = Observer(tendon)
 
     # While no pool serves it, the turn waits as a row, saying what for: one run, not one per scan
@@ -295,6 +279,17 @@ async def test_a_turn_waiting_for_its_tools_is_woken_when_a_pool_announces_them(
     # Given a turn that waits for a pool (it would wait for a minute)
     tendon.routes.add("bulk")
     await processes.start_ready("brain", BRAIN, tendon.env)
+    turn_id = await _submit_bulk(tendon.env, tmp_path)
+    obs = Observer(tendon)
+    await obs.wait_turn(turn_id, "waiting")
+
+    # When the pool starts and announces its tools, Then the turn goes on at once
+    await processes.start_ready("hands", HANDS_BULK, tendon.env)
+    await obs.wait_turn(turn_id, "completed", timeout=20)
+
+
+async def _submit_bulk(env: dict[str, str], tmp_path: Path) -> str:
+    """Submit a turn of the bulk agent (its tool echo_blob: route bulk); returns its id."""
     code, out, err = await run_cli(
         [
             "-m",
@@ -308,12 +303,7 @@ async def test_a_turn_waiting_for_its_tools_is_woken_when_a_pool_announces_them(
             _bulk_agent(tmp_path, "b"),
             "go",
         ],
-        tendon.env,
+        env,
     )
     assert code == 0, err
-    obs = Observer(tendon)
-    await obs.wait_turn(out.strip(), "waiting")
-
-    # When the pool starts and announces its tools, Then the turn goes on at once
-    await processes.start_ready("hands", HANDS_BULK, tendon.env)
-    await obs.wait_turn(out.strip(), "completed", timeout=20)
+    return out.strip()
