@@ -155,8 +155,8 @@ async def _warn_unserved(pool: asyncpg.Pool, settings: Settings, agent: AgentDef
         return
     for problem in found:
         print(
-            f"brain: warning: {problem}; the turn waits up to {settings.binding_wait_seconds:g}s "
-            "for it (start `hands serve --route ROUTE --tools MODULE`)",
+            f"brain: warning: {problem}; the turn waits for one as long as the Brain's "
+            "TENDON_BINDING_WAIT_SECONDS allow (start `hands serve --route ROUTE --tools MODULE`)",
             file=sys.stderr,
         )
 
@@ -209,7 +209,7 @@ async def _serve(settings: Settings, args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"concurrency": args.concurrency})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: its terminal went away
         loop.add_signal_handler(sig, stop.set)
     return await serve(settings, KillPoints(settings.kill_at), stop)
 
@@ -250,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_UNAVAILABLE
     except asyncpg.PostgresError as exc:
         print(f"brain: the database refused the request: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+        # Data it cannot take (class 22, 23) is the input's fault; anything else the service's.
+        return EXIT_USAGE if str(exc.sqlstate or "")[:2] in ("22", "23") else EXIT_UNAVAILABLE
     except KeyboardInterrupt:
         return 130
 

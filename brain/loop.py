@@ -588,7 +588,9 @@ class TurnDriver:
         async def commit(conn: asyncpg.Connection) -> None:
             nonlocal settled
             current = await turns.load(conn, lease.turn_id)
-            await turns.advance(conn, lease, status=TurnStatus.FAILED, release=True, error=error)
+            await turns.advance(
+                conn, lease, status=TurnStatus.FAILED, release=True, error=error, waiting_for=None
+            )
             await events.append(conn, current["session_id"], lease.turn_id, "turn.failed", {"error": error})
             settled = await executions.settle_open(conn, lease.turn_id, error, self.ctx.topology)
 

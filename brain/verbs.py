@@ -10,8 +10,9 @@ from typing import Any
 
 from brain.agents import AgentDefinition
 from brain.store import events, turns
-from infra.db import transact
+from infra.db import transact, unstorable
 from infra.transport import Topology, Transport
+from protocol import SchemaError
 
 
 async def submit(
@@ -27,8 +28,13 @@ async def submit(
     """Accept a turn durably (invariant 1); returns (turn id, created by this call).
 
     Racing submits of one request id all get the one turn: the transaction that lost the race
-    to insert it is tried again, and then finds it.
+    to insert it is tried again, and then finds it. Text the database cannot store (a NUL) is
+    bad input, said so before anything is written.
     """
+    for what, value in (("the input", user_input), (f"agent {agent.name}", agent.model_dump(mode="json"))):
+        problem = unstorable(value)
+        if problem is not None:
+            raise SchemaError(f"{what} cannot be stored: its text {problem}")
 
     async def commit(conn: Any) -> tuple[str, bool]:
         accepted = await turns.submit(

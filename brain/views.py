@@ -61,7 +61,7 @@ def print_turn(d: dict[str, Any]) -> None:
     """`show` and `wait` for people."""
     print(f"turn {d['turn_id']}  session {d['session_id']}  request {d['request_id']}")
     print(f"status: {d['status']} (phase {d['phase']}, {d['runs']} run(s))")
-    if d["waiting_for"]:
+    if d["waiting_for"] and d["status"] not in ("completed", "failed", "cancelled"):
         print(f"waiting for: {d['waiting_for']}")
     if d["error"]:
         print(f"error: {d['error'].get('code')}: {d['error'].get('message')}")
@@ -72,6 +72,8 @@ def print_turn(d: dict[str, Any]) -> None:
             print(f"  {e['call_id']:<8} {e['tool']:<16} {e['status']:<10}{how}  {e['id']}")
             if e["evidence"]:
                 print(f"           evidence: {e['evidence']}")
+            if e["status"] != "succeeded" and e["error"]:
+                print(f"           {e['error'].get('code')}: {e['error'].get('message')}")
     if d["result"]:
         print("result:")
         print("  " + str(d["result"].get("text")).replace("\n", "\n  "))

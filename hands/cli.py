@@ -192,7 +192,7 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
             stopping.set()
             app.stop()
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: its terminal went away
             loop.add_signal_handler(sig, stop)
         try:
             async with app:

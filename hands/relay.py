@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import asyncpg
 
 from hands import ledger
-from infra.db import transact
+from infra.db import is_transient, transact
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.transport import Transport
@@ -122,8 +122,11 @@ class EventRelay:
             except asyncio.CancelledError:
                 self._hot |= hot  # for flush() at shutdown
                 raise
-            except Exception:
+            except Exception as exc:
                 # The rows are still there: the next round repairs whatever this one missed.
                 self._hot |= hot
-                log.exception("event_relay_round_failed")
+                if is_transient(exc):
+                    log.warning("event_relay_round_failed", error=repr(exc))
+                else:
+                    log.exception("event_relay_round_failed")
                 await asyncio.sleep(self._interval)

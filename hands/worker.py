@@ -38,7 +38,7 @@ from hands.executor import Executor
 from hands.ledger import Execution
 from hands.registry import ToolRegistry
 from hands.states import OPEN_STATUSES, LedgerStatus
-from infra.db import dialect, transact, unstorable
+from infra.db import dialect, storable, transact, unstorable
 from infra.delivery import handle_patiently
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
@@ -214,10 +214,10 @@ class CommandConsumer:
                     f"command says tool {body.tool} is {body.replay_policy} but its binding "
                     f"{_short(body.binding_digest)} is {tool.binding.replay_policy}"
                 )
-            tool.validate_args(body.args)
-            problem = unstorable(body.args)
+            problem = unstorable(body.args)  # first: a validation error would quote that text
             if problem is not None:
                 raise SchemaError(f"the arguments of {body.tool} cannot be stored: their text {problem}")
+            tool.validate_args(body.args)
         except (RoutingError, SchemaError) as exc:
             outcome = await self._record_rejection(command, command, exc)
             if outcome.new:
@@ -347,17 +347,15 @@ class CommandConsumer:
         self, header: ExecuteCommand, command: ExecuteCommand | None, exc: TendonError
     ) -> _Inserted:
         """Commit a FAILED row with a ``failed`` (how="rejected") event as its seq 1."""
-        values = self._row_values(header, command) | {
-            "status": LedgerStatus.FAILED,
-            "error": exc.as_dict(),
-        }
+        error = {"code": exc.code, "message": storable(exc.message)}  # it may quote the input
+        values = self._row_values(header, command) | {"status": LedgerStatus.FAILED, "error": error}
         if command is not None and command.body is not None:
             args = command.body.args
             values |= {
                 "replay_policy": str(command.body.replay_policy),
                 "args": None if unstorable(args) else args,
             }
-        outcome = await self._insert(values, FailedBody(error=exc.as_dict(), how="rejected"))
+        outcome = await self._insert(values, FailedBody(error=error, how="rejected"))
         if outcome.new:
             log.warning("command_rejected", reason=exc.message)
         return outcome

@@ -14,13 +14,14 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import aio_pika
+import pamqp.commands
 from aio_pika.abc import (
     AbstractChannel,
     AbstractIncomingMessage,
     AbstractQueue,
     AbstractRobustConnection,
 )
-from aiormq.exceptions import AMQPConnectionError, ChannelInvalidStateError
+from aiormq.exceptions import AMQPConnectionError, ChannelInvalidStateError, ChannelNotFoundEntity
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
@@ -168,17 +169,24 @@ class Broker:
         return int((await self._inspect(queue)).consumer_count or 0)
 
     async def _inspect(self, queue: str) -> Any:
-        """A passive declare of ``queue`` on the raw channel under a channel of its own:
-        aio-pika's robust channel answers a passive declare of a known queue from its cache, and
-        a failed declare closes the channel it ran on, which must never be the publishing one.
+        """A passive declare of ``queue``: nothing is declared (so a process with other queue
+        arguments, e.g. another delivery limit, can still look), and a queue that does not exist
+        counts as empty and unserved.
+
+        On the raw channel under a channel of its own: aio-pika's robust channel answers a
+        passive declare of a known queue from its cache, and a failed declare closes the channel
+        it ran on, which must never be the publishing one.
         """
-        await self.declare(queue)
         assert self._connection is not None
         if self._inspection is None or self._inspection.is_closed:
             self._inspection = await self._connection.channel()
             self._consumer_channels.append(self._inspection)  # closed with the others
         raw = await self._inspection.get_underlay_channel()
-        ok = await raw.queue_declare(queue, passive=True)
+        try:
+            ok = await raw.queue_declare(queue, passive=True)
+        except ChannelNotFoundEntity:
+            self._inspection = None  # the failed declare closed it
+            return pamqp.commands.Queue.DeclareOk(queue, 0, 0)
         assert ok is not None
         return ok
 

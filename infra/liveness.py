@@ -48,7 +48,7 @@ from typing import Any
 
 import asyncpg
 
-from infra.db import is_transient, lock_class
+from infra.db import lock_class
 from infra.logging import get_logger
 from protocol import new_id
 
@@ -201,9 +201,9 @@ class Liveness:
                 async with asyncio.timeout(patience):
                     await self.step()
                 failures = 0
-            except Exception as exc:
-                if not (is_transient(exc) or isinstance(exc, TimeoutError)):
-                    log.exception("liveness_error", worker=self.worker_id)
+            except Exception as exc:  # noqa: BLE001 - whatever it was, a new session starts clean
+                # A restart shows up as many kinds of errors (refused, shut down, a connection
+                # left mid-operation by a timeout): weather, said at warning level, in one line.
                 await self._close(broken=True)
                 failures += 1
                 self._up_since = None

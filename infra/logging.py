@@ -31,19 +31,37 @@ def configure_logging(fmt: str = "auto", level: str = "INFO", *, process: str | 
             event.setdefault("worker", _workers[process])
         return event
 
+    shared: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        stamp,
+        structlog.stdlib.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            stamp,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
+        processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+    # The libraries underneath (asyncpg, aio-pika) log through the standard library: their
+    # lines go out the same way, one line each, naming the process, never a bare traceback.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=shared,
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers = [handler]
+    # Their informational chatter ("Found credentials...") is not ours: warnings and up, unless
+    # everything was asked for.
+    numeric = logging.getLevelName(level.upper())
+    root.setLevel(numeric if numeric <= logging.DEBUG else max(numeric, logging.WARNING))
 
 
 # The worker id of each kind of process (one at a time: a process that starts over gets a new

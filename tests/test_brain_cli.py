@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+from pathlib import Path
 
 import pytest
 
-from tests.support import Observer, Processes, TendonEnv, run_cli, wait_for
+from tests.support import REPO, Observer, Processes, TendonEnv, run_cli, wait_for
 
 AGENT = "examples/notice_agent.json"
 BRAIN = ["-m", "brain", "serve"]
@@ -73,7 +75,7 @@ async def test_submit_warns_when_no_pool_serves_a_tool_the_agent_names(
     # Then the turn is accepted, and the caller is told what it will wait for
     assert code == 0 and out.strip().startswith("turn-")
     assert err.startswith("brain: warning: no Hands pool has announced send_email;")
-    assert "the turn waits up to 60s" in err and len(err.strip().splitlines()) == 1
+    assert "TENDON_BINDING_WAIT_SECONDS" in err and len(err.strip().splitlines()) == 1
 
     # Given a pool that announced the tool to a Brain and then stopped
     obs = Observer(tendon)
@@ -87,7 +89,29 @@ async def test_submit_warns_when_no_pool_serves_a_tool_the_agent_names(
     hands.send_signal(signal.SIGTERM)
     assert await processes.wait_exit(hands) == 0
 
-    # Then the warning says that nobody serves its route right now
-    code, out, err = await _submit(tendon.env, "s-lonely-2", "r2", "go")
+    # Then the warning says that nobody serves its route right now (also to a client whose
+    # settings differ from the servers' in what does not matter for looking)
+    other_limit = {**tendon.env, "TENDON_DELIVERY_LIMIT": "9"}
+    code, out, err = await _submit(other_limit, "s-lonely-2", "r2", "go")
     assert code == 0 and out.strip().startswith("turn-")
-    assert "warning: no Hands pool serves route email (send_email) right now" in err
+    assert err.startswith("brain: warning: no Hands pool serves route email (send_email) right now;"), err
+
+
+async def test_text_the_database_cannot_store_is_bad_input_with_its_exit_code(
+    tendon: TendonEnv, tmp_path: Path
+) -> None:
+    # Given an agent definition whose instructions hold a NUL (valid JSON: "\u0000")
+    agent = json.loads(await asyncio.to_thread((REPO / AGENT).read_text))
+    agent["instructions"] = "be\x00have"
+    path = tmp_path / "agent.json"
+    await asyncio.to_thread(path.write_text, json.dumps(agent))
+
+    # When it is submitted, Then it is refused as bad input (exit 2), in one line, and nothing is written
+    code, out, err = await run_cli(
+        ["-m", "brain", "submit", "--session", "s-nul", "--request-id", "r", "--agent", str(path), "go"],
+        tendon.env,
+    )
+    assert (code, out) == (2, "")
+    assert err.startswith("brain: agent notice-sender cannot be stored: its text contains a NUL")
+    assert len(err.strip().splitlines()) == 1
+    assert await Observer(tendon).fetch("SELECT 1 FROM {brain}.turns") == []

@@ -123,6 +123,26 @@ async def test_the_same_request_id_returns_the_original_turn_and_other_input_con
     assert await pool.fetchval("SELECT count(*) FROM turns") == 1
 
 
+async def test_a_session_is_pinned_to_its_agent_version_even_for_the_same_request(pool):
+    first = await _submit(pool)
+    other = AGENT.model_copy(update={"version": "2"})
+
+    async def submit_other(request_id: str) -> Any:
+        return await transact(
+            pool,
+            lambda c: turns.submit(
+                c, namespace="ns", session_id="s1", request_id=request_id, user_input="hello", agent=other
+            ),
+        )
+
+    # A new request in the session with another version, or the same request with it, is refused
+    for request_id in ("r2", "r1"):
+        with pytest.raises(ConflictError, match="pinned to agent a version 1, not a version 2"):
+            await submit_other(request_id)
+    assert await _submit(pool) == first
+    assert await pool.fetchval("SELECT count(*) FROM turns") == 1
+
+
 async def test_turns_of_one_session_share_its_thread_and_its_event_sequence(pool):
     # Given a first turn, which creates the session and its main thread
     first = await _submit(pool, "r1")

@@ -410,8 +410,17 @@ async def test_an_update_parked_for_good_fails_its_turn_settles_its_execution_an
     (gates / "g4").touch()
     await _until(lambda: "late_event" in processes.output(brain), "the tool's late outcome")
     assert "replay_requested" not in processes.output(brain)[failed_at:]
-    assert (await obs.executions(turn_id))[0]["status"] == "cancelled"
     assert (await obs.turn(turn_id))["status"] == "failed"
+
+    # The late outcome is kept beside the settled status: a cancel is only a request, and the
+    # record must not hide that the tool acted after all
+    async def noted() -> Any:
+        (row,) = await obs.executions(turn_id)
+        return row if row["how"] == "ran" else None
+
+    late = await wait_for(noted, timeout=30, what="the late outcome noted")
+    assert late["status"] == "cancelled" and late["result"] == {"acted": "g4", "attempt": 1}
+    assert late["error"]["message"].endswith("afterwards its Hands reported it succeeded (ran)")
 
 
 async def _publish(world: TendonEnv, queue: str, body: bytes, *, delivery_limit: int) -> None:

@@ -304,12 +304,17 @@ async def test_a_cancel_that_comes_before_its_command_leaves_a_tombstone_and_the
     assert runs(world) == []
 
 
+@pytest.mark.parametrize(
+    "args",
+    [{"text": "a\x00b"}, {"text": "a", "x\x00": 1}, {"text": "\x00", "extra": True}],
+    ids=["in-a-value", "in-a-name", "in-an-invalid-call"],
+)
 async def test_a_command_whose_arguments_hold_a_nul_fails_as_rejected_instead_of_being_parked(
-    world: TendonEnv, bus: Bus, processes: Processes
+    world: TendonEnv, bus: Bus, processes: Processes, args: dict[str, Any]
 ) -> None:
     # Given a pool, and arguments that are valid JSON but that PostgreSQL cannot store
     await start_worker(processes, world)
-    cmd = command(lab.echo, {"text": "a\x00b"})
+    cmd = command(lab.echo, args)
 
     # When the command arrives
     await bus.publish_command(cmd)

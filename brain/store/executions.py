@@ -135,7 +135,7 @@ async def receive(conn: asyncpg.Connection, event: Any, wake_channel: str) -> Ar
             await conn.execute("UPDATE executions SET nudges = 0 WHERE id = $1", row["id"])
         return arrival
     if arrival is Arrival.LATE:
-        log.warning("late_event", status=row["status"], kind=event.kind, seq=event.seq)
+        await _note_late(conn, row, event)
         return arrival
     if arrival is Arrival.HOLD:
         await conn.execute(
@@ -187,6 +187,40 @@ async def receive_alone(conn: asyncpg.Connection, event: Any) -> Arrival | None:
     if EVENT_STATUS[event.kind] in TERMINAL_EXECUTION:
         return None
     return Arrival.APPLY if await _apply_in_place(conn, event) is not None else None
+
+
+async def _note_late(conn: asyncpg.Connection, row: asyncpg.Record, event: Any) -> None:
+    """What the Hands say of an execution after the Brain settled it (its turn ended first) does
+    not change its status, but its outcome is kept beside it: a cancel is only a request, and an
+    operator must see that the tool acted after all (or did not)."""
+    log.warning("late_event", status=row["status"], kind=event.kind, seq=event.seq)
+    if row["status"] != ExecutionStatus.CANCELLED:
+        return  # nothing comes after a final event of the Hands' own: not theirs to change
+    if event.kind not in ("succeeded", "failed", "cancelled", "unknown"):
+        await conn.execute("UPDATE executions SET last_seq = $2 WHERE id = $1", row["id"], event.seq)
+        return
+    sets, detail = _effect(event)
+    how = f" ({sets['how']})" if sets.get("how") else ""
+    said = f"; afterwards its Hands reported it {event.kind}{how}"
+    if event.kind == "failed":
+        said += f": {event.body.error.get('message')}"
+    earlier = (row["error"] or {}).get("message", "its turn ended first")
+    sets["error"] = {"code": row["status"], "message": earlier + said}
+    cols = list(sets)
+    await conn.execute(
+        f"UPDATE executions SET last_seq = $2, {', '.join(f'{c} = ${i + 3}' for i, c in enumerate(cols))}"
+        " WHERE id = $1",
+        row["id"],
+        event.seq,
+        *[sets[c] for c in cols],
+    )
+    detail = {
+        "execution_id": row["id"],
+        "call_id": row["call_id"],
+        "tool": row["tool"],
+        "reported": event.kind,
+    } | detail
+    await events.append(conn, row["session_id"], row["turn_id"], "execution.reported_late", detail)
 
 
 def _effect(event: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -431,7 +465,7 @@ async def fail_turn(
     Bumping the epoch fences out whichever run still holds the lease.
     """
     row = await conn.fetchrow(
-        """UPDATE turns SET status = 'failed', error = $2, lease_owner = NULL,
+        """UPDATE turns SET status = 'failed', error = $2, lease_owner = NULL, waiting_for = NULL,
                   lease_epoch = lease_epoch + 1, updated_at = now()
             WHERE id = $1 AND status NOT IN ('completed', 'failed', 'cancelled')
         RETURNING session_id""",

@@ -57,30 +57,39 @@ async def submit(
 ) -> tuple[str, bool]:
     """Accept a turn (inside the caller's transaction). Returns (turn id, created now).
 
-    The same request id with the same input returns the original turn; with a different
-    input it is a conflict. A new session gets a main thread pinned to this agent version.
+    The same request id with the same input (and agent) returns the original turn; with a
+    different input it is a conflict. A new session gets a main thread pinned to this agent
+    version; a turn for another agent or version in that session is a conflict too.
     """
     input_doc = {"text": user_input}
     input_digest = digest(input_doc)
-    # One read for the three things a submit checks: the request id, the agent, the session.
+    # One read for what a submit checks: the request id, the agent, the session and its thread.
     known = await conn.fetchrow(
-        """SELECT t.id AS turn_id, t.input_digest, a.digest AS agent_digest, s.namespace AS session_ns
+        """SELECT t.id AS turn_id, t.input_digest, a.digest AS agent_digest, s.namespace AS session_ns,
+                  th.agent_name, th.agent_version
              FROM (SELECT 1 AS one) AS here
              LEFT JOIN turns t ON t.namespace = $1 AND t.session_id = $2 AND t.request_id = $3
              LEFT JOIN agents a ON a.name = $4 AND a.version = $5
-             LEFT JOIN sessions s ON s.id = $2""",
+             LEFT JOIN sessions s ON s.id = $2
+             LEFT JOIN threads th ON th.id = $2""",
         namespace,
         session_id,
         request_id,
         agent.name,
         agent.version,
     )
+    if known["turn_id"] is not None and known["input_digest"] != input_digest:
+        raise ConflictError(
+            f"request id {request_id!r} in session {session_id!r} was already used "
+            f"for a different input (turn {known['turn_id']})"
+        )
+    pinned = (known["agent_name"], known["agent_version"])
+    if known["session_ns"] == namespace and pinned != (agent.name, agent.version):
+        raise ConflictError(
+            f"session {session_id!r} is pinned to agent {pinned[0]} version {pinned[1]}, not "
+            f"{agent.name} version {agent.version}: submit with that agent, or start another session"
+        )
     if known["turn_id"] is not None:
-        if known["input_digest"] != input_digest:
-            raise ConflictError(
-                f"request id {request_id!r} in session {session_id!r} was already used "
-                f"for a different input (turn {known['turn_id']})"
-            )
         return known["turn_id"], False
     if known["agent_digest"] is None:
         await conn.execute(
