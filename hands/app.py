@@ -63,6 +63,8 @@ class HandsBackends:
 class HandsApp:
     """The Hands pool of one route in this process."""
 
+    recovery: RecoveryScanner  # made at start; the liveness keeper wakes it after a death
+
     def __init__(
         self,
         settings: Settings,
@@ -136,6 +138,7 @@ class HandsApp:
             grace=s.reconnect_grace,
             interval=s.scan_interval,
             release=ledger.release_owners,
+            on_death=lambda dead: self.recovery.wake(),  # their executions are orphans now
         )
         await self._stack.enter_async_context(self.liveness)
         self.worker_id = self.liveness.worker_id

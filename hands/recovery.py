@@ -17,6 +17,7 @@ liveness keeper's business (``hands.app``), not the scan's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from functools import partial
 
 import asyncpg
@@ -38,6 +39,11 @@ class RecoveryScanner:
         self._route = route
         self._executor = executor
         self._interval = interval
+        self._woken = asyncio.Event()
+
+    def wake(self) -> None:
+        """Scan now: a worker was just presumed dead, its executions are orphans."""
+        self._woken.set()
 
     async def scan_once(self) -> int:
         """One scan; returns how many executions this worker took over (strays included)."""
@@ -105,4 +111,6 @@ class RecoveryScanner:
                 raise
             except Exception as exc:
                 log.warning("recovery_scan_failed", error=repr(exc))
-            await asyncio.sleep(self._interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), self._interval)
+            self._woken.clear()

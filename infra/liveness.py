@@ -104,9 +104,11 @@ def new_worker_id(kind: str) -> str:
 class Liveness:
     """``async with`` one of the two backends below: ``worker_id`` is alive until ``lost``.
 
-    ``interval``: how often the keeper judges the others (and the least it waits between two
-    looks at its own connection); ``release``: what to hand back when it declares a worker dead
-    (and when this worker retires); ``on_renew``: what to renew beside the row, each time.
+    ``interval``: how often the keeper judges the others at the most (it looks more often when
+    the grace is short); ``release``: what to hand back, in the same transaction, when it
+    declares a worker dead (and when this worker retires); ``on_death``: told once that
+    transaction committed (who may now take over the work: wake them); ``on_renew``: what to
+    renew beside the row, each time.
     """
 
     def __init__(
@@ -114,9 +116,10 @@ class Liveness:
         kind: str,
         *,
         lease_seconds: float = 30.0,
-        grace: float = 2.0,
+        grace: float = 1.0,
         interval: float = 0.5,
         release: Release | None = None,
+        on_death: Callable[[list[str]], None] | None = None,
         on_renew: Renew | None = None,
     ) -> None:
         self.kind = kind
@@ -125,7 +128,9 @@ class Liveness:
         self.grace = grace
         self.interval = interval
         self._release = release
+        self._on_death = on_death
         self._on_renew = on_renew
+        self._nudged = asyncio.Event()  # the liveness connection closed: look at once
         self.lost = asyncio.Event()  # set once this worker is presumed dead: stop working
         self._keeper: asyncio.Task[None] | None = None
         self._up_since: float | None = None  # when the liveness was last (re)taken
@@ -190,13 +195,20 @@ class Liveness:
         presume others dead (they may be reconnecting, as it just did)."""
         return self._up_since is not None and time.monotonic() - self._up_since >= self.grace
 
+    @property
+    def _tick(self) -> float:
+        return max(0.02, min(self.interval, self.grace / 4, self.lease_seconds / 6))
+
     async def _keep(self) -> None:
-        tick = max(0.02, min(self.interval, self.grace / 4, self.lease_seconds / 6))
+        tick = self._tick
         # A statement that hangs (a half-open connection) must not stop the renewals for good.
         patience = max(1.0, self.lease_seconds / 3)
         failures = 0
         while not self.lost.is_set():
-            await asyncio.sleep(tick if failures == 0 else min(RECONNECT_MAX_DELAY, 0.05 * 2**failures))
+            pause = tick if failures == 0 else min(RECONNECT_MAX_DELAY, 0.05 * 2**failures)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._nudged.wait(), pause)
+            self._nudged.clear()
             try:
                 async with asyncio.timeout(patience):
                     await self.step()
@@ -223,7 +235,8 @@ class Liveness:
             if self._up_since is None:
                 self._up_since = now
                 log.info("liveness_restored", worker=self.worker_id)
-        if self.settled and now - self._judged >= self.interval:
+        # Every ``interval`` (a little early rather than a whole tick late).
+        if self.settled and now - self._judged >= self.interval - self._tick / 2:
             self._judged = now
             await self.judge()
 
@@ -257,6 +270,8 @@ class Liveness:
             await conn.execute(_PRUNE, PRUNE_AFTER)
         if dead:
             log.log(self.death_level, "workers_presumed_dead", workers=dead)
+            if self._on_death is not None:
+                self._on_death(dead)
         return dead
 
 
@@ -273,11 +288,14 @@ class WorkerRegistration(Liveness):
         self._holding = False
 
     async def _connect(self) -> asyncpg.Connection:
-        return await asyncpg.connect(
+        conn = await asyncpg.connect(
             self._dsn,
             timeout=10,
             server_settings={"search_path": self._schema, "application_name": f"tendon:{self.kind}:liveness"},
         )
+        # A lost session is taken again at once: the grace is the others' patience, not ours.
+        conn.add_termination_listener(lambda _: self._nudged.set())
+        return conn
 
     async def _register(self) -> None:
         conn = await self._connect()

@@ -61,7 +61,7 @@ class Settings(BaseSettings):
         "paused, cut off) is presumed dead and its work taken over; a live one renews every third",
     )
     reconnect_grace: float = Field(
-        default=2.0,
+        default=1.0,
         gt=0,
         description="how long a process whose database session ended may take to connect again "
         "before the others presume it dead (a killed process is taken over after this)",
