@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from infra.broker import Broker
+from infra.transport import Topology
 from tests.support import REPO, Observer, Processes, TendonEnv, run_cli, wait_for
 
 AGENT = "examples/notice_agent.json"
@@ -88,6 +90,13 @@ async def test_submit_warns_when_no_pool_serves_a_tool_the_agent_names(
     await wait_for(announced, what="the announcement")
     hands.send_signal(signal.SIGTERM)
     assert await processes.wait_exit(hands) == 0
+    settings = tendon.settings()
+    async with Broker(settings.amqp_url, Topology(settings.queue_prefix)) as broker:
+
+        async def unserved() -> bool:  # a quorum queue forgets a consumer a moment later
+            return await broker.consumers(broker.topology.commands("email")) == 0
+
+        await wait_for(unserved, what="the broker to count no consumer")
 
     # Then the warning says that nobody serves its route right now (also to a client whose
     # settings differ from the servers' in what does not matter for looking)
