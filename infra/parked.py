@@ -59,7 +59,9 @@ _DEATHS = {
 
 def reason_of(headers: dict[str, Any] | None) -> str:
     """Why a message was parked, from its headers: Tendon's own reason, or the broker's."""
-    headers = headers or {}
+    headers = {
+        k: v.decode(errors="replace") if isinstance(v, bytes) else v for k, v in (headers or {}).items()
+    }
     if headers.get(REASON_HEADER):
         return str(headers[REASON_HEADER])
     death = str(headers.get("x-first-death-reason") or "")

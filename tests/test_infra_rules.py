@@ -40,6 +40,7 @@ def test_storable_escapes_what_postgresql_refuses_and_bounds_the_length():
     ("headers", "reason"),
     [
         ({REASON_HEADER: "decode_error: not JSON"}, "decode_error: not JSON"),
+        ({REASON_HEADER: b"as bytes"}, "as bytes"),
         (
             {"x-first-death-reason": "delivery_limit", "x-first-death-queue": "t.updates"},
             "delivered more times than the delivery limit allows without being settled (queue t.updates)",
