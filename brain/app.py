@@ -120,6 +120,7 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
                 interval=settings.scan_interval,
                 release=lambda conn, dead: turns.release_owners(conn, dead, channel),
                 on_renew=lambda conn, me: turns.renew_leases(conn, me, active, settings.lease_seconds),
+                presence=broker,
             )
         )
         worker_id = liveness.worker_id

@@ -139,6 +139,7 @@ class HandsApp:
             interval=s.scan_interval,
             release=ledger.release_owners,
             on_death=lambda dead: self.recovery.wake(),  # their executions are orphans now
+            presence=broker,
         )
         await self._stack.enter_async_context(self.liveness)
         self.worker_id = self.liveness.worker_id

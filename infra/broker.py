@@ -21,7 +21,12 @@ from aio_pika.abc import (
     AbstractQueue,
     AbstractRobustConnection,
 )
-from aiormq.exceptions import AMQPConnectionError, ChannelInvalidStateError, ChannelNotFoundEntity
+from aiormq.exceptions import (
+    AMQPConnectionError,
+    ChannelInvalidStateError,
+    ChannelLockedResource,
+    ChannelNotFoundEntity,
+)
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
@@ -168,6 +173,32 @@ class Broker:
         """Consumers subscribed to ``queue`` right now, in any process."""
         return int((await self._inspect(queue)).consumer_count or 0)
 
+    async def announce_presence(self, queue: str) -> None:
+        """An exclusive queue of this connection: the broker deletes it when the connection
+        closes, and the robust channel declares it again after a reconnect."""
+        await self.channel.declare_queue(queue, exclusive=True, auto_delete=True)
+
+    async def present(self, queue: str) -> bool:
+        """Whether another connection holds the exclusive ``queue`` (a passive declare answers
+        RESOURCE_LOCKED for it, NOT_FOUND once its connection closed)."""
+        raw = await self._inspection_channel()
+        try:
+            await raw.queue_declare(queue, passive=True)
+            return True
+        except ChannelLockedResource:
+            self._inspection = None  # the refused declare closed it
+            return True
+        except ChannelNotFoundEntity:
+            self._inspection = None
+            return False
+
+    async def _inspection_channel(self) -> Any:
+        assert self._connection is not None
+        if self._inspection is None or self._inspection.is_closed:
+            self._inspection = await self._connection.channel()
+            self._consumer_channels.append(self._inspection)  # closed with the others
+        return await self._inspection.get_underlay_channel()
+
     async def _inspect(self, queue: str) -> Any:
         """A passive declare of ``queue``: nothing is declared (so a process with other queue
         arguments, e.g. another delivery limit, can still look), and a queue that does not exist
@@ -177,11 +208,7 @@ class Broker:
         passive declare of a known queue from its cache, and a failed declare closes the channel
         it ran on, which must never be the publishing one.
         """
-        assert self._connection is not None
-        if self._inspection is None or self._inspection.is_closed:
-            self._inspection = await self._connection.channel()
-            self._consumer_channels.append(self._inspection)  # closed with the others
-        raw = await self._inspection.get_underlay_channel()
+        raw = await self._inspection_channel()
         try:
             ok = await raw.queue_declare(queue, passive=True)
         except ChannelNotFoundEntity:

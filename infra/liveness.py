@@ -19,8 +19,15 @@ a new worker id. A process that stops cleanly retires its row the same way, so t
 is taken over without waiting for anything.
 
 A judge must not mistake a reconnecting peer for a dead one: it judges only once its own
-liveness has been up for ``grace`` seconds. After a database restart every process reconnects
-within a second or so and takes its lock again before anyone judges.
+liveness has been up for the grace (two seconds at most). After a database restart every
+process reconnects within a second or so and takes its lock again before anyone judges.
+
+A second witness makes a killed process's death immediate: every process also announces itself
+on the broker with an exclusive queue (``Topology.presence``), which the broker deletes the
+moment the process's connection closes. A lost lock whose process the broker no longer sees is
+a death at once; a lost lock whose process the broker still sees (only its database connection
+was cut, or the database restarted) gets the grace to be taken again. When the broker cannot
+tell, the grace decides.
 
 Each schema that uses this needs (created by its migrations)::
 
@@ -50,6 +57,7 @@ import asyncpg
 
 from infra.db import lock_class
 from infra.logging import get_logger
+from infra.transport import Transport
 from protocol import new_id
 
 log = get_logger(__name__)
@@ -63,9 +71,13 @@ Renew = Callable[[Any, str], Awaitable[Any]]
 ALIVE_SQL = "(w.dead_at IS NULL)"
 # Whatever is kept of a dead worker's row, for ``show`` commands, before it is deleted.
 PRUNE_AFTER = 3600.0
+PRUNE_EVERY = 60.0
 # Reconnecting after a lost connection: at most this long between attempts (well below any
 # sensible grace, so that a restarted database sees every process back in time).
 RECONNECT_MAX_DELAY = 0.5
+# How long a process waits after (re)taking its own liveness before it judges others: enough
+# for everyone to reconnect after a database restart (the grace, when that is shorter).
+SETTLE_AT_MOST = 2.0
 
 
 def _lock_held_sql(schema: str, alias: str) -> str:
@@ -77,16 +89,20 @@ def _lock_held_sql(schema: str, alias: str) -> str:
           AND l.objsubid = 2)"""
 
 
-def _judge_sql(held: str) -> tuple[str, str]:
-    """The two statements of a judgement: note lost locks, then record deaths (returning ids)."""
+def _judge_sql(held: str) -> tuple[str, str, str]:
+    """The statements of a judgement: note lost locks, list the workers whose lock is gone, and
+    record deaths (returning their ids). ``$3`` of the last: workers whose lock is gone and whose
+    process the broker no longer sees (``gone``): dead without waiting for the grace."""
     mark = f"""UPDATE workers SET lock_lost_at = now()
                 WHERE dead_at IS NULL AND lock_lost_at IS NULL AND id <> $1 AND NOT {held}"""
+    suspects = f"SELECT id FROM workers WHERE dead_at IS NULL AND id <> $1 AND NOT {held}"
     dead = f"""UPDATE workers SET dead_at = now()
                 WHERE dead_at IS NULL AND id <> $1
                   AND (lease_expires_at < now()
-                       OR (lock_lost_at < now() - make_interval(secs => $2) AND NOT {held}))
+                       OR ((lock_lost_at < now() - make_interval(secs => $2) OR id = ANY($3::text[]))
+                           AND NOT {held}))
             RETURNING id"""
-    return mark, dead
+    return mark, suspects, dead
 
 
 _RENEW = """UPDATE workers SET lease_expires_at = now() + make_interval(secs => $2), lock_lost_at = NULL
@@ -104,11 +120,12 @@ def new_worker_id(kind: str) -> str:
 class Liveness:
     """``async with`` one of the two backends below: ``worker_id`` is alive until ``lost``.
 
-    ``interval``: how often the keeper judges the others at the most (it looks more often when
-    the grace is short); ``release``: what to hand back, in the same transaction, when it
-    declares a worker dead (and when this worker retires); ``on_death``: told once that
-    transaction committed (who may now take over the work: wake them); ``on_renew``: what to
-    renew beside the row, each time.
+    ``interval``: how often the keeper looks at its connection and judges the others, at the
+    most (more often when the grace is short); ``release``: what to hand back, in the same
+    transaction, when it declares a worker dead (and when this worker retires); ``on_death``:
+    told once that transaction committed (who may now take over the work: wake them);
+    ``on_renew``: what to renew beside the row, each time; ``presence``: the broker, where the
+    worker announces itself with a queue that disappears with its connection (module notes).
     """
 
     def __init__(
@@ -121,6 +138,7 @@ class Liveness:
         release: Release | None = None,
         on_death: Callable[[list[str]], None] | None = None,
         on_renew: Renew | None = None,
+        presence: Transport | None = None,
     ) -> None:
         self.kind = kind
         self.worker_id = new_worker_id(kind)
@@ -130,12 +148,13 @@ class Liveness:
         self._release = release
         self._on_death = on_death
         self._on_renew = on_renew
+        self._presence = presence
         self._nudged = asyncio.Event()  # the liveness connection closed: look at once
         self.lost = asyncio.Event()  # set once this worker is presumed dead: stop working
         self._keeper: asyncio.Task[None] | None = None
         self._up_since: float | None = None  # when the liveness was last (re)taken
         self._renewed = 0.0
-        self._judged = 0.0
+        self._pruned = 0.0
 
     # ---- what a backend provides --------------------------------------------------------
 
@@ -161,6 +180,8 @@ class Liveness:
 
     async def __aenter__(self) -> Liveness:
         await self._register()
+        if self._presence is not None:
+            await self._presence.announce_presence(self._presence.topology.presence(self.worker_id))
         self._up_since = self._renewed = time.monotonic()
         self._keeper = asyncio.create_task(self._keep(), name=f"liveness-{self.kind}")
         return self
@@ -191,9 +212,10 @@ class Liveness:
 
     @property
     def settled(self) -> bool:
-        """Whether this process has been continuously alive for ``grace``: only then may it
-        presume others dead (they may be reconnecting, as it just did)."""
-        return self._up_since is not None and time.monotonic() - self._up_since >= self.grace
+        """Whether this process has been continuously alive long enough (the grace, at most
+        ``SETTLE_AT_MOST``) to presume others dead: they may be reconnecting, as it just did."""
+        settle = min(self.grace, SETTLE_AT_MOST)
+        return self._up_since is not None and time.monotonic() - self._up_since >= settle
 
     @property
     def _tick(self) -> float:
@@ -235,9 +257,7 @@ class Liveness:
             if self._up_since is None:
                 self._up_since = now
                 log.info("liveness_restored", worker=self.worker_id)
-        # Every ``interval`` (a little early rather than a whole tick late).
-        if self.settled and now - self._judged >= self.interval - self._tick / 2:
-            self._judged = now
+        if self.settled:  # every tick: a death is seen within a tick of the broker seeing it
             await self.judge()
 
     async def renew(self) -> bool:
@@ -259,20 +279,45 @@ class Liveness:
         return True
 
     async def judge(self) -> list[str]:
-        """Record the death of workers whose lease ran out or whose lock has been gone for
-        ``grace``; hand their work back in the same transaction. Returns their ids."""
-        mark, dead_sql = _judge_sql(self.held_sql)
-        async with self._transaction() as conn:
-            await conn.execute(mark, self.worker_id)
-            dead = [r["id"] for r in await conn.fetch(dead_sql, self.worker_id, self.grace)]
+        """Record the death of workers whose lease ran out, or whose lock is gone for ``grace``
+        or together with their presence on the broker; hand their work back in the same
+        transaction. Returns their ids."""
+        mark, suspects_sql, dead_sql = _judge_sql(self.held_sql)
+
+        async def record(conn: Any, gone: list[str]) -> list[str]:
+            dead = [r["id"] for r in await conn.fetch(dead_sql, self.worker_id, self.grace, gone)]
             if dead and self._release is not None:
                 await self._release(conn, dead)
-            await conn.execute(_PRUNE, PRUNE_AFTER)
+            if time.monotonic() - self._pruned > PRUNE_EVERY:
+                self._pruned = time.monotonic()
+                await conn.execute(_PRUNE, PRUNE_AFTER)
+            return dead
+
+        async with self._transaction() as conn:
+            await conn.execute(mark, self.worker_id)
+            suspects = [r["id"] for r in await conn.fetch(suspects_sql, self.worker_id)]
+            if not suspects or self._presence is None:  # the usual pass: one transaction
+                dead = await record(conn, [])
+        if suspects and self._presence is not None:
+            gone = [w for w in suspects if await self._gone(w)]  # no transaction across broker calls
+            async with self._transaction() as conn:
+                dead = await record(conn, gone)
         if dead:
             log.log(self.death_level, "workers_presumed_dead", workers=dead)
             if self._on_death is not None:
                 self._on_death(dead)
         return dead
+
+    async def _gone(self, worker_id: str) -> bool:
+        """Whether the broker no longer sees ``worker_id``'s process (its presence queue went
+        with its connection); False when it cannot tell (then the grace decides)."""
+        if self._presence is None:
+            return False
+        try:
+            return not await self._presence.present(self._presence.topology.presence(worker_id))
+        except Exception as exc:  # noqa: BLE001 - only a faster witness
+            log.warning("presence_unknown", worker=worker_id, error=repr(exc))
+            return False
 
 
 class WorkerRegistration(Liveness):

@@ -197,6 +197,7 @@ class LocalBroker:
         self._thread: ThreadPoolExecutor | None = None
         self._leased: set[int] = set()  # rows out for delivery; touched only on the db thread
         self._consumers: list[LocalConsumer] = []
+        self._present: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> LocalBroker:
@@ -251,6 +252,13 @@ class LocalBroker:
     async def waiting(self, queue: str) -> int:
         """Messages in ``queue`` not out for delivery in this process."""
         return await self._call(self._waiting_sync, queue)
+
+    async def announce_presence(self, queue: str) -> None:
+        """Held while this broker is open; only this process uses the file (see the notes)."""
+        self._present.add(queue)
+
+    async def present(self, queue: str) -> bool:
+        return queue in self._present
 
     async def consumers(self, queue: str) -> int:
         """Consumers of ``queue``: only this process consumes the file (see the module notes)."""

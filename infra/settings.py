@@ -63,8 +63,8 @@ class Settings(BaseSettings):
     reconnect_grace: float = Field(
         default=1.0,
         gt=0,
-        description="how long a process whose database session ended may take to connect again "
-        "before the others presume it dead (a killed process is taken over after this)",
+        description="how long a process whose database session ended, but which the broker still "
+        "sees, may take to connect again before the others presume it dead",
     )
     scan_interval: float = Field(
         default=0.5, gt=0, description="seconds between the periodic scans that repair lost wake-ups"

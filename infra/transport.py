@@ -44,6 +44,10 @@ class Topology:
     def bindings(self) -> str:
         return f"{self.prefix}.bindings"
 
+    def presence(self, worker_id: str) -> str:
+        """The queue a live process holds on its broker connection (``infra.liveness``)."""
+        return f"{self.prefix}.presence.{worker_id}"
+
     @property
     def dlx(self) -> str:
         return f"{self.prefix}.dlx"
@@ -142,6 +146,15 @@ class Transport(Protocol):
     async def consumers(self, queue: str) -> int:
         """How many consumers ``queue`` has right now (any process): whether anyone serves it.
         A hint for the moment it is read."""
+        ...
+
+    async def announce_presence(self, queue: str) -> None:
+        """Hold ``queue`` for as long as this transport is connected: it disappears with the
+        connection (a killed process), and comes back with a reconnect."""
+        ...
+
+    async def present(self, queue: str) -> bool:
+        """Whether some connected transport holds ``queue`` (see ``announce_presence``)."""
         ...
 
     async def consume(self, queue: str, handler: DeliveryHandler, *, prefetch: int) -> Consumer:

@@ -369,6 +369,36 @@ async def _holds_lock(pool: Any, schema: str, worker_id: str) -> bool:
     )
 
 
+async def test_a_lost_lock_whose_process_the_broker_no_longer_sees_is_a_death_at_once(pg_pool, tendon):
+    # Given a Brain holding a turn, announced on the broker, and a judge that would otherwise
+    # give a lost lock 30 s to come back
+    pool, schema = pg_pool, tendon.settings().brain_schema
+    turn_id = await _submit(pool)
+    topology = Topology(tendon.prefix)
+    async with (
+        Broker(tendon.amqp_url, topology) as mine,
+        Broker(tendon.amqp_url, topology) as theirs,
+        register(pool, schema, tendon.database_url, presence=mine) as owner,
+        releasing(pool, schema, tendon.database_url, grace=30.0, interval=0.05, presence=theirs) as judge,
+    ):
+        await transact(pool, lambda c: turns.claim(c, owner.worker_id, 3600))
+        assert await theirs.present(topology.presence(owner.worker_id))
+        await wait_for(lambda: _settled(judge), timeout=10, what="the judge to settle")
+
+        # When only its database session ends (its connection cut, its process still there)
+        crash(owner)
+        await asyncio.sleep(1.0)  # many judgements
+        # Then it is not presumed dead: the broker still sees it, the grace is its to use
+        assert not await _claimable(pool)
+
+        # When its broker connection ends too (the process is gone)
+        await mine.__aexit__(None, None, None)
+        # Then it is dead at once, not after the 30 s grace
+        await wait_for(lambda: _claimable(pool), timeout=10, what="the turn handed back")
+        held = await pool.fetchval("SELECT lease_owner FROM turns WHERE id = $1", turn_id)
+        assert held is None
+
+
 async def test_a_stopping_brain_hands_its_turns_back_at_once(pool, schema, tendon):
     turn_id = await _submit(pool)
     async with releasing(pool, schema, tendon.database_url) as a:

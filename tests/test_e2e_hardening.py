@@ -427,3 +427,32 @@ async def _publish(world: TendonEnv, queue: str, body: bytes, *, delivery_limit:
     """Publish as a process declaring the queues with this delivery limit would."""
     async with Broker(world.amqp_url, Topology(world.prefix), delivery_limit=delivery_limit) as broker:
         await broker.publish(queue, body, message_id=new_id())
+
+
+# ---- a killed process is seen at once: its broker connection went with it ----------------------
+
+
+async def test_a_killed_hands_worker_is_taken_over_at_once_not_after_the_grace(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given two workers that would give a lost database session 30 s to come back, and a safe
+    # tool running on one of them
+    env = {**world.env, "TENDON_RECONNECT_GRACE": "30"}
+    first = await processes.start_ready("hands", SERVE, env)
+    cmd = command(lab.slow, {"pages": 40, "delay": 0.1})
+    await bus.publish_command(cmd)
+    started = await bus.wait_kind(cmd.execution_id, "started")
+    second = await processes.start_ready("hands", SERVE, env)
+    owner = first if started.body.worker == await _worker_id(processes, first) else second
+
+    # When the owner is killed (its database session and its broker connection end together)
+    owner.send_signal(signal.SIGKILL)
+
+    # Then the other worker takes the execution over long before the grace: the broker no
+    # longer sees the owner, so its lost lock is a death, not a reconnect
+    rerun = await _until(
+        lambda: next((e for e in bus.events(cmd.execution_id) if e.kind == "started" and e.seq > 2), None),
+        "the takeover (well within the 30 s grace)",
+    )
+    assert rerun.body.worker != started.body.worker and rerun.body.reason == "rerun_after_crash"
+    await bus.wait_kind(cmd.execution_id, "succeeded")

@@ -17,8 +17,12 @@ EXCLUSIVE MODE`` (in the world's own schema) while the turn runs, so the Brain's
 waits on its first statement; the harness sees that wait in ``pg_locks``, reads the owner from
 ``turns.lease_owner`` (a worker id that carries its PID), SIGKILLs that Brain and releases the
 lock. Seconds from SIGKILL until the turn is completed by the standby, which must notice the
-owner is dead (its liveness advisory lock vanished with its session) at its next claim look
-(``TENDON_SCAN_INTERVAL``, 0.5 s, or a wake-up), redo the model step, dispatch, and finish.
+owner is dead (its liveness lock vanished with its session, and the broker no longer sees it:
+``infra.liveness``), hand its turn back and claim it, redo the model step, dispatch, and finish.
+
+A process judges others only once its own liveness has been up for a moment (``SETTLE``: it
+may itself have just reconnected). The replacements the trials start are given that moment
+before the next trial, so that every trial measures a pool in its steady state.
 To the store this is what a Brain killed during a slow model call looks like; the one
 difference is that the killed Brain's blocked backend ends when the lock is released (its
 uncommitted insert is rolled back), not at once.
@@ -30,6 +34,7 @@ running it and of the whole worker with a second worker running; see
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -41,6 +46,12 @@ import asyncpg
 from bench.harness import TendonWorld, gate_starts, median, one_call_agent, pct, wait_for
 from bench.peers import celery_bench
 from bench.scenarios.base import Context, Result, Row
+from infra.liveness import SETTLE_AT_MOST
+from infra.settings import Settings
+
+# The pause that lets a replacement settle: the default grace (TENDON_* settings are not read
+# at import), at most SETTLE_AT_MOST, and a little margin.
+SETTLE = min(Settings.model_fields["reconnect_grace"].default, SETTLE_AT_MOST) + 0.2
 
 HANDS_SAFE = "Hands kill, safe: re-run"
 HANDS_UNSAFE = "Hands kill, unsafe: UNKNOWN"
@@ -83,6 +94,7 @@ async def hands_trial(world: TendonWorld, safe: bool, workers: list, timeout: fl
         took = time.monotonic() - t0
     world.gate(gate).touch()
     workers.append(await world.start_hands())
+    await asyncio.sleep(SETTLE)  # the replacement may be the next trial's survivor
     return took
 
 
@@ -113,6 +125,7 @@ async def brain_midstep_trial(world: TendonWorld, brains: list, timeout: float) 
     """Kill the Brain that owns a turn while its model step is in flight; see the module doc."""
     while len([b for b in brains if b.poll() is None]) < 2:  # the owner-to-be and a standby
         brains.append(await world.start_brain())
+        await asyncio.sleep(SETTLE)
     table = f'"{world.brain_schema}".model_calls'
     conn = await asyncpg.connect(world.services.database_url)
     try:
