@@ -177,7 +177,7 @@ class CommandConsumer:
             await self._dead_letter(message, f"schema_error: {problem}")
             return False
         try:
-            command: ExecuteCommand = await self._codec.unpack(message.body)
+            command: ExecuteCommand = await self._codec.resolve(header)  # decoded once, above
         except ObjectRefError as exc:
             # The header is trustworthy enough to tell the turn; the body is not usable.
             await self._record_rejection(header, None, exc)

@@ -139,12 +139,14 @@ async def test_ctrl_c_at_any_moment_ends_the_demo_with_one_line(tmp_path: Path, 
         proc.send_signal(signal.SIGINT)
     _, err = await asyncio.wait_for(proc.communicate(), 60)
 
-    # Then it stops with one line, never a traceback (or, done already, it says nothing)
-    if proc.returncode == 130:
-        lines = err.decode().strip().splitlines()
+    # Then it stops with one line, never a traceback (or, done already, it says nothing); the
+    # interpreter may still report the interrupt as SIGINT's exit status
+    lines = err.decode().strip().splitlines()
+    if lines:
         assert len(lines) == 1 and lines[0].startswith("brain: interrupted"), err
+        assert proc.returncode in (130, -signal.SIGINT)
     else:
-        assert proc.returncode in (0, -signal.SIGINT) and err == b"", err
+        assert proc.returncode in (0, -signal.SIGINT)
 
 
 async def test_a_closed_output_ends_the_demo_with_one_line_not_a_data_directory_error(tmp_path: Path) -> None:

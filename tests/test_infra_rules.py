@@ -1,5 +1,5 @@
-"""The pure rules of infra/, without servers: what a database can store, why a message was
-parked, how long a passing fault is waited out."""
+"""The rules of infra/, without servers: what a database can store, why a message was parked,
+how long a passing fault is waited out, which transactions are tried again."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import asyncio
 import asyncpg
 import pytest
 
-from infra.db import patiently, storable, unstorable
+from infra.db import TRANSACT_ATTEMPTS, patiently, storable, transact, unstorable
 from infra.parked import reason_of
+from infra.sqlite import open_pool
 from infra.transport import REASON_HEADER
 
 
@@ -81,3 +82,34 @@ async def test_patiently_gives_up_after_its_patience_with_the_last_error():
     with pytest.raises(ConnectionRefusedError):
         await patiently(away, what="a test", patience=0.3)
     assert asyncio.get_running_loop().time() - started < 30  # it gave up: not forever
+
+
+async def test_transact_tries_again_only_what_certainly_did_not_commit(tmp_path) -> None:
+    pool = await open_pool(tmp_path / "t.sqlite3")
+    try:
+        calls: list[str] = []
+
+        async def conflicted_twice(conn: object) -> str:
+            calls.append("try")
+            if len(calls) < 3:
+                raise asyncpg.SerializationError("could not serialize access")
+            return "committed"
+
+        # A rolled-back transaction is tried again, as a whole
+        assert await transact(pool, conflicted_twice) == "committed" and len(calls) == 3
+
+        async def duplicate(conn: object) -> None:
+            calls.append("dup")
+            raise asyncpg.UniqueViolationError("duplicate key")
+
+        # A unique violation is a bug, or (for an idempotent submit) a race to try again once
+        calls.clear()
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await transact(pool, duplicate)
+        assert calls == ["dup"]
+        calls.clear()
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await transact(pool, duplicate, read_then_insert=True)
+        assert calls == ["dup"] * TRANSACT_ATTEMPTS
+    finally:
+        await pool.close()
