@@ -75,6 +75,19 @@ async def _running(world: TendonEnv, tool: str, count: int = 1) -> list[tuple[st
     return await wait_for(entered, timeout=30, what=f"{tool} to run {count} time(s)")
 
 
+async def _two_workers_one_running_slow(bus: Bus, processes: Processes, env: dict[str, str]) -> Any:
+    """Two workers, one of them inside a safe tool that takes a few seconds: (the command,
+    its started event, the worker running it, the other one)."""
+    first = await processes.start_ready("hands", SERVE, env)
+    cmd = command(lab.slow, {"pages": 40, "delay": 0.1})
+    await bus.publish_command(cmd)
+    started = await bus.wait_kind(cmd.execution_id, "started")
+    second = await processes.start_ready("hands", SERVE, env)
+    if started.body.worker == await _worker_id(processes, first):
+        return cmd, started, first, second
+    return cmd, started, second, first
+
+
 def _agent(tmp_path: Path, script: list[dict[str, Any]], tools: list[str]) -> str:
     path = tmp_path / "agent.json"
     path.write_text(
@@ -107,14 +120,7 @@ async def test_a_frozen_hands_worker_is_taken_over_after_its_lease_and_refused_w
 ) -> None:
     # Given two workers with a 2 s lease, one of which runs a safe tool that takes a while
     env = {**world.env, "TENDON_LEASE_SECONDS": "2"}
-    first = await processes.start_ready("hands", SERVE, env)
-    cmd = command(lab.slow, {"pages": 40, "delay": 0.1})
-    await bus.publish_command(cmd)
-    started = await bus.wait_kind(cmd.execution_id, "started")
-    second = await processes.start_ready("hands", SERVE, env)
-    owner, other = (
-        (first, second) if started.body.worker == await _worker_id(processes, first) else (second, first)
-    )
+    cmd, started, owner, other = await _two_workers_one_running_slow(bus, processes, env)
     frozen_id = started.body.worker
 
     # When the owner freezes mid-body (SIGSTOP keeps its connections and its lock)
@@ -438,12 +444,7 @@ async def test_a_killed_hands_worker_is_taken_over_at_once_not_after_the_grace(
     # Given two workers that would give a lost database session 30 s to come back, and a safe
     # tool running on one of them
     env = {**world.env, "TENDON_RECONNECT_GRACE": "30"}
-    first = await processes.start_ready("hands", SERVE, env)
-    cmd = command(lab.slow, {"pages": 40, "delay": 0.1})
-    await bus.publish_command(cmd)
-    started = await bus.wait_kind(cmd.execution_id, "started")
-    second = await processes.start_ready("hands", SERVE, env)
-    owner = first if started.body.worker == await _worker_id(processes, first) else second
+    cmd, started, owner, _ = await _two_workers_one_running_slow(bus, processes, env)
 
     # When the owner is killed (its database session and its broker connection end together)
     owner.send_signal(signal.SIGKILL)

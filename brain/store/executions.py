@@ -206,14 +206,7 @@ async def _note_late(conn: asyncpg.Connection, row: asyncpg.Record, event: Any) 
         said += f": {event.body.error.get('message')}"
     earlier = (row["error"] or {}).get("message", "its turn ended first")
     sets["error"] = {"code": row["status"], "message": earlier + said}
-    cols = list(sets)
-    await conn.execute(
-        f"UPDATE executions SET last_seq = $2, {', '.join(f'{c} = ${i + 3}' for i, c in enumerate(cols))}"
-        " WHERE id = $1",
-        row["id"],
-        event.seq,
-        *[sets[c] for c in cols],
-    )
+    await _set(conn, row["id"], "last_seq = $2", event.seq, sets)
     detail = {
         "execution_id": row["id"],
         "call_id": row["call_id"],
@@ -221,6 +214,21 @@ async def _note_late(conn: asyncpg.Connection, row: asyncpg.Record, event: Any) 
         "reported": event.kind,
     } | detail
     await events.append(conn, row["session_id"], row["turn_id"], "execution.reported_late", detail)
+
+
+async def _set(
+    conn: asyncpg.Connection, execution_id: str, fixed: str, seq: int, sets: dict[str, Any]
+) -> None:
+    """``UPDATE executions SET <fixed>, <sets>`` of one execution; ``fixed`` may use ``$2`` (the
+    event's seq)."""
+    cols = list(sets)
+    assigned = ", ".join(f"{c} = ${i + 3}" for i, c in enumerate(cols))
+    await conn.execute(
+        f"UPDATE executions SET {fixed}, {assigned} WHERE id = $1",
+        execution_id,
+        seq,
+        *[sets[c] for c in cols],
+    )
 
 
 def _effect(event: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -316,14 +324,7 @@ async def _apply(
     new = execution_transition(status, new)
     sets, extra = _effect(event)
     sets["status"] = new
-    cols = list(sets)
-    await conn.execute(
-        f"UPDATE executions SET {_PROGRESS}, {', '.join(f'{c} = ${i + 3}' for i, c in enumerate(cols))}"
-        " WHERE id = $1",
-        row["id"],
-        event.seq,
-        *[sets[c] for c in cols],
-    )
+    await _set(conn, row["id"], _PROGRESS, event.seq, sets)
     if event.kind == "unknown":
         await conn.execute(
             "UPDATE turns SET waiting_for = $2 WHERE id = $1",
