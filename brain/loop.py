@@ -22,7 +22,7 @@ from brain.agents import AgentDefinition
 from brain.models import Message, make_model
 from brain.retry import RetryPolicy
 from brain.states import TurnPhase, TurnStatus
-from brain.store import events, executions, turns
+from brain.store import events, executions, repairs, turns
 from brain.store.turns import Lease
 from infra.db import is_transient, patiently, transact
 from infra.killpoints import KillPoints
@@ -592,7 +592,7 @@ class TurnDriver:
                 conn, lease, status=TurnStatus.FAILED, release=True, error=error, waiting_for=None
             )
             await events.append(conn, current["session_id"], lease.turn_id, "turn.failed", {"error": error})
-            settled = await executions.settle_open(conn, lease.turn_id, error, self.ctx.topology)
+            settled = await repairs.settle_open(conn, lease.turn_id, error, self.ctx.topology)
 
         try:
             await patiently(

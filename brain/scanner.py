@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
-from brain.store import executions, outbox, turns
+from brain.store import executions, outbox, repairs, turns
 from infra.db import transact
 from infra.logging import get_logger
 from infra.transport import Topology
@@ -73,7 +73,7 @@ class RepairScanner:
 
         async def work(conn: asyncpg.Connection) -> int:
             queued = 0
-            for g in await executions.gaps_to_replay(conn, self.gap_timeout):
+            for g in await repairs.gaps_to_replay(conn, self.gap_timeout):
                 if g["nudges"] >= self.repair_attempts:
                     queued += await self._give_up(conn, g, f"event #{g['last_seq'] + 1} never came")
                     continue
@@ -82,7 +82,7 @@ class RepairScanner:
             stalled = (
                 []
                 if updates_line
-                else await executions.stalled(conn, self.stall_seconds, queued_routes=self.queued_routes)
+                else await repairs.stalled(conn, self.stall_seconds, queued_routes=self.queued_routes)
             )
             for s in stalled:
                 if s["nudges"] >= self.repair_attempts:
@@ -117,14 +117,14 @@ class RepairScanner:
             lines[route] = await self._line(route)
         line, served = lines[route]
         if not served:
-            await executions.mark_nudged(conn, s["id"])
+            await repairs.mark_nudged(conn, s["id"])
             log.warning("route_not_served", execution_id=s["id"], route=route, nudges=s["nudges"] + 1)
             return 0
         if line:
             self.queued_routes.add(route)
             return 0
         await outbox.republish(conn, s["command_message_id"])
-        await executions.mark_nudged(conn, s["id"])
+        await repairs.mark_nudged(conn, s["id"])
         log.info("command_resent", execution_id=s["id"], nudges=s["nudges"] + 1)
         return 1
 
@@ -136,9 +136,7 @@ class RepairScanner:
             f"{e['nudges']} attempts: {what}"
         )
         log.error("repair_given_up", execution_id=e["id"], turn_id=e["turn_id"], reason=error.message)
-        return await executions.fail_turn(
-            conn, e["turn_id"], error.as_dict(), self.wake_channel, self.topology
-        )
+        return await repairs.fail_turn(conn, e["turn_id"], error.as_dict(), self.wake_channel, self.topology)
 
     async def _line(self, route: str) -> tuple[bool, bool]:
         """Whether ``route``'s command queue has messages waiting, and whether anyone serves it.
@@ -170,7 +168,7 @@ class RepairScanner:
             body=ReplayBody(from_seq=from_seq),
         )
         await outbox.add(conn, self.topology.controls(e["route"]), control.message_id, encode(control))
-        await executions.mark_nudged(conn, e["id"])
+        await repairs.mark_nudged(conn, e["id"])
         log.info(
             "replay_requested", execution_id=e["id"], from_seq=from_seq, reason=reason, nudges=e["nudges"] + 1
         )

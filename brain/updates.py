@@ -15,7 +15,7 @@ from structlog.contextvars import bound_contextvars
 
 from brain.sequencing import Arrival
 from brain.states import TERMINAL_TURN
-from brain.store import executions, turns
+from brain.store import executions, repairs, turns
 from infra.db import transact
 from infra.delivery import handle_patiently
 from infra.groupcommit import GroupCommit
@@ -112,24 +112,24 @@ class UpdateConsumer:
         """Fail the turn of the execution an unverifiable update names, if the update's header
         is that execution's (scope and request digest): a message that merely names an
         execution id proves nothing, and is only parked. Returns the executions settled."""
-        named = await executions.named_by(conn, header)
+        named = await repairs.named_by(conn, header)
         if named is None:
             return 0
-        return await executions.fail_turn(conn, named["turn_id"], error, self.wake_channel, self.topology)
+        return await repairs.fail_turn(conn, named["turn_id"], error, self.wake_channel, self.topology)
 
     async def surface_parked(self, conn: asyncpg.Connection, envelope: Any, reason: str) -> str | None:
         """An update parked for good: its turn cannot go on past it, so it fails, saying why
         (unless the update was applied after all, or the turn ended already)."""
         if envelope.kind not in EVENT_KINDS:
             return None
-        named = await executions.named_by(conn, envelope)
+        named = await repairs.named_by(conn, envelope)
         if named is None or envelope.seq <= named["last_seq"] or named["turn_status"] in TERMINAL_TURN:
             return None
         error = ParkedError(
             f"update {envelope.kind} #{envelope.seq} of execution {envelope.execution_id} could not be "
             f"applied and was parked: {reason}"
         )
-        await executions.fail_turn(conn, named["turn_id"], error.as_dict(), self.wake_channel, self.topology)
+        await repairs.fail_turn(conn, named["turn_id"], error.as_dict(), self.wake_channel, self.topology)
         self.outbox_ready()
         return f"turn {named['turn_id']} failed: {error.message}"
 

@@ -19,7 +19,7 @@ from brain.app import open_store
 from brain.scanner import RepairScanner
 from brain.sequencing import Arrival
 from brain.states import TurnPhase, TurnStatus
-from brain.store import executions, turns
+from brain.store import executions, repairs, turns
 from brain.store.migrations import MIGRATIONS
 from infra.broker import Broker
 from infra.db import dialect, lock_class, migrate, transact
@@ -832,18 +832,18 @@ async def test_a_stalled_execution_is_nudged_ever_less_often_until_it_makes_prog
             await conn.execute(f"UPDATE executions SET {column} = $1 WHERE id = 'e9'", when)
 
     async def stalled() -> list[str]:
-        return [r["id"] for r in await transact(pool, lambda c: executions.stalled(c, 1.0))]
+        return [r["id"] for r in await transact(pool, lambda c: repairs.stalled(c, 1.0))]
 
     await ago("updated_at", 5)
     assert await stalled() == ["e9"]
 
     # When it was nudged 1.5 s ago, it waits (the second nudge comes after 2 s), then 4 s
-    await transact(pool, lambda c: executions.mark_nudged(c, "e9"))
+    await transact(pool, lambda c: repairs.mark_nudged(c, "e9"))
     await ago("replay_requested_at", 1.5)
     assert await stalled() == []
     await ago("replay_requested_at", 2.5)
     assert await stalled() == ["e9"]
-    await transact(pool, lambda c: executions.mark_nudged(c, "e9"))
+    await transact(pool, lambda c: repairs.mark_nudged(c, "e9"))
     await ago("replay_requested_at", 3.5)
     assert await stalled() == []
 
