@@ -125,6 +125,16 @@ POSTGRES: list[tuple[int, str]] = [
         """,
     ),
     (3, PARKED["postgres"]),
+    (
+        4,
+        # Integrity by construction, checked by tests (see the Brain's migration 9): an event, a
+        # page or an audit row is written with or after its execution row, which is never deleted.
+        """
+        ALTER TABLE events DROP CONSTRAINT IF EXISTS events_execution_id_fkey;
+        ALTER TABLE output_chunks DROP CONSTRAINT IF EXISTS output_chunks_execution_id_fkey;
+        ALTER TABLE reconciliations DROP CONSTRAINT IF EXISTS reconciliations_execution_id_fkey;
+        """,
+    ),
 ]
 
 

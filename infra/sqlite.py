@@ -245,7 +245,8 @@ class SqlitePool:
         raw.execute("PRAGMA journal_mode=WAL")
         raw.execute("PRAGMA synchronous=FULL")  # a commit must survive SIGKILL and power loss
         raw.execute("PRAGMA busy_timeout=10000")
-        raw.execute("PRAGMA foreign_keys=ON")
+        # No foreign-key checks: integrity by construction, as on PostgreSQL (brain migration 9).
+        raw.execute("PRAGMA foreign_keys=OFF")
         raw.create_function("now", 0, _now)
         raw.create_function("clock_timestamp", 0, _now)
         raw.create_function("ts_add", 2, _ts_add)

@@ -253,6 +253,44 @@ async def run_cli(args: list[str], env: dict[str, str], timeout: float = 60.0) -
     return proc.returncode, out.decode(), err.decode()
 
 
+# Every child row and the parent it must have: the database checks none of these (integrity by
+# construction, brain migration 9), so the tests do, after real runs (``orphans``).
+PARENTS: dict[str, list[tuple[str, str, str]]] = {
+    "brain": [
+        ("threads", "session_id", "sessions.id"),
+        ("turns", "session_id", "sessions.id"),
+        ("turns", "thread_id", "threads.id"),
+        ("runs", "turn_id", "turns.id"),
+        ("steps", "turn_id", "turns.id"),
+        ("history", "thread_id", "threads.id"),
+        ("history", "turn_id", "turns.id"),
+        ("model_calls", "turn_id", "turns.id"),
+        ("executions", "turn_id", "turns.id"),
+        ("held_events", "execution_id", "executions.id"),
+        ("execution_output", "execution_id", "executions.id"),
+        ("public_events", "session_id", "sessions.id"),
+    ],
+    "hands": [
+        ("events", "execution_id", "executions.execution_id"),
+        ("output_chunks", "execution_id", "executions.execution_id"),
+        ("reconciliations", "execution_id", "executions.execution_id"),
+    ],
+}
+
+
+def orphans_sql(component: str, schema: str = "") -> str:
+    """One query counting, per relation of ``component``, the child rows without their parent."""
+    at = f"{schema}." if schema else ""
+    parts = []
+    for child, column, parent in PARENTS[component]:
+        table, key = parent.split(".")
+        parts.append(
+            f"SELECT '{child}.{column}' AS relation, count(*) AS n FROM {at}{child} c"
+            f" WHERE NOT EXISTS (SELECT 1 FROM {at}{table} p WHERE p.{key} = c.{column})"
+        )
+    return " UNION ALL ".join(parts)
+
+
 class Observer:
     """Reads the Brain's and the Hands' rows the way an operator would, for assertions."""
 
@@ -304,6 +342,15 @@ class Observer:
             return rows if len(rows) >= count else None
 
         return await wait_for(recorded, timeout=30, what=f"{count} parked message(s) of {queue}")
+
+    async def orphans(self) -> dict[str, int]:
+        """Child rows without their parent, by relation, in both schemas (empty when none)."""
+        found: dict[str, int] = {}
+        for component, schema in (("brain", self.brain), ("hands", self.hands)):
+            for r in await self.fetch(orphans_sql(component, schema)):
+                if r["n"]:
+                    found[f"{component} {r['relation']}"] = r["n"]
+        return found
 
     async def ledger(self) -> list[asyncpg.Record]:
         return await self.fetch("SELECT * FROM {hands}.executions ORDER BY created_at")

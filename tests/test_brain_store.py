@@ -40,7 +40,7 @@ from protocol import (
     SucceededEvent,
     decode,
 )
-from tests.support import TendonEnv, crash, wait_for
+from tests.support import TendonEnv, crash, orphans_sql, wait_for
 
 AGENT = AgentDefinition(name="a", version="1", model={"kind": "scripted", "script": [{"content": "hi"}]})
 
@@ -889,3 +889,17 @@ async def test_concurrent_submits_of_one_request_agree_on_one_turn(pg_pool, sess
             assert answer == turn["id"]
         else:
             assert isinstance(answer, ConflictError), answer
+
+
+async def test_the_store_checks_no_foreign_keys_and_the_orphan_query_sees_what_they_would(pool):
+    # Given a turn, and a run row written for a turn that does not exist (a bug would do it)
+    await _submit(pool)
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO runs (turn_id, owner, epoch, started_phase) VALUES ('turn-ghost', 'w', 1, 'prepare')"
+        )
+        # Then the database takes it (no foreign-key check costs a lookup and a lock per row)...
+        found = {r[0]: r[1] for r in await conn.fetch(orphans_sql("brain"))}
+    # ...and the query the tests run after every real run finds exactly that one
+    assert found["runs.turn_id"] == 1
+    assert sum(found.values()) == 1

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, run_cli
+from tests.support import REPO, orphans_sql, run_cli
 
 DEMO = ["-m", "brain", "demo"]
 CUSTOMERS = [f"customer{i}@example.com" for i in range(1, 6)]
@@ -31,7 +31,11 @@ def final_state(data_dir: Path) -> dict[str, object]:
     with sqlite3.connect(data_dir / "brain.sqlite3") as db:
         turns = db.execute("SELECT status FROM turns").fetchall()
         executions = db.execute("SELECT call_id, status FROM executions ORDER BY call_id").fetchall()
+        orphans = [r for r in db.execute(orphans_sql("brain")).fetchall() if r[1]]
+    with sqlite3.connect(data_dir / "hands.sqlite3") as db:
+        orphans += [r for r in db.execute(orphans_sql("hands")).fetchall() if r[1]]
     return {
+        "orphans": orphans,  # nothing checks foreign keys: the code keeps them
         "turns": turns,
         "executions": executions,
         "deliveries": sorted(d["to"] for d in mailbox["deliveries"]),
@@ -40,6 +44,7 @@ def final_state(data_dir: Path) -> dict[str, object]:
 
 
 EXPECTED = {
+    "orphans": [],
     "turns": [("completed",)],
     "executions": [(f"call-{i}", "succeeded") for i in range(1, 6)],
     "deliveries": CUSTOMERS,

@@ -75,6 +75,7 @@ async def assert_five_receipts(obs: Observer, turn_id: str) -> list:  # type: ig
     turn = await obs.turn(turn_id)
     for r in rows:
         assert r["result"]["message_id"] in turn["result"]["text"]
+    assert await obs.orphans() == {}  # the database checks no foreign keys: the code keeps them
     return rows
 
 

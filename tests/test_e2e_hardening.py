@@ -351,6 +351,7 @@ async def test_a_turn_completes_across_a_real_postgresql_restart_in_the_middle_o
         assert "starting_over" not in processes.output(proc)
     dead = await ledger_fetch(world, "SELECT count(*) AS n FROM workers WHERE dead_at IS NOT NULL")
     assert dead[0]["n"] == 0
+    assert await obs.orphans() == {}
 
 
 # ---- what cannot go on ends visibly, and settles what it leaves -----------------------------
