@@ -263,6 +263,8 @@ class TendonWorld:
         self.suffix = uuid.uuid4().hex[:8]
         self.extra = extra or {}
         self.pool: asyncpg.Pool | None = None
+        self.store: Any = None
+        self._agents: dict[str, Any] = {}
         self.settings: Any = None
         self.gate_dir = procs.log_dir / f"gates-{self.suffix}"
         self.gate_dir.mkdir(parents=True, exist_ok=True)
@@ -321,33 +323,31 @@ class TendonWorld:
                 if k.startswith("TENDON_") and k != "TENDON_LOG_LEVEL"
             }
         )
-        self.pool = await open_store(self.settings)
+        self.store = await open_store(self.settings)
+        self.pool = self.store.pool
 
-    async def submit(self, definition: dict[str, Any], text: str = "go") -> str:
-        """Submit one turn (its own session) the way `brain submit` does; returns the turn id."""
+    async def submit(self, definition: dict[str, Any], text: str = "go", session: str | None = None) -> str:
+        """Submit one turn the way `brain submit` does (in a session of its own, or in
+        ``session``: a later turn of a conversation); returns the turn id."""
+        from brain import verbs
         from brain.agents import AgentDefinition
         from brain.app import wake_channel
-        from brain.store import events, turns
-        from infra.db import transact
 
-        assert self.pool is not None
-        agent_def = AgentDefinition.model_validate(definition)
+        assert self.store is not None
+        key = json.dumps(definition, sort_keys=True)
+        agent_def = self._agents.get(key)
+        if agent_def is None:  # validated once, as a client that submits many turns would
+            agent_def = self._agents[key] = AgentDefinition.model_validate(definition)
         self._n += 1
-        session = f"s-{self._n}"
-
-        async def commit(conn: asyncpg.Connection) -> tuple[str, bool]:
-            result = await turns.submit(
-                conn,
-                namespace=self.settings.namespace,
-                session_id=session,
-                request_id=f"r-{self._n}",
-                user_input=text,
-                agent=agent_def,
-            )
-            await events.wake(conn, wake_channel(self.settings))
-            return result
-
-        turn_id, _ = await transact(self.pool, commit)
+        turn_id, _ = await verbs.submit(
+            self.store,
+            namespace=self.settings.namespace,
+            session_id=session or f"s-{self._n}",
+            request_id=f"r-{self._n}",
+            user_input=text,
+            agent=agent_def,
+            wake_channel=wake_channel(self.settings),
+        )
         return str(turn_id)
 
     async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
@@ -356,8 +356,8 @@ class TendonWorld:
             return await conn.fetch(sql, *args)
 
     async def statuses(self, ids: list[str]) -> dict[str, str]:
-        rows = await self.fetch("SELECT id, status FROM turns WHERE id = ANY($1::text[])", ids)
-        return {r["id"]: r["status"] for r in rows}
+        assert self.store is not None
+        return await self.store.statuses(ids)
 
     async def wait_done(self, ids: list[str], timeout: float, interval: float = 0.005) -> None:
         """Wait until every turn is completed; a failed turn raises."""

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -27,10 +28,18 @@ class AgentDefinition(BaseModel):
     model: dict[str, Any] = Field(description="adapter settings; `kind` picks the adapter")
     tools: list[str] = Field(default_factory=list)
     limits: Limits = Limits()
+    journal: Literal["outcomes", "detailed"] = Field(
+        default="outcomes",
+        description="what the journal records of each tool execution: its outcome (`outcomes`), or "
+        "also its acceptance and its start (`detailed`)",
+    )
 
     @property
     def digest(self) -> str:
-        return digest(self.model_dump(mode="json"))
+        content = self.model_dump(mode="json")
+        if content["journal"] == "outcomes":
+            del content["journal"]  # definitions written before the field keep their digest
+        return digest(content)
 
     @classmethod
     def from_file(cls, path: str | Path) -> AgentDefinition:
@@ -45,3 +54,41 @@ class AgentDefinition(BaseModel):
             first = exc.errors()[0]
             where = ".".join(map(str, first["loc"])) or "<root>"
             raise SchemaError(f"agent definition {path} is invalid at {where}: {first['msg']}") from exc
+
+
+class FrozenThreads:
+    """Agent definitions and frozen threads, read once per Brain process, not once per run.
+
+    Neither changes once written: an agent version is immutable (a different definition under
+    the same version is refused at submit), and a thread's bindings, once frozen, stay. A
+    thread whose bindings are not frozen yet is read every time. Bounded: when full, it
+    starts over (a re-read is always correct).
+    """
+
+    def __init__(self, store: Any, limit: int = 1024) -> None:
+        self.store = store
+        self.limit = limit
+        self._agents: dict[tuple[str, str], AgentDefinition] = {}
+        self._threads: dict[str, Mapping[str, Any]] = {}
+
+    async def get(self, conn: Any, thread_id: str) -> tuple[AgentDefinition, Mapping[str, Any]]:
+        thread = self._threads.get(thread_id)
+        if thread is None:
+            thread = dict(await self.store.thread(conn, thread_id))
+            if thread["bindings"] is not None:
+                self._keep(self._threads, thread_id, thread)
+        key = (thread["agent_name"], thread["agent_version"])
+        agent = self._agents.get(key)
+        if agent is None:
+            agent = AgentDefinition.model_validate(await self.store.agent_definition(conn, *key))
+            self._keep(self._agents, key, agent)
+        return agent, thread
+
+    def keep_frozen(self, thread: Mapping[str, Any], bindings: Mapping[str, Any]) -> None:
+        """Keep a thread whose bindings a transaction froze (call after it committed)."""
+        self._keep(self._threads, thread["id"], {**thread, "bindings": bindings})
+
+    def _keep(self, cache: dict[Any, Any], key: Any, value: Any) -> None:
+        if len(cache) >= self.limit:
+            cache.clear()
+        cache[key] = value

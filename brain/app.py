@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -11,16 +12,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
-from brain.loop import LoopContext, TurnDriver, Wakeups, drive_forever
-from brain.relay import OutboxRelay
+from brain.context import BrainContext
+from brain.relay import CommandRelay, ControlRelay
+from brain.runs import Scheduler, Wakeups
 from brain.scanner import RepairScanner
-from brain.store import turns
-from brain.store.migrations import MIGRATIONS
+from brain.store import BrainStore, open_brain_store
 from brain.updates import BindingsConsumer, UpdateConsumer
 from infra.broker import Broker
-from infra.db import create_pool, keep_statistics, migrate
+from infra.db import create_pool, keep_statistics
 from infra.killpoints import KillPoints
 from infra.liveness import Liveness, WorkerRegistration
 from infra.logging import bind_worker, get_logger
@@ -37,22 +36,21 @@ def wake_channel(settings: Settings) -> str:
     return f"{settings.brain_schema}_wake"
 
 
-async def open_store(settings: Settings) -> asyncpg.Pool:
-    """A migrated pool on the Brain's schema (used by `serve` and the CLI verbs)."""
+async def open_store(settings: Settings) -> BrainStore:
+    """The migrated Brain store on PostgreSQL (used by `serve` and the CLI verbs)."""
     pool = await create_pool(settings.database_url, settings.brain_schema, max_size=settings.concurrency + 6)
     try:
-        await migrate(pool, settings.brain_schema, MIGRATIONS)
+        return await open_brain_store(pool, settings.brain_schema)
     except BaseException:
         await pool.close()
         raise
-    return pool
 
 
 @dataclass
 class Backends:
     """What a Brain runs on: PostgreSQL/RabbitMQ/S3, or the embedded SQLite/local queue/dir."""
 
-    pool: Any  # an asyncpg pool or an infra.sqlite.SqlitePool
+    store: BrainStore
     transport: Transport
     codec: PayloadCodec
     register: Callable[..., Liveness]  # the worker registration, given its options
@@ -63,15 +61,15 @@ class Backends:
 async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
     """The distributed backends, opened in order and closed in reverse."""
     async with AsyncExitStack() as stack:
-        pool = await open_store(settings)
-        stack.push_async_callback(pool.close)
+        store = await open_store(settings)
+        stack.push_async_callback(store.close)
         codec = await stack.enter_async_context(open_payload_codec(settings))
         broker = await stack.enter_async_context(
             Broker(settings.amqp_url, Topology(settings.queue_prefix), delivery_limit=settings.delivery_limit)
         )
         listener = await stack.enter_async_context(Listener(settings.database_url))
         register = partial(WorkerRegistration, settings.database_url, settings.brain_schema, "brain")
-        yield Backends(pool, broker, codec, register, listener.add)
+        yield Backends(store, broker, codec, register, listener.add)
 
 
 async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event) -> int:
@@ -92,6 +90,12 @@ async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event)
 RESTART = -1
 
 
+def first_look(settings: Settings) -> float:
+    """When the repair scan first looks at a turn that waits for its tools: once a Brain that died
+    right after committing its intents has been seen dead (its commands are then sent again)."""
+    return max(2 * settings.scan_interval, settings.reconnect_grace + settings.scan_interval)
+
+
 async def run(backends: Backends, settings: Settings, killpoints: KillPoints, stop: asyncio.Event) -> int:
     """Run a Brain on ``backends`` until ``stop`` is set; then stop and close in reverse order.
 
@@ -99,75 +103,71 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
     1 when a background task ended on its own (which should never happen: it is logged and the
     process exits so a supervisor restarts it).
     """
-    pool, broker, codec = backends.pool, backends.transport, backends.codec
+    store, broker, codec = backends.store, backends.transport, backends.codec
     topology = broker.topology
+    channel = wake_channel(settings)
     async with AsyncExitStack() as stack:
         # The queues this Brain uses exist before anything runs: two first declares of a new
         # quorum queue at once (the scanner's look at the updates queue and its consumer's
         # declare) can make RabbitMQ drop the connection (see Broker.consume).
         for queue in (topology.updates, topology.bindings):
             await broker.declare(queue)
-        channel = wake_channel(settings)
         wakeups = Wakeups()
         await backends.listen(channel, wakeups.hint)
-
-        relay = OutboxRelay(pool, broker, interval=settings.scan_interval)
         active: set[str] = set()
         liveness = await stack.enter_async_context(
             backends.register(
                 lease_seconds=settings.lease_seconds,
                 grace=settings.reconnect_grace,
                 interval=settings.scan_interval,
-                release=lambda conn, dead: turns.release_owners(conn, dead, channel),
-                on_renew=lambda conn, me: turns.renew_leases(conn, me, active, settings.lease_seconds),
+                release=lambda conn, dead: store.release_owners(conn, dead, channel),
+                on_renew=lambda conn, me: store.renew_leases(conn, me, active, settings.lease_seconds),
                 presence=broker,
             )
         )
         worker_id = liveness.worker_id
         bind_worker("brain", worker_id)
-        ctx = LoopContext(
-            pool=pool,
+        commands = CommandRelay(broker)
+        controls = ControlRelay(store, broker, interval=settings.scan_interval)
+        ctx = BrainContext(
+            store=store,
             codec=codec,
             topology=topology,
             killpoints=killpoints,
+            commands=commands,
+            controls=controls,
+            owner=worker_id,
             wake_channel=channel,
             lease_seconds=settings.lease_seconds,
             binding_wait_seconds=settings.binding_wait_seconds,
-            outbox_ready=relay.notify,
+            first_look=first_look(settings),
             active=active,
         )
+        scheduler = Scheduler(ctx, settings.concurrency, wakeups, settings.scan_interval)
         scanner = RepairScanner(
-            pool,
-            topology,
-            wake_channel=channel,
+            ctx,
             gap_timeout=settings.gap_timeout,
             stall_seconds=settings.stall_seconds,
             interval=settings.scan_interval,
-            outbox_ready=relay.notify,
             waiting=broker.waiting,
             consumers=broker.consumers,
+            publish=broker.publish_many,
             repair_attempts=settings.repair_attempts,
         )
         tasks = [
-            asyncio.create_task(relay.run(), name="outbox-relay"),
+            asyncio.create_task(commands.run(), name="command-relay"),
+            asyncio.create_task(controls.run(), name="control-relay"),
             asyncio.create_task(scanner.run(), name="repair-scan"),
-            asyncio.create_task(keep_statistics(pool), name="statistics"),
+            asyncio.create_task(keep_statistics(store.pool), name="statistics"),
+            asyncio.create_task(scheduler.run(), name="claims"),
         ]
-        for i in range(settings.concurrency):
-            driver = TurnDriver(ctx, worker_id, on_claim=wakeups.hint)
-            tasks.append(
-                asyncio.create_task(
-                    drive_forever(driver, wakeups, settings.scan_interval), name=f"driver-{i}"
-                )
-            )
-
-        updates = UpdateConsumer(pool, broker, codec, killpoints, channel, relay.notify)
+        updates = UpdateConsumer(ctx, broker, scheduler)
         await broker.consume(updates.queue, updates.handle, prefetch=settings.concurrency * 8)
-        bindings = BindingsConsumer(pool, broker, channel)
+        bindings = BindingsConsumer(ctx, broker)
         await broker.consume(bindings.queue, bindings.handle, prefetch=8)
         # What the broker parks is read back, recorded and surfaced (infra.parked).
-        await ParkedConsumer(pool, broker, updates.queue, updates.surface_parked).start()
-        await ParkedConsumer(pool, broker, bindings.queue).start()
+        await ParkedConsumer(store, broker, updates.queue, updates.surface_parked).start()
+        await ParkedConsumer(store, broker, bindings.queue).start()
 
         log.info("brain_ready", worker=worker_id, schema=settings.brain_schema)
         if settings.ready_file:
@@ -190,14 +190,22 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
         presumed_dead.cancel()
         stopping.cancel()
         log.info("brain_stopping", presumed_dead=liveness.lost.is_set())
+        # First no new runs: an update applied from now on wakes its turn without claiming it
+        # for this Brain (a run that would never start here).
+        scheduler.close()
         # Nothing waits in memory, so cancelling mid-phase only loses uncommitted work,
         # which the next run redoes from the last committed phase.
         for task in tasks:
             task.remove_done_callback(on_task_end)
             task.cancel()
+        await scheduler.stop()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if not liveness.lost.is_set():
+            await commands.flush()
+        for committer in (ctx.moves, updates.applier):
+            log.info("batch_sizes", stats=json.dumps(committer.stats(), sort_keys=True))
     if crashed:
         return 1
     return RESTART if liveness.lost.is_set() and not stop.is_set() else 0

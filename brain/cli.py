@@ -19,6 +19,7 @@ from brain.agents import AgentDefinition
 from brain.app import open_store, serve, wake_channel
 from brain.demo import main_demo
 from brain.states import TERMINAL_TURN, TurnStatus
+from brain.store import BrainStore
 from brain.views import describe, print_turn, waiting_line
 from infra.broker import Broker
 from infra.killpoints import KillPoints
@@ -111,20 +112,20 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _with_store(settings: Settings, work: Callable[[asyncpg.Pool], Awaitable[int]]) -> int:
-    pool = await open_store(settings)
+async def _with_store(settings: Settings, work: Callable[[BrainStore], Awaitable[int]]) -> int:
+    store = await open_store(settings)
     try:
-        return await work(pool)
+        return await work(store)
     finally:
-        await pool.close()
+        await store.close()
 
 
 async def _submit(settings: Settings, args: argparse.Namespace) -> int:
     agent = AgentDefinition.from_file(args.agent)
 
-    async def work(pool: asyncpg.Pool) -> int:
+    async def work(store: BrainStore) -> int:
         turn_id, created = await verbs.submit(
-            pool,
+            store,
             namespace=settings.namespace,
             session_id=args.session,
             request_id=args.request_id,
@@ -134,19 +135,19 @@ async def _submit(settings: Settings, args: argparse.Namespace) -> int:
         )
         print(turn_id, flush=True)
         if created and agent.tools:
-            await _warn_unserved(pool, settings, agent)
+            await _warn_unserved(store, settings, agent)
         return 0
 
     return await _with_store(settings, work)
 
 
-async def _warn_unserved(pool: asyncpg.Pool, settings: Settings, agent: AgentDefinition) -> None:
+async def _warn_unserved(store: BrainStore, settings: Settings, agent: AgentDefinition) -> None:
     """Say so when a tool the agent names would not run now (the turn waits for it)."""
     topology = Topology(settings.queue_prefix)
 
     async def problems() -> list[str]:
         async with Broker(settings.amqp_url, topology) as broker:
-            return await verbs.unserved_tools(pool, broker, topology, agent.tools)
+            return await verbs.unserved_tools(store, broker, topology, agent.tools)
 
     try:
         found = await asyncio.wait_for(problems(), 10)
@@ -162,8 +163,8 @@ async def _warn_unserved(pool: asyncpg.Pool, settings: Settings, agent: AgentDef
 
 
 async def _show(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(pool: asyncpg.Pool) -> int:
-        d = await describe(pool, args.turn_id)
+    async def work(store: BrainStore) -> int:
+        d = await describe(store, args.turn_id)
         print(json.dumps(d, indent=2, default=str)) if args.json else print_turn(d)
         return 0
 
@@ -171,11 +172,11 @@ async def _show(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _wait(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(pool: asyncpg.Pool) -> int:
+    async def work(store: BrainStore) -> int:
         deadline = time.monotonic() + args.timeout
         said: str | None = None
         while True:
-            d = await describe(pool, args.turn_id)
+            d = await describe(store, args.turn_id)
             if d["status"] == TurnStatus.WAITING and d["waiting_for"] != said:
                 # Said once per thing it waits for: a wait can last (a reconcile by a person).
                 said = d["waiting_for"]
@@ -198,8 +199,8 @@ async def _wait(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _parked(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(pool: asyncpg.Pool) -> int:
-        return await show_parked(pool, args.parked_id, limit=args.limit, as_json=args.json)
+    async def work(store: BrainStore) -> int:
+        return await show_parked(store, args.parked_id, limit=args.limit, as_json=args.json)
 
     return await _with_store(settings, work)
 

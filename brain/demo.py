@@ -11,11 +11,9 @@ its operation id instead of sending it again, and sends the rest.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import os
 import shutil
-import sqlite3
 import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -23,11 +21,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
 
+from brain import verbs
 from brain.agents import AgentDefinition
 from brain.embedded import DataDir, LocalSystem, exclusive, run_local
 from brain.states import TERMINAL_TURN
-from brain.store import turns
-from infra.db import transact
+from brain.store import BrainStore, Entry
 from infra.killpoints import KillPoints
 from infra.settings import Settings
 from protocol import TendonError
@@ -91,7 +89,7 @@ class Timeline:
         elif kind == "turn.run_started":
             # Every wait for a tool ends a run; show only the first of this process.
             if self.runs_shown == 0:
-                line(f"run {data.get('run', data['run_id'])} of the turn claimed it at phase {data['phase']}")
+                line(f"run {data['run']} of the turn claimed it at phase {data['phase']}")
             self.runs_shown += 1
         elif kind == "execution.intended":
             line(f"{label}: intent committed (operation id {data['execution_id']})")
@@ -119,22 +117,46 @@ class Timeline:
         self.progress()
 
 
-async def _label(system: LocalSystem, execution_id: str, cache: dict[str, str]) -> str:
-    if execution_id not in cache:
-        row = await system.brain_pool.fetchrow(
-            "SELECT call_id, args FROM executions WHERE id = $1", execution_id
-        )
-        cache[execution_id] = (
-            f"email {row['call_id'].removeprefix('call-')} to {row['args']['to']}" if row else execution_id
-        )
-    return cache[execution_id]
+class AlreadyDone(Exception):
+    """The data directory's turn ended already: nothing is started."""
+
+    def __init__(self, status: str) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _calls(entries: list[Entry]) -> dict[str, dict[str, Any]]:
+    """Each tool call's arguments, by call id, from the model's replies in the journal."""
+    calls = {}
+    for entry in entries:
+        for fact in entry.facts:
+            for call in (
+                (fact.get("message") or {}).get("tool_calls", [])
+                if fact["kind"] == "turn.model_replied"
+                else []
+            ):
+                calls[call["call_id"]] = call.get("args", {})
+    return calls
+
+
+def _label(fact: dict[str, Any], calls: dict[str, dict[str, Any]]) -> str:
+    call_id = fact.get("call_id")
+    if call_id is None:
+        return fact.get("execution_id", "")
+    to = calls.get(call_id, {}).get("to", "?")
+    return f"email {call_id.removeprefix('call-')} to {to}"
+
+
+async def _entries(system: LocalSystem, after: int, upto: int | None = None) -> list[Entry]:
+    store = system.brain
+    entries = await store.read(lambda conn: store.entries(conn, SESSION, after=after, limit=100_000))
+    return [e for e in entries if upto is None or e.seq <= upto]
 
 
 async def _recap(system: LocalSystem, turn_id: str, before: dict[str, str], out: TextIO) -> None:
-    rows = await system.brain_pool.fetch(
-        "SELECT id, call_id, args, how, result FROM executions WHERE turn_id = $1 ORDER BY tool_step",
-        turn_id,
-    )
+    store = system.brain
+    rows = await store.read(lambda conn: store.turn_executions(conn, turn_id))
+    calls = _calls(await _entries(system, 0))
     print("\nwhat happened to each email:", file=out)
     for r in rows:
         if before.get(r["id"]) == "succeeded":
@@ -142,46 +164,32 @@ async def _recap(system: LocalSystem, turn_id: str, before: dict[str, str], out:
         else:
             what = HOW.get(r["how"], r["how"] or "?")
         receipt = (r["result"] or {}).get("message_id", "-")
-        print(f"  {r['call_id']}  {r['args']['to']:<24} {receipt:<8} {what}", file=out)
+        to = calls.get(r["call_id"], {}).get("to", "?")
+        print(f"  {r['call_id']}  {to:<24} {receipt:<8} {what}", file=out)
 
 
-async def _show_range(system: LocalSystem, after: int, upto: int, timeline: Timeline) -> None:
-    events = await system.brain_pool.fetch(
-        "SELECT seq, kind, data, created_at FROM public_events"
-        " WHERE session_id = $1 AND seq > $2 AND seq <= $3 ORDER BY seq",
-        SESSION,
-        after,
-        upto,
-    )
-    labels: dict[str, str] = {}
-    for e in events:
-        eid = e["data"].get("execution_id")
-        timeline.show(e["kind"], e["data"], await _label(system, eid, labels) if eid else "", e["created_at"])
-        timeline.seen(e["seq"])
+def _show(entries: list[Entry], calls: dict[str, dict[str, Any]], timeline: Timeline) -> None:
+    calls.update(_calls(entries))
+    for entry in entries:
+        for fact in entry.facts:
+            data = {k: v for k, v in fact.items() if k != "kind"}
+            timeline.show(fact["kind"], data, _label(fact, calls), entry.created_at)
+        timeline.seen(entry.seq)
 
 
 async def _follow(system: LocalSystem, turn_id: str, cursor: int, timeline: Timeline) -> Any:
-    """Show the session's public events until the turn ends; returns the final turn row."""
-    labels: dict[str, str] = {}
+    """Show the session's journal until the turn ends; returns the final turn row."""
+    calls = _calls(await _entries(system, 0, cursor))
+    store = system.brain
     while True:
-        events = await system.brain_pool.fetch(
-            "SELECT seq, kind, data, created_at FROM public_events WHERE session_id = $1 AND seq > $2"
-            " ORDER BY seq",
-            SESSION,
-            cursor,
-        )
-        for e in events:
-            cursor = e["seq"]
-            eid = e["data"].get("execution_id")
-            label = await _label(system, eid, labels) if eid else ""
-            timeline.show(e["kind"], e["data"], label, e["created_at"])
-            timeline.seen(e["seq"])
-        row: Any = await system.brain_pool.fetchrow(
-            "SELECT status, result, error, waiting_for FROM turns WHERE id = $1", turn_id
-        )
-        if (row["status"] in TERMINAL_TURN and not events) or system.brain_task.done():
+        entries = await _entries(system, cursor)
+        _show(entries, calls, timeline)
+        if entries:
+            cursor = entries[-1].seq
+        row = await store.read(lambda conn: store.load(conn, turn_id))
+        if (row.status in TERMINAL_TURN and not entries) or system.brain_task.done():
             return row
-        if row["status"] == "waiting" and (row["waiting_for"] or "").startswith("reconcile"):
+        if row.status == "waiting" and (row.waiting_for or "").startswith("reconcile"):
             return row  # nothing will change until someone reconciles it
         await asyncio.sleep(0.1)
 
@@ -192,96 +200,104 @@ class Previous:
 
     turn_status: str
     executions: dict[str, str]  # execution id -> status
-    last_seq: int  # last public event committed
-    last_shown: int  # last public event the earlier run printed
+    last_seq: int  # last journal entry committed
+    last_shown: int  # last journal entry the earlier run printed
 
 
-def previous_run(data: DataDir) -> Previous | None:
-    if not data.brain_db.exists():
-        return None
-    with contextlib.closing(sqlite3.connect(data.brain_db)) as db:
-        try:
-            turn = db.execute(
-                "SELECT id, status FROM turns WHERE session_id = ? AND request_id = ?", (SESSION, REQUEST)
-            ).fetchone()
-        except sqlite3.OperationalError:  # created but never migrated
-            return None
+async def previous_run(store: BrainStore, data: DataDir) -> Previous | None:
+    """The earlier run's turn, as the store has it (read before the Brain starts)."""
+
+    async def read(conn: Any) -> Previous | None:
+        turn = await store.find_turn(conn, SESSION, REQUEST)
         if turn is None:
             return None
-        executions = dict(db.execute("SELECT id, status FROM executions WHERE turn_id = ?", (turn[0],)))
-        last_seq = db.execute(
-            "SELECT coalesce(max(seq), 0) FROM public_events WHERE session_id = ?", (SESSION,)
-        ).fetchone()[0]
-    seen = data.root / SEEN_FILE
-    last_shown = int(seen.read_text()) if seen.exists() else 0
-    return Previous(turn[1], executions, last_seq, last_shown)
+        executions = {r["id"]: r["status"] for r in await store.turn_executions(conn, turn.id)}
+        seen = data.root / SEEN_FILE
+        last_shown = int(seen.read_text()) if seen.exists() else 0
+        return Previous(str(turn.status), executions, await store.last_seq(conn, SESSION), last_shown)
+
+    return await store.read(read)
 
 
 async def run_demo(settings: Settings, data: DataDir, *, crash_at: int | None, out: TextIO) -> int:
     """Run (or resume) the five-email turn; returns 0 when it completed."""
     from examples.mailbox import MailboxServer
 
-    previous = previous_run(data)
-    if previous is not None and previous.turn_status in TERMINAL_TURN:
-        print(
-            f"the five-email turn in {data.root} already {previous.turn_status}; "
-            "run with --fresh to start the story again",
-            file=out,
-        )
-        return 0 if previous.turn_status == "completed" else 1
     agent = AgentDefinition.model_validate_json(
         resources.files("examples").joinpath("notice_agent.json").read_text()
     )
     spec = settings.kill_at
     if crash_at is not None:
         spec = ",".join(filter(None, [spec, f"hands.after_tool_body@call-{crash_at}"]))
+    found: list[Previous | None] = []
+
+    async def before_start(store: BrainStore) -> None:
+        previous = await previous_run(store, data)
+        if previous is not None and previous.turn_status in TERMINAL_TURN:
+            raise AlreadyDone(previous.turn_status)
+        found.append(previous)
+
+    with MailboxServer(port=0, state_path=data.root / "mailbox.json") as mailbox:
+        os.environ["TENDON_MAILBOX_URL"] = mailbox.url
+        try:
+            async with run_local(
+                settings, data, route="email", tools="examples.email_tools", killpoints=KillPoints(spec),
+                before_start=before_start,
+            ) as system:  # fmt: skip
+                return await _tell(system, agent, settings, data, found[0], crash_at, mailbox, out)
+        except AlreadyDone as done:
+            print(
+                f"the five-email turn in {data.root} already {done.status}; "
+                "run with --fresh to start the story again",
+                file=out,
+            )
+            return 0 if done.status == "completed" else 1
+
+
+async def _tell(
+    system: LocalSystem, agent: AgentDefinition, settings: Settings, data: DataDir, previous: Previous | None,
+    crash_at: int | None, mailbox: Any, out: TextIO,
+) -> int:  # fmt: skip
+    if crash_at is not None:
         print(f"(will SIGKILL this process while email {crash_at} is inside send_email)", file=out)
     before = previous.executions if previous else {}
     unfinished = {e for e, status in before.items() if status not in ("succeeded", "failed", "cancelled")}
     timeline = Timeline(out, tty=out.isatty(), seen_file=data.root / SEEN_FILE, unfinished=unfinished)
-    with MailboxServer(port=0, state_path=data.root / "mailbox.json") as mailbox:
-        os.environ["TENDON_MAILBOX_URL"] = mailbox.url
-        async with run_local(
-            settings, data, route="email", tools="examples.email_tools", killpoints=KillPoints(spec)
-        ) as system:
-            turn_id, _ = await transact(
-                system.brain_pool,
-                lambda c: turns.submit(
-                    c,
-                    namespace=settings.namespace,
-                    session_id=SESSION,
-                    request_id=REQUEST,
-                    user_input=TASK,
-                    agent=agent,
-                ),
-            )
-            cursor = 0
-            if previous is not None:
-                done = sum(1 for st in before.values() if st == "succeeded")
-                print(
-                    f"resuming turn {turn_id} from {data.root}: {done} of 5 emails already confirmed",
-                    file=out,
-                )
-                timeline.delivered.update(k for k, st in before.items() if st == "succeeded")
-                if previous.last_shown < previous.last_seq:
-                    print("committed before the crash, not shown then:", file=out)
-                    await _show_range(system, previous.last_shown, previous.last_seq, timeline)
-                    print("after the restart:", file=out)
-                cursor = previous.last_seq
-            else:
-                print(f"turn {turn_id} in {data.root}", file=out)
-            row = await _follow(system, turn_id, cursor, timeline)
-            timeline.clear_progress()
-            await _recap(system, turn_id, before, out)
-            if row["status"] == "waiting":
-                print(f"\nthe turn waits for a {row['waiting_for']}; nothing was guessed", file=out)
-                return 3
-            if row["status"] != "completed":
-                print(f"\nturn {row['status']}: {row['error']}", file=out)
-                return 1
-            print(f"\nsummary from the agent:\n{row['result']['text']}", file=out)
-            print(f"\nmailbox: {len(mailbox.stats()['deliveries'])} deliveries", file=out)
-            return 0
+    turn_id, _ = await verbs.submit(
+        system.brain,
+        namespace=settings.namespace,
+        session_id=SESSION,
+        request_id=REQUEST,
+        user_input=TASK,
+        agent=agent,
+        wake_channel=system.wake_channel,
+    )
+    cursor = 0
+    if previous is not None:
+        done = sum(1 for st in before.values() if st == "succeeded")
+        print(f"resuming turn {turn_id} from {data.root}: {done} of 5 emails already confirmed", file=out)
+        timeline.delivered.update(k for k, st in before.items() if st == "succeeded")
+        if previous.last_shown < previous.last_seq:
+            print("committed before the crash, not shown then:", file=out)
+            calls = _calls(await _entries(system, 0, previous.last_shown))
+            _show(await _entries(system, previous.last_shown, previous.last_seq), calls, timeline)
+            print("after the restart:", file=out)
+            timeline.runs_shown = 0  # this process's first run is news again
+        cursor = previous.last_seq
+    else:
+        print(f"turn {turn_id} in {data.root}", file=out)
+    row = await _follow(system, turn_id, cursor, timeline)
+    timeline.clear_progress()
+    await _recap(system, turn_id, before, out)
+    if row.status == "waiting":
+        print(f"\nthe turn waits for a {row.waiting_for}; nothing was guessed", file=out)
+        return 3
+    if row.status != "completed":
+        print(f"\nturn {row.status}: {row.error}", file=out)
+        return 1
+    print(f"\nsummary from the agent:\n{row.result['text']}", file=out)
+    print(f"\nmailbox: {len(mailbox.stats()['deliveries'])} deliveries", file=out)
+    return 0
 
 
 # What the demo keeps in its data directory; --fresh removes these and nothing else.

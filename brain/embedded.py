@@ -22,24 +22,24 @@ import asyncio
 import contextlib
 import fcntl
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from brain.app import Backends
+from brain.app import Backends, wake_channel
 from brain.app import run as run_brain
-from brain.store.migrations import MIGRATIONS
+from brain.store import BrainStore, open_brain_store
 from hands.app import HandsApp, HandsBackends
-from infra.db import migrate
+from hands.store import Ledger, ledger_for
 from infra.dirstore import DirectoryObjectStore
 from infra.killpoints import KillPoints
 from infra.liveness import LocalWorkerRegistration
 from infra.localqueue import LocalBroker
 from infra.payloads import PayloadCodec
 from infra.settings import Settings
-from infra.sqlite import SqlitePool, open_pool
+from infra.sqlite import open_pool
 from infra.transport import Topology
 from protocol import ConflictError
 
@@ -90,25 +90,37 @@ def exclusive(data: DataDir) -> Iterator[None]:
 class LocalSystem:
     """A running embedded Tendon: its stores, for reading, and how to stop it."""
 
-    brain_pool: SqlitePool
-    ledger_pool: SqlitePool
+    brain: BrainStore
+    ledger: Ledger
     brain_task: asyncio.Task[int]
     hands: HandsApp
     stop: asyncio.Event
+    wake_channel: str
 
 
 @asynccontextmanager
 async def run_local(
-    settings: Settings, data: DataDir, *, route: str, tools: str, killpoints: KillPoints
+    settings: Settings,
+    data: DataDir,
+    *,
+    route: str,
+    tools: str,
+    killpoints: KillPoints,
+    before_start: Callable[[BrainStore], Awaitable[None]] | None = None,
 ) -> AsyncIterator[LocalSystem]:
-    """Start a Brain and the Hands pool of ``route`` on ``data``; stop both on exit."""
+    """Start a Brain and the Hands pool of ``route`` on ``data``; stop both on exit.
+    ``before_start``: what to read of the store (this process owns the directory now) before
+    anything runs."""
     async with AsyncExitStack() as stack:
         stack.enter_context(exclusive(data))
         brain_pool = await open_pool(data.brain_db)
         stack.push_async_callback(brain_pool.close)
-        await migrate(brain_pool, "brain", MIGRATIONS)
+        brain = await open_brain_store(brain_pool)
+        if before_start is not None:
+            await before_start(brain)
         ledger_pool = await open_pool(data.hands_db)
         stack.push_async_callback(ledger_pool.close)
+        ledger = ledger_for(ledger_pool)
         store = await stack.enter_async_context(DirectoryObjectStore(data.objects))
         codec = PayloadCodec(store, settings.offload_threshold)
         transport = await stack.enter_async_context(
@@ -121,17 +133,17 @@ async def run_local(
                 tools=tools,
                 kill=killpoints,
                 backends=HandsBackends(
-                    ledger_pool, transport, codec, partial(LocalWorkerRegistration, ledger_pool, "hands")
+                    ledger, transport, codec, partial(LocalWorkerRegistration, ledger_pool, "hands")
                 ),
             )
         )
         stop = asyncio.Event()
         register = partial(LocalWorkerRegistration, brain_pool, "brain")
-        backends = Backends(brain_pool, transport, codec, register, brain_pool.add_listener)
+        backends = Backends(brain, transport, codec, register, brain_pool.add_listener)
         brain_task = asyncio.create_task(run_brain(backends, settings, killpoints, stop))
         hands_task = asyncio.create_task(hands.serve())
         try:
-            yield LocalSystem(brain_pool, ledger_pool, brain_task, hands, stop)
+            yield LocalSystem(brain, ledger, brain_task, hands, stop, wake_channel(settings))
         finally:
             stop.set()
             hands.stop()

@@ -1,63 +1,124 @@
-"""The Brain's outbox relay: publishes committed outbox rows to RabbitMQ with confirms.
+"""What the Brain publishes after a commit: the relays publish what the committing code hands them.
 
-A row is marked published only after the broker confirmed it, so a crash or a lost
-connection means "publish again", which Hands dedups by execution id.
+- :class:`CommandRelay` publishes the tool commands a commit of intents produced, from memory,
+  with the broker's confirm: no read before publishing and no mark after. A command that never
+  got out (the Brain died between its commit and its confirm, or the broker lost it) is still in
+  its execution's row, INTENDED: the repair scan sends it again from there (``brain.scanner``),
+  and the Hands take a duplicate for what it is (by execution id).
+- :class:`ControlRelay` publishes cancels. They are rare (a turn that ends with executions still
+  open) and must not be lost (a cancel that comes before its command leaves a tombstone), so
+  each is an outbox row, committed with the turn's failure and marked once confirmed; what a
+  crash left unmarked is published again by the relay's periodic sweep.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterable
 
-import asyncpg
-
-from brain.store import outbox
-from infra.db import transact
+from brain.store import BrainStore, Control
 from infra.logging import get_logger
 from infra.transport import Transport
 
 log = get_logger(__name__)
 
+Message = tuple[str, bytes, str]  # queue, body, message id
 
-class OutboxRelay:
-    def __init__(self, pool: asyncpg.Pool, broker: Transport, *, interval: float, batch: int = 200) -> None:
-        self.pool = pool
-        self.broker = broker
-        self.interval = interval
-        self.batch = batch
+
+class CommandRelay:
+    """Publishes handed-over commands; retries what the broker refused while this process lives."""
+
+    def __init__(self, transport: Transport, *, retry_after: float = 0.5) -> None:
+        self.transport = transport
+        self.retry_after = retry_after
+        self._pending: list[Message] = []
         self._wake = asyncio.Event()
+        self.published = 0
 
-    def notify(self) -> None:
-        """A hint that rows were committed; the periodic scan covers lost hints."""
+    def send(self, messages: Iterable[Message]) -> None:
+        """Publish these soon (call after the commit that made them durable)."""
+        self._pending.extend(messages)
         self._wake.set()
-
-    async def publish_pending(self) -> int:
-        """Publish one batch of unpublished rows; returns how many were confirmed."""
-        async with self.pool.acquire() as conn:
-            rows = await outbox.unpublished(conn, self.batch)
-        if not rows:
-            return 0
-        results = await self.broker.publish_many(
-            [(r["queue"], bytes(r["payload"]), r["message_id"]) for r in rows]
-        )
-        confirmed = [r["id"] for r, err in zip(rows, results, strict=True) if err is None]
-        for r, err in zip(rows, results, strict=True):
-            if err is not None:
-                log.warning("outbox_publish_failed", queue=r["queue"], error=repr(err))
-        if confirmed:
-            await transact(self.pool, lambda c: outbox.mark_published(c, confirmed), single_statement=True)
-        return len(confirmed) if len(confirmed) == len(rows) else -1
 
     async def run(self) -> None:
         while True:
+            await self._wake.wait()
             self._wake.clear()
+            refused = await self.publish_pending() < 0
+            if refused:  # try again in a while (commands handed over meanwhile set the wake-up)
+                await asyncio.sleep(self.retry_after)
+                self._wake.set()
+
+    async def publish_pending(self) -> int:
+        """Publish what is pending: how many the broker confirmed, or -1 when it refused some
+        (they stay pending)."""
+        batch, self._pending = self._pending, []
+        if not batch:
+            return 0
+        try:
+            results = await self.transport.publish_many(batch)
+        except Exception as exc:  # noqa: BLE001 - kept for the next round
+            results = [exc] * len(batch)
+        failed = [m for m, err in zip(batch, results, strict=True) if err is not None]
+        for (queue, _, message_id), err in zip(batch, results, strict=True):
+            if err is not None:
+                log.warning("command_publish_failed", queue=queue, message_id=message_id, error=repr(err))
+        self._pending = failed + self._pending
+        self.published += len(batch) - len(failed)
+        return -1 if failed else len(batch)
+
+    async def flush(self, patience: float = 5.0) -> None:
+        """Publish what is pending now (at shutdown); whatever is left the repair scan sends."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.publish_pending(), patience)
+
+
+class ControlRelay:
+    """Publishes cancels from the outbox: at once when handed over, and by a periodic sweep."""
+
+    def __init__(self, store: BrainStore, transport: Transport, *, interval: float) -> None:
+        self.store = store
+        self.transport = transport
+        self.interval = interval
+        self._handed: list[Control] = []
+        self._wake = asyncio.Event()
+
+    def send(self, controls: Iterable[Control]) -> None:
+        """Publish these committed controls soon (call after their commit)."""
+        self._handed.extend(controls)
+        self._wake.set()
+
+    async def publish(self, controls: list[Control]) -> int:
+        if not controls:
+            return 0
+        results = await self.transport.publish_many([(c.queue, c.payload, c.message_id) for c in controls])
+        confirmed = [c.outbox_id for c, err in zip(controls, results, strict=True) if err is None]
+        for c, err in zip(controls, results, strict=True):
+            if err is not None:
+                log.warning("control_publish_failed", queue=c.queue, error=repr(err))
+        ids = [i for i in confirmed if i is not None]
+        if ids:
+            await self.store.transact(
+                lambda conn: self.store.controls_published(conn, ids), single_statement=True
+            )
+        return len(confirmed)
+
+    async def sweep(self) -> int:
+        """Publish whatever a crash (or a refused publish) left unmarked."""
+        controls = await self.store.read(self.store.unpublished_controls)
+        return await self.publish(controls)
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval)
+            self._wake.clear()
+            handed, self._handed = self._handed, []
             try:
-                published = await self.publish_pending()
-            except Exception as exc:  # noqa: BLE001 - the rows are still there: the next round
-                log.warning("outbox_relay_error", error=repr(exc))
-                published = -1
-            if published > 0:
-                continue
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.interval)
-            except TimeoutError:
-                pass
+                if handed:
+                    await self.publish(handed)
+                else:
+                    await self.sweep()
+            except Exception as exc:  # noqa: BLE001 - the rows are still there: the next sweep
+                log.warning("control_relay_error", error=repr(exc))

@@ -1,165 +1,210 @@
 """The periodic repair scan: wake-ups are hints, this makes sure none is lost for good.
 
-It asks Hands to replay events when a gap persists (held events waiting for a missing seq)
-or when an execution made no progress for a while (its last event may be lost), publishes
-a command again when Hands never acknowledged it (Hands dedups by execution id), and wakes
-waiting turns whose executions have all finished.
+It looks at the turns that wait for their tools once their time to be looked at came (``wake_at``
+of a waiting turn: a little after its intents were committed, then whenever one of its executions
+may be due for a nudge). For each execution of the turn's step that is not final:
 
-Every nudge is counted, and an answer resets the count: after ``repair_attempts`` nudges
-without one (about half an hour with the defaults, as each waits twice as long as the one
-before) the turn fails with an error that names the execution and its route, and its
-executions are settled (invariant 15: nothing is asked forever). A command whose route has no
-consumer at all is not re-sent, but the silence counts the same.
+- a command whose Brain died before its publish was confirmed is sent again at once (it is
+  still in the execution's row; the Hands take a duplicate for what it is);
+- an execution that made no progress for ``stall_seconds`` is nudged: its command sent again if
+  the Hands never acknowledged it, else a replay of its events asked for.
+
+It also asks for a replay when events wait behind a gap for longer than ``gap_timeout``, and
+wakes waiting turns whose executions have all finished (a lost hint) or whose deadline came.
+
+Every nudge is counted, and an answer resets the count: after ``repair_attempts`` nudges without
+one (about half an hour with the defaults, as each waits twice as long as the one before) the
+turn fails with an error that names the execution and its route, and its executions are settled
+(invariant 15: nothing is asked forever). A command whose route has no consumer at all is not
+sent again, but the silence counts the same.
 
 Nothing is nudged while the answer may still be waiting in a line: no stall counts while the
-Brains' updates queue has messages waiting (the event that shows progress may be among them),
-and a command is not re-sent while its route's command queue has messages waiting (it may be
-among them). Behind a backlog, "no progress yet" is the normal case, and every copy would make
-the line longer and cost Hands a duplicate to turn away (measured: 2,000 waiting turns drew
+Brains' updates queue has messages waiting, and a command is not sent again while its route's
+command queue has messages waiting (it may be among them; measured: 2,000 waiting turns drew
 3,364 copies before this rule). A lost message is repaired once the lines are gone.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import itertools
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
 
-import asyncpg
-
-from brain.store import executions, outbox, repairs, turns
-from infra.db import transact
+from brain.context import BrainContext
+from brain.store import Settled
 from infra.logging import get_logger
-from infra.transport import Topology
 from protocol import NoAnswerError, ReplayBody, ReplayControl, encode
 
 log = get_logger(__name__)
+
+# A turn whose open executions all wait for something else (a reconcile): looked at again only
+# this much later, unless an event wakes it first.
+FAR = 24 * 3600.0
+
+
+class Nudge(StrEnum):
+    NONE = "none"
+    RESEND = "resend"  # publish the command again
+    REPLAY = "replay"  # ask the Hands to send the events again
+    GIVE_UP = "give_up"  # fail the turn: the Hands never answered
+
+
+def nudge_for(e: Mapping[str, Any], *, stall: float, attempts: int, updates_line: bool) -> Nudge:
+    """What an open execution of a waiting turn needs now (a pure rule)."""
+    now: datetime = e["now"]
+    if e["status"] == "intended" and not e["creator_alive"] and e["nudges"] == 0:
+        return Nudge.RESEND  # its Brain is gone: its publish may never have happened
+    quiet = now - e["updated_at"] >= timedelta(seconds=stall)
+    backoff = e["replay_requested_at"] is None or (
+        now - e["replay_requested_at"] >= timedelta(seconds=stall * e["stall_backoff"])
+    )
+    if not (quiet and backoff) or updates_line:
+        return Nudge.NONE
+    if e["nudges"] >= attempts:
+        return Nudge.GIVE_UP
+    return Nudge.RESEND if e["status"] == "intended" else Nudge.REPLAY
+
+
+def next_look(e: Mapping[str, Any], *, stall: float, nudged: bool) -> float:
+    """Seconds until an open execution may need a nudge (after this pass nudged it or not)."""
+    now: datetime = e["now"]
+    if nudged:
+        return stall * min(64, e["stall_backoff"] * 2)
+    due = e["updated_at"] + timedelta(seconds=stall)
+    if e["replay_requested_at"] is not None:
+        due = max(due, e["replay_requested_at"] + timedelta(seconds=stall * e["stall_backoff"]))
+    return max(0.05, (due - now).total_seconds())
+
+
+@dataclass
+class Pass:
+    """What one pass queued: messages to publish once it committed, turns it failed."""
+
+    messages: list[tuple[str, bytes, str]] = field(default_factory=list)
+    settled: list[Settled] = field(default_factory=list)
 
 
 class RepairScanner:
     def __init__(
         self,
-        pool: asyncpg.Pool,
-        topology: Topology,
+        ctx: BrainContext,
         *,
-        wake_channel: str,
         gap_timeout: float,
         stall_seconds: float,
         interval: float,
-        outbox_ready: Callable[[], None],
         waiting: Callable[[str], Awaitable[int]],
         consumers: Callable[[str], Awaitable[int]],
+        publish: Callable[[list[tuple[str, bytes, str]]], Awaitable[Any]],
         repair_attempts: int = 8,
     ) -> None:
-        self.pool = pool
-        self.topology = topology
-        self.wake_channel = wake_channel
+        self.ctx = ctx
         self.gap_timeout = gap_timeout
         self.stall_seconds = stall_seconds
         self.interval = interval
-        self.outbox_ready = outbox_ready
         self.waiting = waiting  # the transport's count of messages waiting in a queue
         self.consumers = consumers  # ... and of its consumers
+        self.publish = publish
         self.repair_attempts = repair_attempts
         # Routes whose command queue had messages waiting for a consumer that exists, at the
         # last look: a hint, rebuilt by asking the broker again each pass.
         self.queued_routes: set[str] = set()
 
     async def scan_once(self) -> int:
-        """One pass; returns how many messages it queued (replay requests, re-sent commands,
+        """One pass; returns how many messages it sent (replay requests, commands sent again,
         cancels of the executions of turns it gave up on)."""
+        store = self.ctx.store
         lines = {r: await self._line(r) for r in self.queued_routes}
         self.queued_routes = {r for r, (line, served) in lines.items() if line and served}
-        updates_line = await self._has_line(self.topology.updates)
+        updates_line = await self._has_line(self.ctx.topology.updates)
 
-        async def work(conn: asyncpg.Connection) -> int:
-            queued = 0
-            for g in await repairs.gaps_to_replay(conn, self.gap_timeout):
+        async def work(conn: Any) -> Pass:
+            done = Pass()
+            for g in await store.gaps_to_replay(conn, self.gap_timeout):
                 if g["nudges"] >= self.repair_attempts:
-                    queued += await self._give_up(conn, g, f"event #{g['last_seq'] + 1} never came")
-                    continue
-                await self._ask_replay(conn, g, from_seq=g["last_seq"] + 1, reason="gap")
-                queued += 1
-            stalled = (
-                []
-                if updates_line
-                else await repairs.stalled(conn, self.stall_seconds, queued_routes=self.queued_routes)
-            )
-            for s in stalled:
-                if s["nudges"] >= self.repair_attempts:
-                    queued += await self._give_up(
-                        conn, s, f"nothing was heard of it since it was {s['status']}"
-                    )
-                    continue
-                if s["status"] == "intended" and s["command_message_id"]:
-                    queued += await self._resend(conn, s, lines)
+                    await self._give_up(conn, g, f"event #{g['last_seq'] + 1} never came", done)
                 else:
-                    # From the last applied event on: Hands that have the execution answer with
-                    # at least that one again, which shows they are there (see executions.receive).
-                    await self._ask_replay(conn, s, from_seq=max(1, s["last_seq"]), reason="stalled")
-                    queued += 1
-            await executions.wake_stuck_turns(conn, self.wake_channel)
-            await turns.wake_due(conn, self.wake_channel)
-            return queued
+                    await self._ask_replay(conn, g, g["last_seq"] + 1, "gap", done)
+            # Turns with nothing left to wait for first: the look below pushes the others on.
+            await store.wake_stuck(conn, self.ctx.wake_channel)
+            await store.wake_due(conn, self.ctx.wake_channel)
+            due = await store.due_waiting(conn)
+            for turn_id, group in itertools.groupby(due, key=lambda r: r["turn_id"]):
+                await self._look_at(
+                    conn, turn_id, [e for e in group if e["id"] is not None], lines, updates_line, done
+                )
+            return done
 
-        queued = await transact(self.pool, work)
-        if queued:
-            self.outbox_ready()
-        return queued
+        done = await store.transact(work)
+        if done.messages:
+            await self.publish(done.messages)
+        for settled in done.settled:
+            self.ctx.controls.send(settled.controls)
+        return len(done.messages) + sum(len(s.controls) for s in done.settled)
 
-    async def _resend(
-        self, conn: asyncpg.Connection, s: asyncpg.Record, lines: dict[str, tuple[bool, bool]]
-    ) -> int:
+    async def _look_at(
+        self, conn: Any, turn_id: str, open_executions: list[Any], lines: dict[str, tuple[bool, bool]],
+        updates_line: bool, done: Pass,
+    ) -> None:  # fmt: skip
+        later = FAR
+        for e in open_executions:
+            action = nudge_for(
+                e, stall=self.stall_seconds, attempts=self.repair_attempts, updates_line=updates_line
+            )
+            if action is Nudge.GIVE_UP:
+                await self._give_up(conn, e, f"nothing was heard of it since it was {e['status']}", done)
+                return
+            nudged = False
+            if action is Nudge.RESEND:
+                nudged = await self._resend(conn, e, lines, done)
+            elif action is Nudge.REPLAY:
+                # From the last applied event on: Hands that have the execution answer with at
+                # least that one again, which shows they are there (see the store's apply).
+                await self._ask_replay(conn, e, max(1, e["last_seq"]), "stalled", done)
+                nudged = True
+            later = min(later, next_look(e, stall=self.stall_seconds, nudged=nudged))
+        await self.ctx.store.look_later(conn, turn_id, later)
+
+    async def _resend(self, conn: Any, e: Any, lines: dict[str, tuple[bool, bool]], done: Pass) -> bool:
         """A command Hands never acknowledged: publish it again, unless it is most likely in a
         line that moves (then nothing, and nothing counted) or nobody serves its route (then
         nothing is sent, but the silence counts towards giving up)."""
-        route = s["route"]
+        route = e["route"]
         if route not in lines:
             lines[route] = await self._line(route)
         line, served = lines[route]
         if not served:
-            await repairs.mark_nudged(conn, s["id"])
-            log.warning("route_not_served", execution_id=s["id"], route=route, nudges=s["nudges"] + 1)
-            return 0
-        if line:
+            await self.ctx.store.mark_nudged(conn, e["id"])
+            log.warning("route_not_served", execution_id=e["id"], route=route, nudges=e["nudges"] + 1)
+            return True
+        if line and e["creator_alive"]:
             self.queued_routes.add(route)
-            return 0
-        await outbox.republish(conn, s["command_message_id"])
-        await repairs.mark_nudged(conn, s["id"])
-        log.info("command_resent", execution_id=s["id"], nudges=s["nudges"] + 1)
-        return 1
+            return False
+        done.messages.append(
+            (self.ctx.topology.commands(route), bytes(e["command"]), e["command_message_id"])
+        )
+        await self.ctx.store.mark_nudged(conn, e["id"])
+        log.info("command_resent", execution_id=e["id"], nudges=e["nudges"] + 1)
+        return True
 
-    async def _give_up(self, conn: asyncpg.Connection, e: asyncpg.Record, what: str) -> int:
-        """Fail the turn of an execution whose Hands stayed silent through every nudge: a
-        visible error, instead of asking forever. Returns the cancels queued."""
+    async def _give_up(self, conn: Any, e: Any, what: str, done: Pass) -> None:
+        """Fail the turn of an execution whose Hands stayed silent through every nudge: a visible
+        error, instead of asking forever."""
         error = NoAnswerError(
             f"no answer from the Hands of route {e['route']} about execution {e['id']} after "
             f"{e['nudges']} attempts: {what}"
         )
         log.error("repair_given_up", execution_id=e["id"], turn_id=e["turn_id"], reason=error.message)
-        return await repairs.fail_turn(conn, e["turn_id"], error.as_dict(), self.wake_channel, self.topology)
+        settled = await self.ctx.store.fail_turn(
+            conn, e["turn_id"], error.as_dict(), self.ctx.topology, wake_channel=self.ctx.wake_channel
+        )
+        if settled is not None:
+            done.settled.append(settled)
 
-    async def _line(self, route: str) -> tuple[bool, bool]:
-        """Whether ``route``'s command queue has messages waiting, and whether anyone serves it.
-        Unknown (the broker cannot say): no line, served, as without these rules."""
-        queue = self.topology.commands(route)
-        try:
-            return await self.waiting(queue) > 0, await self.consumers(queue) > 0
-        except Exception as exc:  # noqa: BLE001 - only a hint
-            log.warning("queue_depth_unknown", queue=queue, error=repr(exc))
-            return False, True
-
-    async def _has_line(self, queue: str) -> bool:
-        """Whether ``queue`` has messages waiting; False if the broker cannot say (then stalls
-        are nudged as they would be without this rule)."""
-        try:
-            return await self.waiting(queue) > 0
-        except Exception as exc:  # noqa: BLE001 - only a hint
-            log.warning("queue_depth_unknown", queue=queue, error=repr(exc))
-            return False
-
-    async def _ask_replay(
-        self, conn: asyncpg.Connection, e: asyncpg.Record, *, from_seq: int, reason: str
-    ) -> None:
+    async def _ask_replay(self, conn: Any, e: Any, from_seq: int, reason: str, done: Pass) -> None:
         control = ReplayControl(
             execution_id=e["id"],
             namespace=e["namespace"],
@@ -167,11 +212,29 @@ class RepairScanner:
             request_digest=e["request_digest"],
             body=ReplayBody(from_seq=from_seq),
         )
-        await outbox.add(conn, self.topology.controls(e["route"]), control.message_id, encode(control))
-        await repairs.mark_nudged(conn, e["id"])
+        done.messages.append((self.ctx.topology.controls(e["route"]), encode(control), control.message_id))
+        await self.ctx.store.mark_nudged(conn, e["id"])
         log.info(
             "replay_requested", execution_id=e["id"], from_seq=from_seq, reason=reason, nudges=e["nudges"] + 1
         )
+
+    async def _line(self, route: str) -> tuple[bool, bool]:
+        """Whether ``route``'s command queue has messages waiting, and whether anyone serves it.
+        Unknown (the broker cannot say): no line, served, as without these rules."""
+        queue = self.ctx.topology.commands(route)
+        try:
+            return await self.waiting(queue) > 0, await self.consumers(queue) > 0
+        except Exception as exc:  # noqa: BLE001 - only a hint
+            log.warning("queue_depth_unknown", queue=queue, error=repr(exc))
+            return False, True
+
+    async def _has_line(self, queue: str) -> bool:
+        """Whether ``queue`` has messages waiting; False if the broker cannot say."""
+        try:
+            return await self.waiting(queue) > 0
+        except Exception as exc:  # noqa: BLE001 - only a hint
+            log.warning("queue_depth_unknown", queue=queue, error=repr(exc))
+            return False
 
     async def run(self) -> None:
         while True:

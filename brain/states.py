@@ -107,6 +107,16 @@ EVENT_STATUS: dict[str, ExecutionStatus | None] = {
 }
 
 
+def phase_path_exists(old: TurnPhase, new: TurnPhase) -> bool:
+    """Whether ``new`` is ``old`` or can be reached from it by the table (a move may pass through
+    phases that have nothing to write of their own)."""
+    seen, frontier = {old}, [old]
+    while frontier:
+        frontier = [n for p in frontier for n in PHASE_TRANSITIONS[p] if n not in seen]
+        seen.update(frontier)
+    return new in seen
+
+
 def _check(table: dict, old: StrEnum, new: StrEnum, what: str) -> None:  # type: ignore[type-arg]
     if new not in table[old]:
         raise IllegalTransitionError(f"{what} cannot move from {old} to {new}")

@@ -1,146 +1,189 @@
-"""Consumers of what Hands send: sequenced execution events and tool binding announcements.
+"""Consumers of what Hands send: batches of sequenced execution events, and binding announcements.
 
-An update is acked only after its effect (or its place in the held-events buffer) is
-committed. What can never be applied is parked in the dead-letter queue with a reason;
-a payload that fails verification also fails its turn with a clear error.
+A message of events (an ``EventBatch``: several executions' ranges) is acked only after its
+effects are committed (or held behind a gap); the ranges of many messages share transactions
+(``apply``, a group committer). A turn whose step the apply completes is claimed there and then
+for a run of this Brain when it has a free slot, and handed to the scheduler after the commit: its
+results go to the model without another commit or wake-up. What can never be applied is parked
+in the dead-letter queue with a reason, one execution's part at a time, so that the rest of a
+batch is applied; an object that fails verification also fails its turn.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Sequence
 from typing import Any
 
-import asyncpg
 from structlog.contextvars import bound_contextvars
 
-from brain.sequencing import Arrival
+from brain.context import BrainContext
+from brain.runs import Scheduler
 from brain.states import TERMINAL_TURN
-from brain.store import executions, repairs, turns
-from infra.db import transact
+from brain.store import ClaimBudget, TurnRow
 from infra.delivery import handle_patiently
 from infra.groupcommit import GroupCommit
-from infra.killpoints import KillPoints
 from infra.logging import get_logger
-from infra.payloads import PayloadCodec
 from infra.transport import Delivery, Transport
 from protocol import (
     TERMINAL_EVENT_KINDS,
     BindingsAnnouncement,
+    EventBatch,
     ObjectRefError,
     ParkedError,
     ProtocolError,
     TendonError,
     ToolBinding,
     decode,
+    encode,
 )
 
 log = get_logger(__name__)
 
 EVENT_KINDS = TERMINAL_EVENT_KINDS | {"accepted", "started", "output_page", "unknown"}
+Range = list[Any]  # one execution's events of one message, in seq order
+
+
+def ranges_of(envelope: Any) -> list[Range] | None:
+    """The per-execution ranges of a message (an event batch, or one event as earlier versions
+    sent them); None for anything that is not execution events."""
+    if isinstance(envelope, EventBatch):
+        events = list(envelope.events)
+    elif getattr(envelope, "kind", None) in EVENT_KINDS:
+        events = [envelope]
+    else:
+        return None
+    by_execution: dict[str, Range] = {}
+    for event in events:
+        by_execution.setdefault(event.execution_id, []).append(event)
+    return [sorted(r, key=lambda e: e.seq) for r in by_execution.values()]
 
 
 class UpdateConsumer:
-    def __init__(
-        self,
-        pool: asyncpg.Pool,
-        broker: Transport,
-        codec: PayloadCodec,
-        killpoints: KillPoints,
-        wake_channel: str,
-        outbox_ready: Callable[[], None] = lambda: None,
-    ) -> None:
-        self.pool = pool
+    def __init__(self, ctx: BrainContext, broker: Transport, scheduler: Scheduler | None) -> None:
+        self.ctx = ctx
         self.broker = broker
-        self.codec = codec
-        self.killpoints = killpoints
-        self.wake_channel = wake_channel
-        self.outbox_ready = outbox_ready  # cancels of the executions of a turn it failed
-        self.topology = broker.topology
+        self.scheduler = scheduler
         self.queue = broker.topology.updates
-        # Events arriving together (a burst from one execution, or many executions under
-        # load) are applied in one transaction, in (execution, seq) order.
-        self.applier: GroupCommit[Any, Arrival] = GroupCommit(
-            pool,
-            lambda conn, event: executions.receive(conn, event, wake_channel),
-            order=lambda event: (event.execution_id, event.seq),
-            alone=executions.receive_alone,
+        self.applier: GroupCommit[Range, Any] = GroupCommit(
+            ctx.store.transact, self._apply, name="updates", order=lambda r: r[0].execution_id
         )
 
+    async def _apply(self, conn: Any, ranges: list[Range]) -> list[Any]:
+        """One transaction for the ranges ready together: per range, the turns it claimed for
+        this Brain, or its refusal."""
+        budget = None
+        if self.scheduler is not None and self.scheduler.free:
+            budget = ClaimBudget(self.ctx.owner, self.ctx.lease_seconds, self.scheduler.free)
+        applied = await self.ctx.store.apply_events(
+            conn, ranges, wake_channel=self.ctx.wake_channel, budget=budget
+        )
+        return [refused if refused is not None else claimed for refused, claimed in applied.outcomes()]
+
     async def handle(self, message: Delivery) -> None:
-        """Apply one update; whatever happens, the message is acked, parked or requeued."""
+        """Apply one message; whatever happens, it is acked, parked or requeued."""
         await handle_patiently(message, self._handle, what="an update")
 
     async def _handle(self, message: Delivery) -> None:
         try:
-            header = decode(message.body)
+            envelope = decode(message.body)
         except ProtocolError as exc:
             await self.broker.dead_letter(self.queue, message, str(exc))
             return
-        if header.kind not in EVENT_KINDS:
-            await self.broker.dead_letter(self.queue, message, f"{header.kind} is not an execution event")
+        ranges = ranges_of(envelope)
+        if ranges is None:
+            await self.broker.dead_letter(self.queue, message, f"{envelope.kind} is not an execution event")
             return
-        with bound_contextvars(execution_id=header.execution_id, seq=header.seq, kind=header.kind):
-            self.killpoints.hit("brain.after_update_received", header.kind)
+        for events in ranges:
+            for event in events:
+                self.ctx.killpoints.hit("brain.after_update_received", event.kind)
+        outcomes = await asyncio.gather(*(self._one(r) for r in ranges), return_exceptions=True)
+        refused: list[tuple[Range, str]] = []
+        for events, outcome in zip(ranges, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, TendonError) or outcome.retryable:
+                    raise outcome  # e.g. the database is away: waited out, the apply is idempotent
+                refused.append((events, str(outcome)))
+            else:
+                for row in outcome:
+                    log.info(
+                        "run_started", turn_id=row.id, run=row.runs, phase="wait_tools", epoch=row.lease_epoch
+                    )
+                    if self.scheduler is not None:
+                        self.scheduler.adopt(row)
+        if refused and len(refused) == len(ranges) == 1:
+            await self.broker.dead_letter(self.queue, message, refused[0][1])
+            return
+        for events, reason in refused:
+            part = EventBatch(events=events)
+            await self.broker.park(self.queue, encode(part), message_id=part.message_id, reason=reason)
+        await message.ack()
+
+    async def _one(self, events: Range) -> list[TurnRow]:
+        """Resolve one execution's events (a body by reference is fetched and verified) and apply
+        them; the turns this claimed for a run here, or raises the refusal."""
+        first = events[0]
+        with bound_contextvars(execution_id=first.execution_id, seq=first.seq, kind=first.kind):
             try:
-                event = await self.codec.resolve(header)
+                resolved = [await self.ctx.codec.resolve(e) for e in events]
             except ObjectRefError as exc:
                 error = {
                     "code": exc.code,
-                    "message": f"update {header.kind} #{header.seq} of "
-                    f"execution {header.execution_id} refused: {exc.message}",
+                    "message": f"update {first.kind} #{first.seq} of "
+                    f"execution {first.execution_id} refused: {exc.message}",
                 }
-                if await transact(self.pool, lambda c: self._fail_turn_of(c, header, error)):
-                    self.outbox_ready()
-                await self.broker.dead_letter(self.queue, message, error["message"])
-                return
-            except TendonError as exc:
-                if exc.retryable:
-                    raise  # the object store is away: waited out (see handle)
-                await self.broker.dead_letter(self.queue, message, str(exc))
-                return
-            try:
-                arrival = await self.applier.submit(event)
-            except TendonError as exc:
-                if exc.retryable:
-                    raise  # the database is away: waited out, the apply is idempotent
-                await self.broker.dead_letter(self.queue, message, str(exc))
-                return
-            log.debug("update_received", arrival=str(arrival))
-            await message.ack()
+                await self._fail_turn_of(first, error)
+                raise ObjectRefError(error["message"]) from exc
+            claimed: list[TurnRow] = await self.applier.submit(resolved)
+            log.debug("update_applied", events=len(resolved), claimed=len(claimed))
+            return claimed
 
-    async def _fail_turn_of(self, conn: asyncpg.Connection, header: Any, error: dict[str, str]) -> int:
-        """Fail the turn of the execution an unverifiable update names, if the update's header
-        is that execution's (scope and request digest): a message that merely names an
-        execution id proves nothing, and is only parked. Returns the executions settled."""
-        named = await repairs.named_by(conn, header)
-        if named is None:
-            return 0
-        return await repairs.fail_turn(conn, named["turn_id"], error, self.wake_channel, self.topology)
+    async def _fail_turn_of(self, header: Any, error: dict[str, str]) -> None:
+        """Fail the turn of the execution an unverifiable update names, if the update's header is
+        that execution's (scope and request digest): a message that merely names an execution id
+        proves nothing, and is only parked."""
+        store = self.ctx.store
 
-    async def surface_parked(self, conn: asyncpg.Connection, envelope: Any, reason: str) -> str | None:
-        """An update parked for good: its turn cannot go on past it, so it fails, saying why
-        (unless the update was applied after all, or the turn ended already)."""
-        if envelope.kind not in EVENT_KINDS:
-            return None
-        named = await repairs.named_by(conn, envelope)
-        if named is None or envelope.seq <= named["last_seq"] or named["turn_status"] in TERMINAL_TURN:
-            return None
-        error = ParkedError(
-            f"update {envelope.kind} #{envelope.seq} of execution {envelope.execution_id} could not be "
-            f"applied and was parked: {reason}"
-        )
-        await repairs.fail_turn(conn, named["turn_id"], error.as_dict(), self.wake_channel, self.topology)
-        self.outbox_ready()
-        return f"turn {named['turn_id']} failed: {error.message}"
+        async def work(conn: Any) -> Any:
+            named = await store.named_by(conn, header)
+            if named is None:
+                return None
+            return await store.fail_turn(
+                conn, named["turn_id"], error, self.ctx.topology, wake_channel=self.ctx.wake_channel
+            )
+
+        settled = await store.transact(work)
+        if settled is not None:
+            self.ctx.controls.send(settled.controls)
+
+    async def surface_parked(self, conn: Any, envelope: Any, reason: str) -> str | None:
+        """Updates parked for good: a turn cannot go on past them, so it fails, saying why (unless
+        they were applied after all, or the turn ended already)."""
+        said = []
+        for events in ranges_of(envelope) or []:
+            first = events[-1]
+            named = await self.ctx.store.named_by(conn, first)
+            if named is None or first.seq <= named["last_seq"] or named["turn_status"] in TERMINAL_TURN:
+                continue
+            error = ParkedError(
+                f"update {first.kind} #{first.seq} of execution {first.execution_id} could not be "
+                f"applied and was parked: {reason}"
+            )
+            # Its cancels are outbox rows: the control relay's sweep sends them once this commits.
+            settled = await self.ctx.store.fail_turn(
+                conn, named["turn_id"], error.as_dict(), self.ctx.topology, wake_channel=self.ctx.wake_channel
+            )
+            if settled is not None:
+                said.append(f"turn {named['turn_id']} failed: {error.message}")
+        return "; ".join(said) or None
 
 
 class BindingsConsumer:
     """Stores what Hands pools announce; the Brain never imports tool code."""
 
-    def __init__(self, pool: asyncpg.Pool, broker: Transport, wake_channel: str) -> None:
-        self.pool = pool
+    def __init__(self, ctx: BrainContext, broker: Transport) -> None:
+        self.ctx = ctx
         self.broker = broker
-        self.wake_channel = wake_channel
         self.queue = broker.topology.bindings
 
     async def handle(self, message: Delivery) -> None:
@@ -156,21 +199,9 @@ class BindingsConsumer:
         except ProtocolError as exc:
             await self.broker.dead_letter(self.queue, message, str(exc))
             return
-        bindings = announcement.body.bindings
-
-        async def store(conn: asyncpg.Connection) -> None:
-            for b in bindings:
-                await conn.execute(
-                    """INSERT INTO bindings (route, name, digest, binding) VALUES ($1, $2, $3, $4)
-                       ON CONFLICT (route, name, digest) DO UPDATE SET announced_at = now()""",
-                    b.route,
-                    b.name,
-                    b.digest,
-                    b.model_dump(mode="json"),
-                )
-            await turns.wake_for_bindings(conn, self.wake_channel)
-
-        await transact(self.pool, store)
+        bindings: Sequence[ToolBinding] = announcement.body.bindings
+        store = self.ctx.store
+        await store.transact(lambda conn: store.store_bindings(conn, bindings, self.ctx.wake_channel))
         log.info("bindings_announced", route=announcement.body.route, tools=[b.name for b in bindings])
         await message.ack()
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from brain.store import turns
+from brain.history import ThreadHistory
+from brain.store import BrainStore
 
 RECONCILE_HINT = (
     "resolve each with `hands reconcile EXECUTION_ID --result JSON --evidence TEXT` "
@@ -12,29 +13,30 @@ RECONCILE_HINT = (
 )
 
 
-async def describe(pool: Any, turn_id: str) -> dict[str, Any]:
-    """Everything `show` prints, as plain data."""
-    async with pool.acquire() as conn:
-        t = await turns.load(conn, turn_id)
-        hist = await conn.fetch(
-            "SELECT position, role, content FROM history WHERE turn_id = $1 ORDER BY position",
-            turn_id,
-        )
-        exes = await conn.fetch(
-            "SELECT * FROM executions WHERE turn_id = $1 ORDER BY tool_step, call_id", turn_id
-        )
-        runs = await conn.fetchval("SELECT count(*) FROM runs WHERE turn_id = $1", turn_id)
+async def describe(store: BrainStore, turn_id: str) -> dict[str, Any]:
+    """Everything `show` prints, as plain data: the turn's row, its executions, and what its
+    journal entries say (its conversation, and how many runs it took)."""
+
+    async def read(conn: Any) -> Any:
+        turn = await store.load(conn, turn_id)
+        entries = await store.entries(conn, turn.session_id, turn_id=turn_id, limit=100_000)
+        return turn, entries, await store.turn_executions(conn, turn_id)
+
+    t, entries, exes = await store.read(read)
+    history = ThreadHistory()
+    history.extend(entries, {e["id"]: e for e in exes}, t.thread_id)
+    runs = sum(1 for entry in entries for fact in entry.facts if fact.get("kind") == "turn.run_started")
     return {
-        "turn_id": t["id"],
-        "session_id": t["session_id"],
-        "request_id": t["request_id"],
-        "status": t["status"],
-        "phase": t["phase"],
-        "waiting_for": t["waiting_for"],
+        "turn_id": t.id,
+        "session_id": t.session_id,
+        "request_id": t.request_id,
+        "status": str(t.status),
+        "phase": str(t.phase),
+        "waiting_for": t.waiting_for,
         "runs": runs,
-        "result": t["result"],
-        "error": t["error"],
-        "history": [{"role": h["role"], **h["content"]} for h in hist],
+        "result": t.result,
+        "error": t.error,
+        "history": [{"role": m.role, **m.content} for m in history.messages],
         "executions": [
             {
                 k: e[k]

@@ -19,24 +19,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
-from hands import ledger
 from hands.controls import ControlConsumer
 from hands.executor import Executor
-from hands.ledger import MIGRATIONS
 from hands.recovery import RecoveryScanner
 from hands.registry import ToolRegistry, load_tools
 from hands.relay import EventRelay
+from hands.store import Ledger, ledger_for, open_ledger
 from hands.worker import CommandConsumer
+from hands.writer import LedgerWriter
 from infra.broker import Broker, Topology
-from infra.db import create_pool, keep_statistics, migrate
+from infra.db import create_pool, keep_statistics
 from infra.killpoints import KillPoints
 from infra.liveness import Liveness, WorkerRegistration
 from infra.logging import bind_worker, get_logger
@@ -54,7 +54,7 @@ class HandsBackends:
     """What a pool runs on. Opened by someone else (the embedded mode), the app uses but never
     closes them; ``HandsApp`` opens the distributed ones itself."""
 
-    pool: Any  # an asyncpg pool or an infra.sqlite.SqlitePool
+    ledger: Ledger
     transport: Transport
     codec: PayloadCodec
     register: Callable[..., Liveness]  # the worker registration, given its options
@@ -131,8 +131,9 @@ class HandsApp:
         schema = s.hands_schema
 
         backends = self.backends or await self._open_backends()
-        pool, broker, codec = backends.pool, backends.transport, backends.codec
-        applied = await migrate(pool, schema, MIGRATIONS)
+        ledger, broker, codec = backends.ledger, backends.transport, backends.codec
+        _, applied = await open_ledger(ledger.pool, schema)
+        self.ledger = ledger
         self.liveness = backends.register(
             lease_seconds=s.lease_seconds,
             grace=s.reconnect_grace,
@@ -145,18 +146,20 @@ class HandsApp:
         self.worker_id = self.liveness.worker_id
         bind_worker("hands", self.worker_id)
 
-        self.relay = EventRelay(pool, broker, route=self.route, interval=s.scan_interval, kill=self.kill)
+        self.relay = EventRelay(
+            ledger, broker, route=self.route, interval=s.scan_interval, kill=self.kill,
+            max_bytes=max(256 * 1024, s.offload_threshold),
+        )  # fmt: skip
+        self.writer = LedgerWriter(ledger, codec, self.relay.send)
         self.executor = Executor(
-            pool=pool,
-            codec=codec,
+            ledger=ledger,
+            writer=self.writer,
             registry=self.registry,
             worker_id=self.worker_id,
-            relay=self.relay,
             kill=self.kill,
             concurrency=self.concurrency,
         )
         self.recovery = RecoveryScanner(
-            pool=pool,
             route=self.route,
             executor=self.executor,
             interval=s.scan_interval,
@@ -168,12 +171,12 @@ class HandsApp:
             codec=codec,
             registry=self.registry,
             executor=self.executor,
+            relay=self.relay,
             kill=self.kill,
         )
         self.controls = ControlConsumer(
             route=self.route,
             queue=self.topology.controls(self.route),
-            pool=pool,
             broker=broker,
             codec=codec,
             relay=self.relay,
@@ -182,7 +185,7 @@ class HandsApp:
         self._background = [
             asyncio.create_task(self.relay.run(), name="event-relay"),
             asyncio.create_task(self.recovery.run(), name="recovery-scan"),
-            asyncio.create_task(keep_statistics(pool), name="statistics"),
+            asyncio.create_task(keep_statistics(ledger.pool), name="statistics"),
             asyncio.create_task(self._watch_liveness(), name="liveness"),
         ]
         self._stack.push_async_callback(self._cancel_background)
@@ -197,9 +200,9 @@ class HandsApp:
         )
         # What the broker parks is read back, recorded and surfaced (infra.parked).
         await ParkedConsumer(
-            pool, broker, self.topology.commands(self.route), self.commands.surface_parked
+            ledger, broker, self.topology.commands(self.route), self.commands.surface_parked
         ).start()
-        await ParkedConsumer(pool, broker, self.topology.controls(self.route)).start()
+        await ParkedConsumer(ledger, broker, self.topology.controls(self.route)).start()
         self._channels.append(
             await broker.consume(
                 self.topology.controls(self.route), self.controls.handle, prefetch=self.concurrency
@@ -241,12 +244,13 @@ class HandsApp:
         s = self.settings
         pool = await create_pool(s.ledger_database_url, s.hands_schema, max_size=self.concurrency + 6)
         self._stack.push_async_callback(pool.close)
+        ledger = ledger_for(pool)
         codec = await self._stack.enter_async_context(open_payload_codec(s))
         broker = await self._stack.enter_async_context(
             Broker(s.amqp_url, self.topology, delivery_limit=s.delivery_limit)
         )
         register = partial(WorkerRegistration, s.ledger_database_url, s.hands_schema, "hands")
-        return HandsBackends(pool, broker, codec, register)
+        return HandsBackends(ledger, broker, codec, register)
 
     # ---- stop ---------------------------------------------------------------------------
 
@@ -269,6 +273,8 @@ class HandsApp:
             await self.relay.flush()
         except Exception:
             log.exception("final_publish_failed")
+        log.info("batch_sizes", stats=json.dumps(self.writer.committer.stats(), sort_keys=True),
+                 messages=self.relay.messages, events=self.relay.events)  # fmt: skip
 
     async def _cancel_background(self) -> None:
         await self._cancel(self._background)

@@ -26,11 +26,10 @@ import asyncpg
 from aio_pika import exceptions as amqp
 from pydantic import ValidationError
 
-from hands import ledger
 from hands.app import HandsApp
-from hands.ledger import Execution
 from hands.reconcile import reconcile
-from hands.relay import EventRelay
+from hands.relay import stored_events
+from hands.store import Execution, Ledger, ledger_for
 from infra.broker import Broker, Topology
 from infra.db import create_pool
 from infra.killpoints import KillPoints
@@ -38,7 +37,7 @@ from infra.logging import configure_logging, get_logger
 from infra.parked import add_parked_command, show_parked
 from infra.payloads import PayloadCodec, open_payload_codec
 from infra.settings import Settings
-from protocol import NotFoundError, StaleOwnerError, TendonError, TransientError, loads
+from protocol import NotFoundError, StaleOwnerError, TendonError, TransientError, batch_bytes, loads
 
 EXIT_ERROR = 2
 log = get_logger(__name__)
@@ -209,7 +208,7 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
 # ---- show / reconcile -------------------------------------------------------------------
 
 
-async def _ledger_pool(stack: AsyncExitStack, settings: Settings) -> asyncpg.Pool:
+async def _ledger(stack: AsyncExitStack, settings: Settings) -> Ledger:
     pool = await create_pool(settings.ledger_database_url, settings.hands_schema, max_size=2)
     stack.push_async_callback(pool.close)
     async with pool.acquire() as conn:
@@ -219,22 +218,19 @@ async def _ledger_pool(stack: AsyncExitStack, settings: Settings) -> asyncpg.Poo
             f"there is no Hands ledger in schema {settings.hands_schema} "
             "(check TENDON_HANDS_SCHEMA and TENDON_HANDS_DATABASE_URL)"
         )
-    return pool
+    return ledger_for(pool)
 
 
 async def _codec(stack: AsyncExitStack, settings: Settings) -> PayloadCodec:
     return await stack.enter_async_context(open_payload_codec(settings))
 
 
-def _event_view(rec: Any) -> dict[str, Any]:
-    envelope = loads(bytes(rec["payload"]))
+def _event_view(event: dict[str, Any]) -> dict[str, Any]:
     return {
-        "seq": rec["seq"],
-        "kind": rec["kind"],
-        "created_at": rec["created_at"].isoformat(),
-        "published_at": rec["published_at"].isoformat() if rec["published_at"] else None,
-        "body": envelope.get("body"),
-        "body_ref": envelope.get("body_ref"),
+        "seq": event["seq"],
+        "kind": event["kind"],
+        "body": event.get("body"),
+        "body_ref": event.get("body_ref"),
     }
 
 
@@ -247,17 +243,18 @@ def _audit_view(rec: Any) -> dict[str, Any]:
         "evidence": rec["evidence"],
         "actor": rec["actor"],
         "at": rec["at"].isoformat(),
+        "sent_at": rec["sent_at"].isoformat() if rec["sent_at"] else None,
     }
 
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
     async with AsyncExitStack() as stack:
-        pool = await _ledger_pool(stack, settings)
-        async with pool.acquire() as conn:
-            row = await ledger.get_execution(conn, args.execution_id)
+        ledger = await _ledger(stack, settings)
+        async with ledger.pool.acquire() as conn:
+            row = await ledger.get(conn, args.execution_id)
             if row is None:
                 raise NotFoundError(f"execution {args.execution_id} is not in the ledger")
-            events = [_event_view(r) for r in await ledger.list_events(conn, args.execution_id)]
+            events = [_event_view(e) for e in await stored_events(ledger, conn, args.execution_id, 1)]
             audits = [_audit_view(r) for r in await ledger.list_reconciliations(conn, args.execution_id)]
     if args.json:
         print(json.dumps({"execution": row.as_dict(), "events": events, "reconciliations": audits}, indent=2))
@@ -265,9 +262,8 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
     print(_describe_row(row))
     print("events:")
     for ev in events:
-        state = f"published {ev['published_at']}" if ev["published_at"] else "NOT PUBLISHED"
         content = ev["body"] if ev["body"] is not None else {"body_ref": ev["body_ref"]}
-        print(f"  {ev['seq']:>3} {ev['kind']:<12} {state}  {json.dumps(content)[:200]}")
+        print(f"  {ev['seq']:>3} {ev['kind']:<12} {json.dumps(content)[:200]}")
     for audit in audits:
         print(
             f"reconciled #{audit['id']}: {audit['outcome'].upper()} by {audit['actor']} at "
@@ -278,8 +274,8 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _parked(args: argparse.Namespace, settings: Settings) -> int:
     async with AsyncExitStack() as stack:
-        pool = await _ledger_pool(stack, settings)
-        return await show_parked(pool, args.parked_id, limit=args.limit, as_json=args.json)
+        ledger = await _ledger(stack, settings)
+        return await show_parked(ledger, args.parked_id, limit=args.limit, as_json=args.json)
 
 
 def _describe_row(row: Execution) -> str:
@@ -306,11 +302,11 @@ async def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
         extra["failure"] = args.failed
     actor = args.actor or getpass.getuser()
     async with AsyncExitStack() as stack:
-        pool = await _ledger_pool(stack, settings)
+        ledger = await _ledger(stack, settings)
         codec = await _codec(stack, settings)
         try:
             done = await reconcile(
-                pool, codec, args.execution_id, evidence=args.evidence, actor=actor, **extra
+                ledger, codec, args.execution_id, evidence=args.evidence, actor=actor, **extra
             )
         except TransientError as exc:
             # The connection may have dropped during COMMIT: the reconcile may be saved or not.
@@ -327,8 +323,11 @@ async def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
                     delivery_limit=settings.delivery_limit,
                 )
             )
-            relay = EventRelay(pool, broker, route=None, interval=settings.scan_interval)
-            published = await relay.publish_pending(execution_ids=[args.execution_id])
+            await broker.publish(
+                broker.topology.updates, batch_bytes([done.event]), message_id=done.event["message_id"]
+            )
+            await ledger.transact(lambda conn: ledger.reconciliation_sent(conn, done.audit_id))
+            published = 1
         except Exception as exc:  # committed already: the pool's relay publishes it later
             print(
                 f"hands: warning: reconciled, but publishing now failed ({type(exc).__name__}: "

@@ -5,9 +5,9 @@ that can never be carried out (malformed, unknown execution, wrong route) is dea
 with a reason; a passing fault is waited out, and anything else that goes wrong hands it back
 after a pause (``infra.delivery``).
 
-- ``replay`` (from_seq): the Brain saw a gap. The events from ``from_seq`` on are made due
-  again in the ledger and the relay republishes the stored bytes; no tool is re-run
-  (invariant 7).
+- ``replay`` (from_seq): the Brain saw a gap, or heard nothing for a while. The events from
+  ``from_seq`` on are read from the execution's row and published again as they were; no tool
+  is re-run (invariant 7).
 - ``cancel``: sets the durable ``cancel_requested`` flag and signals ``ctx.cancelled`` if the
   execution runs in this process; a body not started yet never starts (on any worker: the
   start is guarded by the flag). A cancel for an execution not in the ledger yet leaves a
@@ -18,14 +18,14 @@ after a pause (``infra.delivery``).
 
 from __future__ import annotations
 
-import asyncpg
+from typing import Any
+
 from structlog.contextvars import bound_contextvars
 
-from hands import ledger
 from hands.executor import Executor
 from hands.relay import EventRelay
 from hands.states import LedgerStatus
-from infra.db import transact
+from hands.store import Execution, NewExecution
 from infra.delivery import handle_patiently
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec
@@ -50,7 +50,6 @@ class ControlConsumer:
         *,
         route: str,
         queue: str,
-        pool: asyncpg.Pool,
         broker: Transport,
         codec: PayloadCodec,
         relay: EventRelay,
@@ -58,7 +57,7 @@ class ControlConsumer:
     ) -> None:
         self.route = route
         self.queue = queue
-        self._pool = pool
+        self._ledger = executor.ledger
         self._broker = broker
         self._codec = codec
         self._relay = relay
@@ -87,8 +86,7 @@ class ControlConsumer:
             return
         await message.ack()
 
-    async def _owned_by_route(self, conn: asyncpg.Connection, execution_id: str) -> ledger.Execution:
-        row = await ledger.get_execution(conn, execution_id)
+    def _of_route(self, row: Execution | None, execution_id: str) -> Execution:
         if row is None:
             raise NotFoundError(f"execution {execution_id} is not in the ledger of route {self.route}")
         if row.route != self.route:
@@ -97,49 +95,42 @@ class ControlConsumer:
 
     async def _replay(self, control: ReplayControl) -> None:
         assert control.body is not None
-        from_seq = control.body.from_seq
-
-        async def work(conn: asyncpg.Connection) -> int:
-            await self._owned_by_route(conn, control.execution_id)
-            return await ledger.republish_from(conn, control.execution_id, from_seq)
-
-        count = await transact(self._pool, work)
-        log.info("replay_requested", from_seq=from_seq, events=count)
-        self._relay.wake(control.execution_id)
+        row = await self._ledger.read(lambda conn: self._ledger.get(conn, control.execution_id))
+        self._of_route(row, control.execution_id)
+        count = await self._relay.replay(control.execution_id, control.body.from_seq)
+        log.info("replay_requested", from_seq=control.body.from_seq, events=count)
 
     async def _cancel(self, control: CancelControl) -> None:
         reason = control.body.reason if control.body is not None else ""
+        ex = self._executor
+        header = {"namespace": control.namespace, "session_id": control.session_id,
+                  "request_digest": control.request_digest}  # fmt: skip
+        body = CancelledBody(reason=f"cancelled before its command arrived: {reason}".rstrip(": "))
+        tombstone = await ex.writer.events(control.execution_id, header, 1, body)
 
-        async def work(conn: asyncpg.Connection) -> bool:
-            row = await ledger.get_execution(conn, control.execution_id)
+        async def work(conn: Any) -> bool:
+            row = await self._ledger.get(conn, control.execution_id)
             if row is None:
-                # The cancel came first: a tombstone, so that the command, if it still comes,
-                # is a duplicate of a CANCELLED execution and never runs.
+                # The cancel came first: a tombstone, so that the command, if it still comes, is a
+                # duplicate of a CANCELLED execution and never runs.
                 values = {
                     "execution_id": control.execution_id,
                     "route": self.route,
-                    "request_digest": control.request_digest,
-                    "namespace": control.namespace,
-                    "session_id": control.session_id,
-                    "owner": self._executor.worker_id,
+                    **header,
+                    "owner": ex.worker_id,
                     "status": LedgerStatus.CANCELLED,
                 }
-                body = CancelledBody(reason=f"cancelled before its command arrived: {reason}".rstrip(": "))
-                if await ledger.insert_with_event(conn, self._codec, values, body) is not None:
+                (inserted,) = await self._ledger.insert(conn, [NewExecution(values, tombstone)])
+                if inserted is not None:
                     return True
-                row = await ledger.get_execution(conn, control.execution_id)  # the command won
-                assert row is not None
-            if row.route != self.route:
-                raise RoutingError(
-                    f"execution {control.execution_id} belongs to route {row.route}, not {self.route}"
-                )
-            await ledger.request_cancel(conn, control.execution_id)
+                row = await self._ledger.get(conn, control.execution_id)  # the command won
+            self._of_route(row, control.execution_id)
+            await self._ledger.request_cancel(conn, control.execution_id)
             return False
 
-        tombstone = await transact(self._pool, work)
-        if tombstone:
-            self._relay.wake(control.execution_id)
+        if await self._ledger.transact(work):
+            self._relay.send(tombstone)
             log.info("cancel_before_command", reason=reason)
             return
-        local = self._executor.cancel_local(control.execution_id)
+        local = ex.cancel_local(control.execution_id)
         log.info("cancel_requested", running_here=local)

@@ -11,12 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
-
-from hands import ledger
-from hands.ledger import Execution
 from hands.states import LedgerStatus
-from infra.db import transact
+from hands.store import Change, Execution, Ledger
+from hands.writer import LedgerWriter
 from infra.payloads import PayloadCodec
 from protocol import (
     FailedBody,
@@ -31,15 +28,17 @@ _NO_RESULT = object()
 
 @dataclass(frozen=True)
 class Reconciliation:
-    """What a reconcile did."""
+    """What a reconcile did: the row now, its audit row, and the seq of its event (the event
+    itself, to publish)."""
 
     execution: Execution
     audit_id: int
     seq: int
+    event: dict[str, Any]
 
 
 async def reconcile(
-    pool: asyncpg.Pool,
+    ledger: Ledger,
     codec: PayloadCodec,
     execution_id: str,
     *,
@@ -51,7 +50,8 @@ async def reconcile(
     """Resolve UNKNOWN ``execution_id`` as succeeded with ``result`` or failed with ``failure``.
 
     Raises NotFoundError for an id not in the ledger and IllegalTransitionError (naming the
-    status) for an execution that is not UNKNOWN.
+    status) for an execution that is not UNKNOWN. The caller publishes the event; until that is
+    confirmed (``reconciliation_sent``), the pool's relay sends it from the ledger.
     """
     if (result is _NO_RESULT) == (failure is None):
         raise SchemaError("reconcile needs exactly one of a result or a failure message")
@@ -61,9 +61,10 @@ async def reconcile(
         raise SchemaError("reconcile needs an actor: who is vouching for this")
     succeeded = failure is None
     error = None if succeeded else {"code": "reconciled_failure", "message": failure or ""}
+    writer = LedgerWriter(ledger, codec, lambda events: None)
 
-    async def work(conn: asyncpg.Connection) -> Reconciliation:
-        row = await ledger.get_execution(conn, execution_id, for_update=True)
+    async def work(conn: Any) -> Reconciliation:
+        row = await ledger.get(conn, execution_id, for_update=True)
         if row is None:
             raise NotFoundError(f"execution {execution_id} is not in the ledger")
         if row.status is not LedgerStatus.UNKNOWN:
@@ -81,16 +82,16 @@ async def reconcile(
             evidence=evidence,
             actor=actor,
         )
+        body: Any
         if succeeded:
-            updated = await ledger.move(conn, row, outcome, reconcile=True, result=result)
-            body: Any = SucceededBody(
+            body = SucceededBody(
                 result=result, output_bytes=row.output_bytes, how="reconciled", evidence=evidence
             )
         else:
-            updated = await ledger.move(conn, row, outcome, reconcile=True, error=error)
             assert error is not None
             body = FailedBody(error=error, output_bytes=row.output_bytes, how="reconciled", evidence=evidence)
-        seq = await ledger.append_event(conn, codec, execution_id, body)
-        return Reconciliation(updated, audit_id, seq)
+        event = await writer.event(execution_id, row.header, row.last_seq + 1, body)
+        updated = await ledger.reconcile(conn, Change(row, outcome, [event], error=error))
+        return Reconciliation(updated, audit_id, event["seq"], event)
 
-    return await transact(pool, work)
+    return await ledger.transact(work)

@@ -20,11 +20,7 @@ import asyncio
 import contextlib
 from functools import partial
 
-import asyncpg
-
-from hands import ledger
 from hands.executor import Executor
-from infra.db import transact
 from infra.logging import get_logger
 
 log = get_logger(__name__)
@@ -34,8 +30,8 @@ class RecoveryScanner:
     """Every ``interval`` seconds, recover what dead workers of this route (or this worker's
     unclear commits) left open."""
 
-    def __init__(self, *, pool: asyncpg.Pool, route: str, executor: Executor, interval: float) -> None:
-        self._pool = pool
+    def __init__(self, *, route: str, executor: Executor, interval: float) -> None:
+        self._ledger = executor.ledger
         self._route = route
         self._executor = executor
         self._interval = interval
@@ -50,11 +46,15 @@ class RecoveryScanner:
         ex = self._executor
         if ex.slots.locked():
             return 0
-        async with self._pool.acquire() as conn:
+        ledger = self._ledger
+
+        async def look(conn: object) -> tuple[list[str], list[tuple[str, str]]]:
             strays = await ledger.open_owned(
                 conn, self._route, ex.worker_id, sorted(ex.reserved), ex.concurrency
             )
-            orphans = await ledger.open_orphans(conn, self._route, ex.worker_id, ex.concurrency)
+            return strays, await ledger.open_orphans(conn, self._route, ex.worker_id, ex.concurrency)
+
+        strays, orphans = await ledger.read(look)
         taken = 0
         for execution_id in strays:
             if ex.slots.locked():
@@ -74,14 +74,10 @@ class RecoveryScanner:
                 ex.slots.release()
                 continue
             try:
-                row = await transact(
-                    self._pool,
+                row = await ledger.transact(
                     partial(
-                        ledger.claim_orphan,
-                        execution_id=execution_id,
-                        dead_owner=dead_owner,
-                        me=ex.worker_id,
-                    ),
+                        ledger.claim_orphan, execution_id=execution_id, dead_owner=dead_owner, me=ex.worker_id
+                    )
                 )
             except BaseException:
                 # If the claim did land after all, the row is now a stray: the next scan adopts it.

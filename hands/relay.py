@@ -1,132 +1,191 @@
-"""The event outbox relay: publishes committed events to ``updates`` until confirmed.
+"""The event relay: publishes what commits hand it to ``updates``, as batches of event ranges.
 
-Events are rows first (committed with the state change they describe) and messages second.
-The relay is woken with the execution ids a commit just touched and publishes those at
-once; a periodic scan publishes anything else still unconfirmed (a lost wake-up, a broker
-outage, events a dead worker left behind). No transaction is held while publishing, and an
-event is marked published only after the broker confirmed it, so the worst case is a
-duplicate, which the Brain drops by seq.
+Events are part of their execution's row first (committed with the state change they describe)
+and messages second. The committing code hands the relay the events it just committed; the
+relay publishes them from memory, every execution's events that are ready together as one
+contiguous range, many executions per message, and waits for the broker's confirm. Nothing is
+read before publishing and nothing is marked after: a publish the broker refused is tried again
+while this process lives; a crash between a commit and its publish is repaired from the ledger
+when the Brain, hearing nothing, asks for a replay (or sends the command again), which any worker
+of the route answers from the row (:meth:`EventRelay.replay`). The Brain drops what it has already
+by seq.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import time
+import contextlib
 from collections.abc import Iterable
+from functools import partial
+from typing import Any
 
-import asyncpg
-
-from hands import ledger
-from infra.db import is_transient, transact
+from hands.store import Ledger
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.transport import Transport
+from protocol import OutputPageBody, OutputPageEvent, batch_bytes, dumps, new_id
 
 log = get_logger(__name__)
 
+MAX_EVENTS = 256  # per message
+
+
+def ranges(events: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Events grouped by execution, each group split into contiguous ascending runs (duplicates
+    dropped): the ranges a batch may carry."""
+    by_execution: dict[str, dict[int, dict[str, Any]]] = {}
+    for event in events:
+        by_execution.setdefault(event["execution_id"], {}).setdefault(event["seq"], event)
+    out: list[list[dict[str, Any]]] = []
+    for seqs in by_execution.values():
+        run: list[dict[str, Any]] = []
+        for seq in sorted(seqs):
+            if run and seq != run[-1]["seq"] + 1:
+                out.append(run)
+                run = []
+            run.append(seqs[seq])
+        out.append(run)
+    return out
+
+
+def messages(events: Iterable[dict[str, Any]], max_bytes: int) -> list[list[dict[str, Any]]]:
+    """The events in messages of whole ranges, each message at most ``MAX_EVENTS`` events and
+    about ``max_bytes`` (a range longer than that gets messages of its own, in order)."""
+    out: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] = []
+    size = 0
+    for run in ranges(events):
+        for event in run:
+            weight = len(dumps(event))
+            if current and (len(current) >= MAX_EVENTS or size + weight > max_bytes):
+                out.append(current)
+                current, size = [], 0
+            current.append(event)
+            size += weight
+    if current:
+        out.append(current)
+    return out
+
 
 class EventRelay:
-    """Publishes the pool's unpublished events; ``run()`` is its loop, ``wake()`` its hint."""
+    """Publishes the events commits hand it; ``run()`` is its loop."""
 
     def __init__(
         self,
-        pool: asyncpg.Pool,
+        ledger: Ledger,
         broker: Transport,
         *,
-        route: str | None,
+        route: str,
         interval: float,
         kill: KillPoints | None = None,
-        batch: int = 500,
+        max_bytes: int = 1024 * 1024,
     ) -> None:
-        self._pool = pool
+        self._ledger = ledger
         self._broker = broker
         self._route = route
         self._interval = interval
-        # An event due for longer than this is nobody's "hot" event any more: the periodic scan
-        # takes it. Waiting a little avoids racing the owner that is publishing it right now.
-        self._stale_after = 2 * interval
         self._kill = kill or KillPoints()
-        self._batch = batch
-        self._hot: set[str] = set()
+        self._max_bytes = max_bytes
+        self._pending: list[dict[str, Any]] = []
+        self._refused = False  # the broker refused some of the last round: pause before the next
         self._wakeup = asyncio.Event()
+        self.messages = 0  # published, for tests and the benchmark
+        self.events = 0
 
-    def wake(self, execution_id: str) -> None:
-        """Hint that ``execution_id`` has new committed events (call after the commit)."""
-        self._hot.add(execution_id)
+    def send(self, events: Iterable[dict[str, Any]]) -> None:
+        """Publish these committed events (packed envelopes) soon."""
+        self._pending.extend(events)
         self._wakeup.set()
 
-    async def publish_pending(
-        self, *, execution_ids: Iterable[str] | None = None, older_than: float | None = None
-    ) -> int:
-        """Publish unpublished events (of these executions, or due for ``older_than`` s).
+    async def publish_pending(self) -> int:
+        """Publish what is pending; returns how many events were confirmed (what the broker
+        refused stays pending for the next round)."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return 0
+        batches = messages(pending, self._max_bytes)
+        for execution_id in dict.fromkeys(e["execution_id"] for e in pending):
+            self._kill.hit("hands.before_event_publish", execution_id)
+        queue = self._broker.topology.updates
+        try:
+            results = await self._broker.publish_many([(queue, batch_bytes(b), new_id()) for b in batches])
+        except Exception as exc:  # noqa: BLE001 - kept for the next round
+            results = [exc] * len(batches)
+        confirmed = 0
+        for batch, err in zip(batches, results, strict=True):
+            if err is None:
+                confirmed += len(batch)
+                self.messages += 1
+                continue
+            log.warning("event_publish_failed", events=len(batch), error=f"{type(err).__name__}: {err}")
+            self._pending.extend(batch)
+            self._refused = True
+        self.events += confirmed
+        return confirmed
 
-        Returns how many were confirmed. Loops over batches until nothing is left or a batch
-        could not be fully confirmed (the next scan tries again).
-        """
-        ids = list(execution_ids) if execution_ids is not None else None
-        confirmed_total = 0
-        while True:
-            async with self._pool.acquire() as conn:
-                events = await ledger.pending_events(
-                    conn,
-                    route=self._route,
-                    execution_ids=ids,
-                    older_than=older_than,
-                    limit=self._batch,
-                )
-            if not events:
-                return confirmed_total
-            for event in events:
-                self._kill.hit("hands.before_event_publish", event.execution_id)
-            results = await self._broker.publish_many(
-                [(self._broker.topology.updates, e.payload, e.message_id) for e in events]
-            )
-            confirmed = [e for e, err in zip(events, results, strict=True) if err is None]
-            for event, err in zip(events, results, strict=True):
-                if err is not None:
-                    log.warning(
-                        "event_publish_failed",
-                        execution_id=event.execution_id,
-                        seq=event.seq,
-                        error=f"{type(err).__name__}: {err}",
-                    )
-            if confirmed:  # one statement for the whole batch, not one per event
-                mark = functools.partial(ledger.mark_published, events=confirmed)
-                await transact(self._pool, mark, single_statement=True)
-            confirmed_total += len(confirmed)
-            if len(confirmed) < len(events) or len(events) < self._batch:
-                return confirmed_total
+    async def replay(self, execution_id: str, from_seq: int = 1) -> int:
+        """Send an execution's events from ``from_seq`` on again, from its row (a replay request,
+        a command that came again, a reconcile): no tool runs for it. Returns how many."""
+
+        async def read(conn: Any) -> list[dict[str, Any]]:
+            return await stored_events(self._ledger, conn, execution_id, from_seq)
+
+        events = await self._ledger.read(read)
+        self.send(events)
+        return len(events)
+
+    async def sweep(self) -> None:
+        """Publish the events of reconciliations whose `hands reconcile` command could not."""
+        unsent = await self._ledger.read(lambda conn: self._ledger.unsent_reconciliations(conn, self._route))
+        for audit_id, execution_id in unsent:
+            await self.replay(execution_id)
+            if await self.publish_pending() and not self._pending:
+                await self._ledger.transact(partial(self._ledger.reconciliation_sent, audit_id=audit_id))
 
     async def flush(self) -> int:
         """Publish what recent commits produced now (at shutdown, after ``run`` stopped)."""
-        hot, self._hot = self._hot, set()
-        return await self.publish_pending(execution_ids=hot) if hot else 0
+        return await self.publish_pending()
 
     async def run(self) -> None:
-        """Publish on every wake-up, and scan for stale events every ``interval`` seconds."""
-        next_scan = 0.0
+        """Publish on every hand-over; every ``interval``, what could not be published before."""
+        loop = asyncio.get_running_loop()
+        next_sweep = 0.0
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), timeout=self._interval)
-            except TimeoutError:
-                pass
             self._wakeup.clear()
-            hot, self._hot = self._hot, set()
+            self._refused = False
             try:
-                if hot:
-                    await self.publish_pending(execution_ids=hot)
-                if time.monotonic() >= next_scan:
-                    next_scan = time.monotonic() + self._interval
-                    await self.publish_pending(older_than=self._stale_after)
+                await self.publish_pending()
+                if loop.time() >= next_sweep:
+                    next_sweep = loop.time() + self._interval * 10
+                    await self.sweep()
             except asyncio.CancelledError:
-                self._hot |= hot  # for flush() at shutdown
                 raise
-            except Exception as exc:
-                # The rows are still there: the next round repairs whatever this one missed.
-                self._hot |= hot
-                if is_transient(exc):
-                    log.warning("event_relay_round_failed", error=repr(exc))
-                else:
-                    log.exception("event_relay_round_failed")
+            except Exception as exc:  # noqa: BLE001 - the rows are still there: the next round
+                log.warning("event_relay_round_failed", error=repr(exc))
+            if self._refused:
+                # Not in a busy loop. Events handed over while that round published are not a
+                # reason to wait: their ``send`` set the wake-up, so the next round is now.
                 await asyncio.sleep(self._interval)
+                self._wakeup.set()
+
+
+async def stored_events(ledger: Ledger, conn: Any, execution_id: str, from_seq: int) -> list[dict[str, Any]]:
+    """An execution's events from ``from_seq`` on, as they were published: its status events from
+    its row, its output pages rebuilt from ``output_chunks``."""
+    row = await ledger.get(conn, execution_id)
+    if row is None:
+        return []
+    events = [e for e in row.events if e["seq"] >= from_seq]
+    for page in await ledger.pages(conn, execution_id, from_seq):
+        envelope = OutputPageEvent(
+            execution_id=execution_id,
+            namespace=row.namespace,
+            session_id=row.session_id,
+            request_digest=row.request_digest,
+            seq=page["seq"],
+            body=OutputPageBody(offset=page["byte_offset"], data=page["data"]),
+        )
+        events.append(envelope.model_dump(mode="json"))
+    return sorted(events, key=lambda e: e["seq"])

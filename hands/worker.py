@@ -12,8 +12,10 @@ For each delivery, in this order (invariants 3 and 4):
    a different one is a conflict (dead-letter);
 5. an unknown tool, binding digest or invalid arguments: commit FAILED + ``failed``
    (how="rejected") and ack;
-6. otherwise commit ACCEPTED + ``accepted`` in one transaction, pass the kill point
-   ``hands.after_accept_commit`` (tag = call id), ack, and hand it to the executor.
+6. otherwise commit ACCEPTED + ``accepted`` (for a safe tool: RUNNING + ``accepted`` and
+   ``started``, since starting it again after a crash is what the replay rule would do anyway),
+   pass the kill point ``hands.after_accept_commit`` (tag = call id), ack, and hand it to the
+   executor. Accepts of commands handled at once share a commit (``hands.writer``).
 
 A duplicate of a row that this worker owns, still open, with no task here, is our own accept
 whose commit looked failed but landed (the message was handed back and came again): it is
@@ -30,15 +32,14 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import asyncpg
 from structlog.contextvars import bound_contextvars
 
-from hands import ledger
 from hands.executor import Executor
-from hands.ledger import Execution
 from hands.registry import ToolRegistry
+from hands.relay import EventRelay
 from hands.states import OPEN_STATUSES, LedgerStatus
-from infra.db import dialect, storable, transact, unstorable
+from hands.store import Execution, NewExecution
+from infra.db import storable, unstorable
 from infra.delivery import handle_patiently
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
@@ -52,8 +53,10 @@ from protocol import (
     ObjectRefError,
     ParkedError,
     ProtocolError,
+    ReplayPolicy,
     RoutingError,
     SchemaError,
+    StartedBody,
     TendonError,
     decode,
     request_digest,
@@ -109,6 +112,7 @@ class CommandConsumer:
         codec: PayloadCodec,
         registry: ToolRegistry,
         executor: Executor,
+        relay: EventRelay,
         kill: KillPoints,
     ) -> None:
         self.route = route
@@ -117,6 +121,7 @@ class CommandConsumer:
         self._codec = codec
         self._registry = registry
         self._executor = executor
+        self._relay = relay
         self._kill = kill
         self._stopping = asyncio.Event()
         self._busy = 0
@@ -226,25 +231,29 @@ class CommandConsumer:
                 await self._tell_again(command.execution_id)
                 await message.ack()
             return False
-        return await self._accept(message, command)
+        return await self._accept(message, command, safe=tool.binding.replay_policy == ReplayPolicy.SAFE)
 
-    async def _accept(self, message: Delivery, command: ExecuteCommand) -> bool:
+    async def _accept(self, message: Delivery, command: ExecuteCommand, safe: bool) -> bool:
         body = command.body
         assert body is not None
         ex = self._executor
         execution_id = command.execution_id
         values = self._row_values(command, command) | {
-            "status": LedgerStatus.ACCEPTED,
+            "status": LedgerStatus.RUNNING if safe else LedgerStatus.ACCEPTED,
             "replay_policy": str(body.replay_policy),
             "args": body.args,
         }
+        bodies: list[Any] = [AcceptedBody(worker=ex.worker_id)]
+        if safe:
+            values["attempts"] = 1
+            bodies.append(StartedBody(attempt=1, worker=ex.worker_id, reason="first_run"))
         # Reserved before the commit: from the commit on, the recovery scan would otherwise
         # see a row of this worker with no task here and start it too. If something here has
         # it already (another delivery of the same command), that one starts it.
         reserved = ex.reserve(execution_id)
         launched = False
         try:
-            outcome = await self._insert(values, AcceptedBody(worker=ex.worker_id))
+            outcome = await self._insert(values, *bodies)
             if outcome.new:
                 log.info("command_accepted", call_id=body.call_id, tool=body.tool, turn_id=body.turn_id)
                 self._kill.hit("hands.after_accept_commit", body.call_id)
@@ -268,7 +277,7 @@ class CommandConsumer:
             if reserved and not launched:
                 ex.unreserve(execution_id)
 
-    async def surface_parked(self, conn: asyncpg.Connection, envelope: Any, reason: str) -> str | None:
+    async def surface_parked(self, conn: Any, envelope: Any, reason: str) -> str | None:
         """A command parked for good that never made it into the ledger fails as rejected (so the
         Brain hears why, and a copy that comes later never runs); one that is in the ledger is
         being, or was, handled. Garbage (a digest that does not match) is only logged."""
@@ -277,31 +286,30 @@ class CommandConsumer:
         body = envelope.body
         if body is not None and request_digest(envelope.execution_id, body) != envelope.request_digest:
             return None
-        if await ledger.get_execution(conn, envelope.execution_id) is not None:
+        ledger = self._executor.ledger
+        if await ledger.get(conn, envelope.execution_id) is not None:
             return None
         error = ParkedError(f"the command was parked before it could run: {reason}")
         values = self._row_values(envelope, envelope if body is not None else None) | {
             "status": LedgerStatus.FAILED,
             "error": error.as_dict(),
         }
-        if await ledger.insert_with_event(
-            conn, self._codec, values, FailedBody(error=error.as_dict(), how="rejected")
-        ):
-            self._executor.relay.wake(envelope.execution_id)
-            return f"execution {envelope.execution_id} failed as rejected: {error.message}"
-        return None
+        header = {k: values[k] for k in ("namespace", "session_id", "request_digest")}
+        failed = FailedBody(error=error.as_dict(), how="rejected")
+        events = await self._executor.writer.events(envelope.execution_id, header, 1, failed)
+        (row,) = await ledger.insert(conn, [NewExecution(values, events)])
+        if row is None:
+            return None
+        # Sent once this commits (from the Brain's repair, if this worker dies first).
+        self._relay.send(events)
+        return f"execution {envelope.execution_id} failed as rejected: {error.message}"
 
     async def _tell_again(self, execution_id: str) -> None:
         """A command we already have came again: its sender (a Brain's stall repair, typically)
-        may have missed every event, so all of them are made due again (the Brain drops the
-        seqs it has). Without this, a Brain that lost even the ``accepted`` event would re-send
-        the command forever and never hear back."""
-
-        async def work(conn: asyncpg.Connection) -> int:
-            return await ledger.republish_from(conn, execution_id, 1)
-
-        await transact(self._executor.pool, work)
-        self._executor.relay.wake(execution_id)
+        may have missed every event, so all of them are sent again (the Brain drops the seqs it
+        has). Without this, a Brain that lost even the ``accepted`` event would re-send the
+        command forever and never hear back."""
+        await self._relay.replay(execution_id, 1)
 
     async def _ack(self, message: Delivery) -> None:
         """Ack a delivery whose execution is in the ledger now: a failed ack only means a
@@ -360,20 +368,19 @@ class CommandConsumer:
             log.warning("command_rejected", reason=exc.message)
         return outcome
 
-    async def _insert(self, values: dict[str, Any], first_event: Any) -> _Inserted:
+    async def _insert(self, values: dict[str, Any], *bodies: Any) -> _Inserted:
+        """Insert the row with its first events, or find the one already there."""
+        ex = self._executor
         execution_id = values["execution_id"]
-
-        async def work(conn: asyncpg.Connection) -> _Inserted:
-            row = await ledger.insert_with_event(conn, self._codec, values, first_event)
-            if row is None:
-                existing = await ledger.get_execution(conn, execution_id)
-                assert existing is not None
-                return _Inserted(existing, new=False)
+        ex.fence()
+        header = {k: values[k] for k in ("namespace", "session_id", "request_digest")}
+        events = await ex.writer.events(execution_id, header, 1, *bodies)
+        row = await ex.writer.insert(NewExecution(values, events))
+        if row is not None:
             return _Inserted(row, new=True)
-
-        # On PostgreSQL the row and its event are one statement: no transaction around it.
-        one = dialect(self._executor.pool) == "postgres"
-        return await self._executor.commit(execution_id, work, single_statement=one)
+        existing = await ex.ledger.read(lambda conn: ex.ledger.get(conn, execution_id))
+        assert existing is not None
+        return _Inserted(existing, new=False)
 
     async def _dead_letter(self, message: Delivery, reason: str) -> None:
         await self._broker.dead_letter(self.queue, message, reason)

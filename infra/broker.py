@@ -36,7 +36,7 @@ from tenacity import (
 )
 
 from infra.logging import get_logger
-from infra.transport import Topology
+from infra.transport import REASON_HEADER, Topology
 
 if TYPE_CHECKING:
     from infra.transport import Delivery
@@ -156,7 +156,7 @@ class Broker:
         parked = aio_pika.Message(
             message.body,
             message_id=message.message_id,
-            headers={**(message.headers or {}), "x-tendon-reason": reason[:1000]},
+            headers={**(message.headers or {}), REASON_HEADER: reason[:1000]},
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         )
         await self.channel.default_exchange.publish(
@@ -164,6 +164,13 @@ class Broker:
         )
         await message.ack()
         log.warning("dead_lettered", queue=queue, message_id=message.message_id, reason=reason)
+
+    async def park(self, queue: str, body: bytes, *, message_id: str, reason: str) -> None:
+        """Publish ``body`` to ``queue``'s dead-letter queue with a readable reason."""
+        await self.publish(
+            self.topology.dlq(queue), body, message_id=message_id, headers={REASON_HEADER: reason[:1000]}
+        )
+        log.warning("parked", queue=queue, message_id=message_id, reason=reason)
 
     async def waiting(self, queue: str) -> int:
         """Messages ready in ``queue`` (RabbitMQ's ``message_count``: unacked ones not counted)."""

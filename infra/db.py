@@ -7,7 +7,8 @@ import json
 import random
 import sqlite3
 import zlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncpg
@@ -220,24 +221,36 @@ def lock_class(schema: str) -> int:
     return zlib.crc32(schema.encode()) & 0x7FFFFFFF
 
 
-Migrations = Sequence[tuple[int, str]]
-
-
 def dialect(pool: Any) -> str:
-    """``postgres`` for an asyncpg pool or connection, ``sqlite`` for infra.sqlite's."""
+    """``postgres`` for an asyncpg pool or connection, ``sqlite`` for infra.sqlite's. For the
+    stores and this module only: everything above them asks a store for what it can do."""
     return str(getattr(pool, "dialect", "postgres"))
 
 
-async def migrate(pool: Any, schema: str, migrations: Mapping[str, Migrations] | Migrations) -> int:
-    """Apply versioned migrations in order, idempotently and safely from several processes.
+def migration_files(directory: Path, kind: str) -> list[tuple[int, Path]]:
+    """The migrations of one dialect: ``<directory>/<kind>/NNNN_name.sql``, by version."""
+    found = []
+    for path in sorted((directory / kind).glob("*.sql")):
+        version, _, _ = path.name.partition("_")
+        if not version.isdigit():
+            raise ValueError(f"migration {path} does not start with its version number")
+        found.append((int(version), path))
+    versions = [v for v, _ in found]
+    if len(set(versions)) != len(versions):
+        raise ValueError(f"two migrations of {directory / kind} share a version")
+    return found
 
-    ``migrations`` is one list, or one list per dialect. Returns how many were applied
-    now. Each migration runs in its own transaction together with its bookkeeping row; on
-    PostgreSQL a transaction-level advisory lock serialises concurrent starts (SQLite's
-    write lock does the same there).
+
+async def migrate(pool: Any, schema: str, directory: Path) -> int:
+    """Apply the versioned SQL migrations of the pool's dialect in order, idempotently and
+    safely from several processes; returns how many were applied now.
+
+    Each migration runs in its own transaction together with its bookkeeping row; on
+    PostgreSQL a transaction-level advisory lock serialises concurrent starts (SQLite's write
+    lock does the same there).
     """
     kind = dialect(pool)
-    steps = migrations[kind] if isinstance(migrations, Mapping) else migrations
+    steps = migration_files(directory, kind)
     postgres = kind == "postgres"
     table = f'"{schema}".schema_migrations' if postgres else "schema_migrations"
     applied = 0
@@ -252,13 +265,13 @@ async def migrate(pool: Any, schema: str, migrations: Mapping[str, Migrations] |
                 if postgres
                 else f"CREATE TABLE IF NOT EXISTS {table} (version int PRIMARY KEY)"
             )
-        for version, sql in steps:
+        for version, path in steps:
             async with conn.transaction():
                 if postgres:
                     await conn.execute("SELECT pg_advisory_xact_lock($1, 0)", lock_class(schema))
                 if await conn.fetchval(f"SELECT 1 FROM {table} WHERE version = $1", version):
                     continue
-                await conn.execute(sql)
+                await conn.execute(path.read_text())
                 await conn.execute(f"INSERT INTO {table} (version) VALUES ($1)", version)
                 applied += 1
     return applied

@@ -89,28 +89,28 @@ def _lock_held_sql(schema: str, alias: str) -> str:
           AND l.objsubid = 2)"""
 
 
-def _judge_sql(held: str) -> tuple[str, str, str]:
+def _judge_sql(held: str, gone: str) -> tuple[str, str, str]:
     """The statements of a judgement: note lost locks, list the workers whose lock is gone, and
-    record deaths (returning their ids). ``$3`` of the last: workers whose lock is gone and whose
-    process the broker no longer sees (``gone``): dead without waiting for the grace."""
+    record deaths (returning their ids). ``gone`` (of ``$3``): the workers whose lock is gone and
+    whose process the broker no longer sees: dead without waiting for the grace."""
     mark = f"""UPDATE workers SET lock_lost_at = now()
                 WHERE dead_at IS NULL AND lock_lost_at IS NULL AND id <> $1 AND NOT {held}"""
     suspects = f"SELECT id FROM workers WHERE dead_at IS NULL AND id <> $1 AND NOT {held}"
     dead = f"""UPDATE workers SET dead_at = now()
                 WHERE dead_at IS NULL AND id <> $1
                   AND (lease_expires_at < now()
-                       OR ((lock_lost_at < now() - make_interval(secs => $2) OR id = ANY($3::text[]))
+                       OR ((ts_add(lock_lost_at, $2) < now() OR {gone})
                            AND NOT {held}))
             RETURNING id"""
     return mark, suspects, dead
 
 
-_RENEW = """UPDATE workers SET lease_expires_at = now() + make_interval(secs => $2), lock_lost_at = NULL
+_RENEW = """UPDATE workers SET lease_expires_at = ts_add(now(), $2), lock_lost_at = NULL
              WHERE id = $1 AND dead_at IS NULL RETURNING id"""
 _RETIRE = "UPDATE workers SET dead_at = now() WHERE id = $1 AND dead_at IS NULL RETURNING id"
-_PRUNE = "DELETE FROM workers WHERE dead_at < now() - make_interval(secs => $1)"
+_PRUNE = "DELETE FROM workers WHERE ts_add(dead_at, $1) < now()"
 _REGISTER = """INSERT INTO workers (id, kind, lock_key, lease_expires_at)
-               VALUES ($1, $2, $3, now() + make_interval(secs => $4))"""
+               VALUES ($1, $2, $3, ts_add(now(), $4))"""
 
 
 def new_worker_id(kind: str) -> str:
@@ -159,6 +159,7 @@ class Liveness:
     # ---- what a backend provides --------------------------------------------------------
 
     held_sql: str  # "this worker row's lock is held", in the judgement's statements
+    gone_sql: str  # "this worker is one of the list $3", in the judgement's statements
     death_level = logging.WARNING  # a death is news where processes fail one by one
 
     async def _register(self) -> None:
@@ -282,7 +283,7 @@ class Liveness:
         """Record the death of workers whose lease ran out, or whose lock is gone for ``grace``
         or together with their presence on the broker; hand their work back in the same
         transaction. Returns their ids."""
-        mark, suspects_sql, dead_sql = _judge_sql(self.held_sql)
+        mark, suspects_sql, dead_sql = _judge_sql(self.held_sql, self.gone_sql)
 
         async def record(conn: Any, gone: list[str]) -> list[str]:
             dead = [r["id"] for r in await conn.fetch(dead_sql, self.worker_id, self.grace, gone)]
@@ -328,6 +329,7 @@ class WorkerRegistration(Liveness):
         self._dsn = dsn
         self._schema = schema
         self.held_sql = _lock_held_sql(schema, "workers")
+        self.gone_sql = "id = ANY($3::text[])"
         self._connection: asyncpg.Connection | None = None
         self._lock_key = 0
         self._holding = False
@@ -399,6 +401,7 @@ class LocalWorkerRegistration(Liveness):
         self.death_level = logging.INFO  # the workers of the process before this one: expected
         self._pool = pool
         self.held_sql = f"(lock_key = {int(pool.boot_id)})"
+        self.gone_sql = "id IN (SELECT value FROM json_each($3))"
 
     async def _register(self) -> None:
         await self._pool.execute(_REGISTER, self.worker_id, self.kind, self._pool.boot_id, self.lease_seconds)

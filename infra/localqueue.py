@@ -249,6 +249,13 @@ class LocalBroker:
         await message._settle("park", {REASON_HEADER: reason[:1000]})  # atomic: no copy left behind
         log.warning("dead_lettered", queue=queue, message_id=message.message_id, reason=reason)
 
+    async def park(self, queue: str, body: bytes, *, message_id: str, reason: str) -> None:
+        """Put ``body`` in ``queue``'s dead-letter queue with a reason."""
+        await self.publish(
+            self.topology.dlq(queue), body, message_id=message_id, headers={REASON_HEADER: reason[:1000]}
+        )
+        log.warning("parked", queue=queue, message_id=message_id, reason=reason)
+
     async def waiting(self, queue: str) -> int:
         """Messages in ``queue`` not out for delivery in this process."""
         return await self._call(self._waiting_sync, queue)

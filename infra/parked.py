@@ -11,8 +11,8 @@ Hands pool: its route's commands and controls), so that nothing parked goes unno
 - it is recorded in the ``parked`` table of the component's schema (reason, headers, bytes and
   what was done about it), for ``brain parked`` and ``hands parked`` to list and show.
 
-Each schema that uses this has the ``parked`` table (``MIGRATION``, one per dialect, applied
-by the component's migrations).
+Each schema that uses this has the ``parked`` table (created by the component's migrations), and
+each component's store includes :class:`ParkedRows`, the statements on it.
 """
 
 from __future__ import annotations
@@ -22,28 +22,12 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from infra.db import is_transient, patiently, storable, transact
+from infra.db import is_transient, patiently, storable
 from infra.logging import get_logger
 from infra.transport import REASON_HEADER, Delivery, Topology, Transport
 from protocol import NotFoundError, ProtocolError, TendonError, decode
 
 log = get_logger(__name__)
-
-MIGRATION = {
-    "postgres": """
-CREATE TABLE parked (
-    id bigserial PRIMARY KEY, queue text NOT NULL, message_id text, reason text NOT NULL,
-    headers jsonb NOT NULL, body bytea NOT NULL, kind text, execution_id text, surfaced text NOT NULL,
-    parked_at timestamptz NOT NULL DEFAULT now());
-""",
-    "sqlite": """
-CREATE TABLE parked (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, queue text NOT NULL, message_id text, reason text NOT NULL,
-    headers jsonb TEXT NOT NULL, body bytea BLOB NOT NULL, kind text, execution_id text,
-    surfaced text NOT NULL,
-    parked_at timestamptz TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%f', 'now')));
-""",
-}
 
 # What a component does about a parked message that it could decode, in the caller's
 # transaction; returns what it did (one sentence), or None when it had nothing to do.
@@ -74,8 +58,8 @@ def reason_of(headers: dict[str, Any] | None) -> str:
 class ParkedConsumer:
     """Consumes the dead-letter queue of ``queue``: surfaces and records each message."""
 
-    def __init__(self, pool: Any, transport: Transport, queue: str, surface: Surface | None = None) -> None:
-        self.pool = pool
+    def __init__(self, store: Any, transport: Transport, queue: str, surface: Surface | None = None) -> None:
+        self.store = store  # a component's store: it has ParkedRows
         self.transport = transport
         self.queue = queue
         self.dlq = Topology.dlq(queue)
@@ -95,7 +79,7 @@ class ParkedConsumer:
         try:
             surfaced = await patiently(lambda: self._surfaced(envelope, reason), what="a parked message")
             await patiently(
-                lambda: transact(self.pool, lambda c: self._record(c, message, reason, envelope, surfaced)),
+                lambda: self.store.transact(lambda c: self._record(c, message, reason, envelope, surfaced)),
                 what="a parked message",
             )
         except Exception:
@@ -120,7 +104,7 @@ class ParkedConsumer:
             return "logged: it names nothing that can be told"
         surface = self._surface
         try:
-            done = await transact(self.pool, lambda conn: surface(conn, envelope, reason))
+            done = await self.store.transact(lambda conn: surface(conn, envelope, reason))
         except Exception as exc:
             if is_transient(exc):
                 raise
@@ -130,36 +114,68 @@ class ParkedConsumer:
 
     async def _record(self, conn: Any, message: Delivery, reason: str, envelope: Any, surfaced: str) -> None:
         headers = {storable(str(k)): storable(str(v)) for k, v in (message.headers or {}).items()}
+        named = getattr(envelope, "execution_id", None) or _first_execution(envelope)
+        await self.store.record_parked(
+            conn,
+            queue=self.queue,
+            message_id=storable(message.message_id) if message.message_id else None,
+            reason=storable(reason),
+            headers=headers,
+            body=bytes(message.body),
+            kind=getattr(envelope, "kind", None),
+            execution_id=storable(named) if named else None,
+            surfaced=surfaced,
+        )
+
+
+def _first_execution(envelope: Any) -> str | None:
+    """The execution a batch of events names first (a parked batch is listed under it)."""
+    events = getattr(envelope, "events", None)
+    return events[0].execution_id if events else None
+
+
+class ParkedRows:
+    """The statements on a component's ``parked`` table; mixed into its store."""
+
+    async def record_parked(self, conn: Any, **row: Any) -> None:
         await conn.execute(
             """INSERT INTO parked (queue, message_id, reason, headers, body, kind, execution_id, surfaced)
                VALUES ($1, $2, $3, $4, $5, $6, $7, $8)""",
-            self.queue,
-            storable(message.message_id) if message.message_id else None,
-            storable(reason),
-            headers,
-            bytes(message.body),
-            getattr(envelope, "kind", None),
-            storable(envelope.execution_id) if getattr(envelope, "execution_id", None) else None,
-            surfaced,
+            row["queue"],
+            row["message_id"],
+            row["reason"],
+            row["headers"],
+            row["body"],
+            row["kind"],
+            row["execution_id"],
+            row["surfaced"],
         )
+
+    async def parked_listing(self, conn: Any, limit: int) -> list[Any]:
+        return list(
+            await conn.fetch(
+                """SELECT id, parked_at, queue, message_id, kind, execution_id, reason, surfaced
+                     FROM parked ORDER BY id DESC LIMIT $1""",
+                limit,
+            )
+        )
+
+    async def parked_one(self, conn: Any, parked_id: int) -> Any:
+        return await conn.fetchrow("SELECT * FROM parked WHERE id = $1", parked_id)
 
 
 # ---- reading them back (the `parked` commands) --------------------------------------------
 
 
-async def listing(pool: Any, limit: int = 50) -> list[dict[str, Any]]:
+async def listing(store: Any, limit: int = 50) -> list[dict[str, Any]]:
     """The latest parked messages, newest first, without their bodies."""
-    rows = await pool.fetch(
-        """SELECT id, parked_at, queue, message_id, kind, execution_id, reason, surfaced
-             FROM parked ORDER BY id DESC LIMIT $1""",
-        limit,
-    )
+    rows = await store.read(lambda c: store.parked_listing(c, limit))
     return [{**dict(r), "parked_at": r["parked_at"].isoformat()} for r in rows]
 
 
-async def one(pool: Any, parked_id: int) -> dict[str, Any] | None:
+async def one(store: Any, parked_id: int) -> dict[str, Any] | None:
     """One parked message with its headers and body (as text when it is UTF-8)."""
-    row = await pool.fetchrow("SELECT * FROM parked WHERE id = $1", parked_id)
+    row = await store.read(lambda c: store.parked_one(c, parked_id))
     if row is None:
         return None
     body = bytes(row["body"])
@@ -190,13 +206,13 @@ def add_parked_command(subparsers: Any, *, what: str, surfacing: str) -> argpars
     return parser
 
 
-async def show_parked(pool: Any, parked_id: int | None, *, limit: int, as_json: bool) -> int:
+async def show_parked(store: Any, parked_id: int | None, *, limit: int, as_json: bool) -> int:
     """What ``brain parked`` and ``hands parked`` print; raises NotFoundError for an unknown id."""
     if parked_id is None:
-        rows = await listing(pool, limit)
+        rows = await listing(store, limit)
         print(json.dumps(rows, indent=2, default=str) if as_json else render_listing(rows))
         return 0
-    row = await one(pool, parked_id)
+    row = await one(store, parked_id)
     if row is None:
         raise NotFoundError(f"no parked message #{parked_id}")
     print(json.dumps(row, indent=2, default=str) if as_json else render_one(row))

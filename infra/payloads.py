@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from infra.settings import Settings
-from protocol import ObjectRef, ObjectRefError, body_bytes, decode, encode, loads, with_body
+from protocol import ObjectRef, ObjectRefError, body_bytes, decode, dumps, loads, with_body
 
 _SCOPE = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 # The kind has no '-' so that "<kind>-<seq>" in a key reads back one way only.
@@ -126,16 +126,25 @@ class PayloadCodec:
         self.threshold = threshold
 
     async def pack(self, envelope: Any) -> bytes:
-        raw = encode(envelope)
-        if len(raw) <= self.threshold or envelope.body is None or not hasattr(envelope, "scope"):
-            return raw
+        """The envelope's wire form, its body offloaded when the whole is over the threshold."""
+        return dumps(await self.pack_data(envelope))
+
+    async def pack_data(self, envelope: Any) -> dict[str, Any]:
+        """What :meth:`pack` sends, as JSON data (for a ledger that keeps events to send again)."""
+        data: dict[str, Any] = envelope.model_dump(mode="json")
+        size = len(dumps(data))
+        if size <= self.threshold or envelope.body is None or not hasattr(envelope, "scope"):
+            return data
         if self.store is None:
             raise ObjectRefError(
-                f"{envelope.kind} envelope is {len(raw)} bytes, over the offload threshold "
+                f"{envelope.kind} envelope is {size} bytes, over the offload threshold "
                 f"({self.threshold}), and no object store is configured (set TENDON_S3_*)"
             )
         ref = await self.store.put(envelope.scope, object_binding(envelope), body_bytes(envelope))
-        return encode(envelope.model_copy(update={"body": None, "body_ref": ref}))
+        offloaded: dict[str, Any] = envelope.model_copy(update={"body": None, "body_ref": ref}).model_dump(
+            mode="json"
+        )
+        return offloaded
 
     async def unpack(self, raw: bytes) -> Any:
         """Decode one envelope and resolve its body reference, verified. Raises TendonError."""

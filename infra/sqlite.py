@@ -1,24 +1,11 @@
 """SQLite behind the same small connection API the stores use on PostgreSQL (asyncpg).
 
-The embedded mode runs the very same store functions (brain/store, hands/ledger) on a
-SQLite file: this module gives them ``acquire``/``transaction``/``fetch``/``fetchrow``/
-``fetchval``/``execute`` and rewrites the few PostgreSQL spellings they use into SQLite's:
-
-====================================  ================================================
-PostgreSQL                            SQLite
-====================================  ================================================
-``$1``                                ``?1``
-``x = ANY($1::text[])``               ``x IN (SELECT value FROM json_each(?1))``
-``t ± make_interval(secs => e)``      ``ts_add(t, ±(e))`` (a Python function)
-``GREATEST(a, b)``                     ``max(a, b)``
-``LEAST(a, b)``                        ``min(a, b)``
-``::type`` casts                      dropped
-``FOR UPDATE [OF t] [SKIP LOCKED]``   dropped: every transaction is ``BEGIN IMMEDIATE``,
-                                      so writers are serialised anyway
-``RETURNING t.*``                     ``RETURNING *``
-``clock_timestamp()``                 ``now()`` (one writer: no difference)
-``pg_notify(channel, payload)``       wakes in-process listeners
-====================================  ================================================
+The embedded mode runs the stores' portable SQL (``brain/store``, ``hands/store``) on a SQLite
+file: this module gives them ``acquire``/``transaction``/``fetch``/``fetchrow``/``fetchval``/
+``execute``/``executemany``, turns ``$1`` placeholders into SQLite's ``?1`` (nothing else is
+rewritten: what differs between the dialects is the stores' business), and registers the
+functions the portable SQL calls: ``now()``, ``clock_timestamp()``, ``ts_add(t, seconds)`` and
+``pg_notify(channel, payload)`` (which wakes in-process listeners at commit).
 
 Timestamps are stored as UTC text with millisecond precision (the format SQLite's own
 ``strftime('%Y-%m-%dT%H:%M:%f')`` gives), so comparing them as text compares instants.
@@ -80,35 +67,12 @@ sqlite3.register_adapter(datetime, format_ts)
 sqlite3.register_adapter(bool, int)
 
 _PARAM = re.compile(r"\$(\d+)")
-_CAST = re.compile(r"::[a-zA-Z_]+(\[\])?")
-_ANY = re.compile(r"=\s*ANY\(\?(\d+)\)")
-_LOCKING = re.compile(r"\s+FOR UPDATE(\s+OF\s+\w+)?(\s+SKIP LOCKED)?", re.IGNORECASE)
-_INTERVAL = re.compile(r"(now\(\)|[a-z_]+(?:\.[a-z_]+)?)\s*([+-])\s*make_interval\(secs\s*=>\s*([^()]+?)\)")
-_GREATEST = re.compile(r"\bGREATEST\(", re.IGNORECASE)
-_LEAST = re.compile(r"\bLEAST\(", re.IGNORECASE)
-_POSTGRES_ONLY = re.compile(
-    r"make_interval|\bANY\(|::|\bFOR UPDATE\b|pg_advisory|\bDISTINCT ON\b|\bunnest\(|RETURNING\s+\w+\.",
-    re.IGNORECASE,
-)
-_RETURNING_ALIAS = re.compile(r"RETURNING\s+\w+\.\*")
 
 
-@functools.lru_cache(maxsize=512)
-def translate(sql: str) -> str:
-    """Rewrite the PostgreSQL spellings the stores use into SQLite's (see module docs)."""
-    sql = _CAST.sub("", sql)
-    sql = _PARAM.sub(r"?\1", sql)
-    sql = _ANY.sub(r"IN (SELECT value FROM json_each(?\1))", sql)
-    sql = _LOCKING.sub("", sql)
-    sql = _INTERVAL.sub(lambda m: f"ts_add({m.group(1)}, {m.group(2)}({m.group(3)}))", sql)
-    sql = _GREATEST.sub("max(", sql)
-    sql = _LEAST.sub("min(", sql)
-    sql = _RETURNING_ALIAS.sub("RETURNING *", sql)
-    leftover = _POSTGRES_ONLY.search(sql)
-    if leftover:
-        # Fail loudly at once rather than run something that means another thing here.
-        raise NotImplementedError(f"no SQLite translation for {leftover.group(0)!r} in: {sql}")
-    return sql
+@functools.lru_cache(maxsize=1024)
+def placeholders(sql: str) -> str:
+    """``$1`` -> ``?1``: SQLite's spelling of a numbered parameter (``$1`` would be a named one)."""
+    return _PARAM.sub(r"?\1", sql)
 
 
 def split_script(script: str) -> list[str]:
@@ -148,20 +112,20 @@ class SqliteConnection:
             for statement in split_script(sql):
                 await self._run(functools.partial(raw.execute, statement))
             return "OK"
-        cur = await self._run(lambda: raw.execute(translate(sql), args))
+        cur = await self._run(lambda: raw.execute(placeholders(sql), args))
         return f"OK {cur.rowcount}"
 
     async def executemany(self, sql: str, args: Sequence[Sequence[Any]]) -> None:
         raw = self._pool._raw
-        await self._run(lambda: raw.executemany(translate(sql), args))
+        await self._run(lambda: raw.executemany(placeholders(sql), args))
 
     async def fetch(self, sql: str, *args: Any) -> list[sqlite3.Row]:
         raw = self._pool._raw
-        return await self._run(lambda: raw.execute(translate(sql), args).fetchall())  # type: ignore[no-any-return]
+        return await self._run(lambda: raw.execute(placeholders(sql), args).fetchall())  # type: ignore[no-any-return]
 
     async def fetchrow(self, sql: str, *args: Any) -> sqlite3.Row | None:
         raw = self._pool._raw
-        return await self._run(lambda: raw.execute(translate(sql), args).fetchone())  # type: ignore[no-any-return]
+        return await self._run(lambda: raw.execute(placeholders(sql), args).fetchone())  # type: ignore[no-any-return]
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
         row = await self.fetchrow(sql, *args)

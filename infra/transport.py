@@ -138,6 +138,11 @@ class Transport(Protocol):
         """Copy ``message`` to ``queue``'s dead-letter queue with ``REASON_HEADER``, then ack it."""
         ...
 
+    async def park(self, queue: str, body: bytes, *, message_id: str, reason: str) -> None:
+        """Put ``body`` (a part of a delivery that can never be processed, e.g. one execution's
+        events of a batch) in ``queue``'s dead-letter queue with ``REASON_HEADER``."""
+        ...
+
     async def waiting(self, queue: str) -> int:
         """How many messages in ``queue`` wait for a consumer; handed-out, unsettled ones do not
         count. A hint for the moment it is read, never a basis for correctness."""

@@ -222,6 +222,47 @@ ExecutionEvent = (
     | CancelledEvent
     | UnknownEvent
 )
+
+
+class EventBatch(_Model):
+    """Events of one or more executions in one message: what Hands send on ``updates``.
+
+    Each execution's events are a contiguous, ascending seq range (the events of it that were
+    ready together), and all of them carry that execution's header. The receiver applies each
+    range as a contiguous prefix exactly as it would apply the events one by one (invariant 7).
+    """
+
+    v: Literal[1] = 1
+    message_id: str = Field(default_factory=new_id)
+    kind: Literal["events"] = "events"
+    events: list[Annotated[ExecutionEvent, Field(discriminator="kind")]] = Field(min_length=1)
+
+    @field_validator("v", mode="before")
+    @classmethod
+    def _version_is_an_integer(cls, value: Any) -> Any:
+        return _Envelope._version_is_an_integer(value)
+
+    @model_validator(mode="after")
+    def _ranges(self) -> EventBatch:
+        last: dict[str, Any] = {}
+        for event in self.events:
+            before = last.get(event.execution_id)
+            if before is not None:
+                if event.seq != before.seq + 1:
+                    raise ValueError(
+                        f"events of execution {event.execution_id} must be one ascending range "
+                        f"without gaps: #{event.seq} follows #{before.seq}"
+                    )
+                if (event.namespace, event.session_id, event.request_digest) != (
+                    before.namespace,
+                    before.session_id,
+                    before.request_digest,
+                ):
+                    raise ValueError(f"events of execution {event.execution_id} carry different headers")
+            last[event.execution_id] = event
+        return self
+
+
 Control = CancelControl | ReplayControl
 Envelope = Annotated[
     ExecuteCommand
@@ -234,6 +275,7 @@ Envelope = Annotated[
     | FailedEvent
     | CancelledEvent
     | UnknownEvent
+    | EventBatch
     | BindingsAnnouncement,
     Field(discriminator="kind"),
 ]
@@ -281,6 +323,14 @@ def with_body(envelope: Any, body: Any) -> Any:
         return type(envelope).model_validate_json(codec.dumps(data), strict=True)
     except ValidationError as exc:
         raise SchemaError(f"{envelope.kind} body does not match the protocol: {_describe(exc)}") from exc
+
+
+def batch_bytes(events: list[dict[str, Any]], message_id: str | None = None) -> bytes:
+    """The wire form of an ``EventBatch`` of events already in their JSON form (each one what
+    ``encode`` made of an event, or a copy of it kept in a ledger): no model is rebuilt to send
+    them again. The receiver validates the whole batch as usual."""
+    return codec.dumps({"v": PROTOCOL_VERSION, "kind": "events", "message_id": message_id or new_id(),
+                        "events": events})  # fmt: skip
 
 
 def body_bytes(envelope: Any) -> bytes:

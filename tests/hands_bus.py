@@ -18,7 +18,7 @@ import pytest
 
 from hands.tools import Tool
 from infra.broker import Broker, Topology
-from protocol import ExecuteBody, ExecuteCommand, decode, encode, new_id, request_digest
+from protocol import EventBatch, ExecuteBody, ExecuteCommand, decode, encode, new_id, request_digest
 from tests import hands_test_tools as lab
 from tests.support import Observer, Processes, TendonEnv, wait_for
 
@@ -45,11 +45,16 @@ class Bus:
         self.world = world
         self.broker = broker
         self.topology = broker.topology
-        self.raw: dict[str, list[bytes]] = defaultdict(list)
+        self.raw: dict[str, list[Any]] = defaultdict(list)
+        self.messages = 0  # how many updates messages arrived (each carries events of one or more)
+        self.arrivals: list[Any] = []  # every event, in the order the messages arrived
 
     async def _on_update(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
         envelope = decode(message.body)
-        self.raw[envelope.execution_id].append(message.body)
+        self.messages += 1
+        for event in envelope.events if isinstance(envelope, EventBatch) else [envelope]:
+            self.raw[event.execution_id].append(event)
+            self.arrivals.append(event)
         await message.ack()
 
     async def publish_command(self, command: ExecuteCommand | bytes) -> None:
@@ -61,7 +66,7 @@ class Bus:
 
     def events(self, execution_id: str) -> list[Any]:
         """Every event received for ``execution_id``, in arrival order (duplicates included)."""
-        return [decode(raw) for raw in self.raw[execution_id]]
+        return list(self.raw[execution_id])
 
     def by_seq(self, execution_id: str) -> dict[int, Any]:
         return {e.seq: e for e in self.events(execution_id)}

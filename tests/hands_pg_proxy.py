@@ -5,9 +5,10 @@ the transaction *did* commit), then drops that answer and cuts the connection: t
 sees its connection lost during COMMIT and cannot tell whether it committed. That is the
 case ``transact`` reports as TransientError (outcome unknown). Loopback only.
 
-A commit is also the execution of the Hands ledger's guarded move (``WITH moved AS``) outside
-a transaction: that one statement commits on its own (``Executor.save``'s one-statement path).
-The proxy tells it by the prepared statement's name and the server's last ReadyForQuery status.
+A commit is also the execution of one of the Hands ledger's batch statements (an accept, a start,
+an outcome: ``/* ledger commit */``) outside a transaction: that one statement commits on its
+own. The proxy tells it by the prepared statement's name and the server's last ReadyForQuery
+status.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import contextlib
 from tests.loopback_proxy import LoopbackProxy
 
 _COMMIT = b"Q\x00\x00\x00\x0cCOMMIT;\x00"  # asyncpg's simple-query COMMIT message
-_MOVE = b"WITH moved AS ("  # the ledger's one-statement move (hands.ledger.move_and_append)
+_MOVE = b"/* ledger commit */"  # the ledger's statements that commit alone (hands.store.postgres)
 _READY = b"Z\x00\x00\x00\x05"  # ReadyForQuery; the next byte: I idle, T in a transaction, E failed
 
 

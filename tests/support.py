@@ -260,18 +260,13 @@ PARENTS: dict[str, list[tuple[str, str, str]]] = {
         ("threads", "session_id", "sessions.id"),
         ("turns", "session_id", "sessions.id"),
         ("turns", "thread_id", "threads.id"),
-        ("runs", "turn_id", "turns.id"),
-        ("steps", "turn_id", "turns.id"),
-        ("history", "thread_id", "threads.id"),
-        ("history", "turn_id", "turns.id"),
-        ("model_calls", "turn_id", "turns.id"),
+        ("journal", "session_id", "sessions.id"),
+        ("journal", "turn_id", "turns.id"),
         ("executions", "turn_id", "turns.id"),
         ("held_events", "execution_id", "executions.id"),
         ("execution_output", "execution_id", "executions.id"),
-        ("public_events", "session_id", "sessions.id"),
     ],
     "hands": [
-        ("events", "execution_id", "executions.execution_id"),
         ("output_chunks", "execution_id", "executions.execution_id"),
         ("reconciliations", "execution_id", "executions.execution_id"),
     ],
@@ -351,6 +346,16 @@ class Observer:
                 if r["n"]:
                     found[f"{component} {r['relation']}"] = r["n"]
         return found
+
+    async def hands_events(self, execution_id: str) -> list[dict[str, Any]]:
+        """The status events the Hands ledger keeps for an execution (as they were published)."""
+        rows = await self.fetch("SELECT events FROM {hands}.executions WHERE execution_id = $1", execution_id)
+        return list(rows[0]["events"]) if rows else []
+
+    async def facts(self, turn_id: str, kind: str | None = None) -> list[dict[str, Any]]:
+        """The journal facts of a turn, in order (of one kind, with ``kind``)."""
+        rows = await self.fetch("SELECT facts FROM {brain}.journal WHERE turn_id = $1 ORDER BY seq", turn_id)
+        return [f for r in rows for f in r["facts"] if kind is None or f["kind"] == kind]
 
     async def ledger(self) -> list[asyncpg.Record]:
         return await self.fetch("SELECT * FROM {hands}.executions ORDER BY created_at")

@@ -52,8 +52,10 @@ async def test_racing_submits_with_other_input_get_a_conflict_with_its_own_exit_
 
     # Then the turn is one input's; every caller with that input gets it, every other caller a
     # CONFLICT (exit code 4) that names the request id, and nothing else failed
-    (turn,) = await Observer(tendon).fetch("SELECT id, input FROM {brain}.turns WHERE request_id = 'r'")
-    won = turn["input"]["text"]
+    observer = Observer(tendon)
+    (turn,) = await observer.fetch("SELECT id FROM {brain}.turns WHERE request_id = 'r'")
+    (accepted,) = await observer.facts(turn["id"], "turn.accepted")
+    won = accepted["input"]["text"]
     for text, (code, out, err) in zip(texts, answers, strict=True):
         if text == won:
             assert (code, out.strip()) == (0, turn["id"]), err

@@ -131,32 +131,26 @@ def test_an_unknown_model_kind_is_a_clear_error():
 # ---- wake-up hints ------------------------------------------------------------------------
 
 
-async def test_a_wake_hint_wakes_one_idle_driver_and_a_hint_nobody_waits_for_is_kept() -> None:
+async def test_a_wake_hint_ends_the_claim_loops_wait_and_one_that_came_meanwhile_is_kept() -> None:
     import asyncio
 
-    from brain.loop import Wakeups
+    from brain.runs import Wakeups
 
     wakeups = Wakeups()
-    waiters = [asyncio.create_task(wakeups.wait(5.0)) for _ in range(3)]
-    await asyncio.sleep(0)  # all three are idle now
-
+    waiting = asyncio.create_task(wakeups.wait(5.0))
+    await asyncio.sleep(0)
     wakeups.hint()
-    done, pending = await asyncio.wait(waiters, timeout=0.2)
-    assert (len(done), len(pending)) == (1, 2)  # one hint, one driver
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-
-    # A hint while every driver is busy is kept: the next one about to wait looks again at once
+    assert await asyncio.wait_for(waiting, timeout=0.2) is True
+    # A hint while the loop is busy (claiming, or all its run slots taken) is kept: the next wait
+    # ends at once
+    wakeups.hint()
+    assert await asyncio.wait_for(wakeups.wait(5.0), timeout=0.2) is True
+    # and a wait cut short by something else (a run ending) takes no hint with it
+    cut = asyncio.create_task(wakeups.wait(5.0))
+    await asyncio.sleep(0.01)
+    cut.cancel()
+    await asyncio.gather(cut, return_exceptions=True)
     wakeups.hint()
     assert await asyncio.wait_for(wakeups.wait(5.0), timeout=0.2) is True
     # and a wait that no hint ends says so
     assert await wakeups.wait(0.01) is False
-
-
-def test_after_a_run_a_driver_claims_at_once_only_when_its_claim_saw_another_turn() -> None:
-    from brain.loop import Next, after_run
-
-    assert after_run(True) is Next.CLAIM
-    # a lone turn's run ends in a cheap look, not in an empty claim transaction
-    assert after_run(False) is Next.LOOK

@@ -74,7 +74,7 @@ async def test_a_crash_at_email_four_then_a_rerun_reuses_verifies_and_sends_the_
     assert "email 4 to customer4@example.com: asking the mail service about operation exe-" in after
     assert "email 4 to customer4@example.com: confirmed, the mail service had it" in after
     assert "sending (attempt" not in after.split("email 5")[0]
-    claimed = next(line for line in out.splitlines() if "of the turn claimed it" in line)
+    claimed = next(line for line in after.splitlines() if "of the turn claimed it" in line)
     assert "run 1 " not in claimed
 
 

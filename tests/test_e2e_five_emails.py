@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from brain.states import TurnPhase, phase_path_exists
 from examples.mailbox import MailboxServer
 from tests.support import Observer, Processes, TendonEnv, run_cli, wait_for
 
@@ -101,13 +103,19 @@ async def test_the_five_email_turn_completes_across_brain_and_two_hands_processe
     assert code == 0 and shown["status"] == "completed"
     assert "Receipts" in shown["result"]["text"]
 
-    # The step journal names every phase the turn passed, in order, also those it passed
-    # through inside one commit (dispatch after a reply, results after the wait, finalize).
-    # (A first run may wait in PREPARE for the tools' announcement: from the model on.)
-    steps = await obs.fetch("SELECT phase FROM {brain}.steps WHERE turn_id = $1 ORDER BY id", turn_id)
-    phases = [s["phase"] for s in steps]
-    one_call = ["dispatch_tools", "wait_tools", "apply_results", "model_request"]
-    assert phases[phases.index("model_request") :] == ["model_request", *one_call * 5, "finalize", "done"]
+    # The journal has an entry per commit of the turn, each saying where the commit left it (the
+    # steps, each one a move the tables allow), and the facts of that commit: six replies, five
+    # intents, their five outcomes and the five times results went to the model, one ending.
+    entries = await obs.fetch(
+        "SELECT status, phase, facts FROM {brain}.journal WHERE turn_id = $1 ORDER BY seq", turn_id
+    )
+    phases = [TurnPhase(e["phase"]) for e in entries]
+    assert all(phase_path_exists(a, b) for a, b in zip(phases, phases[1:], strict=False)), phases
+    kinds = Counter(f["kind"] for e in entries for f in e["facts"])
+    replied, intended = kinds["turn.model_replied"], kinds["execution.intended"]
+    assert (replied, intended, kinds["execution.succeeded"]) == (6, 5, 5)
+    assert (kinds["turn.results_applied"], kinds["turn.completed"], kinds["turn.accepted"]) == (5, 1, 1)
+    assert (entries[-1]["status"], entries[-1]["phase"]) == ("completed", "done")
 
 
 async def test_a_hands_worker_killed_after_the_mailbox_accepted_email_four_is_verified_not_resent(
@@ -214,5 +222,5 @@ async def test_a_brain_killed_mid_turn_is_resumed_by_a_restarted_brain_without_d
     await obs.wait_turn(turn_id, "completed")
     await assert_five_receipts(obs, turn_id)
     assert_five_deliveries_one_per_customer(mailbox)
-    runs = await obs.fetch("SELECT count(*) AS n FROM {brain}.runs WHERE turn_id = $1", turn_id)
-    assert runs[0]["n"] >= 2
+    runs = await obs.fetch("SELECT runs FROM {brain}.turns WHERE id = $1", turn_id)
+    assert runs[0]["runs"] >= 2

@@ -167,8 +167,8 @@ async def test_a_frozen_brain_is_taken_over_after_its_lease_and_its_late_commit_
     turn_id = await _submit(env, agent)
 
     async def first_run() -> Any:
-        rows = await obs.fetch("SELECT owner FROM {brain}.runs WHERE turn_id = $1", turn_id)
-        return rows[0]["owner"] if rows else None
+        runs = await obs.facts(turn_id, "turn.run_started")
+        return runs[0]["owner"] if runs else None
 
     owner_id = await wait_for(first_run, timeout=30, what="the first run")
     standby = await processes.start_ready("brain", BRAIN, env)
@@ -182,23 +182,29 @@ async def test_a_frozen_brain_is_taken_over_after_its_lease_and_its_late_commit_
     finally:
         owner.send_signal(signal.SIGCONT)
     assert turn["result"] == {"text": "slow answer"}
-    run_owners = [
-        r["owner"]
-        for r in await obs.fetch("SELECT owner FROM {brain}.runs WHERE turn_id = $1 ORDER BY id", turn_id)
-    ]
+    run_owners = [r["owner"] for r in await obs.facts(turn_id, "turn.run_started")]
     assert run_owners[0] == owner_id and run_owners[-1] == await _worker_id(processes, other)
 
     # And when the frozen Brain wakes, it finds itself presumed dead: its run is stopped or its
     # reply refused (fenced), nothing of it counts, and the process goes on under a new id
     await _until(lambda: "starting_over" in processes.output(owner), "a restart under a new id")
-    calls = await obs.fetch(
-        "SELECT r.owner FROM {brain}.model_calls m JOIN {brain}.runs r ON r.id = m.run_id"
-        " WHERE m.turn_id = $1",
-        turn_id,
-    )
-    assert [c["owner"] for c in calls] == [await _worker_id(processes, other)]
+    assert [owner for owner, _ in await _model_calls(obs, turn_id)] == [await _worker_id(processes, other)]
     assert "liveness_lost" in processes.output(owner)
     assert owner.poll() is None
+
+
+async def _model_calls(obs: Observer, turn_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """(the Brain whose run committed it, its usage) of each model reply of a turn, from the journal."""
+    entries = await obs.fetch(
+        "SELECT run, facts FROM {brain}.journal WHERE turn_id = $1 ORDER BY seq", turn_id
+    )
+    owners = {f["epoch"]: f["owner"] for e in entries for f in e["facts"] if f["kind"] == "turn.run_started"}
+    return [
+        (owners[e["run"]], f["usage"])
+        for e in entries
+        for f in e["facts"]
+        if f["kind"] == "turn.model_replied"
+    ]
 
 
 async def test_a_live_brain_keeps_a_turn_whose_model_call_outlasts_the_lease(
@@ -215,8 +221,8 @@ async def test_a_live_brain_keeps_a_turn_whose_model_call_outlasts_the_lease(
     await obs.wait_turn(turn_id, "completed", timeout=40)
 
     # Then the Brain that claimed it kept it (it renewed the lease): one run, one model call
-    assert len(await obs.fetch("SELECT id FROM {brain}.runs WHERE turn_id = $1", turn_id)) == 1
-    assert len(await obs.fetch("SELECT id FROM {brain}.model_calls WHERE turn_id = $1", turn_id)) == 1
+    assert len(await obs.facts(turn_id, "turn.run_started")) == 1
+    assert len(await _model_calls(obs, turn_id)) == 1
     for brain in brains:
         assert "run_fenced_out" not in processes.output(brain)
 

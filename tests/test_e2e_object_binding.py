@@ -13,7 +13,7 @@ from typing import Any
 
 import aio_pika
 
-from protocol import SucceededEvent, decode, encode
+from protocol import ObjectRef, SucceededEvent, encode
 from tests.support import Observer, Processes, TendonEnv, run_cli, wait_for
 
 BRAIN = ["-m", "brain", "serve"]
@@ -81,17 +81,15 @@ async def test_a_succeeded_event_whose_body_ref_is_a_sibling_executions_result_i
             return None
         # B's last event in Hands' ledger has reached the Brain: nothing else is on its way.
         (ledger,) = await obs.fetch(
-            "SELECT max(seq) AS seq FROM {hands}.events WHERE execution_id = $1", b["id"]
+            "SELECT last_seq FROM {hands}.executions WHERE execution_id = $1", b["id"]
         )
-        return rows if ledger["seq"] == b["last_seq"] else None
+        return rows if ledger["last_seq"] == b["last_seq"] else None
 
     rows = await wait_for(a_done_and_b_waiting, timeout=60, what="A succeeded and B running")
     a, b = rows["big"], rows["wait_cancel"]
     assert a["result"] == {"blob": "x" * BIG} and b["status"] == "running"
-    (a_event,) = await obs.fetch(
-        "SELECT seq, payload FROM {hands}.events WHERE execution_id = $1 AND kind = 'succeeded'", a["id"]
-    )
-    a_ref = decode(bytes(a_event["payload"])).body_ref
+    (a_event,) = [e for e in await obs.hands_events(a["id"]) if e["kind"] == "succeeded"]
+    a_ref = ObjectRef.model_validate(a_event["body_ref"])
     assert a_ref is not None and a_ref.scope == f"default/{session}"  # A's result went through S3
 
     # When B's next event arrives as a succeeded whose body_ref is A's result object (right

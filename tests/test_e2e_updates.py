@@ -6,12 +6,13 @@ import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 import pytest
 
 from examples.mailbox import MailboxServer
-from protocol import decode, encode
+from protocol import EventBatch, ObjectRef, decode, encode
 from tests.support import Observer, Processes, TendonEnv, run_cli, wait_for
 
 BRAIN = ["-m", "brain", "serve"]
@@ -80,34 +81,35 @@ async def test_duplicate_reordered_and_missing_updates_are_applied_once_and_the_
     turn_id = turn_id.strip()
     assert await processes.wait_exit(doomed) == -signal.SIGKILL
 
+    # Hands' events for call-1 pile up in the updates queue (in batches of event ranges)
+    by_seq: dict[int, Any] = {}
+
     async def all_published() -> bool:
-        rows = await obs.fetch(
-            "SELECT count(*) AS n FROM {hands}.events WHERE kind = 'succeeded' AND published_at IS NOT NULL"
-        )
-        return rows[0]["n"] == 1
+        for body in await _drain(tendon.amqp_url, updates):
+            by_seq.update({e.seq: e for e in decode(body).events})
+        return any(e.kind == "succeeded" for e in by_seq.values())
 
     await wait_for(all_published, timeout=30, what="Hands to publish call-1's events")
-    # The command reached Hands (it ran). Whether the doomed Brain marked its outbox row before
-    # it died is a race; unmarked, the next Brain would send the command again, Hands would send
-    # all events again, and the gap would close without the replay this test is about.
-    await obs.fetch("UPDATE {brain}.outbox SET published_at = now() WHERE published_at IS NULL")
-    by_seq = {decode(b).seq: b for b in await _drain(tendon.amqp_url, updates)}
     last = max(by_seq)
     assert sorted(by_seq) == list(range(1, last + 1)) and last >= 3
+    # The command reached Hands (it ran). The next Brain would send it again when it looks at the
+    # turn (the Brain that committed it is dead), Hands would send all events again, and the gap
+    # would close without the replay this test is about: that look comes later here.
+    await obs.fetch("UPDATE {brain}.turns SET wake_at = now() + interval '60 seconds' WHERE id = $1", turn_id)
 
     # When the broker delivers the last event first, then the first one twice, and loses the rest
-    await _publish(tendon.amqp_url, updates, [by_seq[last], by_seq[1], by_seq[1]])
-    await processes.start_ready("brain", BRAIN, env)
+    one = [encode(EventBatch(events=[by_seq[s]])) for s in (last, 1, 1)]
+    await _publish(tendon.amqp_url, updates, one)
+    brain = await processes.start_ready("brain", BRAIN, env)
 
     # Then the turn completes: the gap was replayed from Hands' ledger, the tool ran once
     await obs.wait_turn(turn_id, "completed")
     first = (await obs.executions(turn_id))[0]
     assert first["last_seq"] == last and first["status"] == "succeeded"
-    replays = await obs.fetch(
-        "SELECT payload FROM {brain}.outbox WHERE queue = $1", f"t-{tendon.suffix}.email.controls"
-    )
-    asked = [decode(bytes(r["payload"])) for r in replays]
-    assert [(a.kind, a.execution_id, a.body.from_seq) for a in asked] == [("replay", first["id"], 2)]
+    asked = [
+        json.loads(line) for line in processes.output(brain).splitlines() if '"replay_requested"' in line
+    ]
+    assert [(a["execution_id"], a["from_seq"], a["reason"]) for a in asked] == [(first["id"], 2, "gap")]
     ledger = {r["execution_id"]: r for r in await obs.ledger()}
     assert ledger[first["id"]]["attempts"] == 1
     assert sorted(mailbox.stats()["posts_per_key"].values()) == [1, 1, 1, 1, 1]
@@ -197,10 +199,8 @@ async def test_a_tampered_result_object_is_refused_and_fails_the_turn_with_a_cle
     assert await processes.wait_exit(processes.children[0]) == -signal.SIGKILL
     # ...and the result's object then holding other bytes of the same size
     (row,) = await obs.executions(turn_id)
-    (event,) = await obs.fetch(
-        "SELECT payload FROM {hands}.events WHERE execution_id = $1 AND kind = 'succeeded'", row["id"]
-    )
-    ref = decode(bytes(event["payload"])).body_ref
+    (event,) = [e for e in await obs.hands_events(row["id"]) if e["kind"] == "succeeded"]
+    ref = ObjectRef.model_validate(event["body_ref"])
     key = ref.uri.removeprefix(f"s3://{s3_server.bucket}/")
     body = s3_server.client().get_object(Bucket=s3_server.bucket, Key=key)["Body"].read()
     s3_server.client().put_object(Bucket=s3_server.bucket, Key=key, Body=body.replace(b"y", b"z", 1))
@@ -211,7 +211,8 @@ async def test_a_tampered_result_object_is_refused_and_fails_the_turn_with_a_cle
     assert turn["error"]["code"] == "object_ref_error"
     assert "sha256 mismatch" in turn["error"]["message"]
     (parked,) = await obs.parked(f"t-{tendon.suffix}.updates")
-    assert parked["kind"] == "succeeded" and "sha256 mismatch" in parked["reason"]
+    assert parked["kind"] == "events" and parked["execution_id"] == row["id"]
+    assert "sha256 mismatch" in parked["reason"]
     assert parked["surfaced"] == "logged: nothing was left to tell"  # the turn had failed already
 
 
@@ -268,8 +269,8 @@ async def test_a_turn_whose_tool_no_hands_pool_serves_waits_as_a_row_then_fails_
     # Then, at the deadline, it fails with a routing error; the deadline woke it once more
     assert turn["error"]["code"] == "routing_error"
     assert "no Hands pool announced tool(s) echo_blob within 3s" in turn["error"]["message"]
-    runs = await obs.fetch("SELECT started_phase FROM {brain}.runs WHERE turn_id = $1", turn_id)
-    assert [r["started_phase"] for r in runs] == ["prepare", "prepare"]
+    runs = await obs.facts(turn_id, "turn.run_started")
+    assert [r["phase"] for r in runs] == ["prepare", "prepare"]
     assert processes.output(brain).count('"event": "run_started"') == 2
 
 

@@ -167,8 +167,52 @@ def schema_error(data: Any) -> str:
 def test_the_samples_cover_every_kind_in_the_envelope_union():
     union = typing.get_args(protocol.Envelope)[0]
     kinds = {model.model_fields["kind"].default for model in typing.get_args(union)}
-    assert kinds == set(SAMPLES)
+    # An event batch has no body of its own: its tests are below ("event batches").
+    assert kinds == set(SAMPLES) | {"events"}
     assert TERMINAL_EVENT_KINDS <= kinds
+
+
+# ---- event batches -----------------------------------------------------------------------
+
+
+def event(kind: str, seq: int, execution_id: str = EXECUTION_ID) -> dict[str, Any]:
+    """Event ``kind`` of the samples as its wire JSON, with another seq and execution id."""
+    return {**wire(kind), "seq": seq, "execution_id": execution_id}
+
+
+def test_an_event_batch_round_trips_with_ranges_of_several_executions():
+    events = [event("accepted", 1), event("started", 2), event("succeeded", 1, "exec-0002")]
+    batch = decode(protocol.batch_bytes(events, message_id="m-1"))
+    assert isinstance(batch, protocol.EventBatch) and batch.message_id == "m-1"
+    assert [(e.execution_id, e.seq, e.kind) for e in batch.events] == [
+        (EXECUTION_ID, 1, "accepted"),
+        (EXECUTION_ID, 2, "started"),
+        ("exec-0002", 1, "succeeded"),
+    ]
+    assert decode(encode(batch)) == batch
+
+
+@pytest.mark.parametrize(
+    ("seqs", "why"),
+    [((1, 3), "without gaps: #3 follows #1"), ((2, 1), "#1 follows #2"), ((2, 2), "#2 follows #2")],
+)
+def test_an_event_batch_whose_execution_range_has_a_gap_or_goes_back_is_a_schema_error(seqs, why):
+    raw = protocol.batch_bytes([event("started", seqs[0]), event("started", seqs[1])])
+    with pytest.raises(SchemaError, match=why):
+        decode(raw)
+
+
+def test_an_event_batch_whose_range_changes_header_midway_is_a_schema_error():
+    other = {**event("started", 2), "session_id": "sess-2"}
+    with pytest.raises(SchemaError, match="carry different headers"):
+        decode(protocol.batch_bytes([event("accepted", 1), other]))
+
+
+def test_an_empty_event_batch_or_one_that_carries_a_command_is_a_schema_error():
+    with pytest.raises(SchemaError):
+        decode(protocol.batch_bytes([]))
+    with pytest.raises(SchemaError):
+        decode(protocol.batch_bytes([wire("execute")]))
 
 
 # ---- round trips -------------------------------------------------------------------------

@@ -1,140 +1,232 @@
-"""The Hands ledger's contract: migrations, fencing, claims and the event outbox.
+"""The Hands ledger's contract: migrations, fencing, claims, and the events kept in the row.
 
-Run on PostgreSQL and on the embedded SQLite store: the same SQL serves both, and these
-tests keep the two from drifting. Liveness differs by design (advisory locks vs. the data
-directory's lock), so its tests are per backend."""
+Run on PostgreSQL and on the embedded SQLite store (one backend each, behind one interface):
+these tests keep the two from drifting, and one of them checks that both leave the same facts.
+Liveness differs by design (advisory locks vs. the data directory's lock), so its tests are per
+backend."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 
-from hands import ledger
+from hands.relay import stored_events
 from hands.states import LedgerStatus
-from infra.db import analyze_grown, create_pool, migrate, transact
+from hands.store import MIGRATIONS, Change, Execution, Ledger, NewExecution, ledger_for
+from infra.db import analyze_grown, create_pool, migrate
 from infra.liveness import LocalWorkerRegistration, WorkerRegistration
-from infra.payloads import PayloadCodec
 from infra.sqlite import open_pool
 from protocol import (
     AcceptedBody,
-    ConflictError,
+    AcceptedEvent,
     IllegalTransitionError,
     StaleOwnerError,
     StartedBody,
-    decode,
+    StartedEvent,
+    SucceededBody,
+    SucceededEvent,
     new_id,
 )
 from tests.support import TendonEnv, crash, wait_for
 
-CODEC = PayloadCodec(None, 1024 * 1024)
+HEADER = {"namespace": "tests", "session_id": "s1", "request_digest": "d" * 64}
 
 
 @pytest.fixture
 async def pg_pool(tendon: TendonEnv) -> AsyncIterator[asyncpg.Pool]:
     schema = tendon.settings().hands_schema
     pool = await create_pool(tendon.database_url, schema, max_size=4)
-    await migrate(pool, schema, ledger.MIGRATIONS)
+    await migrate(pool, schema, MIGRATIONS)
     yield pool
     await pool.close()
 
 
-@pytest.fixture(params=["postgres", "sqlite"])
-async def pool(request: pytest.FixtureRequest, tendon: TendonEnv, tmp_path: Path) -> AsyncIterator[Any]:
-    if request.param == "postgres":
+async def _open(kind: str, tendon: TendonEnv, tmp_path: Path) -> Ledger:
+    if kind == "postgres":
         schema = tendon.settings().hands_schema
         p: Any = await create_pool(tendon.database_url, schema, max_size=4)
     else:
+        schema = "hands"
         p = await open_pool(tmp_path / "hands.sqlite3")
-    await migrate(p, tendon.settings().hands_schema, ledger.MIGRATIONS)
-    yield p
-    await p.close()
+    await migrate(p, schema, MIGRATIONS)
+    return ledger_for(p)
 
 
-async def _execution(pool: asyncpg.Pool, owner: str, status: LedgerStatus) -> str:
+@pytest.fixture(params=["postgres", "sqlite"])
+async def ledger(request: pytest.FixtureRequest, tendon: TendonEnv, tmp_path: Path) -> AsyncIterator[Ledger]:
+    store = await _open(request.param, tendon, tmp_path)
+    yield store
+    await store.close()
+
+
+def _event(cls: type, execution_id: str, seq: int, body: Any) -> dict[str, Any]:
+    envelope = cls(
+        execution_id=execution_id, **HEADER, seq=seq, body=body, message_id=f"{execution_id}:{seq}"
+    )
+    return envelope.model_dump(mode="json")  # type: ignore[no-any-return]
+
+
+def _new(
+    execution_id: str, owner: str, status: LedgerStatus = LedgerStatus.ACCEPTED, events: int = 1
+) -> NewExecution:
+    values = {"execution_id": execution_id, "route": "lab", **HEADER, "tool": "echo",
+              "binding_digest": "b" * 64, "replay_policy": "safe", "args": {"n": 1}, "status": status,
+              "owner": owner}  # fmt: skip
+    bodies = [AcceptedBody(worker=owner), StartedBody(attempt=1, worker=owner)][:events]
+    classes = [AcceptedEvent, StartedEvent]
+    return NewExecution(
+        values,
+        [_event(c, execution_id, i + 1, b) for i, (c, b) in enumerate(zip(classes, bodies, strict=False))],
+    )
+
+
+async def _execution(ledger: Ledger, owner: str, status: LedgerStatus) -> str:
     execution_id = new_id()
-
-    async def work(conn: asyncpg.Connection) -> Any:
-        return await ledger.insert_execution(
-            conn,
-            execution_id=execution_id,
-            route="lab",
-            request_digest="d" * 64,
-            namespace="tests",
-            session_id="s1",
-            tool="echo",
-            binding_digest="b" * 64,
-            replay_policy="safe",
-            args={},
-            status=status,
-            owner=owner,
-        )
-
-    assert await transact(pool, work) is not None
+    (row,) = await ledger.transact(lambda conn: ledger.insert(conn, [_new(execution_id, owner, status)]))
+    assert row is not None
     return execution_id
 
 
-async def test_migrations_are_idempotent(tendon: TendonEnv, pool: asyncpg.Pool) -> None:
+async def _get(ledger: Ledger, execution_id: str) -> Execution:
+    row = await ledger.read(lambda conn: ledger.get(conn, execution_id))
+    assert row is not None
+    return row
+
+
+async def test_migrations_are_idempotent(tendon: TendonEnv, ledger: Ledger) -> None:
     # Given a migrated ledger / When the migrations run again / Then nothing is applied
-    assert await migrate(pool, tendon.settings().hands_schema, ledger.MIGRATIONS) == 0
+    assert await migrate(ledger.pool, tendon.settings().hands_schema, MIGRATIONS) == 0
 
 
-async def test_an_execution_id_is_inserted_once(pool: asyncpg.Pool) -> None:
-    execution_id = await _execution(pool, "w1", LedgerStatus.ACCEPTED)
-    async with pool.acquire() as conn:
-        again = await ledger.insert_execution(
-            conn,
-            execution_id=execution_id,
-            route="lab",
-            request_digest="e" * 64,
-            namespace="tests",
-            session_id="s1",
-            owner="w2",
-        )
-    assert again is None
+async def test_an_execution_id_is_inserted_once_even_twice_in_one_batch(ledger: Ledger) -> None:
+    execution_id = await _execution(ledger, "w1", LedgerStatus.ACCEPTED)
+    again = await ledger.transact(lambda conn: ledger.insert(conn, [_new(execution_id, "w2")]))
+    assert again == [None]  # a duplicate command writes neither a row nor an event
+    # A command delivered twice at once, in one batch: the first is the new row
+    other = new_id()
+    first, second = await ledger.transact(
+        lambda conn: ledger.insert(conn, [_new(other, "w1"), _new(other, "w2")])
+    )
+    assert first is not None and first.owner == "w1" and second is None
+    assert (await _get(ledger, other)).owner == "w1"
 
 
-async def test_a_commit_from_a_worker_that_no_longer_owns_the_row_is_refused(
-    pool: asyncpg.Pool,
-) -> None:
+async def test_a_commit_from_a_worker_that_no_longer_owns_the_row_is_refused(ledger: Ledger) -> None:
     # Given an execution owned by w2
-    execution_id = await _execution(pool, "w2", LedgerStatus.RUNNING)
+    execution_id = await _execution(ledger, "w2", LedgerStatus.RUNNING)
 
     # When w1 tries to change it, Then it is fenced off
-    async def work(conn: asyncpg.Connection) -> None:
-        await ledger.lock_owned(conn, execution_id, "w1")
-
     with pytest.raises(StaleOwnerError, match="owned by w2"):
-        await transact(pool, work)
+        await ledger.transact(lambda conn: ledger.lock_owned(conn, execution_id, "w1"))
 
 
-async def test_a_status_change_outside_the_table_is_refused_and_changes_nothing(
-    pool: asyncpg.Pool,
-) -> None:
-    execution_id = await _execution(pool, "w1", LedgerStatus.ACCEPTED)
-
-    async def work(conn: asyncpg.Connection) -> None:
-        row = await ledger.lock_owned(conn, execution_id, "w1")
-        await ledger.move(conn, row, LedgerStatus.SUCCEEDED, result={"x": 1})
-
+async def test_a_status_change_outside_the_table_is_refused_and_changes_nothing(ledger: Ledger) -> None:
+    execution_id = await _execution(ledger, "w1", LedgerStatus.ACCEPTED)
+    row = await _get(ledger, execution_id)
+    done = _event(SucceededEvent, execution_id, 2, SucceededBody(result={"x": 1}))
     with pytest.raises(IllegalTransitionError):
-        await transact(pool, work)
-    async with pool.acquire() as conn:
-        row = await ledger.get_execution(conn, execution_id)
-    assert row is not None and row.status is LedgerStatus.ACCEPTED and row.result is None
+        await ledger.transact(lambda conn: ledger.change(conn, [Change(row, LedgerStatus.SUCCEEDED, [done])]))
+    after = await _get(ledger, execution_id)
+    assert after.status is LedgerStatus.ACCEPTED and after.last_seq == 1 and after.result is None
 
 
-async def test_an_owner_missing_from_workers_counts_as_dead_and_is_claimed_once(pool: asyncpg.Pool) -> None:
+async def test_a_change_appends_its_events_and_one_from_a_row_that_moved_on_changes_nothing(
+    ledger: Ledger,
+) -> None:
+    # Given an accepted execution (event 1) read by its worker
+    execution_id = await _execution(ledger, "w1", LedgerStatus.ACCEPTED)
+    row = await _get(ledger, execution_id)
+    started = _event(StartedEvent, execution_id, 2, StartedBody(attempt=1, worker="w1"))
+    # When its start and, in the same batch, a change made from the same (now stale) row commit
+    start = Change(row, LedgerStatus.RUNNING, [started], attempts=1, unless_cancelled=True)
+    moved, stale = await ledger.transact(lambda conn: ledger.change(conn, [start, start]))
+    # Then the first continues the seqs, and the second is refused whole
+    assert moved is not None and (moved.status, moved.last_seq, moved.attempts) == (
+        LedgerStatus.RUNNING,
+        2,
+        1,
+    )
+    assert stale is None
+    after = await _get(ledger, execution_id)
+    assert [(e["seq"], e["kind"]) for e in after.events] == [(1, "accepted"), (2, "started")]
+    # A start asked not to run after a cancel is refused once one is asked for
+    other = await _execution(ledger, "w1", LedgerStatus.ACCEPTED)
+    await ledger.transact(lambda conn: ledger.request_cancel(conn, other))
+    fresh = await _get(ledger, other)
+    started = _event(StartedEvent, other, 2, StartedBody(attempt=1, worker="w1"))
+    refused = await ledger.transact(
+        lambda conn: ledger.change(
+            conn, [Change(fresh, LedgerStatus.RUNNING, [started], unless_cancelled=True)]
+        )
+    )
+    assert refused == [None] and (await _get(ledger, other)).status is LedgerStatus.ACCEPTED
+
+
+async def test_the_events_read_back_are_those_committed_with_the_output_pages_in_their_place(
+    ledger: Ledger,
+) -> None:
+    execution_id = await _execution(ledger, "w1", LedgerStatus.RUNNING)
+
+    async def page(conn: Any) -> tuple[int, int]:
+        row = await ledger.lock_owned(conn, execution_id, "w1")
+        return await ledger.add_output(conn, row, "hello ")
+
+    assert await ledger.transact(page) == (0, 2)
+    row = await _get(ledger, execution_id)
+    done = _event(SucceededEvent, execution_id, 3, SucceededBody(result=[1, "x"], output_bytes=6))
+    await ledger.transact(lambda conn: ledger.change(conn, [Change(row, LedgerStatus.SUCCEEDED, [done])]))
+    events = await ledger.read(lambda conn: stored_events(ledger, conn, execution_id, 1))
+    assert [(e["seq"], e["kind"]) for e in events] == [(1, "accepted"), (2, "output_page"), (3, "succeeded")]
+    assert events[1]["body"] == {"offset": 0, "data": "hello "} and events[2] == done
+    assert {(e["namespace"], e["session_id"], e["request_digest"]) for e in events} == {
+        tuple(HEADER.values())
+    }
+    after = await _get(ledger, execution_id)
+    assert after.result == [1, "x"] and after.output_bytes == 6
+    assert [e["seq"] for e in await ledger.read(lambda c: stored_events(ledger, c, execution_id, 2))] == [
+        2,
+        3,
+    ]
+
+
+async def test_both_backends_leave_the_same_facts(tendon: TendonEnv, tmp_path: Path) -> None:
+    """The same accept, start, page, outcome, release and claim on each backend leave the same
+    rows (times aside)."""
+
+    async def story(ledger: Ledger) -> list[dict[str, Any]]:
+        ids = ["e1", "e2"]
+        await ledger.transact(
+            lambda c: ledger.insert(c, [_new(i, "w1", LedgerStatus.RUNNING, 2) for i in ids])
+        )
+        row = await _get(ledger, "e1")
+        done = _event(SucceededEvent, "e1", 3, SucceededBody(result={"k": [1, 2]}))
+        await ledger.transact(lambda c: ledger.change(c, [Change(row, LedgerStatus.SUCCEEDED, [done])]))
+        await ledger.transact(lambda c: ledger.release_owners(c, ["w1"]))
+        await ledger.transact(lambda c: ledger.claim_orphan(c, "e2", "released-by:w1", "w2"))
+        rows = [asdict(await _get(ledger, i)) for i in ids]
+        return [{k: v for k, v in r.items() if k not in ("created_at", "updated_at")} for r in rows]
+
+    pg, lite = await _open("postgres", tendon, tmp_path), await _open("sqlite", tendon, tmp_path)
+    try:
+        assert await story(pg) == await story(lite)
+    finally:
+        await pg.close()
+        await lite.close()
+
+
+async def test_an_owner_missing_from_workers_counts_as_dead_and_is_claimed_once(ledger: Ledger) -> None:
     # Given a running execution whose owner never registered (or was cleaned away)
-    execution_id = await _execution(pool, "ghost", LedgerStatus.RUNNING)
+    execution_id = await _execution(ledger, "ghost", LedgerStatus.RUNNING)
 
     # When two workers scan and claim it
-    async with pool.acquire() as conn:
+    async with ledger.pool.acquire() as conn:
         orphans = await ledger.open_orphans(conn, "lab", "w1", 10)
         first = await ledger.claim_orphan(conn, execution_id, "ghost", "w1")
         second = await ledger.claim_orphan(conn, execution_id, "ghost", "w2")
@@ -148,14 +240,14 @@ async def test_an_owner_missing_from_workers_counts_as_dead_and_is_claimed_once(
 async def test_a_live_owners_execution_is_never_claimed_and_a_dead_ones_is_handed_back(
     tendon: TendonEnv, pg_pool: asyncpg.Pool
 ) -> None:
-    pool = pg_pool
+    ledger = ledger_for(pg_pool)
     schema = tendon.settings().hands_schema
     judging = {"grace": 0.3, "interval": 0.05, "release": ledger.release_owners}
     # Given an execution owned by a registered, live worker, and another worker that judges
     async with WorkerRegistration(tendon.database_url, schema, "hands", **judging) as judge:
         async with WorkerRegistration(tendon.database_url, schema, "hands") as reg:
-            execution_id = await _execution(pool, reg.worker_id, LedgerStatus.RUNNING)
-            async with pool.acquire() as conn:
+            execution_id = await _execution(ledger, reg.worker_id, LedgerStatus.RUNNING)
+            async with pg_pool.acquire() as conn:
                 # Then nobody may claim it while it lives
                 assert await ledger.open_orphans(conn, "lab", "w1", 10) == []
                 assert await ledger.claim_orphan(conn, execution_id, reg.worker_id, "w1") is None
@@ -165,12 +257,12 @@ async def test_a_live_owners_execution_is_never_claimed_and_a_dead_ones_is_hande
         # Then once its lock has been gone for the grace, it is presumed dead, and the
         # execution is handed to a released name in the same transaction: an orphan, fenced
         async def handed_back() -> list[tuple[str, str]]:
-            async with pool.acquire() as conn:
+            async with pg_pool.acquire() as conn:
                 return await ledger.open_orphans(conn, "lab", judge.worker_id, 10)
 
         orphans = await wait_for(handed_back, timeout=10, what="the dead owner's execution")
         assert orphans == [(execution_id, f"released-by:{reg.worker_id}")]
-        async with pool.acquire() as conn:
+        async with pg_pool.acquire() as conn:
             with pytest.raises(StaleOwnerError):
                 await ledger.lock_owned(conn, execution_id, reg.worker_id)
             claimed = await ledger.claim_orphan(conn, execution_id, orphans[0][1], "w1")
@@ -178,131 +270,26 @@ async def test_a_live_owners_execution_is_never_claimed_and_a_dead_ones_is_hande
 
 
 async def test_a_released_execution_becomes_an_orphan_for_every_worker_including_its_owner(
-    pool: asyncpg.Pool,
+    ledger: Ledger,
 ) -> None:
-    execution_id = await _execution(pool, "w1", LedgerStatus.RUNNING)
-    async with pool.acquire() as conn:
+    execution_id = await _execution(ledger, "w1", LedgerStatus.RUNNING)
+    async with ledger.pool.acquire() as conn:
         assert await ledger.release(conn, execution_id, "w1")
         assert await ledger.open_orphans(conn, "lab", "w1", 10) == [(execution_id, "released-by:w1")]
 
 
-async def test_events_get_contiguous_seqs_and_carry_the_rows_headers(pool: asyncpg.Pool) -> None:
-    execution_id = await _execution(pool, "w1", LedgerStatus.ACCEPTED)
-
-    async def work(conn: asyncpg.Connection) -> list[int]:
-        return [
-            await ledger.append_event(conn, CODEC, execution_id, AcceptedBody(worker="w1")),
-            await ledger.append_event(conn, CODEC, execution_id, StartedBody(attempt=1, worker="w1")),
-        ]
-
-    assert await transact(pool, work) == [1, 2]
-    async with pool.acquire() as conn:
-        pending = await ledger.pending_events(conn, route="lab", execution_ids=[execution_id])
-    envelopes = [decode(e.payload) for e in pending]
-    assert [(e.seq, e.kind) for e in envelopes] == [(1, "accepted"), (2, "started")]
-    assert {(e.namespace, e.session_id, e.request_digest) for e in envelopes} == {("tests", "s1", "d" * 64)}
-
-
-def _values(execution_id: str, owner: str) -> dict[str, Any]:
-    return {
-        "execution_id": execution_id,
-        "route": "lab",
-        "request_digest": "d" * 64,
-        "namespace": "tests",
-        "session_id": "s1",
-        "tool": "echo",
-        "replay_policy": "safe",
-        "args": {},
-        "owner": owner,
-    }
-
-
-async def test_a_new_row_and_its_first_event_are_written_together_and_only_once(pool: Any) -> None:
-    execution_id = new_id()
-
-    async def insert(conn: Any, owner: str) -> ledger.Execution | None:
-        values = _values(execution_id, owner)
-        return await ledger.insert_with_event(conn, CODEC, values, AcceptedBody(worker=owner))
-
-    first = await transact(pool, lambda c: insert(c, "w1"))
-    again = await transact(pool, lambda c: insert(c, "w2"))
-    assert first is not None and first.last_seq == 1 and first.status is LedgerStatus.ACCEPTED
-    assert again is None  # a duplicate command writes neither a row nor an event
-    async with pool.acquire() as conn:
-        pending = await ledger.pending_events(conn, execution_ids=[execution_id])
-    assert [(decode(e.payload).seq, decode(e.payload).body.worker) for e in pending] == [(1, "w1")]
-
-
-async def test_a_move_with_its_event_continues_the_seqs_and_refuses_a_row_that_moved_on(
-    pool: Any,
-) -> None:
-    execution_id = await _execution(pool, "w1", LedgerStatus.ACCEPTED)
-    async with pool.acquire() as conn:
-        stale = await ledger.get_execution(conn, execution_id)  # read, not locked
-    assert stale is not None
-
-    async def start(conn: Any) -> ledger.Execution:
-        row = await ledger.lock_owned(conn, execution_id, "w1")
-        await ledger.append_event(conn, CODEC, execution_id, AcceptedBody(worker="w1"))
-        row = await ledger.lock_owned(conn, execution_id, "w1")
-        return await ledger.move_and_append(
-            conn, CODEC, row, LedgerStatus.RUNNING, StartedBody(attempt=1, worker="w1"), attempts=1
-        )
-
-    moved = await transact(pool, start)
-    assert (moved.status, moved.last_seq, moved.attempts) == (LedgerStatus.RUNNING, 2, 1)
-    async with pool.acquire() as conn:
-        pending = await ledger.pending_events(conn, execution_ids=[execution_id])
-        row = await ledger.get_execution(conn, execution_id)
-    assert [(e.seq, decode(e.payload).kind) for e in pending] == [(1, "accepted"), (2, "started")]
-    assert row is not None and row.status is LedgerStatus.RUNNING and row.last_seq == 2
-
-    # A row read before others moved it on (accepted at seq 0, now running at 2) cannot be
-    # moved blind: its event would carry a seq that is taken, from a status it no longer has.
-    with pytest.raises(ConflictError, match="no longer accepted at seq 0"):
-        await transact(
-            pool,
-            lambda c: ledger.move_and_append(
-                c, CODEC, stale, LedgerStatus.RUNNING, StartedBody(attempt=1, worker="w1")
-            ),
-        )
-    async with pool.acquire() as conn:
-        after = await ledger.get_execution(conn, execution_id)
-    assert after is not None and after.last_seq == 2
-
-
-async def test_a_replay_that_lands_while_publishing_is_not_marked_published(
-    pool: asyncpg.Pool,
-) -> None:
-    # Given two events read by the relay for publishing
-    execution_id = await _execution(pool, "w1", LedgerStatus.ACCEPTED)
-
-    async def add(conn: asyncpg.Connection) -> None:
-        await ledger.append_event(conn, CODEC, execution_id, AcceptedBody(worker="w1"))
-        await ledger.append_event(conn, CODEC, execution_id, StartedBody(attempt=1, worker="w1"))
-
-    await transact(pool, add)
-    async with pool.acquire() as conn:
-        read = await ledger.pending_events(conn, execution_ids=[execution_id])
-        # When a replay from seq 2 arrives before the relay marks them
-        assert await ledger.republish_from(conn, execution_id, 2) == 1
-        marked = await ledger.mark_published(conn, read)
-        left = await ledger.pending_events(conn, execution_ids=[execution_id])
-    # Then seq 1 is published, and seq 2 stays due to be published again
-    assert marked == 1
-    assert [e.seq for e in left] == [2]
-
-
 async def test_on_sqlite_an_owner_from_an_earlier_opening_of_the_file_is_dead(tmp_path: Path) -> None:
     first = await open_pool(tmp_path / "hands.sqlite3")
-    await migrate(first, "hands", ledger.MIGRATIONS)
+    await migrate(first, "hands", MIGRATIONS)
+    ledger = ledger_for(first)
     async with LocalWorkerRegistration(first, "hands") as old:
-        execution_id = await _execution(first, old.worker_id, LedgerStatus.RUNNING)
+        execution_id = await _execution(ledger, old.worker_id, LedgerStatus.RUNNING)
         async with first.acquire() as conn:
             assert await ledger.open_orphans(conn, "lab", "w1", 10) == []
         crash(old)
     await first.close()  # the process that had the data directory is gone
     second = await open_pool(tmp_path / "hands.sqlite3")
+    ledger = ledger_for(second)
     try:
         judging = {"interval": 0.05, "release": ledger.release_owners}
         async with LocalWorkerRegistration(second, "hands", **judging) as new:
@@ -320,19 +307,18 @@ async def test_on_sqlite_an_owner_from_an_earlier_opening_of_the_file_is_dead(tm
 
 
 async def _grow(conn: asyncpg.Connection, first: int, end: int) -> None:
-    """Executions first..end-1 of route lab, each with three unpublished events."""
+    """Executions first..end-1 of route lab (one in ten still open), each with an output page."""
     await conn.execute(
         """INSERT INTO executions
-                  (execution_id, route, request_digest, namespace, session_id, owner, status)
-           SELECT 'e' || g, 'lab', 'd', 'ns', 's', 'w', 'succeeded'
+                  (execution_id, route, request_digest, namespace, session_id, owner, status, open)
+           SELECT 'e' || g, 'lab', 'd', 'ns', 's', 'w', 'succeeded', g % 10 = 0
              FROM generate_series($1::int, $2::int - 1) g""",
         first,
         end,
     )
     await conn.execute(
-        """INSERT INTO events (execution_id, seq, kind, payload)
-           SELECT 'e' || g, s, 'accepted', '\\x00'::bytea
-             FROM generate_series($1::int, $2::int - 1) g, generate_series(1, 3) s""",
+        """INSERT INTO output_chunks (execution_id, byte_offset, seq, data)
+           SELECT 'e' || g, 0, 2, 'x' FROM generate_series($1::int, $2::int - 1) g""",
         first,
         end,
     )
@@ -341,14 +327,14 @@ async def _grow(conn: asyncpg.Connection, first: int, end: int) -> None:
 async def test_tables_that_grew_from_nothing_are_analyzed_so_a_cached_plan_is_made_again(
     pg_pool: asyncpg.Pool,
 ) -> None:
-    # Given a generic plan for the relay's kind of scan, settled while the ledger was nearly empty
+    # Given a generic plan for the recovery scan's kind of query, settled while the ledger was nearly empty
     async with pg_pool.acquire() as conn:
         await _grow(conn, 0, 20)
         await conn.execute("SET plan_cache_mode = force_generic_plan")
         await conn.execute(
-            """PREPARE due(text) AS SELECT ev.execution_id, ev.seq FROM events ev
-                 JOIN executions e USING (execution_id)
-                WHERE ev.published_at IS NULL AND e.route = $1 ORDER BY 1, 2 LIMIT 500"""
+            """PREPARE due(text) AS SELECT e.execution_id, o.seq FROM executions e
+                 JOIN output_chunks o USING (execution_id)
+                WHERE e.open AND e.route = $1 ORDER BY 1, 2 LIMIT 500"""
         )
 
         async def plan() -> str:
@@ -363,12 +349,12 @@ async def test_tables_that_grew_from_nothing_are_analyzed_so_a_cached_plan_is_ma
         deadline = time.monotonic() + 15
         while not await conn.fetchval(
             "SELECT count(*) = 2 FROM pg_stat_user_tables WHERE schemaname = current_schema()"
-            " AND relname IN ('events', 'executions') AND n_live_tup >= 3000"
+            " AND relname IN ('output_chunks', 'executions') AND n_live_tup >= 2900"
         ):
             assert time.monotonic() < deadline, "the insert counts never reached the statistics views"
             await asyncio.sleep(0.1)
 
         # Then the statistics keeper analyzes them, and the cached plan is made again
-        assert {"events", "executions"} <= set(await analyze_grown(pg_pool))
+        assert {"output_chunks", "executions"} <= set(await analyze_grown(pg_pool))
         assert await plan() != small
         assert await analyze_grown(pg_pool) == []  # fresh statistics: nothing more to do

@@ -1,6 +1,6 @@
 """The executor and the recovery scan in this process, on a real PostgreSQL ledger.
 
-No broker is needed: events stay in the ledger's outbox, where these tests read them. The
+No broker is needed: the relay is never run, and these tests read the events from the ledger. The
 worker is registered for real (advisory-lock liveness), so "dead owner" and "this live
 worker" mean what they mean in production.
 """
@@ -14,21 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 
-from hands import ledger
 from hands.executor import Executor
 from hands.recovery import RecoveryScanner
 from hands.registry import ToolRegistry, load_tools
-from hands.relay import EventRelay
+from hands.relay import stored_events
 from hands.states import OPEN_STATUSES, LedgerStatus
-from infra.broker import Broker, Topology
-from infra.db import create_pool, migrate, transact
+from hands.store import MIGRATIONS, Execution, Ledger, NewExecution, ledger_for
+from hands.writer import LedgerWriter
+from infra.db import create_pool, migrate
 from infra.killpoints import KillPoints
 from infra.liveness import WorkerRegistration
 from infra.payloads import PayloadCodec
-from protocol import decode, new_id
+from protocol import UnknownEvent, new_id
 from tests import hands_test_tools as tools
 from tests.hands_pg_proxy import CommitCutter
 from tests.support import TendonEnv, wait_for
@@ -36,7 +35,7 @@ from tests.support import TendonEnv, wait_for
 
 @dataclass
 class Lab:
-    pool: asyncpg.Pool
+    ledger: Ledger
     registry: ToolRegistry
     executor: Executor
     scanner: RecoveryScanner
@@ -69,31 +68,29 @@ class Lab:
             "attempts": 0 if status is LedgerStatus.ACCEPTED else 1,
         }
 
-        async def work(conn: asyncpg.Connection) -> Any:
-            return await ledger.insert_execution(conn, **values)
-
-        assert await transact(self.pool, work) is not None
+        # As the worker left it: its events so far are not what these tests look at.
+        (row,) = await self.ledger.transact(lambda conn: self.ledger.insert(conn, [NewExecution(values, [])]))
+        assert row is not None
         return execution_id
 
-    async def settled(self, execution_id: str) -> ledger.Execution:
+    async def settled(self, execution_id: str) -> Execution:
         """Wait until the execution is no longer open; return its row."""
 
-        async def closed() -> ledger.Execution | None:
-            async with self.pool.acquire() as conn:
-                row = await ledger.get_execution(conn, execution_id)
+        async def closed() -> Execution | None:
+            row = await self.ledger.read(lambda conn: self.ledger.get(conn, execution_id))
             return row if row is not None and row.status not in OPEN_STATUSES else None
 
-        row: ledger.Execution = await wait_for(closed, timeout=10, what=f"{execution_id} to be closed")
+        row: Execution = await wait_for(closed, timeout=10, what=f"{execution_id} to be closed")
         return row
 
+    async def events(self, execution_id: str) -> list[dict[str, Any]]:
+        return await self.ledger.read(lambda conn: stored_events(self.ledger, conn, execution_id, 1))
+
     async def event_kinds(self, execution_id: str) -> list[tuple[int, str]]:
-        async with self.pool.acquire() as conn:
-            return [(r["seq"], r["kind"]) for r in await ledger.list_events(conn, execution_id)]
+        return [(e["seq"], e["kind"]) for e in await self.events(execution_id)]
 
     async def last_event(self, execution_id: str) -> Any:
-        async with self.pool.acquire() as conn:
-            rows = await ledger.list_events(conn, execution_id)
-        return decode(bytes(rows[-1]["payload"]))
+        return UnknownEvent.model_validate((await self.events(execution_id))[-1])
 
     def runs(self) -> list[tuple[str, str, int]]:
         return tools.runs(self.runs_file)
@@ -111,24 +108,22 @@ async def _lab(
     schema = settings.hands_schema
     pool = await create_pool(dsn, schema, max_size=6)
     try:
-        await migrate(pool, schema, ledger.MIGRATIONS)
+        await migrate(pool, schema, MIGRATIONS)
+        ledger = ledger_for(pool)
         async with WorkerRegistration(tendon.database_url, schema, "hands") as registration:
             registry = load_tools("tests.hands_test_tools", "lab")
-            # The relay is only woken here, never run: the events stay in the outbox.
-            relay = EventRelay(
-                pool, Broker(tendon.amqp_url, Topology(settings.queue_prefix)), route="lab", interval=0.2
-            )
+            # No relay: what the commits hand over is dropped; the events are in the ledger.
+            writer = LedgerWriter(ledger, PayloadCodec(None, 1024 * 1024), lambda events: None)
             executor = Executor(
-                pool=pool,
-                codec=PayloadCodec(None, 1024 * 1024),
+                ledger=ledger,
+                writer=writer,
                 registry=registry,
                 worker_id=registration.worker_id,
-                relay=relay,
                 kill=KillPoints(),
                 concurrency=4,
             )
-            scanner = RecoveryScanner(pool=pool, route="lab", executor=executor, interval=0.2)
-            yield Lab(pool, registry, executor, scanner, runs_file, charges_file)
+            scanner = RecoveryScanner(route="lab", executor=executor, interval=0.2)
+            yield Lab(ledger, registry, executor, scanner, runs_file, charges_file)
             await executor.drain(5.0)
     finally:
         await pool.close()
@@ -229,8 +224,7 @@ async def test_an_orphan_whose_cancel_was_asked_for_is_cancelled_not_run(
     # Given an execution left by a dead worker after a cancel was asked for (its turn ended)
     args = {"text": "late"} if tool == "echo" else {"amount": 5}
     execution_id = await lab.add(tool, args, status, "dead-worker")
-    async with lab.pool.acquire() as conn:
-        await ledger.request_cancel(conn, execution_id)
+    await lab.ledger.transact(lambda conn: lab.ledger.request_cancel(conn, execution_id))
 
     # When this worker takes it over
     assert await lab.scanner.scan_once() == 1
@@ -272,8 +266,8 @@ async def test_a_commit_whose_outcome_was_unclear_but_landed_is_not_repeated(
 ) -> None:
     # Given an execution left by a dead worker, and a ledger connection that loses the answer
     # to one commit of its run (the commit lands; the worker sees its connection lost, so
-    # the outcome is unknown to it). The start, and the outcome of a body that wrote no page,
-    # are one statement each that commits alone; the others are transactions.
+    # the outcome is unknown to it). The start and the outcome are one statement each that
+    # commits alone; the claim and a page are transactions.
     lab = cut_lab
     execution_id = await lab.add("slow", {"pages": pages, "delay": 0}, LedgerStatus.ACCEPTED, "dead-worker")
     # Its commits: the claim, the start, the page (if any), the outcome.

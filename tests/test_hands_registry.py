@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hands import ledger
 from hands.registry import ToolLoadError, load_tools
+from hands.store import MIGRATIONS as LEDGER_MIGRATIONS
 from infra.db import create_pool, migrate
 from protocol import RoutingError, new_id
 from tests import hands_test_tools as lab
@@ -101,7 +101,7 @@ async def test_reconciling_an_execution_that_is_not_in_the_ledger_exits_2(
     schema = tendon.settings().hands_schema
     pool = await create_pool(tendon.database_url, schema, max_size=1)
     try:
-        await migrate(pool, schema, ledger.MIGRATIONS)
+        await migrate(pool, schema, LEDGER_MIGRATIONS)
     finally:
         await pool.close()
     execution_id = new_id()

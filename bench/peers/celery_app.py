@@ -1,4 +1,7 @@
-"""The Celery peer's app: a trivial task on the shared RabbitMQ, with durability switched on.
+"""The Celery peer's app: trivial tasks on the shared RabbitMQ, with durability switched on.
+
+``noop`` is one task per call; ``model_step`` and ``tool_step`` make the like-for-like call, a
+chain of three (model -> tool -> model) the way a Tendon 1-call turn is three steps.
 
 ``acks_late`` + ``task_reject_on_worker_lost`` (a killed worker's task is redelivered) and
 ``broker_transport_options={"confirm_publish": True}`` (publisher confirms). Results come back
@@ -14,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from celery import Celery
+from celery import Celery, chain
+from celery.canvas import Signature
 from celery.signals import worker_ready
 
 app = Celery(
@@ -44,6 +48,34 @@ app.conf.update(
 def noop(n: int = 0) -> int:
     """Do nothing."""
     return n
+
+
+@app.task(name="bench.model_step")
+def model_step(n: int = 0) -> int:
+    """A scripted model step: nothing to compute, like the Brain's scripted model. ``n + 1``,
+    so the chain's result shows that every step ran, in order, on its predecessor's result."""
+    return n + 1
+
+
+@app.task(name="bench.tool_step")
+def tool_step(n: int) -> int:
+    """The tool call between the two model steps: ``n + 1`` too."""
+    return n + 1
+
+
+def one_call_turn() -> Signature:
+    """model -> tool -> model as one ``celery.chain``: each task's result is the next one's argument.
+
+    The first two steps send no result to the client (``ignore_result``): the worker hands a
+    step's return value to the next task itself, and the client, like a Tendon user waiting
+    for the turn, waits only for the last. Their results over ``rpc://`` would be replies
+    nobody reads (Celery keeps them in a buffer at the client), not durability.
+    """
+    return chain(
+        model_step.s(0).set(ignore_result=True),
+        tool_step.s().set(ignore_result=True),
+        model_step.s(),
+    )
 
 
 @app.task(name="bench.sleepy")

@@ -1,7 +1,11 @@
 """Drive the Celery peer: a worker process (prefork, 2 processes) and a client in threads.
 
 Completion is the task's result arriving over ``rpc://`` at the client: the same thing a
-Tendon user waits for (the tool result applied), measured at the caller.
+Tendon user waits for (the tool result applied), measured at the caller. A call is one
+``noop`` task, or (``chain=True``) the like-for-like shape of a Tendon 1-call turn: a chain of
+three tasks, model -> tool -> model (``celery_app.one_call_turn``), each handed from the
+worker to the next task through the broker with a confirmed publish before its ack, and the
+last one's result at the client.
 
 Worker-kill redelivery (:meth:`CeleryPeer.kill_trial`): a ``gated`` task blocks on a gate
 file; the harness SIGKILLs either the prefork *child* running it or the *whole worker* (its
@@ -33,6 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import Processes, gate_starts, wait_for
+from bench.scenarios.base import Context
+
+CHAIN_NAME = "Celery chain of 3 tasks"  # like a 1-call turn: model -> tool -> model
+CHAIN_RESULT = 3  # model_step(0) -> tool_step -> model_step, each adds one
+QUICK_NOTE = (
+    "quick mode: Celery throughput and latency not run (needs the `bench` extra); run without"
+    " --quick (its worker-kill recovery trials do run in quick mode when Celery is installed)"
+)
+MISSING_NOTE = "Celery is not installed (pip install -e '.[bench]'): its columns are empty"
 
 
 def available() -> bool:
@@ -41,6 +54,15 @@ def available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def skipped(ctx: Context) -> bool:
+    """True when Celery's throughput and latency are not run here (quick mode, or no Celery);
+    the reason goes into the notes once, however many scenarios ask."""
+    why = QUICK_NOTE if ctx.quick else None if available() else MISSING_NOTE
+    if why is not None and why not in ctx.notes:
+        ctx.notes.append(why)
+    return why is not None
 
 
 class CeleryPeer:
@@ -133,23 +155,29 @@ class CeleryPeer:
             # Celery declares a direct exchange named after the default queue.
             ch.exchange_delete(self.queue)
 
-    def _one(self) -> float:
+    def _one(self, chain: bool = False) -> float:
+        """One call, from apply_async to its result at this client; seconds."""
         t0 = time.perf_counter()
-        self.mod.noop.apply_async(args=(1,)).get(timeout=30)
+        if chain:
+            if self.mod.one_call_turn().apply_async().get(timeout=30) != CHAIN_RESULT:
+                raise RuntimeError("the chain's result says a step did not run")
+        else:
+            self.mod.noop.apply_async(args=(1,)).get(timeout=30)
         return time.perf_counter() - t0
 
-    async def sequential(self, n: int) -> list[float]:
+    async def sequential(self, n: int, chain: bool = False) -> list[float]:
         loop = asyncio.get_running_loop()
-        return [await loop.run_in_executor(self.pool, self._one) for _ in range(n)]
+        return [await loop.run_in_executor(self.pool, self._one, chain) for _ in range(n)]
 
-    async def closed_loop(self, in_flight: int, duration: float) -> float:
-        """``in_flight`` client threads, each apply_async + get in a loop; tasks per second."""
+    async def closed_loop(self, in_flight: int, duration: float, chain: bool = False) -> float:
+        """``in_flight`` client threads, each apply_async + get in a loop; calls (tasks, or
+        chains of three with ``chain``) per second."""
         stop = time.perf_counter() + duration
 
         def worker() -> int:
             n = 0
             while time.perf_counter() < stop:
-                self._one()
+                self._one(chain)
                 n += 1
             return n
 

@@ -1,4 +1,4 @@
-"""The DBOS peer: a one-step durable workflow on the same PostgreSQL, in a child process.
+"""The DBOS peer: durable workflows of one step and of three on the same PostgreSQL, in a child process.
 
 DBOS (``pip install dbos``, the ``bench`` extra) is a library: workflows run inside the
 application process and checkpoint to a PostgreSQL "system database". The peer here is
@@ -6,10 +6,18 @@ application process and checkpoint to a PostgreSQL "system database". The peer h
     @DBOS.step()      async def noop_step(n)    -> n
     @DBOS.workflow()  async def one_step(n)     -> await noop_step(n)
 
-run on one asyncio loop with ``DBOS.start_workflow_async(one_step, n)`` and
+and, like for like with a Tendon 1-call turn (a model step, a tool call, a model step),
+
+    @DBOS.step()      async def model_step(n)   -> n + 1
+    @DBOS.step()      async def tool_step(n)    -> n + 1
+    @DBOS.workflow()  async def three_steps(n)  -> model_step(tool_step(model_step(n)))
+
+run on one asyncio loop with ``DBOS.start_workflow_async(workflow, n)`` and
 ``handle.get_result()``; a workflow's time is from the start call to its result at the caller.
-Each workflow commits its status (PENDING), the step's output and its final status
-(SUCCESS); there is no broker hop, the step runs in the same process as the workflow.
+Each workflow commits its status (PENDING), each step's output and its final status
+(SUCCESS); there is no broker hop, the steps run in the same process as the workflow. The two
+shapes take turns (call by call for latency, level by level for throughput), so both see the
+same machine.
 
 The child process (``python -m bench.peers.dbos_bench child ...``) keeps DBOS's threads
 and global state out of the harness; :class:`DBOSPeer` creates the database it uses
@@ -25,6 +33,7 @@ import json
 import sys
 import time
 import uuid
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +42,8 @@ import asyncpg
 from bench.harness import Processes, Services
 from bench.scenarios.base import Context
 
+THREE_NAME = "DBOS workflow of 3 steps"  # like a 1-call turn: model, tool, model
+SHAPES = (1, 3)  # steps per workflow; a result's keys: "rates"/"latencies" for 1, "..._3" for 3
 QUICK_NOTE = "quick mode: DBOS not run (needs the `bench` extra and a child process); run without --quick"
 
 
@@ -134,6 +145,24 @@ def _child(ns: argparse.Namespace) -> int:
     async def one_step(n: int) -> int:
         return await noop_step(n)
 
+    @DBOS.step()
+    async def model_step(n: int) -> int:
+        return n + 1
+
+    @DBOS.step()
+    async def tool_step(n: int) -> int:
+        return n + 1
+
+    @DBOS.workflow()
+    async def three_steps(n: int) -> int:
+        return await model_step(await tool_step(await model_step(n)))
+
+    # steps -> (workflow, argument, the result that shows every step ran)
+    workflows: dict[int, tuple[Callable[[int], Coroutine[Any, Any, int]], int, int]] = {
+        1: (one_step, 1, 1),
+        3: (three_steps, 0, 3),
+    }
+
     config: DBOSConfig = {
         "name": "tendon-bench",
         "system_database_url": ns.db,
@@ -143,38 +172,49 @@ def _child(ns: argparse.Namespace) -> int:
     DBOS(config=config)
     DBOS.launch()
 
-    async def call() -> float:
+    async def call(steps: int) -> float:
+        workflow, arg, expected = workflows[steps]
         t0 = time.perf_counter()
-        handle = await DBOS.start_workflow_async(one_step, 1)
-        if await handle.get_result() != 1:
+        handle = await DBOS.start_workflow_async(workflow, arg)
+        if await handle.get_result() != expected:
             raise RuntimeError("wrong workflow result")
         return time.perf_counter() - t0
 
-    async def closed_loop(in_flight: int, duration: float) -> float:
+    async def closed_loop(steps: int, in_flight: int, duration: float) -> float:
         done = 0
         stop = time.perf_counter() + duration
 
         async def client() -> None:
             nonlocal done
             while time.perf_counter() < stop:
-                await call()
+                await call(steps)
                 done += 1
 
         t0 = time.perf_counter()
         await asyncio.wait_for(asyncio.gather(*(client() for _ in range(in_flight))), duration + 60)
         return done / (time.perf_counter() - t0)
 
+    def key(name: str, steps: int) -> str:
+        return name if steps == 1 else f"{name}_{steps}"
+
     async def main() -> dict[str, Any]:
         for _ in range(ns.warmup):
-            await call()
+            for steps in SHAPES:
+                await call(steps)
         if ns.mode == "latency":
-            return {"latencies": [await call() for _ in range(ns.n)]}
-        await closed_loop(4, 1.0)
-        rates: dict[str, list[float]] = {}
+            latencies: dict[int, list[float]] = {steps: [] for steps in SHAPES}
+            for _ in range(ns.n):
+                for steps in SHAPES:
+                    latencies[steps].append(await call(steps))
+            return {key("latencies", steps): xs for steps, xs in latencies.items()}
+        for steps in SHAPES:
+            await closed_loop(steps, 4, 1.0)
+        rates: dict[int, dict[str, list[float]]] = {steps: {} for steps in SHAPES}
         for _ in range(ns.repeats):
             for k in (int(x) for x in ns.levels.split(",")):
-                rates.setdefault(str(k), []).append(await closed_loop(k, ns.duration))
-        return {"rates": rates}
+                for steps in SHAPES:
+                    rates[steps].setdefault(str(k), []).append(await closed_loop(steps, k, ns.duration))
+        return {key("rates", steps): per for steps, per in rates.items()}
 
     try:
         result = asyncio.run(main())
@@ -188,7 +228,7 @@ def _child(ns: argparse.Namespace) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(prog="bench.peers.dbos_bench")
     sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("child", help="run the DBOS workflows and write JSON results")
+    c = sub.add_parser("child", help="run the DBOS workflows (1 and 3 steps) and write JSON results")
     c.add_argument("--db", required=True)
     c.add_argument("--mode", choices=["latency", "throughput"], required=True)
     c.add_argument("--out", required=True)

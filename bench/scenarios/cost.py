@@ -128,8 +128,8 @@ async def run(ctx: Context) -> Result:
         idle = r0.rates(r1)
         tendon = await _turns(ctx, world, single, n, idle)
         wide_writes = (await _turns(ctx, world, wide, n // 2, idle))["xids"]
-        outbox = (await world.fetch("SELECT count(*) AS c FROM outbox"))[0]["c"]
-        events = (await world.fetch(f'SELECT count(*) AS c FROM "{world.hands_schema}".events'))[0]["c"]
+        outbox = (await world.fetch("SELECT count(*) AS c FROM executions"))[0]["c"]
+        events = 0
         publishes = (outbox + events) / (n + 1 + (n // 2 + 1) * WIDE)  # per call, warm-ups included
     finally:
         await world.cleanup()

@@ -10,7 +10,11 @@ stamped the same way (intent transaction to the Brain's result transaction). The
 of one tool call is the median of a 2-call turn minus the median of a 1-call turn.
 
 DBOS (full mode, ``bench/peers/dbos_bench.py``): a one-step workflow, from
-``start_workflow_async`` to its result at the caller, in the client-observed rows.
+``start_workflow_async`` to its result at the caller, in the client-observed rows. Like for
+like with the 1-call turn (model step, tool call, model step), full mode also has rows with a
+Celery chain of 3 tasks (``apply_async`` to the last task's result over ``rpc://``, a worker of
+2 prefork processes) and a DBOS workflow of 3 steps; the single-task Celery figure is the
+throughput scenario's.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import time
 
 from bench.floor import Floor
 from bench.harness import TendonWorld, median, one_call_agent, pct
-from bench.peers import dbos_bench
+from bench.peers import celery_bench, dbos_bench
 from bench.scenarios.base import Context, Result, Row
 
 
@@ -59,8 +63,17 @@ async def run(ctx: Context) -> Result:
         await floor.settle()
         fl = await floor.sequential(n)
         fl2 = [a + b for a, b in zip(await floor.sequential(n), await floor.sequential(n), strict=True)]
+    chain: list[float] = []
+    if not celery_bench.skipped(ctx):
+        try:
+            async with celery_bench.CeleryPeer(ctx.services.amqp_url, ctx.procs) as peer:
+                await peer.sequential(20, chain=True)  # warm up: the worker's and the client's connections
+                chain = await peer.sequential(n, chain=True)
+        except Exception as exc:  # noqa: BLE001 - reported, the Tendon figures still stand
+            ctx.notes.append(f"Celery chain latency FAILED, its cells are empty: {type(exc).__name__}: {exc}")
     dbos = await dbos_bench.maybe_run(ctx, "latency", timeout=300, n=n, warmup=20)
     dbos_lat: list[float] = dbos["latencies"] if dbos else []
+    dbos_3: list[float] = dbos["latencies_3"] if dbos else []
 
     ms = 1000.0
     res = Result()
@@ -101,6 +114,21 @@ async def run(ctx: Context) -> Result:
                 + ("; DBOS: 1-step workflow, start_workflow_async to result, in-process" if dbos_lat else ""),
             )
         )
+    for q in (50, 99) if chain or dbos_3 else ():
+        res.rows.append(
+            Row(
+                "latency",
+                f"1-call turn p{q}, client-observed, like for like (Celery: chain of 3 tasks; "
+                "DBOS: workflow of 3 steps)",
+                "ms",
+                pct(one_client, q) * ms,
+                pct(floor_client, q) * ms,
+                pct(chain, q) * ms if chain else None,
+                pct(dbos_3, q) * ms if dbos_3 else None,
+                note="Celery: model -> tool -> model tasks, apply_async to the last one's result "
+                "via rpc://; DBOS: 3 steps, start_workflow_async to result, in-process",
+            )
+        )
     res.rows.append(Row("latency", "2-call turn p50", "ms", median(two) * ms, median(fl2) * ms))
     res.rows.append(
         Row(
@@ -114,4 +142,7 @@ async def run(ctx: Context) -> Result:
     res.series["latency"] = {"tendon_1": one, "tendon_2": two, "floor_1": fl, "floor_2": fl2}
     if dbos_lat:
         res.series["latency"]["dbos_1"] = dbos_lat
+        res.series["latency"]["dbos_3"] = dbos_3
+    if chain:
+        res.series["latency"]["celery_chain"] = chain
     return res

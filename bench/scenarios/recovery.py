@@ -12,9 +12,9 @@ answer is released; seconds from SIGKILL until the turn is completed. No lease i
 
 *mid-step*: the Brain is SIGKILLed while it owns the turn (lease held, claim committed) in the
 middle of its model step: the model has answered, nothing of the reply is committed. To land
-the kill there deterministically the harness holds ``LOCK TABLE model_calls IN SHARE ROW
+the kill there deterministically the harness holds ``LOCK TABLE executions IN SHARE ROW
 EXCLUSIVE MODE`` (in the world's own schema) while the turn runs, so the Brain's reply commit
-waits on its first statement; the harness sees that wait in ``pg_locks``, reads the owner from
+(which inserts the turn's intents) waits; the harness sees that wait in ``pg_locks``, reads the owner from
 ``turns.lease_owner`` (a worker id that carries its PID), SIGKILLs that Brain and releases the
 lock. Seconds from SIGKILL until the turn is completed by the standby, which must notice the
 owner is dead (its liveness lock vanished with its session, and the broker no longer sees it:
@@ -126,7 +126,7 @@ async def brain_midstep_trial(world: TendonWorld, brains: list, timeout: float) 
     while len([b for b in brains if b.poll() is None]) < 2:  # the owner-to-be and a standby
         brains.append(await world.start_brain())
         await asyncio.sleep(SETTLE)
-    table = f'"{world.brain_schema}".model_calls'
+    table = f'"{world.brain_schema}".executions'
     conn = await asyncpg.connect(world.services.database_url)
     try:
         tx = conn.transaction()
@@ -143,7 +143,7 @@ async def brain_midstep_trial(world: TendonWorld, brains: list, timeout: float) 
                 )
             )
 
-        what = "the Brain's model-reply commit to wait on the model_calls lock"
+        what = "the Brain's model-reply commit (its intents) to wait on the executions lock"
         await wait_for(blocked, timeout=min(timeout, 20.0), interval=0.005, what=what)
         owner_id = await conn.fetchval(
             f'SELECT lease_owner FROM "{world.brain_schema}".turns WHERE id = $1', tid

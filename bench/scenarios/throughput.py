@@ -6,7 +6,9 @@ Tendon "call" here also carries its turn: submit, two scripted model steps, fina
 harness keeps K turns in flight and resubmits as it sees completions (polled every 10 ms).
 A second shape keeps 50 calls in flight as 5 turns of 10 calls in one model step: what a call
 costs when the turn around it is shared. Floor, Celery and DBOS (full mode) run the same
-closed loop with K calls / tasks / one-step workflows in flight.
+closed loop with K calls / tasks / one-step workflows in flight; and, like for like with a
+1-call turn (model step, tool call, model step), Celery chains of 3 tasks and DBOS workflows
+of 3 steps, each shape taking turns with the single-task one level by level.
 
 At 50 in flight the machine is saturated, so calls per second is about the machine's two
 cores divided by the CPU time per call; ``bench.cpu`` splits that time by process role.
@@ -36,6 +38,8 @@ from bench.cpu import HARNESS, CpuMeter, per_call
 from bench.floor import Floor
 from bench.harness import TendonWorld, median, one_call_agent, parallel_agent
 from bench.peers import celery_bench, dbos_bench
+from bench.peers.celery_bench import CHAIN_NAME
+from bench.peers.dbos_bench import THREE_NAME
 from bench.scenarios.base import Context, Result, Row
 
 LEVELS = [1, 10, 50]
@@ -43,6 +47,7 @@ TARGET_LEVEL = 50
 WIDE = 10  # calls per turn in the shared-turn shape
 WIDE_NAME = f"Tendon, turns of {WIDE}"
 WINDOW_TIMEOUT = 120.0  # s: a Tendon window that has not seen its round of calls by then raises
+LIKE = "like for like (Celery: chain of 3 tasks; DBOS: workflow of 3 steps)"
 
 
 @dataclass
@@ -134,8 +139,12 @@ def median_cpu(levels: list[Level]) -> dict[str, float]:
 async def run(ctx: Context) -> Result:
     duration = 2.0 if ctx.quick else 10.0
     repeats = 1 if ctx.quick else 3
-    rates: dict[str, dict[str, list[float]]] = {"Tendon": {}, "floor": {}, "Celery": {}, "DBOS": {}}
-    at_target: dict[str, list[Level]] = {"Tendon": [], WIDE_NAME: [], "floor": [], "Celery": []}
+    rates: dict[str, dict[str, list[float]]] = {
+        name: {} for name in ("Tendon", "floor", "Celery", CHAIN_NAME, "DBOS", THREE_NAME)
+    }
+    at_target: dict[str, list[Level]] = {
+        name: [] for name in ("Tendon", WIDE_NAME, "floor", "Celery", CHAIN_NAME)
+    }
     world = TendonWorld(ctx.services, ctx.procs)
     try:
         await world.start_brain()
@@ -179,37 +188,35 @@ async def run(ctx: Context) -> Result:
                 if k == TARGET_LEVEL:
                     at_target["floor"].append(level)
     celery_ok = False
-    if ctx.quick:
-        ctx.notes.append(
-            "quick mode: Celery throughput and latency not run (needs the `bench` extra); run without"
-            " --quick (its worker-kill recovery trials do run in quick mode when Celery is installed)"
-        )
-    elif not celery_bench.available():
-        ctx.notes.append("Celery is not installed (pip install -e '.[bench]'): its columns are empty")
-    else:
+    if not celery_bench.skipped(ctx):
         async with celery_bench.CeleryPeer(ctx.services.amqp_url, ctx.procs) as peer:
             celery_meter = CpuMeter(
                 lambda: {"Celery worker": [p.pid for p in peer.workers if p.poll() is None]}
             )
             await peer.closed_loop(4, 1.0)
+            await peer.closed_loop(4, 1.0, chain=True)
             for _ in range(repeats):
                 for k in LEVELS:
-                    level = await metered(celery_meter, lambda k=k: peer.closed_loop(k, duration))  # type: ignore[misc]
-                    rates["Celery"].setdefault(str(k), []).append(level.rate)
-                    if k == TARGET_LEVEL:
-                        at_target["Celery"].append(level)
+                    for name, chain in (("Celery", False), (CHAIN_NAME, True)):
+                        level = await metered(
+                            celery_meter,
+                            lambda k=k, chain=chain: peer.closed_loop(k, duration, chain=chain),  # type: ignore[misc]
+                        )
+                        rates[name].setdefault(str(k), []).append(level.rate)
+                        if k == TARGET_LEVEL:
+                            at_target[name].append(level)
             celery_ok = True
             res_lat = await peer.sequential(ctx.n(10, 200))
     dbos = await dbos_bench.maybe_run(
         ctx,
         "throughput",
-        timeout=len(LEVELS) * repeats * (duration + 30) + 120,
+        timeout=len(dbos_bench.SHAPES) * len(LEVELS) * repeats * (duration + 30) + 120,
         levels=",".join(map(str, LEVELS)),
         duration=duration,
         repeats=repeats,
     )
     if dbos:
-        rates["DBOS"] = dbos["rates"]
+        rates["DBOS"], rates[THREE_NAME] = dbos["rates"], dbos["rates_3"]
     res = Result()
     note = f"median of {repeats} x {duration:.0f} s or more"
     for k in LEVELS:
@@ -240,6 +247,22 @@ async def run(ctx: Context) -> Result:
             f"{TARGET_LEVEL}-in-flight figures",
         )
     )
+    if celery_ok or dbos:
+        for k in LEVELS:
+            key = str(k)
+            res.rows.append(
+                Row(
+                    "throughput",
+                    f"tool calls/s, {k} in flight, {LIKE}",
+                    "calls/s",
+                    median(rates["Tendon"][key]),
+                    median(rates["floor"][key]),
+                    median(rates[CHAIN_NAME][key]) if celery_ok else None,
+                    median(rates[THREE_NAME][key]) if dbos else None,
+                    note=f"{note}; Tendon: 1-call turns; a Celery call: model -> tool -> model tasks, "
+                    "each through the broker; a DBOS call: 3 steps in the workflow's process",
+                )
+            )
     res.rows.append(
         Row(
             "throughput",
@@ -251,6 +274,8 @@ async def run(ctx: Context) -> Result:
     )
     cpu = {name: median_cpu(levels) for name, levels in at_target.items() if levels}
     res.rows += cpu_rows(cpu, celery_ok)
+    if celery_ok:
+        res.rows += chain_cpu_rows(cpu)
     res.series["cpu"] = cpu
     if celery_ok:
         res.rows.append(
@@ -261,7 +286,8 @@ async def run(ctx: Context) -> Result:
                 None,
                 None,
                 median(res_lat) * 1000,
-                note="compare with the client-observed latency row",
+                note="compare with the client-observed latency row; a chain of 3 tasks: the "
+                "latency scenario's like-for-like rows",
             )
         )
     res.series["throughput"] = {name: {k: median(v) for k, v in per.items()} for name, per in rates.items()}
@@ -339,6 +365,42 @@ def cpu_rows(cpu: Mapping[str, Mapping[str, float]], celery_ok: bool) -> list[Ro
                 floor=figures["floor"],
                 celery=figures["Celery"],
                 note=note + unmeasured({side: figures[side] for side in sides}),
+            )
+        )
+    return rows
+
+
+def chain_cpu_rows(cpu: Mapping[str, Mapping[str, float]]) -> list[Row]:
+    """CPU ms per call of the Celery chain of 3 tasks at the target level, in all and by the
+    roles a Celery call has, beside Tendon's 1-call turn (as in ``cpu_rows``, a figure that
+    came back empty keeps its row and is named "not measured")."""
+    tendon, chain = cpu.get("Tendon", {}), cpu.get(CHAIN_NAME, {})
+    where = f"at {TARGET_LEVEL} in flight, median of the repeats; Tendon: 1-call turns"
+
+    def missing(figure: float | None) -> str:
+        return "" if figure is not None else f"; not measured: {CHAIN_NAME}"
+
+    total = sum(chain.values()) if chain else None
+    rows = [
+        Row(
+            "cpu",
+            f"CPU per call, all processes, {CHAIN_NAME} (like a 1-call turn)",
+            "ms",
+            sum(tendon.values()) if tendon else None,
+            celery=total,
+            note=f"{where}; on 2 cores, calls/s is about 2000 / this" + missing(total),
+        )
+    ]
+    for role in ("Celery worker", "RabbitMQ", HARNESS):
+        label = ROLES[role][0]
+        rows.append(
+            Row(
+                "cpu",
+                f"CPU per call: {label}, {CHAIN_NAME}",
+                "ms",
+                tendon.get(role),
+                celery=chain.get(role),
+                note=where + missing(chain.get(role)),
             )
         )
     return rows

@@ -1,378 +1,438 @@
-"""Tool executions on the Brain side: intents, and applying sequenced events from Hands."""
+"""Tool executions on the Brain side: applying the sequenced events Hands send, and reading
+what a turn's steps came to.
+
+``apply_events`` takes several executions' event ranges in one transaction. Here every range
+goes the careful way (lock, classify, plan, write); ``brain.store.postgres`` first applies the
+usual ones in one statement and leaves only the rest to this path. Either way, each turn the
+apply touched gets one journal entry, and a turn whose step is done is woken, or claimed at once
+for a run of this Brain when it has a free slot.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-import asyncpg
-
-from brain.sequencing import Arrival, classify, drainable
-from brain.states import (
-    EVENT_STATUS,
-    EXECUTION_TRANSITIONS,
-    TERMINAL_EXECUTION,
-    ExecutionStatus,
-    execution_transition,
-    sources,
-)
-from brain.store import events, outbox
-from infra.db import Json, dialect
+from brain import facts
+from brain.applying import Effect, Execution, effect, late_note
+from brain.sequencing import drainable
+from brain.states import TERMINAL_EXECUTION, ExecutionStatus
+from brain.store.records import TURN_COLUMNS, Applied, ClaimBudget, TurnRow
+from brain.store.turns import FINAL_SQL, TurnRows
+from infra.db import Json
 from infra.logging import get_logger
-from protocol import ConflictError, NotFoundError, RoutingError, decode, encode
+from protocol import ConflictError, NotFoundError, RoutingError, TendonError, decode, encode
+
+
+@dataclass
+class TurnTouched:
+    """What one apply did to one turn: the facts of its entry, and whether a step may be done."""
+
+    session_id: str
+    thread_id: str
+    status: str
+    phase: str
+    facts: list[dict[str, Any]] = field(default_factory=list)
+    step_done: int | None = None  # the tool step an execution of which just ended
+    finished: list[str] = field(default_factory=list)  # executions that ended in this apply
+    run: int | None = None  # the epoch of the run this apply claimed the turn for
+
+
+class Touched(dict[str, TurnTouched]):
+    """The turns of one apply, by id."""
+
+    def turn(self, row: Any) -> TurnTouched:
+        if row["turn_id"] not in self:
+            self[row["turn_id"]] = TurnTouched(
+                row["session_id"], row["thread_id"], row["turn_status"], row["turn_phase"]
+            )
+        return self[row["turn_id"]]
+
 
 log = get_logger(__name__)
 
-_INSERT_INTENT = """INSERT INTO executions (id, turn_id, tool_step, call_id, route, tool, binding_digest,
-                                   replay_policy, args, request_digest, status, command_message_id)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"""
+# The execution an event names, with its turn's scope and state.
+NAMED_COLUMNS = """e.id, e.turn_id, e.tool_step, e.call_id, e.tool, e.status, e.last_seq, e.attempts,
+                   e.result,
+                   e.how, e.evidence, e.output_bytes, e.error, e.request_digest, e.holding, e.nudges,
+                   e.journal_detail"""
+_NAMED = f"""SELECT {NAMED_COLUMNS}, t.namespace, t.session_id, t.thread_id, t.status AS turn_status,
+                     t.phase AS turn_phase
+              FROM executions e JOIN turns t ON t.id = e.turn_id WHERE e.id = $1"""
+_PROGRESS = "replay_requested_at = NULL, stall_backoff = 1, nudges = 0, command = NULL, updated_at = now()"
+# A waiting turn whose step is done, woken; with an owner ($3), claimed for that owner's run at
+# once (past APPLY_RESULTS: its results go to the model next).
+_WAKE = f"""
+    UPDATE turns SET status = 'running', wake_at = now(), waiting_for = NULL, updated_at = now(),
+           revision = revision + 1, lease_owner = $3,
+           lease_epoch = CASE WHEN $3 IS NULL THEN lease_epoch ELSE lease_epoch + 1 END,
+           runs = CASE WHEN $3 IS NULL THEN runs ELSE runs + 1 END,
+           lease_expires_at = CASE WHEN $3 IS NULL THEN NULL ELSE ts_add(now(), $4) END,
+           phase = CASE WHEN $3 IS NULL THEN phase ELSE 'model_request' END
+     WHERE id = $1 AND status = 'waiting' AND phase = 'wait_tools' AND tool_step = $2
+       AND EXISTS (SELECT 1 FROM executions e WHERE e.turn_id = $1 AND e.tool_step = $2)
+       AND NOT EXISTS (SELECT 1 FROM executions e WHERE e.turn_id = $1 AND e.tool_step = $2
+                         AND e.status NOT IN {FINAL_SQL})
+ RETURNING {TURN_COLUMNS}"""
 
 
-async def insert_intent(
-    conn: asyncpg.Connection,
-    *,
-    execution_id: str,
-    turn_id: str,
-    tool_step: int,
-    call_id: str,
-    binding: dict[str, Any],
-    args: dict[str, Any],
-    request_digest: str,
-    command_message_id: str | None = None,
-    command: tuple[str, bytes] | None = None,
-    session_id: str | None = None,
-) -> None:
-    """An INTENDED execution row; with ``command`` (queue, payload) and ``session_id`` also its
-    outbox command and its ``execution.intended`` public event, together (invariant 3): one
-    statement on PostgreSQL."""
-    values = [
-        execution_id,
-        turn_id,
-        tool_step,
-        call_id,
-        binding["route"],
-        binding["name"],
-        binding["digest"],
-        binding["replay_policy"],
-        args,
-        request_digest,
-        ExecutionStatus.INTENDED,
-        command_message_id,
+def effect_values(row: Any, done: Effect) -> list[Any]:
+    """The new status, last seq, attempts, result, how, evidence, output bytes and error of an
+    execution after ``done``, from its row as read."""
+    outcome = done.outcome or {}
+    keep = done.outcome is None
+    error = done.error if done.error is not None else (row["error"] if keep else outcome["error"])
+    return [
+        str(done.status),
+        done.last_seq,
+        row["attempts"] if done.attempts is None else done.attempts,
+        _json(row["result"]) if keep else outcome["result"],
+        row["how"] if keep else outcome["how"],
+        row["evidence"] if keep else outcome["evidence"],
+        row["output_bytes"] if keep else outcome["output_bytes"],
+        _json(error),
     ]
-    if command is None:
-        await conn.execute(_INSERT_INTENT, *values)
-        return
-    assert session_id is not None and command_message_id is not None
-    queue, payload = command
-    detail = {"execution_id": execution_id, "call_id": call_id, "tool": binding["name"]}
-    if dialect(conn) != "postgres":
-        await conn.execute(_INSERT_INTENT, *values)
-        await outbox.add(conn, queue, command_message_id, payload)
-        await events.append(conn, session_id, turn_id, "execution.intended", detail)
-        return
-    public = events.cte("$15::text", "$2::text", "'execution.intended'", "$16::jsonb")
-    await conn.execute(
-        f"""WITH intent AS ({_INSERT_INTENT}),
-            command AS (INSERT INTO outbox (queue, message_id, payload) VALUES ($13, $12, $14)),
-            {public}
-            SELECT 1""",
-        *values,
-        queue,
-        payload,
-        session_id,
-        detail,
-    )
 
 
-async def for_step(conn: asyncpg.Connection, turn_id: str, tool_step: int) -> list[asyncpg.Record]:
-    return await conn.fetch(
-        "SELECT * FROM executions WHERE turn_id = $1 AND tool_step = $2 ORDER BY call_id",
-        turn_id,
-        tool_step,
-    )
+def _json(value: Any) -> Any:
+    # A JSON value read back is written back as JSON (a bare string would be text on SQLite).
+    return value if value is None or isinstance(value, Json) else Json(value)
 
 
-def all_terminal(rows: list[asyncpg.Record]) -> bool:
-    return bool(rows) and all(ExecutionStatus(r["status"]) in TERMINAL_EXECUTION for r in rows)
+@dataclass
+class Planned:
+    """The main write of one execution's applied events: its row as read, and their effect."""
+
+    row: Any
+    effect: Effect
 
 
-async def receive(conn: asyncpg.Connection, event: Any, wake_channel: str) -> Arrival:
-    """Apply one verified event inside the caller's transaction, as a contiguous prefix.
+class ExecutionRows(TurnRows):
+    # ---- applying events ---------------------------------------------------------------
 
-    Duplicates are no-ops, an event ahead of a gap is held durably (so the message can be
-    acked) and applied once the gap is filled. Returns what happened to this event.
-    """
-    if dialect(conn) == "postgres" and event.kind in _IN_PLACE_KINDS:
-        applied = await _apply_in_place(conn, event)
-        if applied is not None:
-            if EVENT_STATUS[event.kind] in TERMINAL_EXECUTION:
-                await _wake_turn_if_step_done(conn, applied["turn_id"], applied["tool_step"], wake_channel)
-            return Arrival.APPLY
-    row = await conn.fetchrow(
-        """SELECT e.*, t.namespace, t.session_id, t.status AS turn_status
-             FROM executions e JOIN turns t ON t.id = e.turn_id
-            WHERE e.id = $1 FOR UPDATE OF e""",
-        event.execution_id,
-    )
-    if row is None:
-        raise NotFoundError(f"event for unknown execution {event.execution_id}")
-    if (row["namespace"], row["session_id"]) != (event.namespace, event.session_id):
-        raise RoutingError(
-            f"event for execution {event.execution_id} claims scope {event.scope}, "
-            f"but it belongs to {row['namespace']}/{row['session_id']}"
-        )
-    if row["request_digest"] != event.request_digest:
-        raise ConflictError(f"event for execution {event.execution_id} carries a foreign request digest")
+    async def apply_events(
+        self, conn: Any, ranges: Sequence[Sequence[Any]], *, wake_channel: str, budget: ClaimBudget | None
+    ) -> Applied:
+        """Apply each range (one execution's events, in seq order) inside the caller's
+        transaction. A range refused (unknown execution, foreign scope or digest, a move the
+        table forbids) writes nothing and the others go on; ranges of one execution are merged."""
+        merged: dict[str, dict[int, Any]] = {}
+        for events in ranges:
+            for event in events:
+                merged.setdefault(event.execution_id, {}).setdefault(event.seq, event)
+        named = await self._lock_named(conn, sorted(merged))
+        touched = Touched()
+        planned: list[Planned] = []
+        refusals: dict[str, Exception] = {}
+        for execution_id in sorted(merged):
+            events = [merged[execution_id][seq] for seq in sorted(merged[execution_id])]
+            try:
+                plan = await self._plan(conn, named.get(execution_id), events, touched)
+            except TendonError as exc:
+                if exc.retryable:
+                    raise
+                refusals[execution_id] = exc
+                continue
+            if plan is not None:
+                planned.append(plan)
+        applied = await self._commit_apply(conn, planned, touched, wake_channel, budget)
+        applied.refused = [
+            next((refusals[e.execution_id] for e in events if e.execution_id in refusals), None)
+            for events in ranges
+        ]
+        # Each claimed turn goes to the first range with an execution of it: that range's
+        # caller hands it to a run once the commit is done.
+        turn_of = {execution_id: row["turn_id"] for execution_id, row in named.items()}
+        claimed = {row.id: row for row in applied.claimed}
+        applied.claimed_by = []
+        for events in ranges:
+            mine = [
+                claimed.pop(t)
+                for t in dict.fromkeys(turn_of.get(e.execution_id) for e in events)
+                if t in claimed
+            ]
+            applied.claimed_by.append(mine)
+        return applied
 
-    arrival = classify(
-        row["last_seq"], event.seq, settled=ExecutionStatus(row["status"]) in TERMINAL_EXECUTION
-    )
-    if arrival is Arrival.DUPLICATE:
-        if row["nudges"] and event.seq == row["last_seq"]:
+    async def _lock_named(self, conn: Any, execution_ids: Sequence[str]) -> dict[str, Any]:
+        """The executions events name, with their turns' scope and state, locked for this
+        transaction: each turn before its executions, turns in id order (the order every writer
+        of turns and then executions takes its locks in)."""
+        found = {}
+        for execution_id in execution_ids:
+            row = await conn.fetchrow(_NAMED + self.FOR_UPDATE, execution_id)
+            if row is not None:
+                found[execution_id] = row
+        return found
+
+    async def _plan(self, conn: Any, row: Any, events: Sequence[Any], touched: Touched) -> Planned | None:
+        """Classify one execution's events and plan their main write (None: nothing to apply).
+        The rare writes (held events, a late outcome, output pages, a turn's reconcile note)
+        are made here; the main one is left to :meth:`_commit_apply`. Raises before writing
+        anything when the events are refused."""
+        first = events[0]
+        if row is None:
+            raise NotFoundError(f"event for unknown execution {first.execution_id}")
+        if (row["namespace"], row["session_id"]) != (first.namespace, first.session_id):
+            raise RoutingError(
+                f"event for execution {first.execution_id} claims scope {first.scope}, "
+                f"but it belongs to {row['namespace']}/{row['session_id']}"
+            )
+        if row["request_digest"] != first.request_digest:
+            raise ConflictError(f"event for execution {first.execution_id} carries a foreign request digest")
+        last = row["last_seq"]
+        fresh = [e for e in events if e.seq > last]
+        if row["nudges"] and any(e.seq == last for e in events) and not fresh:
             # The answer to a nudge (it asks for the last event again): the Hands have the
             # execution, which has nothing new yet. Not a silence that counts towards giving up.
             await conn.execute("UPDATE executions SET nudges = 0 WHERE id = $1", row["id"])
-        return arrival
-    if arrival is Arrival.LATE:
-        await _note_late(conn, row, event)
-        return arrival
-    if arrival is Arrival.HOLD:
+        if not fresh:
+            return None
+        if ExecutionStatus(row["status"]) in TERMINAL_EXECUTION:
+            await self._late(conn, row, fresh, touched)
+            return None
+        ready: list[Any] = []
+        for event in fresh:  # the contiguous prefix from the next expected seq
+            if event.seq != last + 1 + len(ready):
+                break
+            ready.append(event)
+        beyond = fresh[len(ready) :]
+        drained: list[int] = []
+        if ready and row["holding"]:
+            held = await conn.fetch(
+                "SELECT seq, payload FROM held_events WHERE execution_id = $1 AND seq > $2 ORDER BY seq",
+                row["id"],
+                ready[-1].seq,
+            )
+            payloads = {r["seq"]: bytes(r["payload"]) for r in held}
+            drained = drainable(ready[-1].seq, list(payloads))
+            ready += [decode(payloads[seq]) for seq in drained]
+            beyond = [e for e in beyond if e.seq > ready[-1].seq]
+        plan = None
+        if ready:
+            who = Execution(row["id"], row["call_id"], row["tool"], bool(row["journal_detail"]))
+            done = effect(ExecutionStatus(row["status"]), ready, who)  # raises before anything is written
+            await self._rare_writes(conn, row, done, drained)
+            turn = touched.turn(row)
+            turn.facts += done.facts
+            if done.terminal:
+                turn.step_done = row["tool_step"]
+                turn.finished.append(row["id"])
+            plan = Planned(row, done)
+        for event in beyond:  # ahead of a gap: kept durably, applied once the gap is filled
+            await conn.execute(
+                "INSERT INTO held_events (execution_id, seq, payload) VALUES ($1, $2, $3)"
+                " ON CONFLICT DO NOTHING",
+                row["id"],
+                event.seq,
+                encode(event),
+            )
+        if beyond:
+            await conn.execute("UPDATE executions SET holding = true WHERE id = $1", row["id"])
+        return plan
+
+    async def _rare_writes(self, conn: Any, row: Any, done: Effect, drained: list[int]) -> None:
+        for offset, data in done.pages:
+            await conn.execute(
+                "INSERT INTO execution_output (execution_id, byte_offset, data) VALUES ($1, $2, $3)"
+                " ON CONFLICT DO NOTHING",
+                row["id"],
+                offset,
+                data,
+            )
+        if drained:
+            await conn.execute(
+                "DELETE FROM held_events WHERE execution_id = $1 AND seq <= $2", row["id"], drained[-1]
+            )
+            await conn.execute(
+                "UPDATE executions SET holding = EXISTS (SELECT 1 FROM held_events WHERE execution_id = $1)"
+                " WHERE id = $1",
+                row["id"],
+            )
+        if done.unknown_reason is not None:
+            await conn.execute(
+                "UPDATE turns SET waiting_for = $2 WHERE id = $1",
+                row["turn_id"],
+                f"reconcile of execution {row['id']} ({row['tool']} {row['call_id']}): {done.unknown_reason}",
+            )
+
+    async def _late(self, conn: Any, row: Any, fresh: Sequence[Any], touched: Touched) -> None:
+        """Events for an execution the Brain settled already (its turn ended first): its status
+        stays; an outcome reported after a cancel is kept beside it (with what it says)."""
+        if row["status"] != ExecutionStatus.CANCELLED:
+            log.warning(
+                "late_event", execution_id=row["id"], status=row["status"], kinds=[e.kind for e in fresh]
+            )
+            return  # nothing comes after a final event of the Hands' own: not theirs to change
+        sets: dict[str, Any] = {"error": row["error"]}
+        for event in fresh:
+            log.warning(
+                "late_event", execution_id=row["id"], status=row["status"], kind=event.kind, seq=event.seq
+            )
+            note = late_note(row["status"], sets["error"], event)
+            if note is None:
+                continue
+            if event.kind in ("succeeded", "failed"):
+                body = event.body
+                sets.update(how=body.how, evidence=body.evidence, output_bytes=body.output_bytes)
+                if event.kind == "succeeded":
+                    sets["result"] = Json(body.result)
+            sets["error"] = note
+            how = getattr(event.body, "how", None)
+            touched.turn(row).facts.append(
+                facts.reported_late(row["id"], row["call_id"], row["tool"], event.kind, how)
+            )
+        assigned = ", ".join(f"{c} = ${i + 3}" for i, c in enumerate(sets))
         await conn.execute(
-            "INSERT INTO held_events (execution_id, seq, payload) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-            event.execution_id,
-            event.seq,
-            encode(event),
-        )
-        await conn.execute("UPDATE executions SET holding = true WHERE id = $1", event.execution_id)
-        return arrival
-
-    # Held events that the new one makes contiguous are applied after it, in seq order, in
-    # this same transaction.
-    pending = [event]
-    if row["holding"]:
-        held = await conn.fetch(
-            "SELECT seq, payload FROM held_events WHERE execution_id = $1 AND seq > $2 ORDER BY seq",
-            event.execution_id,
-            event.seq,
-        )
-        payloads = {r["seq"]: r["payload"] for r in held}
-        ready = drainable(event.seq, list(payloads))
-        pending += [decode(payloads[seq]) for seq in ready]
-        await conn.execute(
-            "DELETE FROM held_events WHERE execution_id = $1 AND seq <= $2",
-            event.execution_id,
-            ready[-1] if ready else event.seq,
-        )
-        await conn.execute(
-            "UPDATE executions SET holding = EXISTS (SELECT 1 FROM held_events WHERE execution_id = $1)"
-            " WHERE id = $1",
-            event.execution_id,
-        )
-    status = ExecutionStatus(row["status"])
-    for one in pending:
-        status = await _apply(conn, row, status, one)
-    if status in TERMINAL_EXECUTION:
-        await _wake_turn_if_step_done(conn, row["turn_id"], row["tool_step"], wake_channel)
-    return arrival
-
-
-async def receive_alone(conn: asyncpg.Connection, event: Any) -> Arrival | None:
-    """Apply the usual non-final event with no transaction around it (its in-place apply is
-    one statement, atomic on its own); None when it is not that case, and nothing is written:
-    then :func:`receive` it in a transaction. A final event also wakes its turn, so it always
-    goes the transactional way."""
-    if dialect(conn) != "postgres" or event.kind not in _IN_PLACE_KINDS:
-        return None
-    if EVENT_STATUS[event.kind] in TERMINAL_EXECUTION:
-        return None
-    return Arrival.APPLY if await _apply_in_place(conn, event) is not None else None
-
-
-async def _note_late(conn: asyncpg.Connection, row: asyncpg.Record, event: Any) -> None:
-    """What the Hands say of an execution after the Brain settled it (its turn ended first) does
-    not change its status, but its outcome is kept beside it: a cancel is only a request, and an
-    operator must see that the tool acted after all (or did not)."""
-    log.warning("late_event", status=row["status"], kind=event.kind, seq=event.seq)
-    if row["status"] != ExecutionStatus.CANCELLED:
-        return  # nothing comes after a final event of the Hands' own: not theirs to change
-    if event.kind not in ("succeeded", "failed", "cancelled", "unknown"):
-        await conn.execute("UPDATE executions SET last_seq = $2 WHERE id = $1", row["id"], event.seq)
-        return
-    sets, detail = _effect(event)
-    how = f" ({sets['how']})" if sets.get("how") else ""
-    said = f"; afterwards its Hands reported it {event.kind}{how}"
-    if event.kind == "failed":
-        said += f": {event.body.error.get('message')}"
-    earlier = (row["error"] or {}).get("message", "its turn ended first")
-    sets["error"] = {"code": row["status"], "message": earlier + said}
-    await _set(conn, row["id"], "last_seq = $2", event.seq, sets)
-    detail = {
-        "execution_id": row["id"],
-        "call_id": row["call_id"],
-        "tool": row["tool"],
-        "reported": event.kind,
-    } | detail
-    await events.append(conn, row["session_id"], row["turn_id"], "execution.reported_late", detail)
-
-
-async def _set(
-    conn: asyncpg.Connection, execution_id: str, fixed: str, seq: int, sets: dict[str, Any]
-) -> None:
-    """``UPDATE executions SET <fixed>, <sets>`` of one execution; ``fixed`` may use ``$2`` (the
-    event's seq)."""
-    cols = list(sets)
-    assigned = ", ".join(f"{c} = ${i + 3}" for i, c in enumerate(cols))
-    await conn.execute(
-        f"UPDATE executions SET {fixed}, {assigned} WHERE id = $1",
-        execution_id,
-        seq,
-        *[sets[c] for c in cols],
-    )
-
-
-def _effect(event: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """What a status-changing event sets on the execution row (beyond status and seq), and
-    what its public event says (beyond the execution's id, call id and tool)."""
-    body = event.body
-    sets: dict[str, Any] = {}
-    detail: dict[str, Any] = {}
-    if event.kind == "started":
-        sets["attempts"] = body.attempt
-        detail.update(attempt=body.attempt, reason=body.reason)
-    elif event.kind == "succeeded":
-        sets.update(
-            result=Json(body.result),
-            how=body.how,
-            evidence=body.evidence,
-            output_bytes=body.output_bytes,
-            error=None,
-        )
-    elif event.kind == "failed":
-        sets.update(error=body.error, how=body.how, evidence=body.evidence, output_bytes=body.output_bytes)
-    elif event.kind == "unknown":
-        sets["error"] = {"code": "unknown", "message": body.reason}
-        detail["reason"] = body.reason
-    if event.kind in ("succeeded", "failed"):
-        detail["how"] = body.how
-    return sets, detail
-
-
-# Event kinds applied in place on PostgreSQL: a status change and nothing else (an output page
-# has its own table, an UNKNOWN also tells the turn what it waits for).
-_IN_PLACE_KINDS = frozenset({"accepted", "started", "succeeded", "failed", "cancelled"})
-_PROGRESS = "last_seq = $2, updated_at = now(), replay_requested_at = NULL, stall_backoff = 1, nudges = 0"
-
-
-async def _apply_in_place(conn: asyncpg.Connection, event: Any) -> asyncpg.Record | None:
-    """The usual event in one statement: the next seq of an execution of the event's scope and
-    digest, in a status the transition table lets it leave, with nothing held back. Applies it
-    and its public event and returns the execution's turn and step; else None, and nothing is
-    written (the full path then classifies it: duplicate, gap, refusal)."""
-    new = EVENT_STATUS[event.kind]
-    assert new is not None
-    sets, detail = _effect(event)
-    sets["status"] = new
-    cols = list(sets)
-    n = len(cols) + 3
-    public = events.cte(
-        "(SELECT session_id FROM moved)",
-        "m.turn_id",
-        f"${n + 4}::text",
-        f"jsonb_build_object('execution_id', m.id, 'call_id', m.call_id, 'tool', m.tool) || ${n + 5}::jsonb",
-        source=", moved m",
-    )
-    return await conn.fetchrow(
-        f"""WITH moved AS (
-                UPDATE executions e SET {_PROGRESS},
-                       {", ".join(f"{c} = ${i + 3}" for i, c in enumerate(cols))}
-                  FROM turns t
-                 WHERE e.id = $1 AND t.id = e.turn_id AND e.last_seq = $2 - 1 AND NOT e.holding
-                   AND e.status = ANY(${n}::text[]) AND e.request_digest = ${n + 1}
-                   AND t.namespace = ${n + 2} AND t.session_id = ${n + 3}
-                RETURNING e.id, e.turn_id, e.tool_step, e.call_id, e.tool, t.session_id),
-            {public}
-            SELECT turn_id, tool_step FROM moved""",
-        event.execution_id,
-        event.seq,
-        *[sets[c] for c in cols],
-        sources(EXECUTION_TRANSITIONS, new),
-        event.request_digest,
-        event.namespace,
-        event.session_id,
-        f"execution.{new}",
-        detail,
-    )
-
-
-async def _apply(
-    conn: asyncpg.Connection, row: asyncpg.Record, status: ExecutionStatus, event: Any
-) -> ExecutionStatus:
-    """Apply one contiguous event: its effect, ``last_seq`` and its public event."""
-    if event.kind == "output_page":
-        await conn.execute(
-            "INSERT INTO execution_output (execution_id, byte_offset, data) VALUES ($1, $2, $3)"
-            " ON CONFLICT DO NOTHING",
+            f"UPDATE executions SET last_seq = $2, {assigned} WHERE id = $1",
             row["id"],
-            event.body.offset,
-            event.body.data,
+            fresh[-1].seq,
+            *sets.values(),
         )
-        await conn.execute(f"UPDATE executions SET {_PROGRESS} WHERE id = $1", row["id"], event.seq)
-        return status
-    new = EVENT_STATUS[event.kind]
-    assert new is not None
-    new = execution_transition(status, new)
-    sets, extra = _effect(event)
-    sets["status"] = new
-    await _set(conn, row["id"], _PROGRESS, event.seq, sets)
-    if event.kind == "unknown":
-        await conn.execute(
-            "UPDATE turns SET waiting_for = $2 WHERE id = $1",
-            row["turn_id"],
-            f"reconcile of execution {row['id']} ({row['tool']} {row['call_id']}): {event.body.reason}",
-        )
-    detail = {"execution_id": row["id"], "call_id": row["call_id"], "tool": row["tool"]} | extra
-    await events.append(conn, row["session_id"], row["turn_id"], f"execution.{new}", detail)
-    return new
 
+    async def _commit_apply(
+        self,
+        conn: Any,
+        planned: Sequence[Planned],
+        touched: Touched,
+        wake_channel: str,
+        budget: ClaimBudget | None,
+    ) -> Applied:
+        """Write the planned effects, then each touched turn's journal entry and the wake-ups (or
+        claims) of turns whose step is done. The turns are locked since before their executions
+        were read, so two siblings ending in two transactions at once cannot both miss the other:
+        the later one waits for the turn, and then sees the first one's outcome."""
+        for plan in planned:
+            await conn.execute(
+                f"""UPDATE executions SET status = $2, last_seq = $3, attempts = $4, result = $5, how = $6,
+                           evidence = $7, output_bytes = $8, error = $9, {_PROGRESS} WHERE id = $1""",
+                plan.row["id"],
+                *effect_values(plan.row, plan.effect),
+            )
+        applied = Applied(refused=[])
+        hint = False
+        for turn_id in sorted(touched):
+            turn = touched[turn_id]
+            if turn.step_done is not None:
+                owner = budget.owner if budget is not None and budget.take() else None
+                lease = budget.lease_seconds if budget is not None else 0.0
+                rec = await conn.fetchrow(_WAKE, turn_id, turn.step_done, owner, lease)
+                if rec is not None:
+                    woken = TurnRow.from_record(rec)
+                    turn.status, turn.phase = woken.status, woken.phase
+                    applied.woken += 1
+                    if owner is None:
+                        hint = True
+                    else:
+                        ids = await self.step_execution_ids(conn, turn_id, turn.step_done)
+                        turn.facts += [
+                            facts.run_started(woken.runs, woken.lease_epoch, "wait_tools", woken.lease_owner),
+                            facts.results_applied(ids),
+                        ]
+                        turn.run = woken.lease_epoch
+                        applied.claimed.append(woken)
+                elif owner is not None and budget is not None:
+                    budget.left += 1  # not taken: the slot stays free
+            if turn.facts:
+                await self.append(
+                    conn, turn.session_id, turn_id, turn.facts, thread_id=turn.thread_id, run=turn.run,
+                    status=turn.status, phase=turn.phase,
+                )  # fmt: skip
+        if hint:
+            await conn.execute("SELECT pg_notify($1, '')", wake_channel)
+        return applied
 
-_TERMINAL_SQL = ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_EXECUTION))
-_WAKE_IF_STEP_DONE = f"""
-    UPDATE turns SET status = 'running', wake_at = now(), waiting_for = NULL, updated_at = now()
-     WHERE id = $1 AND status = 'waiting' AND tool_step = $2
-       AND EXISTS (SELECT 1 FROM executions e WHERE e.turn_id = $1 AND e.tool_step = $2)
-       AND NOT EXISTS (SELECT 1 FROM executions e WHERE e.turn_id = $1 AND e.tool_step = $2
-                         AND e.status NOT IN ({_TERMINAL_SQL}))
-    RETURNING id"""
+    # ---- reads -------------------------------------------------------------------------
 
-
-async def _wake_turn_if_step_done(
-    conn: asyncpg.Connection, turn_id: str, tool_step: int, wake_channel: str
-) -> None:
-    # Two sibling executions finishing at once must not both miss the other's result. They
-    # are serialised before this point: applying a terminal event appended a public event,
-    # which locked the turn's session row (events.append) until commit. So the second one
-    # waits for the first to commit, and this statement (a new snapshot) sees its result.
-    # A WAITING turn whose step moved on is not woken: its owning run re-checks under lock.
-    if dialect(conn) == "postgres":
-        await conn.execute(
-            f"WITH woken AS ({_WAKE_IF_STEP_DONE}) SELECT pg_notify($3, '') FROM woken",
+    async def step_execution_ids(self, conn: Any, turn_id: str, tool_step: int) -> list[str]:
+        rows = await conn.fetch(
+            "SELECT id FROM executions WHERE turn_id = $1 AND tool_step = $2 ORDER BY call_id",
             turn_id,
             tool_step,
-            wake_channel,
         )
-    elif await conn.fetchval(_WAKE_IF_STEP_DONE, turn_id, tool_step) is not None:
-        await events.wake(conn, wake_channel)
+        return [r["id"] for r in rows]
 
+    async def step_executions(self, conn: Any, turn_id: str, tool_step: int) -> list[Any]:
+        """A step's executions, by call id (``status``, ``result``, ``error``, ``how``...)."""
+        return list(
+            await conn.fetch(
+                "SELECT * FROM executions WHERE turn_id = $1 AND tool_step = $2 ORDER BY call_id",
+                turn_id,
+                tool_step,
+            )
+        )
 
-async def wake_stuck_turns(conn: asyncpg.Connection, wake_channel: str) -> int:
-    """Repair lost hints: waiting turns whose current step has nothing left to wait for."""
-    rows = await conn.fetch(
-        """SELECT t.id, t.tool_step FROM turns t
-            WHERE t.status = 'waiting' AND t.phase = 'wait_tools'
-              AND NOT EXISTS (SELECT 1 FROM executions e WHERE e.turn_id = t.id
-                                AND e.tool_step = t.tool_step
-                                AND e.status NOT IN ('succeeded', 'failed', 'cancelled'))
-            FOR UPDATE SKIP LOCKED"""
-    )
-    for r in rows:
-        await _wake_turn_if_step_done(conn, r["id"], r["tool_step"], wake_channel)
-    return len(rows)
+    async def turn_executions(self, conn: Any, turn_id: str) -> list[Any]:
+        """Every execution of a turn, by step and call id."""
+        return list(
+            await conn.fetch(
+                "SELECT * FROM executions WHERE turn_id = $1 ORDER BY tool_step, call_id", turn_id
+            )
+        )
+
+    async def executions_by_id(self, conn: Any, ids: Sequence[str]) -> dict[str, Any]:
+        """Executions by id (what the tool messages of a conversation are made of)."""
+        found = {}
+        for execution_id in ids:
+            row = await conn.fetchrow("SELECT * FROM executions WHERE id = $1", execution_id)
+            if row is not None:
+                found[execution_id] = row
+        return found
+
+    async def named_by(self, conn: Any, header: Any) -> Any:
+        """The execution an envelope names (its ``turn_id``, ``last_seq`` and ``turn_status``), if
+        the envelope's scope and request digest are that execution's (else None)."""
+        return await conn.fetchrow(
+            """SELECT e.turn_id, e.last_seq, t.status AS turn_status
+                 FROM executions e JOIN turns t ON t.id = e.turn_id
+                WHERE e.id = $1 AND t.namespace = $2 AND t.session_id = $3 AND e.request_digest = $4""",
+            header.execution_id,
+            header.namespace,
+            header.session_id,
+            header.request_digest,
+        )
+
+    # ---- bindings ----------------------------------------------------------------------
+
+    async def store_bindings(self, conn: Any, bindings: Sequence[Any], wake_channel: str) -> None:
+        for b in bindings:
+            await conn.execute(
+                """INSERT INTO bindings (route, name, digest, binding) VALUES ($1, $2, $3, $4)
+                   ON CONFLICT (route, name, digest) DO UPDATE SET announced_at = now()""",
+                b.route,
+                b.name,
+                b.digest,
+                b.model_dump(mode="json"),
+            )
+        await self.wake_for_bindings(conn, wake_channel)
+
+    async def latest_bindings(self, conn: Any, tools: Sequence[str]) -> dict[str, Any]:
+        """The most recently announced binding of each tool."""
+        found: dict[str, tuple[Any, Any]] = {}
+        for name in tools:
+            for r in await conn.fetch(
+                "SELECT binding, announced_at FROM bindings WHERE name = $1 ORDER BY announced_at", name
+            ):
+                found[name] = (r["announced_at"], r["binding"])  # later rows win
+        return {name: binding for name, (_, binding) in found.items()}
+
+    async def bound_routes(self, tools: Sequence[str]) -> list[tuple[str, str]]:
+        """(tool, route) of every announced binding of ``tools``."""
+
+        async def work(conn: Any) -> list[tuple[str, str]]:
+            pairs = set()
+            for name in tools:
+                for r in await conn.fetch("SELECT DISTINCT route FROM bindings WHERE name = $1", name):
+                    pairs.add((name, r["route"]))
+            return sorted(pairs)
+
+        return await self.read(work)
+
+    async def thread(self, conn: Any, thread_id: str) -> Any:
+        return await conn.fetchrow("SELECT * FROM threads WHERE id = $1", thread_id)
+
+    async def agent_definition(self, conn: Any, name: str, version: str) -> Any:
+        return await conn.fetchval(
+            "SELECT definition FROM agents WHERE name = $1 AND version = $2", name, version
+        )

@@ -1,83 +1,72 @@
-"""Turn rows: submit, claim under a lease with an epoch, and fenced phase commits."""
+"""Turn rows: submit, claims under a lease with an epoch, and the fenced moves of runs.
+
+The portable statements, one turn at a time; ``brain.store.postgres`` does the same for many
+turns per statement.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple, NoReturn
-
-import asyncpg
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, NoReturn
 
 from brain.agents import AgentDefinition
-from brain.states import (
-    PHASE_TRANSITIONS,
-    TURN_TRANSITIONS,
-    TurnPhase,
-    TurnStatus,
-    phase_transition,
-    sources,
-    turn_transition,
-)
-from brain.store import events
-from infra.db import dialect
+from brain.facts import accepted
+from brain.states import TurnPhase, TurnStatus, phase_transition, turn_transition
+from brain.store.journal import JournalRows
+from brain.store.records import TURN_COLUMNS, Claimed, Move, Moved, TurnRow
+from infra.store import as_time
 from protocol import ConflictError, NotFoundError, StaleOwnerError, digest, new_id
 
+TERMINAL_SQL = "('completed', 'failed', 'cancelled')"  # a turn's final statuses
+FINAL_SQL = "('succeeded', 'failed', 'cancelled')"  # an execution's
 
-@dataclass(frozen=True)
-class Lease:
-    """Ownership of one turn by one run; every commit is checked against the epoch."""
+# One read for what a submit checks: the request id, the agent, the session and its thread.
+KNOWN_SQL = """SELECT t.id AS turn_id, t.input_digest, a.digest AS agent_digest, s.namespace AS session_ns,
+                      th.agent_name, th.agent_version
+                 FROM (SELECT 1 AS one) AS here
+                 LEFT JOIN turns t ON t.namespace = $1 AND t.session_id = $2 AND t.request_id = $3
+                 LEFT JOIN agents a ON a.name = $4 AND a.version = $5
+                 LEFT JOIN sessions s ON s.id = $2
+                 LEFT JOIN threads th ON th.id = $2"""
 
-    turn_id: str
-    owner: str
-    epoch: int
-    run_id: int
+# Claimable: queued or running, due, not under a live lease, first unfinished in its thread.
+# A lease is live until it runs out; the owner renews it while its run goes on, and the judgement
+# that presumes an owner dead hands its turns back at once (``release_owners``). So a claim reads
+# nothing but the turn's own columns.
+CLAIMABLE_SQL = f"""
+    SELECT t.id FROM turns t
+    WHERE t.status IN ('queued', 'running') AND t.wake_at <= now()
+      AND (t.lease_owner IS NULL OR t.lease_expires_at < now())
+      AND NOT EXISTS (
+          SELECT 1 FROM turns p WHERE p.thread_id = t.thread_id AND p.seq < t.seq
+            AND p.status NOT IN {TERMINAL_SQL})"""
+
+CLAIM_SET = """lease_owner = $1, lease_epoch = lease_epoch + 1, runs = runs + 1,
+               lease_expires_at = ts_add(now(), $2), status = 'running', revision = revision + 1,
+               updated_at = now()"""
+
+# A move: the new values, guarded by the turn as the mover knew it.
+MOVE_SET = """status = $7, phase = $8, waiting_for = $9, model_calls = $10, tool_step = $11, retries = $12,
+              result = $13, error = $14,
+              lease_owner = CASE WHEN $15 THEN NULL ELSE lease_owner END,
+              lease_expires_at = CASE WHEN $15 THEN NULL ELSE ts_add(now(), $16) END,
+              wake_at = CASE WHEN $17 IS NULL THEN wake_at ELSE ts_add(now(), $17) END,
+              revision = revision + 1, updated_at = now()"""
+MOVE_GUARD = """id = $1 AND lease_owner = $2 AND lease_epoch = $3 AND status = $4 AND phase = $5
+                AND revision = $6"""
 
 
-class Claim(NamedTuple):
-    """A claimed turn: its lease, its row, and whether another turn was claimable too.
-
-    ``more`` tells the driver whether to pass a wake hint on and claim again after this
-    run; it reads the claim's own snapshot, so a turn another claim is taking right now may
-    count (one needless look), and a turn made claimable later brings its own wake hint.
-    """
-
-    lease: Lease
-    row: asyncpg.Record
-    more: bool
-
-
-async def submit(
-    conn: asyncpg.Connection,
+def check_submit(
+    known: Mapping[str, Any],
     *,
     namespace: str,
     session_id: str,
     request_id: str,
-    user_input: str,
+    input_digest: str,
     agent: AgentDefinition,
-) -> tuple[str, bool]:
-    """Accept a turn (inside the caller's transaction). Returns (turn id, created now).
-
-    The same request id with the same input (and agent) returns the original turn; with a
-    different input it is a conflict. A new session gets a main thread pinned to this agent
-    version; a turn for another agent or version in that session is a conflict too.
-    """
-    input_doc = {"text": user_input}
-    input_digest = digest(input_doc)
-    # One read for what a submit checks: the request id, the agent, the session and its thread.
-    known = await conn.fetchrow(
-        """SELECT t.id AS turn_id, t.input_digest, a.digest AS agent_digest, s.namespace AS session_ns,
-                  th.agent_name, th.agent_version
-             FROM (SELECT 1 AS one) AS here
-             LEFT JOIN turns t ON t.namespace = $1 AND t.session_id = $2 AND t.request_id = $3
-             LEFT JOIN agents a ON a.name = $4 AND a.version = $5
-             LEFT JOIN sessions s ON s.id = $2
-             LEFT JOIN threads th ON th.id = $2""",
-        namespace,
-        session_id,
-        request_id,
-        agent.name,
-        agent.version,
-    )
+) -> str | None:
+    """The existing turn of this request, None for a new one; ConflictError when the submit
+    contradicts what is there (another input, another agent version, another namespace)."""
     if known["turn_id"] is not None and known["input_digest"] != input_digest:
         raise ConflictError(
             f"request id {request_id!r} in session {session_id!r} was already used "
@@ -90,372 +79,244 @@ async def submit(
             f"{agent.name} version {agent.version}: submit with that agent, or start another session"
         )
     if known["turn_id"] is not None:
-        return known["turn_id"], False
-    if known["agent_digest"] is None:
-        await conn.execute(
-            "INSERT INTO agents (name, version, digest, definition) VALUES ($1, $2, $3, $4)"
-            " ON CONFLICT DO NOTHING",
-            agent.name,
-            agent.version,
-            agent.digest,
-            agent.model_dump(mode="json"),
-        )
-    elif known["agent_digest"] != agent.digest:
+        return str(known["turn_id"])
+    if known["agent_digest"] is not None and known["agent_digest"] != agent.digest:
         raise ConflictError(
             f"agent {agent.name} version {agent.version} is already registered with different "
             "content; give the changed definition a new version"
         )
-    new_session = known["session_ns"] is None
-    if not new_session and known["session_ns"] != namespace:
+    if known["session_ns"] is not None and known["session_ns"] != namespace:
         raise ConflictError(f"session {session_id!r} belongs to another namespace")
+    return None
 
-    turn_id = f"turn-{new_id()}"
-    turn = [
-        turn_id,
-        namespace,
-        session_id,
-        request_id,
-        input_digest,
-        input_doc,
-        TurnStatus.QUEUED,
-        TurnPhase.PREPARE,
-    ]
-    accepted = {"request_id": request_id}
-    if dialect(conn) == "postgres":
-        # A new session, its main thread, the turn and its first event; or, in a known
-        # session, the turn and its next event: one statement either way.
-        if new_session:
-            sql = f"""WITH session AS (
-                          INSERT INTO sessions (id, namespace, last_event_seq) VALUES ($3, $2, 1)),
-                      thread AS (
-                          INSERT INTO threads (id, session_id, agent_name, agent_version)
-                          VALUES ($3, $3, $10, $11)),
-                      turn AS ({_INSERT_TURN}),
-                      event AS (
-                          INSERT INTO public_events (session_id, seq, turn_id, kind, data)
-                          VALUES ($3, 1, $1, 'turn.accepted', $9))
-                      SELECT 1"""
-            await conn.execute(sql, *turn, accepted, agent.name, agent.version)
-        else:
-            public = events.cte("$3::text", "$1::text", "'turn.accepted'", "$9::jsonb")
-            await conn.execute(f"WITH turn AS ({_INSERT_TURN}), {public} SELECT 1", *turn, accepted)
-        return turn_id, True
-    if new_session:
-        await conn.execute("INSERT INTO sessions (id, namespace) VALUES ($1, $2)", session_id, namespace)
+
+def move_values(move: Move, lease_seconds: float) -> list[Any]:
+    """The parameters of MOVE_GUARD and MOVE_SET, in order."""
+    b = move.before
+    assert b.lease_owner is not None, f"turn {b.id} is moved by a run that holds no lease"
+    return [
+        b.id, b.lease_owner, b.lease_epoch, b.status, b.phase, b.revision,
+        move.status, move.phase, move.waiting_for, move.value("model_calls"), move.value("tool_step"),
+        move.value("retries"), move.value("result"), move.value("error"),
+        move.release, float(lease_seconds), move.wake_in,
+    ]  # fmt: skip
+
+
+class TurnRows(JournalRows):
+    # ---- submit ------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        *,
+        namespace: str,
+        session_id: str,
+        request_id: str,
+        user_input: str,
+        agent: AgentDefinition,
+        wake_channel: str,
+    ) -> tuple[str, bool]:
+        """Accept a turn durably; returns (turn id, created now). See ``brain.verbs.submit``."""
+        input_digest = digest({"text": user_input})
+
+        async def work(conn: Any) -> tuple[str, bool]:
+            return await self._submit(
+                conn, namespace, session_id, request_id, user_input, input_digest, agent, wake_channel
+            )
+
+        return await self.transact(work, single_statement=True, read_then_insert=True)
+
+    async def _submit(
+        self, conn: Any, namespace: str, session_id: str, request_id: str, user_input: str,
+        input_digest: str, agent: AgentDefinition, wake_channel: str,
+    ) -> tuple[str, bool]:  # fmt: skip
+        known = await conn.fetchrow(KNOWN_SQL, namespace, session_id, request_id, agent.name, agent.version)
+        existing = check_submit(
+            known, namespace=namespace, session_id=session_id, request_id=request_id,
+            input_digest=input_digest, agent=agent,
+        )  # fmt: skip
+        if existing is not None:
+            return existing, False
+        if known["agent_digest"] is None:
+            await conn.execute(
+                "INSERT INTO agents (name, version, digest, definition) VALUES ($1, $2, $3, $4)"
+                " ON CONFLICT DO NOTHING",
+                agent.name,
+                agent.version,
+                agent.digest,
+                agent.model_dump(mode="json"),
+            )
+        if known["session_ns"] is None:
+            await conn.execute("INSERT INTO sessions (id, namespace) VALUES ($1, $2)", session_id, namespace)
+            await conn.execute(
+                "INSERT INTO threads (id, session_id, agent_name, agent_version) VALUES ($1, $1, $2, $3)",
+                session_id,
+                agent.name,
+                agent.version,
+            )
+        turn_id = f"turn-{new_id()}"
         await conn.execute(
-            "INSERT INTO threads (id, session_id, agent_name, agent_version) VALUES ($1, $1, $2, $3)",
+            """INSERT INTO turns (id, namespace, session_id, thread_id, request_id, input_digest, status,
+                                 phase)
+               VALUES ($1, $2, $3, $3, $4, $5, 'queued', 'prepare')""",
+            turn_id,
+            namespace,
             session_id,
-            agent.name,
-            agent.version,
+            request_id,
+            input_digest,
         )
-    await conn.execute(_INSERT_TURN, *turn)
-    await events.append(conn, session_id, turn_id, "turn.accepted", accepted)
-    return turn_id, True
+        facts = [accepted(request_id, user_input)]
+        await self.append(conn, session_id, turn_id, facts, status="queued", phase="prepare")
+        await conn.execute("SELECT pg_notify($1, '')", wake_channel)
+        return turn_id, True
 
+    # ---- claims ------------------------------------------------------------------------
 
-_INSERT_TURN = """INSERT INTO turns (id, namespace, session_id, thread_id, request_id, input_digest, input,
-                                     status, phase)
-                  VALUES ($1, $2, $3, $3, $4, $5, $6, $7, $8)"""
+    async def anything_claimable(self) -> bool:
+        """A cheap look before opening a claim transaction."""
+        return bool(await self.read(lambda c: c.fetchval(f"SELECT EXISTS ({CLAIMABLE_SQL})")))
 
+    async def claim(self, conn: Any, owner: str, lease_seconds: float, limit: int) -> Claimed:
+        """Claim up to ``limit`` turns for new runs (inside the caller's transaction)."""
+        rows: list[TurnRow] = []
+        now = None
+        for _ in range(limit):
+            rec = await conn.fetchrow(
+                f"""UPDATE turns SET {CLAIM_SET}
+                     WHERE id = ({CLAIMABLE_SQL} ORDER BY t.wake_at, t.seq LIMIT 1)
+                 RETURNING {TURN_COLUMNS}, now() AS now""",
+                owner,
+                lease_seconds,
+            )
+            if rec is None:
+                return Claimed(rows, False, now)
+            now = as_time(rec["now"])
+            rows.append(TurnRow.from_record(rec))
+        more = bool(await conn.fetchval(f"SELECT EXISTS ({CLAIMABLE_SQL})"))
+        return Claimed(rows, more, now)
 
-# Claimable: queued or running, due, not under a live lease, first unfinished in its thread.
-# A lease is live until it runs out; the owner renews it while its run goes on (see
-# ``renew_leases``), and the judgement that presumes an owner dead hands its turns back at once
-# (``release_owners``). So a claim reads nothing but the turn's own columns.
-_CLAIMABLE = """
-    SELECT t.id FROM turns t
-    WHERE t.status IN ('queued', 'running') AND t.wake_at <= now()
-      AND (t.lease_owner IS NULL OR t.lease_expires_at < now())
-      AND NOT EXISTS (
-          SELECT 1 FROM turns p WHERE p.thread_id = t.thread_id AND p.seq < t.seq
-            AND p.status NOT IN ('completed', 'failed', 'cancelled'))"""
+    async def renew_leases(
+        self, conn: Any, owner: str, turn_ids: Collection[str], lease_seconds: float
+    ) -> None:
+        """Extend the leases ``owner`` holds on ``turn_ids`` (its runs in progress)."""
+        for turn_id in turn_ids:
+            await conn.execute(
+                "UPDATE turns SET lease_expires_at = ts_add(now(), $3) WHERE id = $2 AND lease_owner = $1",
+                owner,
+                turn_id,
+                lease_seconds,
+            )
 
-_CLAIM = f"""
-    WITH candidate AS ({_CLAIMABLE}
-        ORDER BY t.wake_at, t.seq
-        LIMIT 1
-        FOR UPDATE OF t SKIP LOCKED)
-    UPDATE turns AS t
-       SET lease_owner = $1, lease_epoch = t.lease_epoch + 1, runs = t.runs + 1,
-           lease_expires_at = now() + make_interval(secs => $2), status = 'running',
-           updated_at = now()
-      FROM candidate WHERE t.id = candidate.id
-    RETURNING t.*"""
+    async def release_owners(self, conn: Any, owners: Sequence[str], wake_channel: str) -> int:
+        """Hand back the turns of Brains presumed dead (or retiring): claimable at once, their runs
+        fenced out. Returns how many."""
+        released = 0
+        for owner in owners:
+            rows = await conn.fetch(
+                f"""UPDATE turns SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+                     WHERE lease_owner = $1 AND status NOT IN {TERMINAL_SQL} RETURNING id""",
+                owner,
+            )
+            released += len(rows)
+        if released:
+            await conn.execute("SELECT pg_notify($1, '')", wake_channel)
+        return released
 
+    async def wake_for_bindings(self, conn: Any, wake_channel: str) -> int:
+        """Tools were announced: turns waiting for bindings look again (each checks its own)."""
+        woken = await conn.fetch(
+            """UPDATE turns SET status = 'running', wake_at = now(), waiting_for = NULL, updated_at = now()
+                WHERE status = 'waiting' AND phase = 'prepare' RETURNING id"""
+        )
+        if woken:
+            await conn.execute("SELECT pg_notify($1, '')", wake_channel)
+        return len(woken)
 
-def _claim_pg_sql() -> str:
-    """The claim, its runs row and its ``turn.run_started`` event in one statement (PostgreSQL)."""
-    event = events.cte(
-        "(SELECT session_id FROM claimed)",
-        "(SELECT id FROM claimed)",
-        "'turn.run_started'",
-        "jsonb_build_object('run_id', run.id, 'run', c.runs, 'phase', c.phase, 'epoch', c.lease_epoch)",
-        source=", claimed c, run",
-    )
-    # The statement's snapshot predates its own claim, so the claimed turn is one of the two.
-    return f"""
-    WITH claimed AS ({_CLAIM}),
-    run AS (
-        INSERT INTO runs (turn_id, owner, epoch, started_phase)
-        SELECT id, $1, lease_epoch, phase FROM claimed RETURNING id),
-    {event}
-    SELECT claimed.*, run.id AS run_id,
-           (SELECT count(*) FROM ({_CLAIMABLE} LIMIT 2) AS two) > 1 AS more_claimable
-      FROM claimed, run"""
+    # ---- moves -------------------------------------------------------------------------
 
+    async def commit_moves(
+        self, conn: Any, moves: Sequence[Move], lease_seconds: float
+    ) -> list[Moved | None]:
+        """Commit each move whole (turn, journal entry, executions, frozen bindings) inside the
+        caller's transaction; None for a move its guard refused (nothing of it is written)."""
+        return [await self._commit_move(conn, move, lease_seconds) for move in moves]
 
-_CLAIM_PG = _claim_pg_sql()
-
-
-async def anything_claimable(conn: asyncpg.Connection) -> bool:
-    """A cheap look before opening a claim transaction (wake-ups reach every idle driver)."""
-    return bool(await conn.fetchval(f"SELECT EXISTS ({_CLAIMABLE})"))
-
-
-async def claim(conn: asyncpg.Connection, owner: str, lease_seconds: float) -> Claim | None:
-    """Claim one turn for a new run (inside the caller's transaction)."""
-    if dialect(conn) == "postgres":
-        row = await conn.fetchrow(_CLAIM_PG, owner, lease_seconds)
-        if row is None:
+    async def _commit_move(self, conn: Any, move: Move, lease_seconds: float) -> Moved | None:
+        rec = await conn.fetchrow(
+            f"UPDATE turns SET {MOVE_SET} WHERE {MOVE_GUARD} RETURNING {TURN_COLUMNS}",
+            *move_values(move, lease_seconds),
+        )
+        if rec is None:
             return None
-        return Claim(Lease(row["id"], owner, row["lease_epoch"], row["run_id"]), row, row["more_claimable"])
-    row = await conn.fetchrow(_CLAIM, owner, lease_seconds)
-    if row is None:
-        return None
-    more = await conn.fetchval(f"SELECT EXISTS ({_CLAIMABLE})")
-    run_id = await conn.fetchval(
-        "INSERT INTO runs (turn_id, owner, epoch, started_phase) VALUES ($1, $2, $3, $4) RETURNING id",
-        row["id"],
-        owner,
-        row["lease_epoch"],
-        row["phase"],
-    )
-    await events.append(
-        conn,
-        row["session_id"],
-        row["id"],
-        "turn.run_started",
-        {"run_id": run_id, "run": row["runs"], "phase": row["phase"], "epoch": row["lease_epoch"]},
-    )
-    return Claim(Lease(row["id"], owner, row["lease_epoch"], run_id), row, bool(more))
+        row = TurnRow.from_record(rec)
+        seq = None
+        if move.facts:
+            seq = await self.append(
+                conn, row.session_id, row.id, list(move.facts), thread_id=row.thread_id,
+                run=move.before.lease_epoch, status=row.status, phase=row.phase,
+            )  # fmt: skip
+        for i in move.intents:
+            await conn.execute(
+                """INSERT INTO executions (id, turn_id, tool_step, call_id, route, tool, binding_digest,
+                                           replay_policy, request_digest, status, command_message_id,
+                                           command, created_by, journal_detail)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'intended', $10, $11, $12, $13)""",
+                i.execution_id, row.id, i.tool_step, i.call_id, i.route, i.tool, i.binding_digest,
+                i.replay_policy, i.request_digest, i.command_message_id, i.command, move.before.lease_owner,
+                i.journal_detail,
+            )  # fmt: skip
+        froze = False
+        if move.freeze is not None:
+            status = await conn.execute(
+                "UPDATE threads SET bindings = $2 WHERE id = $1 AND bindings IS NULL",
+                row.thread_id,
+                move.freeze,
+            )
+            froze = status.endswith(" 1")
+        return Moved(row, seq, froze)
 
-
-async def renew_leases(
-    conn: asyncpg.Connection, owner: str, turn_ids: Collection[str], lease_seconds: float
-) -> None:
-    """Extend the leases ``owner`` holds on ``turn_ids`` (its runs in progress): a phase that
-    takes longer than a lease (a slow model) is not taken over while its Brain is alive."""
-    if turn_ids:
-        await conn.execute(
-            """UPDATE turns SET lease_expires_at = now() + make_interval(secs => $3)
-                WHERE id = ANY($2::text[]) AND lease_owner = $1""",
-            owner,
-            list(turn_ids),
-            lease_seconds,
+    async def refuse(self, conn: Any, move: Move) -> NoReturn:
+        """Raise why a move matched nothing: IllegalTransitionError when its owner made a move the
+        tables forbid, else StaleOwnerError (another run owns the turn now, or it moved on)."""
+        lease = move.before.lease
+        current = await conn.fetchrow(
+            "SELECT status, phase, lease_owner, lease_epoch FROM turns WHERE id = $1", lease.turn_id
+        )
+        if current is not None and (current["lease_owner"], current["lease_epoch"]) == (
+            lease.owner,
+            lease.epoch,
+        ):
+            if move.phase != TurnPhase(current["phase"]):
+                phase_transition(TurnPhase(current["phase"]), move.phase)
+            if move.status != current["status"]:
+                turn_transition(TurnStatus(current["status"]), move.status)
+        raise StaleOwnerError(
+            f"turn {lease.turn_id}: run epoch {lease.epoch} of {lease.owner} no longer owns it"
         )
 
+    # ---- reads -------------------------------------------------------------------------
 
-async def wake_for_bindings(conn: asyncpg.Connection, wake_channel: str) -> int:
-    """Tools were announced: turns waiting for bindings look again (each checks its own)."""
-    woken = await conn.fetch(
-        """UPDATE turns SET status = 'running', wake_at = now(), waiting_for = NULL, updated_at = now()
-            WHERE status = 'waiting' AND phase = 'prepare' RETURNING id"""
-    )
-    if woken:
-        await events.wake(conn, wake_channel)
-    return len(woken)
+    async def load(self, conn: Any, turn_id: str) -> TurnRow:
+        rec = await conn.fetchrow(f"SELECT {TURN_COLUMNS} FROM turns WHERE id = $1", turn_id)
+        if rec is None:
+            raise NotFoundError(f"no turn {turn_id!r}")
+        return TurnRow.from_record(rec)
 
-
-async def wake_due(conn: asyncpg.Connection, wake_channel: str) -> int:
-    """Turns whose wait has a deadline that came (no pool announced their tools in time): claimable
-    again, so that their run says why they cannot go on."""
-    woken = await conn.fetch(
-        """UPDATE turns SET status = 'running', updated_at = now()
-            WHERE status = 'waiting' AND phase = 'prepare' AND wake_at <= now() RETURNING id"""
-    )
-    if woken:
-        await events.wake(conn, wake_channel)
-    return len(woken)
-
-
-async def release_owners(conn: asyncpg.Connection, owners: list[str], wake_channel: str) -> int:
-    """Hand back the turns of Brains presumed dead (or retiring): claimable at once, and their
-    runs fenced out (they no longer own what they would commit). Returns how many."""
-    released = await conn.fetch(
-        """UPDATE turns SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
-            WHERE lease_owner = ANY($1::text[]) AND status NOT IN ('completed', 'failed', 'cancelled')
-        RETURNING id""",
-        owners,
-    )
-    if released:
-        await events.wake(conn, wake_channel)
-    return len(released)
-
-
-async def load(conn: asyncpg.Connection, turn_id: str) -> asyncpg.Record:
-    row = await conn.fetchrow("SELECT * FROM turns WHERE id = $1", turn_id)
-    if row is None:
-        raise NotFoundError(f"no turn {turn_id!r}")
-    return row
-
-
-async def advance(
-    conn: asyncpg.Connection,
-    lease: Lease,
-    *,
-    phase: TurnPhase | None = None,
-    status: TurnStatus | None = None,
-    release: bool = False,
-    lease_seconds: float = 30.0,
-    detail: dict[str, Any] | None = None,
-    via: Sequence[TurnPhase] = (),
-    **fields: Any,
-) -> asyncpg.Record:
-    """Move a turn inside the caller's transaction, fenced by the lease epoch.
-
-    ``via``: phases the turn passes through on its way to ``phase`` in this same move (each
-    step checked against the table and journaled), for phases that have nothing to write of
-    their own: one UPDATE instead of one per phase.
-
-    Raises ``StaleOwnerError`` (rolling the whole transaction back) when another run owns
-    the turn now, and ``IllegalTransitionError`` for a move the tables forbid.
-    """
-    # One guarded UPDATE: fenced by owner and epoch, and allowed only from the states the
-    # transition tables permit. Only when it matches nothing is the row read, to say why.
-    sets: dict[str, Any] = dict(fields)
-    guards = ["lease_owner = $2", "lease_epoch = $3"]
-    args: list[Any] = [lease.turn_id, lease.owner, lease.epoch]
-    path = [*via, phase] if phase is not None else []
-    for a, b in zip(path, path[1:], strict=False):
-        phase_transition(a, b)
-    if phase is not None:
-        sets["phase"] = phase
-        args.append(sources(PHASE_TRANSITIONS, path[0]))
-        guards.append(f"phase = ANY(${len(args)}::text[])")
-    if status is not None:
-        sets["status"] = status
-        args.append([*sources(TURN_TRANSITIONS, status), str(status)])  # or staying there
-        guards.append(f"status = ANY(${len(args)}::text[])")
-    if release:
-        sets["lease_owner"] = None
-        sets["lease_expires_at"] = None
-    columns = list(sets)
-    assignments = "".join(f"{c} = ${len(args) + i + 1}, " for i, c in enumerate(columns))
-    extend = "" if release else f", lease_expires_at = now() + make_interval(secs => {float(lease_seconds)})"
-    update = (
-        f"UPDATE turns SET {assignments}revision = revision + 1, updated_at = now(){extend}"
-        f" WHERE id = $1 AND {' AND '.join(guards)} RETURNING *"
-    )
-    values = [*args, *[sets[c] for c in columns]]
-    passed = [str(p) for p in via]  # journaled with no detail; the last step gets ``detail``
-    if dialect(conn) == "postgres":  # the step journal rows in the same round trip
-        n = len(values)
-        row = await conn.fetchrow(
-            f"""WITH moved AS ({update}),
-                step AS (
-                    INSERT INTO steps (turn_id, run_id, phase, detail)
-                    SELECT id, ${n + 1}::bigint, p.phase,
-                           CASE WHEN p.last THEN ${n + 2}::jsonb ELSE '{{}}' END
-                      FROM moved, (SELECT unnest(${n + 3}::text[]) AS phase, false AS last
-                                   UNION ALL SELECT moved.phase, true FROM moved) AS p)
-                SELECT * FROM moved""",
-            *values,
-            lease.run_id,
-            detail or {},
-            passed,
+    async def find_turn(self, conn: Any, session_id: str, request_id: str) -> TurnRow | None:
+        """The turn a session's request id made, if any (in any namespace)."""
+        rec = await conn.fetchrow(
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE session_id = $1 AND request_id = $2",
+            session_id,
+            request_id,
         )
-    else:
-        row = await conn.fetchrow(update, *values)
-        if row is not None:
-            for step_phase, step_detail in [*((p, {}) for p in passed), (row["phase"], detail or {})]:
-                await conn.execute(
-                    "INSERT INTO steps (turn_id, run_id, phase, detail) VALUES ($1, $2, $3, $4)",
-                    lease.turn_id,
-                    lease.run_id,
-                    step_phase,
-                    step_detail,
-                )
-    if row is None:
-        await _refuse(conn, lease, path[0] if path else None, status)
-    return row
+        return TurnRow.from_record(rec) if rec is not None else None
 
+    async def statuses(self, turn_ids: Sequence[str]) -> dict[str, str]:
+        async def work(conn: Any) -> dict[str, str]:
+            found = {}
+            for turn_id in turn_ids:
+                status = await conn.fetchval("SELECT status FROM turns WHERE id = $1", turn_id)
+                if status is not None:
+                    found[turn_id] = status
+            return found
 
-async def _refuse(
-    conn: asyncpg.Connection, lease: Lease, phase: TurnPhase | None, status: TurnStatus | None
-) -> NoReturn:
-    """Raise why a guarded move of the turn matched nothing."""
-    current = await conn.fetchrow(
-        "SELECT status, phase, lease_owner, lease_epoch FROM turns WHERE id = $1", lease.turn_id
-    )
-    if current is not None and (current["lease_owner"], current["lease_epoch"]) == (lease.owner, lease.epoch):
-        if phase is not None:
-            phase_transition(TurnPhase(current["phase"]), phase)
-        if status is not None and status != current["status"]:
-            turn_transition(TurnStatus(current["status"]), status)
-    raise StaleOwnerError(f"turn {lease.turn_id}: run epoch {lease.epoch} of {lease.owner} no longer owns it")
-
-
-async def append_history(
-    conn: asyncpg.Connection, thread_id: str, turn_id: str, role: str, content: dict[str, Any]
-) -> None:
-    await conn.execute(
-        """INSERT INTO history (thread_id, position, turn_id, role, content)
-           SELECT $1, coalesce(max(position), 0) + 1, $2, $3, $4 FROM history WHERE thread_id = $1""",
-        thread_id,
-        turn_id,
-        role,
-        content,
-    )
-
-
-async def record_reply(
-    conn: asyncpg.Connection,
-    lease: Lease,
-    *,
-    thread_id: str,
-    session_id: str,
-    reply: dict[str, Any],
-    usage: dict[str, Any],
-    content: dict[str, Any],
-    tool_calls: int,
-) -> None:
-    """A model reply: its ``model_calls`` row, its history entry and its ``turn.model_replied``
-    event (one statement on PostgreSQL)."""
-    detail = {"tool_calls": tool_calls}
-    if dialect(conn) != "postgres":
-        await conn.execute(
-            "INSERT INTO model_calls (turn_id, run_id, reply, usage) VALUES ($1, $2, $3, $4)",
-            lease.turn_id,
-            lease.run_id,
-            reply,
-            usage,
-        )
-        await append_history(conn, thread_id, lease.turn_id, "assistant", content)
-        await events.append(conn, session_id, lease.turn_id, "turn.model_replied", detail)
-        return
-    public = events.cte("$7::text", "$1::text", "'turn.model_replied'", "$8::jsonb")
-    await conn.execute(
-        f"""WITH call AS (
-                INSERT INTO model_calls (turn_id, run_id, reply, usage) VALUES ($1, $2, $3, $4)),
-            entry AS (
-                INSERT INTO history (thread_id, position, turn_id, role, content)
-                SELECT $5, coalesce(max(position), 0) + 1, $1, 'assistant', $6
-                  FROM history WHERE thread_id = $5),
-            {public}
-            SELECT 1""",
-        lease.turn_id,
-        lease.run_id,
-        reply,
-        usage,
-        thread_id,
-        content,
-        session_id,
-        detail,
-    )
-
-
-async def history(conn: asyncpg.Connection, thread_id: str) -> list[asyncpg.Record]:
-    return await conn.fetch(
-        "SELECT position, turn_id, role, content FROM history WHERE thread_id = $1 ORDER BY position",
-        thread_id,
-    )
+        return await self.read(work)

@@ -1,0 +1,116 @@
+"""Claiming turns: several in one statement, each under a new run, and in the same transaction the
+phases that only touch the database (prepare, the wait check, applying results, finalize), so
+that what the claim hands to its runs is turns whose next step is a model call.
+
+A turn whose phase fails here for good (its tools were never announced in time) fails in the
+same transaction, alone: the others of the claim go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from brain import moves
+from brain.context import BrainContext
+from brain.states import TurnPhase, TurnStatus
+from brain.store import Move, Moved, Settled, TurnRow
+from infra.logging import get_logger
+from protocol import IllegalTransitionError, RoutingError, StaleOwnerError, TendonError
+
+log = get_logger(__name__)
+
+
+@dataclass
+class Claim:
+    """What one claim transaction did: the turns its runs go on with, and what to do once it
+    committed (threads whose bindings it froze, cancels of turns it failed)."""
+
+    runs: list[TurnRow] = field(default_factory=list)
+    more: bool = False
+    threads: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # of turns that freeze bindings
+    moved: list[tuple[Move, Moved]] = field(default_factory=list)
+    settled: list[Settled] = field(default_factory=list)
+
+
+async def claim_turns(ctx: BrainContext, limit: int) -> Claim:
+    """Claim up to ``limit`` turns and take their database-only phases; one transaction."""
+
+    async def work(conn: Any) -> Claim:
+        claim = Claim()
+        claimed = await ctx.store.claim(conn, ctx.owner, ctx.lease_seconds, limit)
+        claim.more = claimed.more
+        planned: list[Move] = []
+        for row in claimed.rows:
+            log.info("run_started", turn_id=row.id, run=row.runs, phase=str(row.phase), epoch=row.lease_epoch)
+            try:
+                planned.append(await _next_move(ctx, conn, row, claimed.now, claim))
+            except TendonError as exc:
+                if exc.retryable:
+                    raise
+                log.warning("turn_failed", turn_id=row.id, **exc.as_dict())
+                settled = await ctx.store.fail_turn(
+                    conn, row.id, exc.as_dict(), ctx.topology, lease=row.lease, preface=[moves.started(row)]
+                )
+                if settled is not None:
+                    claim.settled.append(settled)
+        done = await ctx.store.commit_moves(conn, planned, ctx.lease_seconds) if planned else []
+        for move, moved in zip(planned, done, strict=True):
+            if moved is None:  # claimed in this very transaction: nobody else can have moved it
+                raise StaleOwnerError(f"turn {move.before.id} moved under its own claim")
+            claim.moved.append((move, moved))
+            if moved.row.status is TurnStatus.RUNNING and moved.row.phase in (
+                TurnPhase.MODEL_REQUEST,
+                TurnPhase.DISPATCH_TOOLS,
+            ):
+                claim.runs.append(moved.row)
+        return claim
+
+    claim = await ctx.store.transact(work)
+    for move, moved in claim.moved:
+        if moved.froze and move.freeze is not None:
+            ctx.threads.keep_frozen(claim.threads[move.before.id], move.freeze)
+        ctx.history.committed(move.before, moved.row, moved.seq, move.facts)
+    for settled in claim.settled:
+        ctx.controls.send(settled.controls)
+    return claim
+
+
+async def _next_move(ctx: BrainContext, conn: Any, row: TurnRow, now: Any, claim: Claim) -> Move:
+    """The move that takes a just-claimed turn to its next model call (or wait, or end)."""
+    phase = row.phase
+    if phase in (TurnPhase.MODEL_REQUEST, TurnPhase.DISPATCH_TOOLS):
+        return moves.resume(row)
+    if phase is TurnPhase.PREPARE:
+        return await _prepare(ctx, conn, row, now, claim)
+    if phase in (TurnPhase.WAIT_TOOLS, TurnPhase.APPLY_RESULTS):
+        executions = await ctx.store.step_executions(conn, row.id, row.tool_step)
+        if phase is TurnPhase.APPLY_RESULTS:
+            return moves.apply_results(row, executions)
+        return moves.wait_check(row, executions, first_look=ctx.first_look)
+    if phase is TurnPhase.FINALIZE:
+        history = await ctx.history.messages(conn, row)
+        last = next(m for m in reversed(history) if m.role == "assistant" and m.turn_id == row.id)
+        return moves.finalize(row, last.content)
+    raise IllegalTransitionError(f"a running turn in phase {phase} has nothing left to do")
+
+
+async def _prepare(ctx: BrainContext, conn: Any, row: TurnRow, now: Any, claim: Claim) -> Move:
+    agent, thread = await ctx.threads.get(conn, row.thread_id)
+    if thread["bindings"] is not None:
+        return moves.prepare(row, freeze=None)
+    found = await ctx.store.latest_bindings(conn, agent.tools)
+    missing = sorted(set(agent.tools) - set(found))
+    if missing:
+        waited = (now - row.created_at).total_seconds() if now is not None else 0.0
+        if waited >= ctx.binding_wait_seconds:
+            raise RoutingError(
+                f"no Hands pool announced tool(s) {', '.join(missing)} within {ctx.binding_wait_seconds:g}s; "
+                "start `hands serve --route ROUTE --tools MODULE` for them"
+            )
+        return moves.wait_for_bindings(row, missing, ctx.binding_wait_seconds - waited)
+    # The thread keeps these from now on: later turns use these digests. If another Brain froze
+    # it first, the cache reads the thread again next time.
+    claim.threads[row.id] = thread
+    return moves.prepare(row, freeze=found)

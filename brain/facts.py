@@ -1,0 +1,92 @@
+"""The facts a journal entry carries: one constructor per kind, so that each is spelled once.
+
+A fact is a JSON object ``{"kind": ..., ...}``. An entry holds the facts of one commit about one
+turn, in the order they happened; the entry itself says the status and phase the commit left
+the turn in (the steps), and which run committed it.
+
+==============================  ==========================================================
+kind                            what happened
+==============================  ==========================================================
+``turn.accepted``               a submit: the request id and the user's input
+``turn.run_started``            a claim: a new run (its number and epoch, the phase it began at,
+                                the Brain that runs it)
+``turn.prepared``               the turn's input went into its thread's conversation
+``turn.waiting``                the turn waits (for tool bindings, or its executions): why
+``turn.model_replied``          the model's reply (the assistant message) and its usage
+``execution.intended``          a tool call committed as an execution, with its command
+``execution.<status>``          an execution's event applied (outcomes always; the others on
+                                ``journal: detailed``)
+``execution.reported_late``     Hands reported on an execution its turn settled already
+``turn.results_applied``        a step's outcomes went into the conversation
+``turn.retry_scheduled``        a run met a passing fault; the turn retries later
+``turn.completed``              the turn's result (its last reply) is final
+``turn.failed``                 the turn ended with an error
+``execution.cancelled``         an open execution of a failed turn was settled
+==============================  ==========================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+Fact = dict[str, Any]
+
+
+def accepted(request_id: str, text: str) -> Fact:
+    return {"kind": "turn.accepted", "request_id": request_id, "input": {"text": text}}
+
+
+def run_started(run: int, epoch: int, phase: str, owner: str | None) -> Fact:
+    return {"kind": "turn.run_started", "run": run, "epoch": epoch, "phase": phase, "owner": owner}
+
+
+def prepared() -> Fact:
+    return {"kind": "turn.prepared"}
+
+
+def waiting(for_what: str) -> Fact:
+    return {"kind": "turn.waiting", "waiting_for": for_what}
+
+
+def model_replied(message: dict[str, Any], usage: dict[str, Any]) -> Fact:
+    return {"kind": "turn.model_replied", "message": message, "usage": usage}
+
+
+def intended(execution_id: str, call_id: str, tool: str) -> Fact:
+    return {"kind": "execution.intended", "execution_id": execution_id, "call_id": call_id, "tool": tool}
+
+
+def results_applied(execution_ids: Sequence[str]) -> Fact:
+    """The tool messages the model sees next are these executions' outcomes (read from their
+    rows, where each is recorded once, not copied here)."""
+    return {"kind": "turn.results_applied", "executions": list(execution_ids)}
+
+
+def retry_scheduled(retry: int, in_seconds: float, error: str) -> Fact:
+    return {"kind": "turn.retry_scheduled", "retry": retry, "in_seconds": in_seconds, "error": error}
+
+
+def completed() -> Fact:
+    return {"kind": "turn.completed"}
+
+
+def failed(error: dict[str, str]) -> Fact:
+    return {"kind": "turn.failed", "error": error}
+
+
+def cancelled(execution_id: str, call_id: str, tool: str, reason: str) -> Fact:
+    return {"kind": "execution.cancelled", "execution_id": execution_id, "call_id": call_id, "tool": tool,
+            "reason": reason}  # fmt: skip
+
+
+def execution_event(status: str, execution_id: str, call_id: str, tool: str, **detail: Any) -> Fact:
+    """An applied event of an execution: ``execution.<the status it moved to>``."""
+    return {"kind": f"execution.{status}", "execution_id": execution_id, "call_id": call_id, "tool": tool,
+            **detail}  # fmt: skip
+
+
+def reported_late(execution_id: str, call_id: str, tool: str, reported: str, how: str | None) -> Fact:
+    fact = {"kind": "execution.reported_late", "execution_id": execution_id, "call_id": call_id, "tool": tool,
+            "reported": reported}  # fmt: skip
+    return fact | ({"how": how} if how else {})

@@ -1,0 +1,145 @@
+"""The conversation a thread's model sees, read from the journal (invariant 16: it is not kept
+beside it).
+
+A thread's messages are facts of its journal entries, in seq order:
+
+==========================  ===========================================================
+fact                        message
+==========================  ===========================================================
+``turn.accepted``           none yet: it carries the turn's input, kept for its prepare
+``turn.prepared``           the user's message: that turn's input
+``turn.model_replied``      the assistant's message (its text and tool calls)
+``turn.results_applied``    one tool message per execution it names, made from the
+                            execution's row (its outcome is recorded once, there)
+``history.message``         a message as an earlier version of Tendon kept it
+==========================  ===========================================================
+
+:class:`HistoryCache` keeps each thread's messages in the Brain process that drives it, and
+reads only the entries committed since it last looked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from brain.models import Message
+from brain.store import BrainStore, Entry, TurnRow
+
+
+def tool_message(row: Mapping[str, Any]) -> dict[str, Any]:
+    """What the model is told of one execution's outcome."""
+    return {
+        "call_id": row["call_id"],
+        "tool": row["tool"],
+        "execution_id": row["id"],
+        "status": row["status"],
+        "result": row["result"],
+        "error": row["error"],
+        "how": row["how"],
+    }
+
+
+def needed_executions(entries: Iterable[Entry]) -> list[str]:
+    """The executions whose outcomes the tool messages of ``entries`` are made of."""
+    return [
+        execution_id
+        for entry in entries
+        for fact in entry.facts
+        if fact.get("kind") == "turn.results_applied"
+        for execution_id in fact.get("executions", [])
+    ]
+
+
+@dataclass
+class ThreadHistory:
+    """A thread's conversation up to journal seq ``seq`` of its session."""
+
+    seq: int = 0
+    messages: list[Message] = field(default_factory=list)
+    inputs: dict[str, Any] = field(default_factory=dict)  # turn id -> input, until prepared
+    valid_for: tuple[str, int] | None = None  # (turn id, revision) it is known complete for
+
+    def extend(self, entries: Iterable[Entry], executions: Mapping[str, Any], thread_id: str) -> None:
+        """Add the messages of ``entries`` (this thread's, in seq order, after ``seq``)."""
+        for entry in entries:
+            self.seq = max(self.seq, entry.seq)
+            if entry.thread_id not in (None, thread_id):
+                continue
+            turn_id = entry.turn_id or ""
+            for fact in entry.facts:
+                self._add(turn_id, fact, executions)
+
+    def _add(self, turn_id: str, fact: Mapping[str, Any], executions: Mapping[str, Any]) -> None:
+        kind = fact.get("kind")
+        if kind == "turn.accepted" and "input" in fact:
+            self.inputs[turn_id] = fact["input"]
+        elif kind == "turn.prepared" and turn_id in self.inputs:
+            self.messages.append(Message(role="user", turn_id=turn_id, content=self.inputs.pop(turn_id)))
+        elif kind == "turn.model_replied" and "message" in fact:
+            self.messages.append(Message(role="assistant", turn_id=turn_id, content=fact["message"]))
+        elif kind == "turn.results_applied":
+            for execution_id in fact.get("executions", []):
+                row = executions.get(execution_id)
+                if row is not None:
+                    self.messages.append(Message(role="tool", turn_id=turn_id, content=tool_message(row)))
+        elif kind == "history.message":
+            self.messages.append(Message(role=fact["role"], turn_id=turn_id, content=fact["content"]))
+
+
+class HistoryCache:
+    """Threads' conversations, kept in this Brain process and brought up to date from the journal.
+
+    A commit of this process brings its thread's history along at once (when nothing else was
+    committed in the session meanwhile), so a turn driven here reads nothing before its next model
+    call. Bounded: when full, it starts over (a re-read is always correct).
+    """
+
+    def __init__(self, store: BrainStore, limit: int = 1024) -> None:
+        self.store = store
+        self.limit = limit
+        self._threads: dict[str, ThreadHistory] = {}
+
+    async def messages(self, conn: Any, row: TurnRow) -> list[Message]:
+        """The conversation of ``row``'s thread, with everything committed for ``row`` so far."""
+        history = self._threads.get(row.thread_id)
+        if history is None:
+            if len(self._threads) >= self.limit:
+                self._threads.clear()
+            history = self._threads[row.thread_id] = ThreadHistory()
+        if history.valid_for != (row.id, row.revision):
+            entries = await self.store.entries(conn, row.session_id, after=history.seq, limit=100_000)
+            needed = needed_executions(entries)
+            executions = await self.store.executions_by_id(conn, needed) if needed else {}
+            history.extend(entries, executions, row.thread_id)
+            history.valid_for = (row.id, row.revision)
+        return list(history.messages)
+
+    def committed(
+        self,
+        before: TurnRow,
+        after: TurnRow,
+        seq: int | None,
+        facts: Sequence[Mapping[str, Any]],
+        executions: Mapping[str, Any] | None = None,
+    ) -> None:
+        """This process moved ``before`` to ``after``, journaling ``facts`` as entry ``seq`` (None:
+        nothing journaled): keep the cached history complete when it was complete for ``before``
+        and the entry directly follows it; else forget that it was (the next read catches up)."""
+        history = self._threads.get(after.thread_id)
+        if history is None:
+            return
+        if history.valid_for != (before.id, before.revision):
+            history.valid_for = None
+        elif seq is None:
+            history.valid_for = (after.id, after.revision)
+        elif seq == history.seq + 1:
+            entry = Entry(
+                after.session_id, seq, after.thread_id, after.id, None, None, None,
+                [dict(f) for f in facts], after.created_at,
+            )  # fmt: skip
+            history.extend([entry], executions or {}, after.thread_id)
+            history.valid_for = (after.id, after.revision)
+        else:
+            history.valid_for = None

@@ -1,0 +1,333 @@
+"""The agent loop as a persisted state machine: this Brain's runs.
+
+A :class:`Scheduler` claims turns for runs (several per claim, see ``brain.claims``) and drives
+each as a task, at most ``capacity`` at once; a turn claimed elsewhere for this process (the
+update consumer takes a turn whose tools just finished) is handed to it with :meth:`adopt`.
+A run calls the model outside any transaction, then commits the reply with what follows from it
+(its tool calls as executions, or the turn's result) as one :class:`~brain.store.Move`, batched
+with the other runs' moves by the context's group committer. Every commit is fenced by the
+lease epoch, so a Brain that dies anywhere resumes at the last committed phase with a new run of
+the same turn; waiting for tools is a row, not a coroutine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from structlog.contextvars import bound_contextvars
+
+from brain import moves
+from brain.claims import claim_turns
+from brain.context import BrainContext
+from brain.models import make_model
+from brain.states import TurnPhase, TurnStatus
+from brain.store import Intent, TurnRow
+from infra.db import is_transient, patiently, storable
+from infra.logging import get_logger
+from protocol import (
+    ExecuteBody,
+    ExecuteCommand,
+    IllegalTransitionError,
+    LimitReachedError,
+    RoutingError,
+    StaleOwnerError,
+    TendonError,
+    new_id,
+    request_digest,
+)
+
+log = get_logger(__name__)
+
+
+class Wakeups:
+    """Wake-up hints (NOTIFY, a run that ended): one event, kept until the claim loop looks."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def hint(self, *_: Any) -> None:
+        """Something may be claimable (any arguments, so it can be a LISTEN callback)."""
+        self._event.set()
+
+    async def wait(self, at_most: float) -> bool:
+        """Sleep until a hint or for ``at_most`` seconds; True when a hint ended the wait (a hint
+        that came while nobody waited ends the next wait at once)."""
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout=at_most)
+        except TimeoutError:
+            return False
+        self._event.clear()  # not when cancelled: the hint stays for the next wait
+        return True
+
+
+class Scheduler:
+    """Claims turns for this Brain's runs and drives each as a task, at most ``capacity`` at once.
+
+    The capacity is a soft bound: a turn the update consumer claimed for this process is adopted
+    even when a claim of the loop filled the last slot meanwhile.
+    """
+
+    def __init__(self, ctx: BrainContext, capacity: int, wakeups: Wakeups, interval: float) -> None:
+        self.ctx = ctx
+        self.capacity = capacity
+        self.wakeups = wakeups
+        self.interval = interval
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self._slot = asyncio.Event()
+        self.closed = False  # stopping: nothing more is claimed or driven here
+
+    @property
+    def free(self) -> int:
+        return 0 if self.closed else max(0, self.capacity - len(self.tasks))
+
+    def close(self) -> None:
+        """Take no more turns (the first step of a stop): claims elsewhere see no free slot."""
+        self.closed = True
+
+    def adopt(self, row: TurnRow) -> None:
+        """Drive ``row``, a turn this process holds the lease of (claimed in a commit elsewhere).
+        Once closed, it is left to the lease: this Brain's retirement hands it back."""
+        if row.id in self.tasks or self.closed:
+            return
+        self.tasks[row.id] = asyncio.create_task(self._drive(row), name=f"run-{row.id}")
+
+    async def _drive(self, row: TurnRow) -> None:
+        self.ctx.active.add(row.id)
+        try:
+            with bound_contextvars(turn_id=row.id, run=row.runs):
+                await drive(self.ctx, row)
+        finally:
+            self.ctx.active.discard(row.id)
+            self.tasks.pop(row.id, None)
+            self._slot.set()
+
+    async def run(self) -> None:
+        """Claim turns whenever there are free slots and a reason to look; forever.
+
+        After a hint, or a claim that saw more claimable turns than it took, the claim is tried at
+        once; otherwise (the periodic scan, the end of a run) a cheap look comes first: a claim
+        that finds nothing costs a transaction, the look one read.
+        """
+        claim_now = False
+        while True:
+            if self.free == 0:
+                self._slot.clear()
+                await self._slot.wait()
+                continue
+            try:
+                if claim_now or await self.ctx.store.anything_claimable():
+                    claim = await claim_turns(self.ctx, self.free)
+                    for row in claim.runs:
+                        self.adopt(row)
+                    if claim.more:
+                        claim_now = True
+                        continue
+            except Exception as exc:  # noqa: BLE001 - e.g. the database is briefly unreachable
+                log.warning("claim_failed", error=repr(exc))  # nothing committed is lost
+            self._slot.clear()
+            claim_now = await self._idle()
+
+    async def _idle(self) -> bool:
+        """Until a hint (True: claim at once), a run ending (False: look first), or the interval."""
+        hinted = asyncio.create_task(self.wakeups.wait(self.interval))
+        freed = asyncio.create_task(self._slot.wait())
+        done, pending = await asyncio.wait([hinted, freed], return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        return hinted in done and hinted.result()
+
+    async def stop(self) -> None:
+        """Cancel the runs in progress: nothing waits in memory, the next run redoes what did not
+        commit (from the last committed phase)."""
+        tasks = list(self.tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def drive(ctx: BrainContext, row: TurnRow) -> None:
+    """Go on with a turn this run holds until it waits, ends or is lost; failures end it somehow."""
+    current = row
+    try:
+        while current.status is TurnStatus.RUNNING and current.lease_owner == ctx.owner:
+            if current.phase is TurnPhase.MODEL_REQUEST:
+                current = await model_request(ctx, current)
+            elif current.phase is TurnPhase.DISPATCH_TOOLS:
+                current = await dispatch(ctx, current)
+            else:
+                raise IllegalTransitionError(f"a run has nothing to do in phase {current.phase}")
+    except StaleOwnerError as exc:
+        log.warning("run_fenced_out", reason=str(exc))
+    except Exception as exc:  # noqa: BLE001 - every failure ends this run somehow
+        await end_run_after(ctx, current, exc)
+
+
+async def model_request(ctx: BrainContext, row: TurnRow) -> TurnRow:
+    """Call the model outside any transaction, then commit its reply with what follows from it."""
+
+    async def read(conn: Any) -> Any:
+        agent, thread = await ctx.threads.get(conn, row.thread_id)
+        return agent, thread, await ctx.history.messages(conn, row)
+
+    agent, thread, history = await ctx.store.read(read)
+    if row.model_calls >= agent.limits.max_model_calls:
+        raise LimitReachedError(
+            f"the agent reached its limit of {agent.limits.max_model_calls} model calls in one turn"
+        )
+    bindings: dict[str, Any] = thread["bindings"] or {}
+    reply = await make_model(agent.model).complete(
+        instructions=agent.instructions, history=history, turn_id=row.id, tools=list(bindings.values())
+    )
+    message: dict[str, Any] = {"text": reply.content}
+    calls = [c.model_dump() for c in reply.tool_calls]
+    if calls:
+        message["tool_calls"] = calls
+    intents = None
+    if calls:
+        try:
+            intents = await build_intents(ctx, row, bindings, calls, detailed=agent.journal == "detailed")
+        except TendonError as exc:
+            log.warning("intents_not_built", error=exc.message)  # the dispatch phase meets it again
+    move = moves.reply(row, message, reply.usage, intents=intents, first_look=ctx.first_look)
+    moved = await ctx.moves.submit(move)
+    ctx.history.committed(row, moved.row, moved.seq, move.facts)
+    if intents:
+        sent(ctx, intents)
+    return moved.row
+
+
+async def dispatch(ctx: BrainContext, row: TurnRow) -> TurnRow:
+    """Dispatch the last reply's tool calls (a run that resumes at this phase)."""
+
+    async def read(conn: Any) -> Any:
+        agent, thread = await ctx.threads.get(conn, row.thread_id)
+        return agent, thread, await ctx.history.messages(conn, row)
+
+    agent, thread, history = await ctx.store.read(read)
+    last = next(m for m in reversed(history) if m.role == "assistant" and m.turn_id == row.id)
+    bindings = thread["bindings"] or {}
+    intents = await build_intents(
+        ctx, row, bindings, last.content["tool_calls"], detailed=agent.journal == "detailed"
+    )
+    move = moves.dispatch(row, intents, first_look=ctx.first_look)
+    moved = await ctx.moves.submit(move)
+    ctx.history.committed(row, moved.row, moved.seq, move.facts)
+    sent(ctx, intents)
+    return moved.row
+
+
+async def build_intents(
+    ctx: BrainContext,
+    row: TurnRow,
+    bindings: dict[str, Any],
+    calls: Sequence[dict[str, Any]],
+    *,
+    detailed: bool,
+) -> list[Intent]:
+    """The execute command of every tool call, packed (a big one uploaded: content-addressed, so a
+    crash here leaves at most an unreferenced object, never a reference to nothing)."""
+    intents = []
+    for call in calls:
+        binding = bindings.get(call["tool"])
+        if binding is None:
+            raise RoutingError(
+                f"the model asked for tool {call['tool']!r}, which this thread has no binding for "
+                f"(bound: {', '.join(sorted(bindings)) or 'none'})"
+            )
+        execution_id = f"exe-{new_id()}"
+        body = ExecuteBody(
+            turn_id=row.id,
+            call_id=call["call_id"],
+            route=binding["route"],
+            tool=binding["name"],
+            binding_digest=binding["digest"],
+            replay_policy=binding["replay_policy"],
+            args=call["args"],
+        )
+        envelope = ExecuteCommand(
+            execution_id=execution_id,
+            namespace=row.namespace,
+            session_id=row.session_id,
+            request_digest=request_digest(execution_id, body),
+            body=body,
+        )
+        intents.append(
+            Intent(
+                execution_id=execution_id,
+                tool_step=row.tool_step + 1,
+                call_id=call["call_id"],
+                route=binding["route"],
+                tool=binding["name"],
+                binding_digest=binding["digest"],
+                replay_policy=binding["replay_policy"],
+                request_digest=envelope.request_digest,
+                command_message_id=envelope.message_id,
+                command=await ctx.codec.pack(envelope),
+                queue=ctx.topology.commands(binding["route"]),
+                journal_detail=detailed,
+            )
+        )
+    return intents
+
+
+def sent(ctx: BrainContext, intents: Sequence[Intent]) -> None:
+    """After the intents' commit: their commands go out (from memory)."""
+    for intent in intents:
+        ctx.killpoints.hit("brain.after_intent_commit", intent.call_id)
+    ctx.commands.send([(i.queue, i.command, i.command_message_id) for i in intents])
+
+
+async def end_run_after(ctx: BrainContext, row: TurnRow, exc: Exception) -> None:
+    """Retry a passing fault later (persisted backoff); fail the turn for anything else.
+
+    Either is one commit, which waits out a database that is away (while this run holds the lease,
+    nobody else would take the turn anyway); if it never comes back within the lease, the lease
+    runs out and another run takes over.
+    """
+    if is_transient(exc) or (isinstance(exc, TendonError) and exc.retryable):
+        log.warning("run_interrupted", error=repr(exc))
+        retries = row.retries + 1
+        if ctx.retry.exhausted(retries):
+            gave_up = LimitReachedError(f"gave up after {retries - 1} retries; last error: {exc}")
+            await fail(ctx, row, gave_up.as_dict())
+            return
+        delay = ctx.retry.delay(retries)
+        move = moves.retry(row, retries=retries, delay=delay, error=storable(repr(exc)))
+        try:
+            await patiently(
+                lambda: ctx.moves.submit(move),
+                what="the retry of an interrupted run",
+                patience=ctx.lease_seconds,
+            )
+        except StaleOwnerError:
+            pass  # it landed after all, or another run has the turn now
+        except Exception as again:  # noqa: BLE001 - then the lease runs out and another run retries
+            log.warning("retry_not_scheduled", error=repr(again))
+        return
+    if isinstance(exc, TendonError):
+        error = exc.as_dict()
+    else:
+        log.exception("run_crashed")
+        error = {"code": "internal_error", "message": storable(f"{type(exc).__name__}: {exc}")}
+    await fail(ctx, row, error)
+
+
+async def fail(ctx: BrainContext, row: TurnRow, error: dict[str, str]) -> None:
+    """Fail the turn this run holds, settling its open executions (their cancels go out)."""
+    log.error("turn_failed", **error)
+
+    async def commit() -> Any:
+        return await ctx.store.transact(
+            lambda conn: ctx.store.fail_turn(conn, row.id, error, ctx.topology, lease=row.lease)
+        )
+
+    try:
+        settled = await patiently(commit, what="the failure of a turn", patience=ctx.lease_seconds)
+    except Exception as exc:  # noqa: BLE001
+        # Not recorded: the lease expires and a later run meets the same error again.
+        log.warning("failure_not_recorded", error=repr(exc))
+        return
+    if settled is not None:
+        ctx.controls.send(settled.controls)

@@ -1,0 +1,81 @@
+"""The Brain's store: all of its SQL, behind one object per backend.
+
+=========================  ==================================================================
+part (portable base)       what it owns
+=========================  ==================================================================
+``journal.JournalRows``    the journal: one entry per commit, a per-session seq
+``turns.TurnRows``         submit, claims, leases, the fenced moves of runs
+``executions...Rows``      applying Hands' events, a step's executions, bindings and threads
+``repairs.RepairRows``     what the repair scan looks at, failing a turn, the controls outbox
+``infra.parked``           the parked messages (``ParkedRows``)
+=========================  ==================================================================
+
+The portable base runs as it is on SQLite (the embedded mode); ``pg_turns`` and ``pg_events``
+override what PostgreSQL does faster: many turns or executions per statement, one round trip
+per commit. :func:`open_brain_store` picks the backend from the pool; nothing above the store
+asks which one it has. Migrations are versioned SQL files per dialect in ``migrations/``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from brain.store.pg_events import PgExecutionRows
+from brain.store.pg_turns import PgTurnRows
+from brain.store.records import (
+    Applied,
+    ClaimBudget,
+    Claimed,
+    Control,
+    Entry,
+    Intent,
+    Lease,
+    Move,
+    Moved,
+    Settled,
+    TurnRow,
+)
+from brain.store.repairs import RepairRows
+from infra.db import dialect, migrate
+from infra.parked import ParkedRows
+
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+
+__all__ = [
+    "MIGRATIONS",
+    "Applied",
+    "BrainStore",
+    "ClaimBudget",
+    "Claimed",
+    "Control",
+    "Entry",
+    "Intent",
+    "Lease",
+    "Move",
+    "Moved",
+    "PostgresBrainStore",
+    "Settled",
+    "TurnRow",
+    "brain_store",
+    "open_brain_store",
+]
+
+
+class BrainStore(RepairRows, ParkedRows):
+    """The portable store (what the embedded mode runs on SQLite)."""
+
+
+class PostgresBrainStore(PgExecutionRows, PgTurnRows, BrainStore):
+    """The store on PostgreSQL."""
+
+
+def brain_store(pool: Any) -> BrainStore:
+    """The store for ``pool``: the PostgreSQL backend for an asyncpg pool, else the portable one."""
+    return PostgresBrainStore(pool) if dialect(pool) == "postgres" else BrainStore(pool)
+
+
+async def open_brain_store(pool: Any, schema: str = "brain") -> BrainStore:
+    """:func:`brain_store`, with the schema's migrations applied first."""
+    await migrate(pool, schema, MIGRATIONS)
+    return brain_store(pool)

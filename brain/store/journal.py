@@ -1,0 +1,71 @@
+"""The journal: one entry per commit that changed a turn, carrying the facts of that commit.
+
+It is the record of a turn's runs, model calls (with their usage), tool outcomes and ending,
+the conversation its thread's model sees (``brain.history`` reads it back), and the ordered
+stream observers follow: a per-session ``seq``, handed out by the session row, whose lock
+orders a session's entries by commit so that a cursor never skips one that commits late.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from brain.store.records import Entry
+from infra.store import StoreBase
+
+_BUMP = "UPDATE sessions SET last_seq = last_seq + 1 WHERE id = $1 RETURNING last_seq"
+_INSERT = """INSERT INTO journal (session_id, seq, thread_id, turn_id, run, status, phase, facts)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"""
+_COLUMNS = "session_id, seq, thread_id, turn_id, run, status, phase, facts, created_at"
+
+
+class JournalRows(StoreBase):
+    async def append(
+        self,
+        conn: Any,
+        session_id: str,
+        turn_id: str | None,
+        facts: list[dict[str, Any]],
+        *,
+        thread_id: str | None = None,
+        run: int | None = None,
+        status: str | None = None,
+        phase: str | None = None,
+    ) -> int:
+        """One entry inside the caller's transaction; returns its seq."""
+        seq: int = await conn.fetchval(_BUMP, session_id)
+        await conn.execute(
+            _INSERT, session_id, seq, thread_id or session_id, turn_id, run, status, phase, facts
+        )
+        return seq
+
+    async def entries(
+        self,
+        conn: Any,
+        session_id: str,
+        *,
+        after: int = 0,
+        limit: int = 1000,
+        turn_id: str | None = None,
+    ) -> list[Entry]:
+        """A session's entries after seq ``after``, in order (of one turn, with ``turn_id``)."""
+        if turn_id is None:
+            rows = await conn.fetch(
+                f"SELECT {_COLUMNS} FROM journal WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                session_id,
+                after,
+                limit,
+            )
+        else:
+            rows = await conn.fetch(
+                f"SELECT {_COLUMNS} FROM journal WHERE session_id = $1 AND seq > $2 AND turn_id = $3"
+                " ORDER BY seq LIMIT $4",
+                session_id,
+                after,
+                turn_id,
+                limit,
+            )
+        return [Entry.from_record(r) for r in rows]
+
+    async def last_seq(self, conn: Any, session_id: str) -> int:
+        return int(await conn.fetchval("SELECT last_seq FROM sessions WHERE id = $1", session_id) or 0)

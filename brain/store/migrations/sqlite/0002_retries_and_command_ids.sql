@@ -1,0 +1,1 @@
+ALTER TABLE turns ADD COLUMN retries int NOT NULL DEFAULT 0;

@@ -1,0 +1,1 @@
+ALTER TABLE executions ADD COLUMN stall_backoff int NOT NULL DEFAULT 1;

@@ -1,0 +1,1 @@
+DROP INDEX IF EXISTS executions_turn_step;

@@ -1,0 +1,147 @@
+"""The PostgreSQL backend of the execution and repair parts: one statement locks and reads every
+execution a batch of events names, one more writes all their effects, journal entries, wake-ups
+and claims; reads take arrays instead of loops."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from brain.store.executions import NAMED_COLUMNS, Planned, Touched, effect_values
+from brain.store.pg_turns import JOURNAL_ENTRIES
+from brain.store.records import TURN_COLUMNS, Applied, ClaimBudget, TurnRow
+from brain.store.repairs import OPEN_SQL, RepairRows
+from brain.store.turns import FINAL_SQL
+from infra.db import Json
+
+_LOCK_NAMED = f"""
+SELECT {NAMED_COLUMNS}, t.namespace, t.session_id, t.thread_id, t.status AS turn_status, t.phase AS turn_phase
+  FROM executions e JOIN turns t ON t.id = e.turn_id
+ WHERE e.id = ANY($1::text[]) ORDER BY t.id, e.id FOR UPDATE OF t, e"""
+
+_TURN_COLS = ", ".join(f"t.{c.strip()}" for c in TURN_COLUMNS.split(","))
+
+# Effects, wake-ups (a claim for this Brain where ``f.claim``), journal entries and the hint, in
+# one statement. Its snapshot is taken after the turns were locked, so a sibling execution that
+# ended in another transaction is seen; the ones this statement ends are in $14.
+_COMMIT_APPLY = f"""
+WITH eff AS (
+    UPDATE executions e
+       SET status = m.status, last_seq = m.last_seq, attempts = m.attempts, result = m.result, how = m.how,
+           evidence = m.evidence, output_bytes = m.output_bytes, error = m.error, replay_requested_at = NULL,
+           stall_backoff = 1, nudges = 0, command = NULL, updated_at = now()
+      FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::jsonb[], $6::text[], $7::text[],
+                  $8::bigint[], $9::jsonb[])
+           AS m(id, status, last_seq, attempts, result, how, evidence, output_bytes, error)
+     WHERE e.id = m.id),
+f AS (SELECT * FROM unnest($10::text[], $11::jsonb[], $12::int[], $13::bool[])
+                 AS f(turn_id, facts, step, claim)),
+woken AS (
+    UPDATE turns t
+       SET status = 'running', wake_at = now(), waiting_for = NULL, updated_at = now(),
+           revision = t.revision + 1,
+           lease_owner = CASE WHEN f.claim THEN $15 END,
+           lease_epoch = CASE WHEN f.claim THEN t.lease_epoch + 1 ELSE t.lease_epoch END,
+           runs = CASE WHEN f.claim THEN t.runs + 1 ELSE t.runs END,
+           lease_expires_at = CASE WHEN f.claim THEN ts_add(now(), $16) END,
+           phase = CASE WHEN f.claim THEN 'model_request' ELSE t.phase END
+      FROM f
+     WHERE t.id = f.turn_id AND f.step IS NOT NULL AND t.status = 'waiting' AND t.phase = 'wait_tools'
+       AND t.tool_step = f.step
+       AND NOT EXISTS (SELECT 1 FROM executions e WHERE e.turn_id = t.id AND e.tool_step = t.tool_step
+                         AND e.status NOT IN {FINAL_SQL} AND NOT e.id = ANY($14::text[]))
+ RETURNING {_TURN_COLS}, f.claim),
+entry AS (
+    SELECT f.turn_id, t.session_id, t.thread_id, coalesce(w.status, t.status) AS status,
+           coalesce(w.phase, t.phase) AS phase, CASE WHEN w.claim THEN w.lease_epoch END AS run,
+           CASE WHEN w.claim THEN coalesce(f.facts, '[]'::jsonb) || jsonb_build_array(
+                    jsonb_build_object('kind', 'turn.run_started', 'run', w.runs, 'epoch', w.lease_epoch,
+                                       'phase', 'wait_tools', 'owner', w.lease_owner),
+                    jsonb_build_object('kind', 'turn.results_applied', 'executions',
+                        (SELECT jsonb_agg(e.id ORDER BY e.call_id) FROM executions e
+                          WHERE e.turn_id = w.id AND e.tool_step = w.tool_step)))
+                ELSE f.facts END AS facts,
+           row_number() OVER (PARTITION BY t.session_id ORDER BY f.turn_id) AS nth,
+           count(*) OVER (PARTITION BY t.session_id) AS n
+      FROM f JOIN turns t ON t.id = f.turn_id LEFT JOIN woken w ON w.id = f.turn_id
+     WHERE f.facts IS NOT NULL OR w.claim),
+{JOURNAL_ENTRIES},
+hint AS (SELECT pg_notify($17, '') WHERE EXISTS (SELECT 1 FROM woken WHERE NOT woken.claim))
+SELECT woken.*, (SELECT count(*) FROM hint) AS hinted FROM woken"""
+
+_DUE_WAITING = f"""
+WITH due AS (
+    SELECT id FROM turns WHERE status = 'waiting' AND phase = 'wait_tools' AND wake_at <= now()
+     ORDER BY wake_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+SELECT due.id AS turn_id, e.id, e.status, e.last_seq, e.route, e.request_digest, e.command_message_id,
+       e.command, e.nudges, e.stall_backoff, e.created_at, e.updated_at, e.replay_requested_at,
+       t.namespace, t.session_id, now() AS now,
+       EXISTS (SELECT 1 FROM workers w WHERE w.id = e.created_by AND w.dead_at IS NULL) AS creator_alive
+  FROM due JOIN turns t ON t.id = due.id
+  LEFT JOIN executions e ON e.turn_id = t.id AND e.tool_step = t.tool_step AND e.status IN {OPEN_SQL}
+ ORDER BY due.id, e.call_id"""
+
+
+class PgExecutionRows(RepairRows):
+    async def _lock_named(self, conn: Any, execution_ids: Sequence[str]) -> dict[str, Any]:
+        return {r["id"]: r for r in await conn.fetch(_LOCK_NAMED, list(execution_ids))}
+
+    async def _commit_apply(
+        self,
+        conn: Any,
+        planned: Sequence[Planned],
+        touched: Touched,
+        wake_channel: str,
+        budget: ClaimBudget | None,
+    ) -> Applied:
+        effects: list[list[Any]] = [[] for _ in range(9)]
+        for plan in planned:
+            for col, value in zip(
+                effects, [plan.row["id"], *effect_values(plan.row, plan.effect)], strict=True
+            ):
+                col.append(value)
+        turns: list[list[Any]] = [[], [], [], []]
+        finished: list[str] = []
+        candidates = 0
+        for turn_id in sorted(touched):
+            turn = touched[turn_id]
+            claim = turn.step_done is not None and budget is not None and budget.take()
+            candidates += claim
+            facts = Json(turn.facts) if turn.facts else None  # a list would read as an array dimension
+            for col, value in zip(turns, [turn_id, facts, turn.step_done, claim], strict=True):
+                col.append(value)
+            finished += turn.finished
+        owner = budget.owner if budget is not None else None
+        lease = budget.lease_seconds if budget is not None else 0.0
+        recs = await conn.fetch(_COMMIT_APPLY, *effects, *turns, finished, owner, float(lease), wake_channel)
+        claimed = [TurnRow.from_record(r) for r in recs if r["claim"]]
+        if budget is not None:
+            budget.left += candidates - len(claimed)  # not woken after all: their slots stay free
+        return Applied(refused=[], woken=len(recs), claimed=claimed)
+
+    async def executions_by_id(self, conn: Any, ids: Sequence[str]) -> dict[str, Any]:
+        rows = await conn.fetch("SELECT * FROM executions WHERE id = ANY($1::text[])", list(ids))
+        return {r["id"]: r for r in rows}
+
+    async def latest_bindings(self, conn: Any, tools: Sequence[str]) -> dict[str, Any]:
+        rows = await conn.fetch(
+            "SELECT name, binding FROM bindings WHERE name = ANY($1::text[]) ORDER BY announced_at",
+            list(tools),
+        )
+        return {r["name"]: r["binding"] for r in rows}  # later rows win
+
+    async def bound_routes(self, tools: Sequence[str]) -> list[tuple[str, str]]:
+        rows = await self.read(
+            lambda c: c.fetch(
+                "SELECT DISTINCT name, route FROM bindings WHERE name = ANY($1::text[]) ORDER BY name, route",
+                list(tools),
+            )
+        )
+        return [(r["name"], r["route"]) for r in rows]
+
+    async def due_waiting(self, conn: Any, limit: int = 100) -> list[Any]:
+        rows = await conn.fetch(_DUE_WAITING, limit)
+        return [r if r["id"] is not None else {"turn_id": r["turn_id"], "id": None} for r in rows]
+
+    async def controls_published(self, conn: Any, ids: Collection[int]) -> None:
+        await conn.execute("UPDATE outbox SET published_at = now() WHERE id = ANY($1::bigint[])", list(ids))

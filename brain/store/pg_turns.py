@@ -1,0 +1,242 @@
+"""The PostgreSQL backend of the turn and journal parts: the same facts as the portable ones,
+written with many turns per statement (arrays unnested) and one round trip per commit where
+data-modifying CTEs allow it."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from brain.agents import AgentDefinition
+from brain.facts import accepted
+from brain.store.records import TURN_COLUMNS, Claimed, Move, Moved, TurnRow
+from brain.store.turns import CLAIM_SET, CLAIMABLE_SQL, KNOWN_SQL, TERMINAL_SQL, TurnRows, check_submit
+from infra.db import Json
+from protocol import new_id
+
+# The submit in one statement: the checks' read, and (when nothing conflicts and the turn is new)
+# the agent, a new session with its main thread, the turn, its journal entry and the wake-up hint.
+_SUBMIT = f"""
+WITH known AS ({KNOWN_SQL}),
+ok AS (
+    SELECT * FROM known
+     WHERE turn_id IS NULL AND (agent_digest IS NULL OR agent_digest = $6)
+       AND (session_ns IS NULL OR (session_ns = $1 AND agent_name = $4 AND agent_version = $5))),
+agent AS (
+    INSERT INTO agents (name, version, digest, definition)
+    SELECT $4, $5, $6, $7 FROM ok WHERE ok.agent_digest IS NULL ON CONFLICT DO NOTHING),
+session AS (
+    INSERT INTO sessions (id, namespace, last_seq) SELECT $2, $1, 1 FROM ok WHERE ok.session_ns IS NULL),
+thread AS (
+    INSERT INTO threads (id, session_id, agent_name, agent_version)
+    SELECT $2, $2, $4, $5 FROM ok WHERE ok.session_ns IS NULL),
+bump AS (
+    UPDATE sessions SET last_seq = last_seq + 1
+     WHERE id = $2 AND EXISTS (SELECT 1 FROM ok WHERE ok.session_ns IS NOT NULL) RETURNING last_seq),
+turn AS (
+    INSERT INTO turns (id, namespace, session_id, thread_id, request_id, input_digest, status, phase)
+    SELECT $8, $1, $2, $2, $3, $9, 'queued', 'prepare' FROM ok),
+entry AS (
+    INSERT INTO journal (session_id, seq, thread_id, turn_id, status, phase, facts)
+    SELECT $2, coalesce((SELECT last_seq FROM bump), 1), $2, $8, 'queued', 'prepare', $10 FROM ok),
+hint AS (SELECT pg_notify($11, '') FROM ok)
+SELECT known.*, (SELECT count(*) FROM ok) > 0 AS created, (SELECT count(*) FROM hint) AS hinted FROM known"""
+
+_CLAIM = f"""
+WITH candidate AS ({CLAIMABLE_SQL}
+     ORDER BY t.wake_at, t.seq LIMIT $3 FOR UPDATE OF t SKIP LOCKED),
+claimed AS (
+    UPDATE turns SET {CLAIM_SET} FROM candidate WHERE turns.id = candidate.id RETURNING turns.*)
+SELECT {", ".join(f"claimed.{c.strip()}" for c in TURN_COLUMNS.split(","))}, now() AS now,
+       (SELECT count(*) FROM ({CLAIMABLE_SQL} LIMIT $3 + 1) AS k) AS claimable
+  FROM claimed ORDER BY claimed.id"""
+
+# The journal entries of a statement's ``entry`` CTE (turn_id, session_id, thread_id, run, status,
+# phase, facts, and its nth of n in its session): each session's seq bumped once by n, the
+# entries numbered in order after its last one. Returns (turn_id, seq) as ``written``.
+JOURNAL_ENTRIES = """bump AS (
+    UPDATE sessions s SET last_seq = s.last_seq + e.n
+      FROM (SELECT DISTINCT session_id, n FROM entry) AS e WHERE s.id = e.session_id
+ RETURNING s.id, s.last_seq),
+written AS (
+    INSERT INTO journal (session_id, seq, thread_id, turn_id, run, status, phase, facts)
+    SELECT e.session_id, b.last_seq - e.n + e.nth, e.thread_id, e.turn_id, e.run, e.status, e.phase, e.facts
+      FROM entry e JOIN bump b ON b.id = e.session_id
+ RETURNING turn_id, seq)"""
+
+# Many moves at once, each whole or not at all: the guarded turn updates, then only for the
+# turns that moved their journal entries (seqs handed out by their sessions, in turn order),
+# their executions and their threads' frozen bindings.
+_MOVES = f"""
+WITH m AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::text[], $5::text[], $6::int[], $7::text[],
+                         $8::text[], $9::text[], $10::int[], $11::int[], $12::int[], $13::jsonb[],
+                         $14::jsonb[],
+                         $15::bool[], $17::float8[], $18::jsonb[], $19::jsonb[])
+        AS m(id, owner, epoch, from_status, from_phase, from_revision, status, phase, waiting_for,
+             model_calls, tool_step, retries, result, error, release, wake_in, facts, bindings)),
+moved AS (
+    UPDATE turns t
+       SET status = m.status, phase = m.phase, waiting_for = m.waiting_for, model_calls = m.model_calls,
+           tool_step = m.tool_step, retries = m.retries, result = m.result, error = m.error,
+           lease_owner = CASE WHEN m.release THEN NULL ELSE t.lease_owner END,
+           lease_expires_at = CASE WHEN m.release THEN NULL ELSE ts_add(now(), $16) END,
+           wake_at = CASE WHEN m.wake_in IS NULL THEN t.wake_at ELSE ts_add(now(), m.wake_in) END,
+           revision = t.revision + 1, updated_at = now()
+      FROM m
+     WHERE t.id = m.id AND t.lease_owner = m.owner AND t.lease_epoch = m.epoch AND t.status = m.from_status
+       AND t.phase = m.from_phase AND t.revision = m.from_revision
+ RETURNING {", ".join(f"t.{c.strip()}" for c in TURN_COLUMNS.split(","))}, m.facts,
+           m.bindings AS freeze_to, m.epoch AS run),
+entry AS (
+    SELECT id AS turn_id, session_id, thread_id, run, status, phase, facts,
+           row_number() OVER (PARTITION BY session_id ORDER BY id) AS nth,
+           count(*) OVER (PARTITION BY session_id) AS n
+      FROM moved WHERE facts IS NOT NULL),
+{JOURNAL_ENTRIES},
+{{intent}}
+frozen AS (
+    UPDATE threads th SET bindings = moved.freeze_to
+      FROM moved WHERE moved.freeze_to IS NOT NULL AND th.id = moved.thread_id AND th.bindings IS NULL
+ RETURNING th.id)
+SELECT moved.*, w.seq, moved.thread_id IN (SELECT id FROM frozen) AS froze
+  FROM moved LEFT JOIN written w ON w.turn_id = moved.id"""
+_INTENT = """intent AS (
+    INSERT INTO executions (id, turn_id, tool_step, call_id, route, tool, binding_digest, replay_policy,
+                            request_digest, status, command_message_id, command, created_by, journal_detail)
+    SELECT i.id, i.turn_id, i.tool_step, i.call_id, i.route, i.tool, i.binding_digest, i.replay_policy,
+           i.request_digest, 'intended', i.message_id, i.command, $20, i.detail
+      FROM unnest($21::text[], $22::text[], $23::int[], $24::text[], $25::text[], $26::text[], $27::text[],
+                  $28::text[], $29::text[], $30::text[], $31::bytea[], $32::bool[])
+           AS i(turn_id, id, tool_step, call_id, route, tool, binding_digest, replay_policy, request_digest,
+                message_id, command, detail)
+      JOIN moved ON moved.id = i.turn_id),"""
+# A batch without intents does not name ``executions`` at all: a statement locks every table it
+# names, even where it writes nothing, and these moves have no business with that table.
+_MOVES_WITH_INTENTS = _MOVES.replace("{intent}", _INTENT)
+_MOVES_ONLY = _MOVES.replace("{intent}", "")
+
+_APPEND = """
+WITH bump AS (UPDATE sessions SET last_seq = last_seq + 1 WHERE id = $1 RETURNING last_seq)
+INSERT INTO journal (session_id, seq, thread_id, turn_id, run, status, phase, facts)
+SELECT $1, last_seq, $2, $3, $4, $5, $6, $7 FROM bump RETURNING seq"""
+
+
+def _json(value: Any) -> Any:
+    # An element of a jsonb[] parameter: a list would read as one more array dimension.
+    return None if value is None else Json(value)
+
+
+class PgTurnRows(TurnRows):
+    FOR_UPDATE = " FOR UPDATE"
+    SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
+    ONE_STATEMENT_COMMITS = True
+
+    async def append(
+        self,
+        conn: Any,
+        session_id: str,
+        turn_id: str | None,
+        facts: list[dict[str, Any]],
+        *,
+        thread_id: str | None = None,
+        run: int | None = None,
+        status: str | None = None,
+        phase: str | None = None,
+    ) -> int:
+        return int(
+            await conn.fetchval(
+                _APPEND, session_id, thread_id or session_id, turn_id, run, status, phase, facts
+            )
+        )
+
+    async def _submit(
+        self, conn: Any, namespace: str, session_id: str, request_id: str, user_input: str,
+        input_digest: str, agent: AgentDefinition, wake_channel: str,
+    ) -> tuple[str, bool]:  # fmt: skip
+        turn_id = f"turn-{new_id()}"
+        known = await conn.fetchrow(
+            _SUBMIT, namespace, session_id, request_id, agent.name, agent.version, agent.digest,
+            agent.model_dump(mode="json"), turn_id, input_digest, [accepted(request_id, user_input)],
+            wake_channel,
+        )  # fmt: skip
+        if known["created"]:
+            return turn_id, True
+        existing = check_submit(
+            known, namespace=namespace, session_id=session_id, request_id=request_id,
+            input_digest=input_digest, agent=agent,
+        )  # fmt: skip
+        # Nothing conflicts, yet nothing was written: only a race that lost an insert does that,
+        # which fails the statement (unique violation) and is tried again by ``transact``.
+        assert existing is not None, f"submit of {request_id!r} neither found nor created a turn"
+        return existing, False
+
+    async def claim(self, conn: Any, owner: str, lease_seconds: float, limit: int) -> Claimed:
+        recs = await conn.fetch(_CLAIM, owner, lease_seconds, limit)
+        if not recs:
+            return Claimed([], False)
+        return Claimed(
+            [TurnRow.from_record(r) for r in recs], recs[0]["claimable"] > len(recs), recs[0]["now"]
+        )
+
+    async def commit_moves(
+        self, conn: Any, moves: Sequence[Move], lease_seconds: float
+    ) -> list[Moved | None]:
+        owners = {m.before.lease_owner for m in moves}
+        assert len(owners) == 1, "one batch of moves comes from one Brain"
+        ordered = sorted(moves, key=lambda m: m.before.id)
+        cols: list[list[Any]] = [[] for _ in range(18)]
+        intents: list[list[Any]] = [[] for _ in range(12)]
+        for m in ordered:
+            b = m.before
+            values = [
+                b.id, b.lease_owner, b.lease_epoch, b.status, b.phase, b.revision, m.status, m.phase,
+                m.waiting_for, m.value("model_calls"), m.value("tool_step"), m.value("retries"),
+                _json(m.value("result")), _json(m.value("error")), m.release, m.wake_in,
+                _json(list(m.facts) or None), _json(m.freeze),
+            ]  # fmt: skip
+            for col, value in zip(cols, values, strict=True):
+                col.append(value)
+            for i in m.intents:
+                row = [
+                    b.id, i.execution_id, i.tool_step, i.call_id, i.route, i.tool, i.binding_digest,
+                    i.replay_policy, i.request_digest, i.command_message_id, i.command, i.journal_detail,
+                ]  # fmt: skip
+                for col, value in zip(intents, row, strict=True):
+                    col.append(value)
+        args = [*cols[:15], float(lease_seconds), *cols[15:]]
+        if intents[0]:
+            recs = await conn.fetch(_MOVES_WITH_INTENTS, *args, owners.pop(), *intents)
+        else:
+            recs = await conn.fetch(_MOVES_ONLY, *args)
+        done = {r["id"]: Moved(TurnRow.from_record(r), r["seq"], bool(r["froze"])) for r in recs}
+        return [done.get(m.before.id) for m in moves]
+
+    async def renew_leases(
+        self, conn: Any, owner: str, turn_ids: Collection[str], lease_seconds: float
+    ) -> None:
+        if turn_ids:
+            await conn.execute(
+                "UPDATE turns SET lease_expires_at = ts_add(now(), $3)"
+                " WHERE id = ANY($2::text[]) AND lease_owner = $1",
+                owner,
+                list(turn_ids),
+                lease_seconds,
+            )
+
+    async def release_owners(self, conn: Any, owners: Sequence[str], wake_channel: str) -> int:
+        released = await conn.fetch(
+            f"""WITH released AS (
+                    UPDATE turns SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+                     WHERE lease_owner = ANY($1::text[]) AND status NOT IN {TERMINAL_SQL} RETURNING id)
+                SELECT id, pg_notify($2, '') FROM released""",
+            list(owners),
+            wake_channel,
+        )
+        return len(released)
+
+    async def statuses(self, turn_ids: Sequence[str]) -> dict[str, str]:
+        rows = await self.read(
+            lambda c: c.fetch("SELECT id, status FROM turns WHERE id = ANY($1::text[])", list(turn_ids))
+        )
+        return {r["id"]: r["status"] for r in rows}

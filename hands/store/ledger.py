@@ -1,0 +1,275 @@
+"""The Hands ledger: the pool's own record of executions, output and reconciliations.
+
+Every state change of an execution is one UPDATE of its row that also appends its status events
+(``events``, the packed envelopes in seq order); output pages are rows of ``output_chunks``
+with their seq. So a commit writes each fact once, and the relay publishes what the commit hands
+it; a replay, or a command that comes again, reads the row.
+
+The portable statements, one row at a time; ``hands.store.postgres`` does the same for many rows
+per statement. Every function takes the ``conn`` of a transaction its caller owns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from hands.states import OPEN_STATUSES, LedgerStatus, transition
+from hands.store.records import EXECUTION_COLUMNS, Change, Execution, NewExecution
+from infra.db import Json
+from infra.liveness import ALIVE_SQL
+from infra.parked import ParkedRows
+from infra.store import StoreBase
+from protocol import NotFoundError, StaleOwnerError
+
+# An owner missing from ``workers`` counts as dead too: NOT EXISTS covers both. An owner presumed
+# dead has its open rows handed to a released name already (``release_owners``).
+_OWNER_DEAD = f"NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = e.owner AND {ALIVE_SQL})"
+_CHANGE_SET = """status = $2, open = $3, attempts = coalesce($4, attempts), error = coalesce($5, error),
+                 output_bytes = coalesce($6, output_bytes), last_seq = $7, events = {append},
+                 updated_at = now()"""
+_CHANGE_GUARD = (
+    "execution_id = $1 AND owner = $8 AND status = $9 AND last_seq = $10"
+    " AND ($11 = false OR NOT cancel_requested)"
+)
+
+
+def change_values(c: Change) -> list[Any]:
+    """The parameters of a guarded change, in order ($1..$11; the events go last, $12)."""
+    b = c.before
+    return [
+        b.execution_id, str(c.status), c.open, c.attempts, Json(c.error) if c.error is not None else None,
+        c.output_bytes, b.last_seq + len(c.events), b.owner, str(b.status), b.last_seq, c.unless_cancelled,
+    ]  # fmt: skip
+
+
+class Ledger(StoreBase, ParkedRows):
+    """The portable ledger (SQLite, the embedded mode)."""
+
+    # ---- executions --------------------------------------------------------------------
+
+    # How a change appends its events to the row's ($12): here the whole new list, which the
+    # change's guard (the row's last seq) proves is the old one plus the new events.
+    APPEND = "$12"
+
+    def appended(self, change: Change) -> list[dict[str, Any]]:
+        return change.before.events + change.events
+
+    async def insert(self, conn: Any, rows: Sequence[NewExecution]) -> list[Execution | None]:
+        """Insert new rows with their first events; None for an id already in the ledger (then
+        nothing of it is written)."""
+        out = []
+        for new in rows:
+            values = {**new.values, "events": new.events, "last_seq": len(new.events)}
+            values["status"] = LedgerStatus(values["status"]).value
+            values["open"] = LedgerStatus(values["status"]) in OPEN_STATUSES
+            if "args" in values and values["args"] is not None:
+                values["args"] = Json(values["args"])
+            columns = list(values)
+            marks = ", ".join(f"${i}" for i in range(1, len(columns) + 1))
+            rec = await conn.fetchrow(
+                f"INSERT INTO executions ({', '.join(columns)}) VALUES ({marks})"
+                f" ON CONFLICT (execution_id) DO NOTHING RETURNING {EXECUTION_COLUMNS}",
+                *values.values(),
+            )
+            out.append(Execution.from_record(rec) if rec is not None else None)
+        return out
+
+    async def get(self, conn: Any, execution_id: str, *, for_update: bool = False) -> Execution | None:
+        lock = self.FOR_UPDATE if for_update else ""
+        rec = await conn.fetchrow(
+            f"SELECT {EXECUTION_COLUMNS} FROM executions WHERE execution_id = $1{lock}", execution_id
+        )
+        return Execution.from_record(rec) if rec is not None else None
+
+    async def lock_owned(self, conn: Any, execution_id: str, owner: str) -> Execution:
+        """Lock the row for this transaction and check that ``owner`` still owns it (fencing).
+
+        Ownership only moves away from a worker that looked dead (see :meth:`claim_orphan`); a
+        worker that was merely cut off and comes back gets StaleOwnerError instead of a commit.
+        """
+        row = await self.get(conn, execution_id, for_update=True)
+        if row is None:
+            raise NotFoundError(f"execution {execution_id} is not in the ledger")
+        if row.owner != owner:
+            raise StaleOwnerError(
+                f"execution {execution_id} is owned by {row.owner} now, not {owner}; "
+                "this worker's commit is refused"
+            )
+        return row
+
+    async def change(self, conn: Any, changes: Sequence[Change]) -> list[Execution | None]:
+        """Apply guarded changes (see :class:`Change`); None for one whose guard refused it.
+        Raises IllegalTransitionError (nothing written) for a move the table forbids."""
+        for c in changes:
+            transition(c.before.status, c.status)
+        return [await self._change_one(conn, c) for c in changes]
+
+    async def _change_one(self, conn: Any, c: Change) -> Execution | None:
+        rec = await conn.fetchrow(
+            f"UPDATE executions SET {_CHANGE_SET.format(append=self.APPEND)} WHERE {_CHANGE_GUARD}"
+            f" RETURNING {EXECUTION_COLUMNS}",
+            *change_values(c),
+            self.appended(c),
+        )
+        return Execution.from_record(rec) if rec is not None else None
+
+    async def reconcile(self, conn: Any, c: Change) -> Execution:
+        """The one change only a person with evidence may make: UNKNOWN to an outcome, on a row
+        this transaction locked."""
+        transition(c.before.status, c.status, reconcile=True)
+        row = await self._change_one(conn, c)
+        assert row is not None, f"execution {c.before.execution_id} moved under its reconcile's lock"
+        return row
+
+    async def release(self, conn: Any, execution_id: str, owner: str) -> bool:
+        """Hand an open execution of ``owner`` to a name no live worker has (see Executor)."""
+        status = await conn.execute(
+            """UPDATE executions SET owner = 'released-by:' || owner, updated_at = now()
+                WHERE execution_id = $1 AND owner = $2 AND open""",
+            execution_id,
+            owner,
+        )
+        return str(status).endswith(" 1")
+
+    async def release_owners(self, conn: Any, owners: Sequence[str]) -> int:
+        """Hand the open executions of workers presumed dead (or retiring) to released names no live
+        worker has, in the transaction that records their death: from then on their late commits
+        are refused (fenced by owner), and any worker's recovery scan takes them over by the replay
+        rule. Returns how many."""
+        released = 0
+        for owner in owners:
+            status = await conn.execute(
+                """UPDATE executions SET owner = 'released-by:' || owner, updated_at = now()
+                    WHERE owner = $1 AND open""",
+                owner,
+            )
+            released += int(str(status).split()[-1])
+        return released
+
+    async def request_cancel(self, conn: Any, execution_id: str) -> Execution | None:
+        rec = await conn.fetchrow(
+            f"UPDATE executions SET cancel_requested = true, updated_at = now() WHERE execution_id = $1"
+            f" RETURNING {EXECUTION_COLUMNS}",
+            execution_id,
+        )
+        return Execution.from_record(rec) if rec is not None else None
+
+    # ---- output ------------------------------------------------------------------------
+
+    async def add_output(self, conn: Any, row: Execution, data: str) -> tuple[int, int]:
+        """Append one output page of ``row`` (locked); returns its (byte offset, seq)."""
+        size = len(data.encode("utf-8"))
+        rec = await conn.fetchrow(
+            """UPDATE executions SET output_bytes = output_bytes + $2, last_seq = last_seq + 1,
+                                     updated_at = now()
+                WHERE execution_id = $1 RETURNING output_bytes - $2 AS offset, last_seq""",
+            row.execution_id,
+            size,
+        )
+        await conn.execute(
+            "INSERT INTO output_chunks (execution_id, byte_offset, seq, data) VALUES ($1, $2, $3, $4)",
+            row.execution_id,
+            rec["offset"],
+            rec["last_seq"],
+            data,
+        )
+        return int(rec["offset"]), int(rec["last_seq"])
+
+    async def has_output(self, conn: Any, execution_id: str, offset: int, data: str) -> bool:
+        """Whether the page ``data`` is stored at ``offset`` (did an unclear commit land?)."""
+        found = await conn.fetchval(
+            "SELECT data = $3 FROM output_chunks WHERE execution_id = $1 AND byte_offset = $2",
+            execution_id,
+            offset,
+            data,
+        )
+        return bool(found)
+
+    async def pages(self, conn: Any, execution_id: str, from_seq: int) -> list[Any]:
+        """Output pages with their seqs, from ``from_seq`` on (the pages of earlier versions, kept
+        in the row's events, have no seq here)."""
+        return list(
+            await conn.fetch(
+                "SELECT byte_offset, seq, data FROM output_chunks WHERE execution_id = $1 AND seq >= $2"
+                " ORDER BY seq",
+                execution_id,
+                from_seq,
+            )
+        )
+
+    # ---- recovery ----------------------------------------------------------------------
+
+    async def open_orphans(self, conn: Any, route: str, me: str, limit: int) -> list[tuple[str, str]]:
+        """(execution_id, owner) of open executions of ``route`` whose owner is dead, oldest first."""
+        recs = await conn.fetch(
+            f"""SELECT e.execution_id, e.owner FROM executions e
+                WHERE e.route = $1 AND e.open AND e.owner <> $2 AND {_OWNER_DEAD}
+                ORDER BY e.updated_at LIMIT $3""",
+            route,
+            me,
+            limit,
+        )
+        return [(r["execution_id"], r["owner"]) for r in recs]
+
+    async def open_owned(
+        self, conn: Any, route: str, owner: str, skip: Sequence[str], limit: int
+    ) -> list[str]:
+        """Open executions of ``route`` that ``owner`` holds, except those in ``skip``, oldest
+        first: rows the owner has no task for (see ``RecoveryScanner``)."""
+        recs = await conn.fetch(
+            "SELECT execution_id FROM executions WHERE route = $1 AND owner = $2 AND open"
+            " ORDER BY updated_at",
+            route,
+            owner,
+        )
+        skipped = set(skip)
+        return [r["execution_id"] for r in recs if r["execution_id"] not in skipped][:limit]
+
+    async def claim_orphan(self, conn: Any, execution_id: str, dead_owner: str, me: str) -> Execution | None:
+        """Compare-and-set the owner from ``dead_owner`` to ``me``; None if someone else won."""
+        rec = await conn.fetchrow(
+            f"""UPDATE executions AS e SET owner = $3, updated_at = now()
+                 WHERE e.execution_id = $1 AND e.owner = $2 AND e.open AND {_OWNER_DEAD}
+             RETURNING {EXECUTION_COLUMNS}""",
+            execution_id,
+            dead_owner,
+            me,
+        )
+        return Execution.from_record(rec) if rec is not None else None
+
+    # ---- reconciliations ---------------------------------------------------------------
+
+    async def insert_reconciliation(self, conn: Any, execution_id: str, **audit: Any) -> int:
+        rid: int = await conn.fetchval(
+            """INSERT INTO reconciliations (execution_id, outcome, result, error, evidence, actor)
+               VALUES ($1, $2, $3, $4, $5, $6) RETURNING id""",
+            execution_id,
+            LedgerStatus(audit["outcome"]).value,
+            Json(audit["result"]),
+            audit["error"],
+            audit["evidence"],
+            audit["actor"],
+        )
+        return rid
+
+    async def list_reconciliations(self, conn: Any, execution_id: str) -> list[Any]:
+        return list(
+            await conn.fetch(
+                "SELECT id, outcome, result, error, evidence, actor, at, sent_at FROM reconciliations"
+                " WHERE execution_id = $1 ORDER BY id",
+                execution_id,
+            )
+        )
+
+    async def unsent_reconciliations(self, conn: Any, route: str) -> list[tuple[int, str]]:
+        """(audit id, execution id) of this route's reconciliations whose event nobody published."""
+        recs = await conn.fetch(
+            """SELECT r.id, r.execution_id FROM reconciliations r JOIN executions e USING (execution_id)
+                WHERE r.sent_at IS NULL AND e.route = $1 ORDER BY r.id""",
+            route,
+        )
+        return [(r["id"], r["execution_id"]) for r in recs]
+
+    async def reconciliation_sent(self, conn: Any, audit_id: int) -> None:
+        await conn.execute("UPDATE reconciliations SET sent_at = now() WHERE id = $1", audit_id)

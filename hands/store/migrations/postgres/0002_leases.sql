@@ -1,0 +1,2 @@
+ALTER TABLE workers ADD COLUMN lease_expires_at timestamptz,
+    ADD COLUMN lock_lost_at timestamptz, ADD COLUMN dead_at timestamptz;

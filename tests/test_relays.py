@@ -1,0 +1,157 @@
+"""The relays: how the Hands group committed events into messages (pure rules), and that the
+Hands event relay and the Brain command relay publish what they are handed at once, pausing only
+after the broker refused something."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from brain.relay import CommandRelay
+from hands.relay import MAX_EVENTS, EventRelay, messages, ranges
+from infra.transport import Topology
+from protocol import EventBatch, batch_bytes, decode
+from tests.support import wait_for
+
+
+def _event(execution_id: str, seq: int) -> dict[str, Any]:
+    return {
+        "v": 1,
+        "message_id": f"m-{execution_id}-{seq}",
+        "kind": "started",
+        "execution_id": execution_id,
+        "namespace": "ns",
+        "session_id": "s",
+        "request_digest": "0" * 64,
+        "seq": seq,
+        "body": {"attempt": seq, "worker": "w", "reason": "first_run"},
+    }
+
+
+def _seqs(batch: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    return [(e["execution_id"], e["seq"]) for e in batch]
+
+
+def test_events_are_grouped_per_execution_into_contiguous_runs_without_duplicates() -> None:
+    handed = [_event("a", 2), _event("b", 1), _event("a", 1), _event("a", 2), _event("a", 4)]
+    assert [_seqs(r) for r in ranges(handed)] == [[("a", 1), ("a", 2)], [("a", 4)], [("b", 1)]]
+
+
+def test_a_message_carries_several_executions_ranges_and_a_long_range_is_split_in_order() -> None:
+    handed = [_event("a", s) for s in range(1, MAX_EVENTS + 3)] + [_event("b", 1)]
+    out = messages(handed, max_bytes=1 << 30)
+    assert [len(m) for m in out] == [MAX_EVENTS, 3]
+    assert [s for m in out for s in _seqs(m)] == [("a", s) for s in range(1, MAX_EVENTS + 3)] + [("b", 1)]
+    for m in out:  # each is a valid batch: contiguous ranges, one header per execution
+        assert isinstance(decode(batch_bytes(m)), EventBatch)
+
+
+def test_a_message_stays_under_its_byte_budget_unless_one_event_alone_is_bigger() -> None:
+    handed = [_event("a", s) for s in range(1, 6)]
+    one = len(str(handed[0]))
+    assert all(len(m) <= 2 for m in messages(handed, max_bytes=2 * one))
+    assert [len(m) for m in messages(handed, max_bytes=1)] == [1] * 5
+
+
+class _GatedTransport:
+    """Publishes into a list once ``gate`` is open; refuses the first ``refuse`` messages."""
+
+    def __init__(self) -> None:
+        self.topology = Topology("relay-test")
+        self.gate = asyncio.Event()
+        self.published: list[list[tuple[str, int]]] = []
+        self.refuse = 0  # refuse this many publishes (then accept)
+
+    async def publish_many(self, items: list[tuple[str, bytes, str]]) -> list[BaseException | None]:
+        await self.gate.wait()
+        out: list[BaseException | None] = []
+        for _, body, _ in items:
+            if self.refuse:
+                self.refuse -= 1
+                out.append(ConnectionError("broker away"))
+                continue
+            if body.startswith(b"command"):
+                self.published.append([("command", int(body[7:]))])
+            else:
+                batch = decode(body)
+                self.published.append([(e.execution_id, e.seq) for e in batch.events])
+            out.append(None)
+        return out
+
+
+async def test_events_handed_over_while_a_publish_is_in_flight_go_out_at_once_not_after_the_interval() -> (
+    None
+):
+    # Given a relay with a long interval whose first publish is in flight
+    transport = _GatedTransport()
+    relay = EventRelay(None, transport, route="r", interval=60.0)  # type: ignore[arg-type]
+    loop = asyncio.create_task(relay.run())
+    try:
+        relay.send([_event("a", 1)])
+        await asyncio.sleep(0.05)
+        # When more events are handed over meanwhile, and the publish then completes
+        relay.send([_event("a", 2), _event("a", 3)])
+        transport.gate.set()
+
+        # Then they are published right after, long before the interval
+        async def both() -> bool:
+            return sum(len(m) for m in transport.published) == 3
+
+        await wait_for(both, timeout=5, interval=0.01, what="both")
+        assert transport.published == [[("a", 1)], [("a", 2), ("a", 3)]]
+    finally:
+        loop.cancel()
+
+
+async def test_events_the_broker_refused_are_published_again_after_a_pause() -> None:
+    transport = _GatedTransport()
+    transport.gate.set()
+    transport.refuse = 1
+    relay = EventRelay(None, transport, route="r", interval=0.2)  # type: ignore[arg-type]
+    loop = asyncio.create_task(relay.run())
+    try:
+        relay.send([_event("a", 1)])
+
+        async def sent() -> bool:
+            return transport.published == [[("a", 1)]]
+
+        await wait_for(sent, timeout=5, interval=0.01, what="sent")
+        assert relay.events == 1 and relay.messages == 1
+    finally:
+        loop.cancel()
+
+
+async def test_commands_handed_over_while_a_publish_is_in_flight_go_out_at_once() -> None:
+    transport = _GatedTransport()
+    relay = CommandRelay(transport, retry_after=60.0)  # type: ignore[arg-type]
+    loop = asyncio.create_task(relay.run())
+    try:
+        relay.send([("q", b"command1", "m1")])
+        await asyncio.sleep(0.05)
+        relay.send([("q", b"command2", "m2")])
+        transport.gate.set()
+
+        async def both() -> bool:
+            return len(transport.published) == 2
+
+        await wait_for(both, timeout=5, interval=0.01, what="both")
+        assert relay.published == 2
+    finally:
+        loop.cancel()
+
+
+async def test_a_command_the_broker_refused_is_published_again_after_a_pause() -> None:
+    transport = _GatedTransport()
+    transport.gate.set()
+    transport.refuse = 1
+    relay = CommandRelay(transport, retry_after=0.1)  # type: ignore[arg-type]
+    loop = asyncio.create_task(relay.run())
+    try:
+        relay.send([("q", b"command1", "m1")])
+
+        async def sent() -> bool:
+            return transport.published == [[("command", 1)]]
+
+        await wait_for(sent, timeout=5, interval=0.01, what="sent")
+    finally:
+        loop.cancel()
