@@ -35,9 +35,9 @@ from hands.app import HandsApp, HandsBackends
 from hands.store import Ledger, ledger_for
 from infra.dirstore import DirectoryObjectStore
 from infra.killpoints import KillPoints
-from infra.liveness import LocalWorkerRegistration
 from infra.localqueue import LocalBroker
 from infra.payloads import PayloadCodec
+from infra.registrations import LocalWorkerRegistration
 from infra.settings import Settings
 from infra.sqlite import open_pool
 from infra.transport import Topology

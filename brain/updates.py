@@ -111,6 +111,9 @@ class UpdateConsumer:
                     )
                     if self.scheduler is not None:
                         self.scheduler.adopt(row)
+        for events in ranges:
+            for event in events:
+                self.ctx.killpoints.hit("brain.after_apply_commit", event.kind)  # committed, not acked
         if refused and len(refused) == len(ranges) == 1:
             await self.broker.dead_letter(self.queue, message, refused[0][1])
             return

@@ -38,10 +38,11 @@ from hands.writer import LedgerWriter
 from infra.broker import Broker, Topology
 from infra.db import create_pool, keep_statistics
 from infra.killpoints import KillPoints
-from infra.liveness import Liveness, WorkerRegistration
+from infra.liveness import Liveness
 from infra.logging import bind_worker, get_logger
 from infra.parked import ParkedConsumer
 from infra.payloads import PayloadCodec, open_payload_codec
+from infra.registrations import WorkerRegistration
 from infra.settings import Settings
 from infra.transport import Consumer, Transport
 from protocol import BindingsAnnouncement, BindingsBody, StaleOwnerError

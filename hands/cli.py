@@ -211,14 +211,13 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
 async def _ledger(stack: AsyncExitStack, settings: Settings) -> Ledger:
     pool = await create_pool(settings.ledger_database_url, settings.hands_schema, max_size=2)
     stack.push_async_callback(pool.close)
-    async with pool.acquire() as conn:
-        exists = await conn.fetchval("SELECT to_regclass('executions') IS NOT NULL")
-    if not exists:
+    ledger = ledger_for(pool)
+    if not await ledger.exists():
         raise NotFoundError(
             f"there is no Hands ledger in schema {settings.hands_schema} "
             "(check TENDON_HANDS_SCHEMA and TENDON_HANDS_DATABASE_URL)"
         )
-    return ledger_for(pool)
+    return ledger
 
 
 async def _codec(stack: AsyncExitStack, settings: Settings) -> PayloadCodec:

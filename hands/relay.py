@@ -104,8 +104,8 @@ class EventRelay:
         if not pending:
             return 0
         batches = messages(pending, self._max_bytes)
-        for execution_id in dict.fromkeys(e["execution_id"] for e in pending):
-            self._kill.hit("hands.before_event_publish", execution_id)
+        for kind in dict.fromkeys(e["kind"] for e in pending):
+            self._kill.hit("hands.before_event_publish", kind)  # committed, not yet published
         queue = self._broker.topology.updates
         try:
             results = await self._broker.publish_many([(queue, batch_bytes(b), new_id()) for b in batches])

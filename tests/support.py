@@ -18,7 +18,8 @@ from typing import Any
 import aio_pika
 import asyncpg
 
-from infra.liveness import Liveness, WorkerRegistration
+from infra.liveness import Liveness
+from infra.registrations import WorkerRegistration
 from infra.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent

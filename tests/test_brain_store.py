@@ -29,7 +29,8 @@ from brain.store import (
 )
 from infra.broker import Broker
 from infra.db import dialect, lock_class
-from infra.liveness import Liveness, LocalWorkerRegistration, WorkerRegistration
+from infra.liveness import Liveness
+from infra.registrations import LocalWorkerRegistration, WorkerRegistration
 from infra.sqlite import open_pool
 from infra.transport import Topology
 from protocol import (

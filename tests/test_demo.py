@@ -86,6 +86,8 @@ async def test_a_crash_at_email_four_then_a_rerun_reuses_verifies_and_sends_the_
         "hands.before_tool_body@call-1",
         "brain.after_update_received@succeeded",
         "hands.after_tool_body@call-5",
+        "hands.before_event_publish@succeeded",
+        "brain.after_apply_commit@succeeded",
     ],
 )
 async def test_a_data_dir_killed_at_any_point_ends_in_the_same_final_state(

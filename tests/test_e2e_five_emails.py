@@ -139,6 +139,32 @@ async def test_a_hands_worker_killed_after_the_mailbox_accepted_email_four_is_ve
     assert_five_deliveries_one_per_customer(mailbox)
 
 
+async def test_a_hands_worker_killed_between_an_outcome_commit_and_its_publish_is_repaired_from_the_ledger(
+    tendon: TendonEnv, processes: Processes, mailbox: MailboxServer
+) -> None:
+    # Given a Hands worker that dies once it committed an outcome, before its relay published it
+    # (the execution is closed in the ledger: no other worker takes it over), and a Brain that
+    # asks for silent executions' events after a second
+    env = {**tendon.env, "TENDON_MAILBOX_URL": mailbox.url, "TENDON_STALL_SECONDS": "1"}
+    await processes.start_ready("brain", BRAIN, env)
+    doomed = await processes.start_ready(
+        "hands", HANDS, {**env, "TENDON_KILL_AT": "hands.before_event_publish@succeeded"}
+    )
+    turn_id = await submit(env)
+    assert await processes.wait_exit(doomed) == -signal.SIGKILL
+
+    # When another worker serves the route
+    await processes.start_ready("hands", HANDS, env)
+
+    # Then the Brain's replay request is answered from the committed row: the first email is
+    # reported as sent once, and nothing ran twice
+    obs = Observer(tendon)
+    await obs.wait_turn(turn_id, "completed")
+    rows = await assert_five_receipts(obs, turn_id)
+    assert {r["how"] for r in rows} == {"ran"}
+    assert_five_deliveries_one_per_customer(mailbox)
+
+
 async def test_with_a_mailbox_that_cannot_be_queried_email_four_stays_unknown_until_reconciled(
     tendon: TendonEnv, processes: Processes, blind_mailbox: MailboxServer
 ) -> None:
@@ -205,8 +231,16 @@ async def test_with_a_mailbox_that_cannot_be_queried_email_four_stays_unknown_un
 
 @pytest.mark.parametrize(
     "kill_at",
-    ["brain.after_intent_commit@call-2", "brain.after_update_received@succeeded"],
-    ids=["after-intent-commit-before-publish", "after-update-received-before-commit"],
+    [
+        "brain.after_intent_commit@call-2",
+        "brain.after_update_received@succeeded",
+        "brain.after_apply_commit@succeeded",
+    ],
+    ids=[
+        "after-intent-commit-before-publish",
+        "after-update-received-before-commit",
+        "after-apply-and-claim-commit-before-ack",
+    ],
 )
 async def test_a_brain_killed_mid_turn_is_resumed_by_a_restarted_brain_without_duplicates(
     tendon: TendonEnv, processes: Processes, mailbox: MailboxServer, kill_at: str

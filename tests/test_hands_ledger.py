@@ -21,7 +21,7 @@ from hands.relay import stored_events
 from hands.states import LedgerStatus
 from hands.store import MIGRATIONS, Change, Execution, Ledger, NewExecution, ledger_for
 from infra.db import analyze_grown, create_pool, migrate
-from infra.liveness import LocalWorkerRegistration, WorkerRegistration
+from infra.registrations import LocalWorkerRegistration, WorkerRegistration
 from infra.sqlite import open_pool
 from protocol import (
     AcceptedBody,
@@ -64,6 +64,25 @@ async def ledger(request: pytest.FixtureRequest, tendon: TendonEnv, tmp_path: Pa
     store = await _open(request.param, tendon, tmp_path)
     yield store
     await store.close()
+
+
+@pytest.mark.parametrize("kind", ["postgres", "sqlite"])
+async def test_a_ledger_says_whether_its_pool_holds_one(kind: str, tendon: TendonEnv, tmp_path: Path) -> None:
+    if kind == "postgres":
+        empty: Any = await create_pool(
+            tendon.database_url, f"{tendon.settings().hands_schema}_none", max_size=1
+        )
+    else:
+        empty = await open_pool(tmp_path / "empty.sqlite3")
+    try:
+        assert not await ledger_for(empty).exists()
+    finally:
+        await empty.close()
+    migrated = await _open(kind, tendon, tmp_path)
+    try:
+        assert await migrated.exists()
+    finally:
+        await migrated.close()
 
 
 def _event(cls: type, execution_id: str, seq: int, body: Any) -> dict[str, Any]:

@@ -25,8 +25,8 @@ from hands.store import MIGRATIONS, Execution, Ledger, NewExecution, ledger_for
 from hands.writer import LedgerWriter
 from infra.db import create_pool, migrate
 from infra.killpoints import KillPoints
-from infra.liveness import WorkerRegistration
 from infra.payloads import PayloadCodec
+from infra.registrations import WorkerRegistration
 from protocol import UnknownEvent, new_id
 from tests import hands_test_tools as tools
 from tests.hands_pg_proxy import CommitCutter

@@ -5,7 +5,8 @@ part (portable base)       what it owns
 =========================  ==================================================================
 ``journal.JournalRows``    the journal: one entry per commit, a per-session seq
 ``turns.TurnRows``         submit, claims, leases, the fenced moves of runs
-``executions...Rows``      applying Hands' events, a step's executions, bindings and threads
+``executions...Rows``      applying Hands' events, a step's executions
+``bindings.BindingRows``   announced tool bindings, threads and agent definitions
 ``repairs.RepairRows``     what the repair scan looks at, failing a turn, the controls outbox
 ``infra.parked``           the parked messages (``ParkedRows``)
 =========================  ==================================================================

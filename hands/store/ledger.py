@@ -75,6 +75,14 @@ class Ledger(StoreBase, ParkedRows):
             out.append(Execution.from_record(rec) if rec is not None else None)
         return out
 
+    async def exists(self) -> bool:
+        """Whether the pool holds a ledger at all (its migrations ran there)."""
+        return bool(
+            await self.read(
+                lambda c: c.fetchval("SELECT count(*) FROM sqlite_master WHERE name = 'executions'")
+            )
+        )
+
     async def get(self, conn: Any, execution_id: str, *, for_update: bool = False) -> Execution | None:
         lock = self.FOR_UPDATE if for_update else ""
         rec = await conn.fetchrow(

@@ -49,6 +49,9 @@ class PostgresLedger(Ledger):
     def appended(self, change: Change) -> list[dict[str, Any]]:
         return change.events
 
+    async def exists(self) -> bool:
+        return bool(await self.read(lambda c: c.fetchval("SELECT to_regclass('executions') IS NOT NULL")))
+
     async def insert(self, conn: Any, rows: Sequence[NewExecution]) -> list[Execution | None]:
         columns: list[list[Any]] = [[] for _ in _NEW]
         for new in rows:
