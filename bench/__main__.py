@@ -16,7 +16,7 @@ from bench import report
 from bench.harness import REPO, Processes, Services
 from bench.scenarios.base import Context, Row
 
-SCENARIOS = ["latency", "throughput", "cost", "recovery", "payload", "waiting"]
+SCENARIOS = ["latency", "throughput", "batches", "cost", "recovery", "payload", "waiting"]
 
 
 async def main_async(args: argparse.Namespace) -> int:

@@ -207,6 +207,8 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
             await commands.flush()
         for committer in (ctx.moves, updates.applier):
             log.info("batch_sizes", stats=json.dumps(committer.stats(), sort_keys=True))
+        claims = {"committer": "claims", "sizes": dict(scheduler.claimed)}
+        log.info("batch_sizes", stats=json.dumps(claims, sort_keys=True))
     if crashed:
         return 1
     return RESTART if liveness.lost.is_set() and not stop.is_set() else 0

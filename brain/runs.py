@@ -13,6 +13,7 @@ the same turn; waiting for tools is a row, not a coroutine.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,6 +78,7 @@ class Scheduler:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self._slot = asyncio.Event()
         self.closed = False  # stopping: nothing more is claimed or driven here
+        self.claimed: Counter[int] = Counter()  # claims by how many turns they took (for the bench)
 
     @property
     def free(self) -> int:
@@ -119,6 +121,7 @@ class Scheduler:
             try:
                 if claim_now or await self.ctx.store.anything_claimable():
                     claim = await claim_turns(self.ctx, self.free)
+                    self.claimed[len(claim.moved) + len(claim.settled)] += 1
                     for row in claim.runs:
                         self.adopt(row)
                     if claim.more:

@@ -52,7 +52,10 @@ class Settings(BaseSettings):
 
     namespace: str = Field(default="default", description="the tenant `brain submit` submits into")
     concurrency: int = Field(
-        default=4, ge=1, description="turns a Brain drives, or executions a Hands worker runs, at once"
+        default=32,
+        ge=1,
+        description="turns a Brain drives, or executions a Hands worker runs, at once (more in flight "
+        "lets their commits and messages share batches)",
     )
     lease_seconds: float = Field(
         default=30.0,

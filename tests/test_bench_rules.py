@@ -7,6 +7,7 @@ machine's speed. No timed assertions: benchmarks are not tests.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -136,3 +137,35 @@ def test_the_median_of_a_role_counts_only_the_repeats_that_measured_it() -> None
     levels = [Level(80.0, {"Brain": 6.0}), Level(0.0), Level(82.0, {"Brain": 8.0})]
 
     assert median_cpu(levels) == {"Brain": 7.0}
+
+
+def test_batch_sizes_are_read_from_the_processes_shutdown_lines(tmp_path: Any) -> None:
+    from bench.scenarios.batches import batch_lines, summarize
+
+    brain = tmp_path / "brain.log"
+    brain.write_text(
+        "not json\n"
+        + json.dumps(
+            {"event": "batch_sizes", "stats": json.dumps({"committer": "moves", "sizes": {"1": 4, "3": 2}})}
+        )
+        + "\n"
+        + json.dumps(
+            {"event": "batch_sizes", "stats": json.dumps({"committer": "claims", "sizes": {"0": 5, "2": 1}})}
+        )
+        + "\n"
+    )
+    hands = tmp_path / "hands.log"
+    hands.write_text(
+        json.dumps(
+            {
+                "event": "batch_sizes",
+                "stats": json.dumps({"committer": "ledger", "sizes": {"2": 3}}),
+                "messages": 4,
+                "events": 10,
+            }
+        )
+        + "\n"
+    )
+    got = summarize(batch_lines([brain, hands]))
+    # moves: 10 items in 6 transactions; claims that took nothing are not batches; no updates seen
+    assert got == {"moves": 10 / 6, "claims": 2.0, "ledger": 2.0, "updates": None, "events per message": 2.5}

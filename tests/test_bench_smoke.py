@@ -46,6 +46,8 @@ def test_quick_benchmark_writes_the_table(pg_url: str, amqp_url: str, tmp_path: 
         "CPU per call, all processes",
         "rows written per tool call",
         "WAL records per tool call",
+        "Brain: run moves per transaction (replies, intents, endings), 50 in flight",
+        "Hands: events per message, 50 in flight",
     ):
         assert metric in table, metric
     results = json.loads((tmp_path / "results.json").read_text())
