@@ -1,4 +1,5 @@
-"""Agent definitions: versioned data (name, version, instructions, model, tools, limits)."""
+"""Agent definitions: versioned data (name, version, instructions, model, tools, limits, retry
+policy). A thread keeps the version it started with; one name and version is one content."""
 
 from __future__ import annotations
 
@@ -8,13 +9,46 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from brain.retry import RetryPolicy
 from protocol import SchemaError, digest, loads
+
+
+class ManualTool(BaseModel):
+    """A tool a person answers: the model calls it like any other, and the turn waits until
+    someone gives its result (`brain respond TURN CALL --result JSON`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+    def binding(self) -> dict[str, Any]:
+        """What a thread freezes for it, beside the Hands pools' bindings."""
+        fields = self.model_dump(mode="json")
+        return {**fields, "version": "manual", "route": "manual", "replay_policy": "unsafe", "manual": True,
+                "digest": digest(fields)}  # fmt: skip
 
 
 class Limits(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_model_calls: int = Field(default=50, ge=1)
+    max_model_calls: int = Field(default=50, ge=1, description="model steps of one turn at most")
+    max_tool_calls: int = Field(default=200, ge=1, description="tool calls of one turn at most")
+    max_crashes: int = Field(
+        default=3, ge=1, description="times a Brain may die at one phase of a turn before the turn fails"
+    )
+
+
+# Fields added after definitions were first stored: left out of the digest while they hold their
+# default, so that a definition written before them keeps its digest (and its pinned threads).
+_LATER_DEFAULTS: dict[str, Any] = {
+    "journal": "outcomes",
+    "retry": RetryPolicy().model_dump(mode="json"),
+    "approvals": [],
+    "manual_tools": [],
+}
+_LATER_LIMITS: dict[str, Any] = {"max_tool_calls": 200, "max_crashes": 3}
 
 
 class AgentDefinition(BaseModel):
@@ -33,12 +67,23 @@ class AgentDefinition(BaseModel):
         description="what the journal records of each tool execution: its outcome (`outcomes`), or "
         "also its acceptance and its start (`detailed`)",
     )
+    retry: RetryPolicy = Field(default_factory=RetryPolicy, description="retries of failed model calls")
+    approvals: list[str] = Field(
+        default_factory=list, description="tools whose every call waits for a person to approve it"
+    )
+    manual_tools: list[ManualTool] = Field(
+        default_factory=list, description="tools a person answers (not run by any Hands pool)"
+    )
 
     @property
     def digest(self) -> str:
         content = self.model_dump(mode="json")
-        if content["journal"] == "outcomes":
-            del content["journal"]  # definitions written before the field keep their digest
+        for key, default in _LATER_DEFAULTS.items():
+            if content[key] == default:
+                del content[key]
+        for key, default in _LATER_LIMITS.items():
+            if content["limits"][key] == default:
+                del content["limits"][key]
         return digest(content)
 
     @classmethod

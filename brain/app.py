@@ -121,7 +121,7 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
                 lease_seconds=settings.lease_seconds,
                 grace=settings.reconnect_grace,
                 interval=settings.scan_interval,
-                release=lambda conn, dead: store.release_owners(conn, dead, channel),
+                release=lambda conn, gone, died: store.release_owners(conn, gone, channel, died=died),
                 on_renew=lambda conn, me: store.renew_leases(conn, me, active, settings.lease_seconds),
                 presence=broker,
             )
@@ -205,6 +205,7 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
                 await task
         if not liveness.lost.is_set():
             await commands.flush()
+        await ctx.models.close()
         for committer in (ctx.moves, updates.applier):
             log.info("batch_sizes", stats=json.dumps(committer.stats(), sort_keys=True))
         claims = {"committer": "claims", "sizes": dict(scheduler.claimed)}

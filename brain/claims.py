@@ -9,15 +9,15 @@ same transaction, alone: the others of the claim go on.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from brain import moves
+from brain import facts, moves
 from brain.context import BrainContext
 from brain.states import TurnPhase, TurnStatus
 from brain.store import Move, Moved, Settled, TurnRow
 from infra.logging import get_logger
-from protocol import IllegalTransitionError, RoutingError, StaleOwnerError, TendonError
+from protocol import IllegalTransitionError, LimitReachedError, RoutingError, StaleOwnerError, TendonError
 
 log = get_logger(__name__)
 
@@ -77,8 +77,69 @@ async def claim_turns(ctx: BrainContext, limit: int) -> Claim:
     return claim
 
 
+def crash_loop(row: TurnRow) -> str:
+    """Why a turn whose Brains keep dying at one point fails (instead of killing another)."""
+    phase, calls, tool_step = (row.crash_at or "?#0#0").split("#")
+    where = f"model call {int(calls) + 1}" if phase == TurnPhase.MODEL_REQUEST else f"tool step {tool_step}"
+    return (
+        f"its Brain died {row.crashes} times in a row at phase {phase} ({where}); "
+        "it is failed instead of being run again"
+    )
+
+
 async def _next_move(ctx: BrainContext, conn: Any, row: TurnRow, now: Any, claim: Claim) -> Move:
     """The move that takes a just-claimed turn to its next model call (or wait, or end)."""
+    if row.crashes:
+        agent, _ = await ctx.threads.get(conn, row.thread_id)
+        if row.crashes >= agent.limits.max_crashes:
+            raise LimitReachedError(crash_loop(row))
+    added: list[dict[str, Any]] = []
+    if row.pending or row.cancel_requested:
+        stop, added = await _controls_at_boundary(ctx, conn, row)
+        if stop is not None:
+            return stop
+    move = await _phase_move(ctx, conn, row, now, claim)
+    return replace(move, facts=(*move.facts, *added)) if added else move
+
+
+async def _controls_at_boundary(ctx: BrainContext, conn: Any, row: TurnRow) -> tuple[Move | None, list[Any]]:
+    """Apply the controls that waited for this boundary: a cancel whose executions are settled
+    ends the turn, a pause stops it here (the move to make instead of the next phase); steers and
+    injects add their input (the facts to add to the next phase's move, after what it records, so
+    that tool results stay right after the call that asked for them)."""
+    store = ctx.store
+    received = await store.controls_of(conn, row.id, received_only=True)
+    by_kind: dict[str, list[Any]] = {}
+    for c in received:
+        by_kind.setdefault(c["kind"], []).append(c)
+    if row.cancel_requested or by_kind.get("cancel"):
+        unsettled = await store.open_executions(conn, row.id)
+        if unsettled:
+            return moves.wait_for_cancel(row, len(unsettled)), []
+        cancels = [c["id"] for c in by_kind.get("cancel", [])]
+        await store.decide_controls(conn, cancels, "applied", None)
+        said = [facts.control(c, "cancel", "applied") for c in cancels]
+        said += await store.reject_received(conn, row.id, "the turn was cancelled")
+        return moves.cancel(row, said), []
+    if by_kind.get("pause"):
+        pauses = [c["id"] for c in by_kind["pause"]]
+        await store.decide_controls(conn, pauses, "applied", None)
+        await store.add_pending(conn, row.id, -len(pauses))
+        return moves.pause(row, [facts.control(c, "pause", "applied") for c in pauses]), []
+    inputs = by_kind.get("steer", []) + by_kind.get("inject", [])
+    inputs.sort(key=lambda c: c["id"])
+    await store.decide_controls(conn, [c["id"] for c in inputs], "applied", None)
+    await store.add_pending(conn, row.id, -len(inputs))
+    added = []
+    for c in inputs:
+        added += [
+            facts.input_added(c["id"], c["kind"], c["body"]["text"]),
+            facts.control(c["id"], c["kind"], "applied"),
+        ]
+    return None, added
+
+
+async def _phase_move(ctx: BrainContext, conn: Any, row: TurnRow, now: Any, claim: Claim) -> Move:
     phase = row.phase
     if phase in (TurnPhase.MODEL_REQUEST, TurnPhase.DISPATCH_TOOLS):
         return moves.resume(row)
@@ -102,6 +163,7 @@ async def _prepare(ctx: BrainContext, conn: Any, row: TurnRow, now: Any, claim: 
         return moves.prepare(row, freeze=None)
     found = await ctx.store.latest_bindings(conn, agent.tools)
     missing = sorted(set(agent.tools) - set(found))
+    found |= {m.name: m.binding() for m in agent.manual_tools}
     if missing:
         waited = (now - row.created_at).total_seconds() if now is not None else 0.0
         if waited >= ctx.binding_wait_seconds:

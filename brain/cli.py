@@ -4,40 +4,37 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import signal
 import sys
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import asyncpg
 
-from brain import verbs
-from brain.agents import AgentDefinition
-from brain.app import open_store, serve, wake_channel
+from brain import commands
+from brain.commands import (
+    EXIT_CONFLICT,
+    EXIT_FAILED,
+    EXIT_REJECTED,
+    EXIT_TIMEOUT,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+)
 from brain.demo import main_demo
-from brain.states import TERMINAL_TURN, TurnStatus
-from brain.store import BrainStore
-from brain.views import describe, print_turn, waiting_line
-from infra.broker import Broker
-from infra.killpoints import KillPoints
 from infra.logging import configure_logging
-from infra.parked import add_parked_command, show_parked
+from infra.parked import add_parked_command
 from infra.settings import Settings
-from infra.transport import Topology
 from protocol import ConflictError, TendonError
 
-EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_CONFLICT, EXIT_UNAVAILABLE = 1, 2, 3, 4, 5
 EXIT_CODES = f"""exit codes:
-  0  done (submit: the turn is accepted and durable; wait: it completed)
+  0  done (submit: the turn is accepted and durable; wait: it completed; a control: received or
+     applied, as its receipt says)
   {EXIT_FAILED}  the turn failed (wait)
-  {EXIT_USAGE}  bad input or a bad TENDON_* setting
+  {EXIT_USAGE}  bad input (an id that does not exist, a closed thread...) or a bad TENDON_* setting
   {EXIT_TIMEOUT}  still not finished after --timeout (wait); the turn goes on
   {EXIT_CONFLICT}  CONFLICT: the request id was used before with a different input (or the agent
-     version exists with other content); nothing was changed
+     version exists with other content, or the thread is pinned to another); nothing was changed
   {EXIT_UNAVAILABLE}  a service (PostgreSQL, RabbitMQ, S3) could not be reached or refused the request
+  {EXIT_REJECTED}  the control was rejected: its receipt says why (the turn ended, a stale revision...)
   130  interrupted (Ctrl-C)"""
 
 
@@ -70,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
         help="idempotency key: the same id and input return the same turn",
     )
     s.add_argument("--agent", required=True, help="path to the agent definition (JSON)")
+    s.add_argument(
+        "--thread",
+        default="main",
+        help="the session's thread (created on first use, pinned to the agent's version; default main): "
+        "turns of one thread run in order, threads run in parallel",
+    )
     s.add_argument("input", help="the user's input for this turn")
 
     s = sub.add_parser("wait", help="wait until a turn completes or fails (never cancels it)")
@@ -87,8 +90,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--data-dir",
         type=Path,
-        default=Path(".tendon/demo"),
-        help="where everything is kept (default: .tendon/demo)",
+        help="where everything is kept (default: .tendon/demo, or .tendon/demo-openai-NAME with --model)",
+    )
+    s.add_argument(
+        "--model",
+        metavar="openai:NAME",
+        help="tell the story with a real model of an OpenAI-compatible API (hosted, vLLM, Ollama, "
+        "LiteLLM): OPENAI_BASE_URL and OPENAI_API_KEY say where (default: the scripted model)",
     )
     s.add_argument("--fresh", action="store_true", help="start over: forget the data directory")
     s.add_argument(
@@ -106,113 +114,81 @@ def _parser() -> argparse.ArgumentParser:
         "turn a parked update concerns (saying why) or logs them",
     )
 
-    s = sub.add_parser("show", help="show a turn: status, history, executions")
+    s = sub.add_parser("show", help="show a turn: status, revision, conversation, executions")
     s.add_argument("turn_id")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+
+    s = sub.add_parser(
+        "history", help="a turn's runs, steps and model calls (attempts, latency, usage, LOST)"
+    )
+    s.add_argument("turn_id")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+
+    s = sub.add_parser("threads", help="a session's threads, their agent versions and turns")
+    s.add_argument("session")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+
+    s = sub.add_parser("turns", help="a session's turns in accepted order, a page at a time")
+    s.add_argument("session")
+    s.add_argument("--thread", help="only this thread's")
+    s.add_argument("--status", help="only turns in this status (queued, running, waiting, paused, ...)")
+    s.add_argument("--limit", type=int, default=50, help="turns per page (default 50)")
+    s.add_argument("--after", type=int, default=0, help="the turn number the previous page ended at")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+
+    s = sub.add_parser(
+        "close", help="close a session, or one thread of it: no more turns; refused while one is unfinished"
+    )
+    s.add_argument("session")
+    s.add_argument("--thread", help="close only this thread")
+
+    _add_controls(sub)
     return p
 
 
-async def _with_store(settings: Settings, work: Callable[[BrainStore], Awaitable[int]]) -> int:
-    store = await open_store(settings)
-    try:
-        return await work(store)
-    finally:
-        await store.close()
-
-
-async def _submit(settings: Settings, args: argparse.Namespace) -> int:
-    agent = AgentDefinition.from_file(args.agent)
-
-    async def work(store: BrainStore) -> int:
-        turn_id, created = await verbs.submit(
-            store,
-            namespace=settings.namespace,
-            session_id=args.session,
-            request_id=args.request_id,
-            user_input=args.input,
-            agent=agent,
-            wake_channel=wake_channel(settings),
-        )
-        print(turn_id, flush=True)
-        if created and agent.tools:
-            await _warn_unserved(store, settings, agent)
-        return 0
-
-    return await _with_store(settings, work)
-
-
-async def _warn_unserved(store: BrainStore, settings: Settings, agent: AgentDefinition) -> None:
-    """Say so when a tool the agent names would not run now (the turn waits for it)."""
-    topology = Topology(settings.queue_prefix)
-
-    async def problems() -> list[str]:
-        async with Broker(settings.amqp_url, topology) as broker:
-            return await verbs.unserved_tools(store, broker, topology, agent.tools)
-
-    try:
-        found = await asyncio.wait_for(problems(), 10)
-    except Exception as exc:  # noqa: BLE001 - only a warning: the turn is accepted already
-        print(f"brain: warning: could not check which tools are served: {exc!r}", file=sys.stderr)
-        return
-    for problem in found:
-        print(
-            f"brain: warning: {problem}; the turn waits for one as long as the Brain's "
-            "TENDON_BINDING_WAIT_SECONDS allow (start `hands serve --route ROUTE --tools MODULE`)",
-            file=sys.stderr,
-        )
-
-
-async def _show(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(store: BrainStore) -> int:
-        d = await describe(store, args.turn_id)
-        print(json.dumps(d, indent=2, default=str)) if args.json else print_turn(d)
-        return 0
-
-    return await _with_store(settings, work)
-
-
-async def _wait(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(store: BrainStore) -> int:
-        deadline = time.monotonic() + args.timeout
-        said: str | None = None
-        while True:
-            d = await describe(store, args.turn_id)
-            if d["status"] == TurnStatus.WAITING and d["waiting_for"] != said:
-                # Said once per thing it waits for: a wait can last (a reconcile by a person).
-                said = d["waiting_for"]
-                print(f"brain: {waiting_line(d)}", file=sys.stderr, flush=True)
-            if TurnStatus(d["status"]) in TERMINAL_TURN:
-                print(json.dumps(d, indent=2, default=str)) if args.json else print_turn(d)
-                return 0 if d["status"] == TurnStatus.COMPLETED else EXIT_FAILED
-            if time.monotonic() > deadline:
-                # Observers never change work: the turn goes on.
-                print(
-                    f"turn {args.turn_id} is still {d['status']}"
-                    + (f", waiting for {d['waiting_for']}" if d["waiting_for"] else "")
-                    + f" after {args.timeout:g}s (it keeps going)",
-                    file=sys.stderr,
-                )
-                return EXIT_TIMEOUT
-            await asyncio.sleep(0.2)
-
-    return await _with_store(settings, work)
-
-
-async def _parked(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(store: BrainStore) -> int:
-        return await show_parked(store, args.parked_id, limit=args.limit, as_json=args.json)
-
-    return await _with_store(settings, work)
-
-
-async def _serve(settings: Settings, args: argparse.Namespace) -> int:
-    if args.concurrency:
-        settings = settings.model_copy(update={"concurrency": args.concurrency})
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: its terminal went away
-        loop.add_signal_handler(sig, stop.set)
-    return await serve(settings, KillPoints(settings.kill_at), stop)
+def _add_controls(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--request-id",
+        help="idempotency key: the same id and input return the original receipt (default: a new one)",
+    )
+    common.add_argument("--json", action="store_true", help="print the receipt as JSON")
+    helps = {
+        "steer": "add guidance for the model at the turn's next boundary (between model steps)",
+        "inject": "add user input to the turn at its next boundary (between model steps)",
+        "withdraw": "take back a steer or inject that is not applied yet",
+        "pause": "stop the turn at its next boundary; its tool results still come in",
+        "resume": "let a paused turn go on (give the revision you saw: `brain show TURN`)",
+        "cancel": "cancel the turn: at once if nothing runs, else once its running tools are settled",
+    }
+    for name, text in helps.items():
+        s = sub.add_parser(
+            name, help=text, description=f"{text[0].upper()}{text[1:]}. Prints the control's receipt.",
+            parents=[common], epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
+        )  # fmt: skip
+        s.add_argument("turn_id")
+        if name in ("steer", "inject"):
+            s.add_argument("text")
+        elif name == "withdraw":
+            s.add_argument("control_id", type=int, help="the steer's or inject's control id (its receipt)")
+        elif name == "resume":
+            s.add_argument("--revision", type=int, required=True, help="the turn's revision you saw")
+    s = sub.add_parser(
+        "respond",
+        help="answer a call that waits for a person: approve or deny it, or give a manual tool's result",
+        parents=[common], epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    s.add_argument("turn_id")
+    s.add_argument("call", help="the call id (or execution id) that waits (`brain show TURN`)")
+    answer = s.add_mutually_exclusive_group(required=True)
+    answer.add_argument("--approve", action="store_true", help="send the call to its tool")
+    answer.add_argument(
+        "--deny", metavar="REASON", nargs="?", const="", help="refuse it (the model is told why)"
+    )
+    answer.add_argument("--result", metavar="JSON", help="a manual tool's result")
+    s = sub.add_parser("controls", help="a turn's controls and where each stands")
+    s.add_argument("turn_id")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,16 +204,29 @@ def main(argv: list[str] | None = None) -> int:
             "console", "WARNING" if "TENDON_LOG_LEVEL" not in os.environ else settings.log_level
         )
         try:
-            return main_demo(settings, args.data_dir, fresh=args.fresh, crash_at=args.crash_at)
+            return main_demo(
+                settings, args.data_dir, fresh=args.fresh, crash_at=args.crash_at, model=args.model
+            )
         except TendonError as exc:
             print(f"brain: {exc.message}", file=sys.stderr)
             return EXIT_USAGE
         except KeyboardInterrupt:
             return 130
     configure_logging(settings.log_format, settings.log_level, process="brain")
-    command = {"serve": _serve, "submit": _submit, "wait": _wait, "show": _show, "parked": _parked}[
-        args.command
-    ]
+    command = {
+        "serve": commands.serve,
+        "submit": commands.submit,
+        "wait": commands.wait,
+        "show": commands.show,
+        "parked": commands.parked,
+        "history": commands.history,
+        "threads": commands.threads,
+        "turns": commands.turns,
+        "close": commands.close,
+        "controls": commands.receipts,
+        "respond": commands.respond,
+        **{kind: commands.control for kind in ("steer", "inject", "withdraw", "pause", "resume", "cancel")},
+    }[args.command]
     try:
         return asyncio.run(command(settings, args))
     except ConflictError as exc:

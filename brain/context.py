@@ -8,8 +8,9 @@ from typing import Any
 
 from brain.agents import FrozenThreads
 from brain.history import HistoryCache
+from brain.models import Models
+from brain.previews import Previews
 from brain.relay import CommandRelay, ControlRelay
-from brain.retry import RetryPolicy
 from brain.store import BrainStore, Move, Moved
 from infra.groupcommit import GroupCommit
 from infra.killpoints import KillPoints
@@ -32,13 +33,14 @@ class BrainContext:
     # When the repair scan first looks at a turn that waits for its tools (a command whose Brain
     # died between its commit and its publish is sent again then).
     first_look: float
-    retry: RetryPolicy = RetryPolicy()
     threads: FrozenThreads = field(init=False)
     history: HistoryCache = field(init=False)
     # Turns whose runs are in progress in this process: the liveness keeper renews their leases,
     # so a phase longer than a lease (a slow model call) is not taken over while this Brain lives.
     active: set[str] = field(default_factory=set)
     moves: GroupCommit[Move, Moved] = field(init=False)
+    models: Models = field(default_factory=Models)  # the model adapters, made once per spec
+    previews: Previews = field(default_factory=Previews)  # streamed pieces of replies in progress
 
     def __post_init__(self) -> None:
         self.threads = FrozenThreads(self.store)

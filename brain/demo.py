@@ -14,15 +14,16 @@ import asyncio
 import functools
 import os
 import shutil
+import signal
 import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
 
 from brain import verbs
 from brain.agents import AgentDefinition
+from brain.demo_agents import default_data_dir, demo_agent
 from brain.embedded import DataDir, LocalSystem, exclusive, run_local
 from brain.states import TERMINAL_TURN
 from brain.store import BrainStore, Entry
@@ -158,7 +159,7 @@ async def _recap(system: LocalSystem, turn_id: str, before: dict[str, str], out:
     rows = await store.read(lambda conn: store.turn_executions(conn, turn_id))
     calls = _calls(await _entries(system, 0))
     print("\nwhat happened to each email:", file=out)
-    for r in rows:
+    for r in (r for r in rows if r["tool"] == "send_email"):
         if before.get(r["id"]) == "succeeded":
             what = "reused the receipt confirmed before"
         else:
@@ -211,7 +212,11 @@ async def previous_run(store: BrainStore, data: DataDir) -> Previous | None:
         turn = await store.find_turn(conn, SESSION, REQUEST)
         if turn is None:
             return None
-        executions = {r["id"]: r["status"] for r in await store.turn_executions(conn, turn.id)}
+        executions = {
+            r["id"]: r["status"]
+            for r in await store.turn_executions(conn, turn.id)
+            if r["tool"] == "send_email"
+        }
         seen = data.root / SEEN_FILE
         last_shown = int(seen.read_text()) if seen.exists() else 0
         return Previous(str(turn.status), executions, await store.last_seq(conn, SESSION), last_shown)
@@ -219,16 +224,29 @@ async def previous_run(store: BrainStore, data: DataDir) -> Previous | None:
     return await store.read(read)
 
 
-async def run_demo(settings: Settings, data: DataDir, *, crash_at: int | None, out: TextIO) -> int:
+async def run_demo(
+    settings: Settings, data: DataDir, *, crash_at: int | None, out: TextIO, model: str | None = None
+) -> int:
     """Run (or resume) the five-email turn; returns 0 when it completed."""
     from examples.mailbox import MailboxServer
 
-    agent = AgentDefinition.model_validate_json(
-        resources.files("examples").joinpath("notice_agent.json").read_text()
-    )
+    agent = demo_agent(model)
     spec = settings.kill_at
-    if crash_at is not None:
+    on_accepted = None
+    if crash_at is not None and model is None:
         spec = ",".join(filter(None, [spec, f"hands.after_tool_body@call-{crash_at}"]))
+    elif crash_at is not None:
+        # A real model names its calls itself: the mail service pulls the plug instead, once it
+        # has stored the N-th email and before its sender hears back.
+        def on_accepted(n: int) -> None:
+            if n == crash_at:
+                print(
+                    f"tendon: email {n} was accepted by the mail service, SIGKILL",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os.kill(os.getpid(), signal.SIGKILL)
+
     found: list[Previous | None] = []
 
     async def before_start(store: BrainStore) -> None:
@@ -237,7 +255,7 @@ async def run_demo(settings: Settings, data: DataDir, *, crash_at: int | None, o
             raise AlreadyDone(previous.turn_status)
         found.append(previous)
 
-    with MailboxServer(port=0, state_path=data.root / "mailbox.json") as mailbox:
+    with MailboxServer(port=0, state_path=data.root / "mailbox.json", on_accepted=on_accepted) as mailbox:
         os.environ["TENDON_MAILBOX_URL"] = mailbox.url
         try:
             async with run_local(
@@ -328,12 +346,16 @@ def demo_settings(base: Settings) -> Settings:
     return base.model_copy(update={"scan_interval": min(base.scan_interval, 0.2)})
 
 
-def main_demo(base: Settings, data_dir: Path, *, fresh: bool, crash_at: int | None) -> int:
-    data = DataDir(data_dir)
+def main_demo(
+    base: Settings, data_dir: Path | None, *, fresh: bool, crash_at: int | None, model: str | None = None
+) -> int:
+    data = DataDir(data_dir or default_data_dir(model))
     try:
         if fresh:
             reset(data)
-        return asyncio.run(run_demo(demo_settings(base), data, crash_at=crash_at, out=sys.stdout))
+        return asyncio.run(
+            run_demo(demo_settings(base), data, crash_at=crash_at, out=sys.stdout, model=model)
+        )
     except KeyboardInterrupt:
         print("\nbrain: interrupted: run the same command again to resume", file=sys.stderr)
         return 130

@@ -19,6 +19,10 @@ kind                            what happened
 ``execution.reported_late``     Hands reported on an execution its turn settled already
 ``turn.results_applied``        a step's outcomes went into the conversation
 ``turn.retry_scheduled``        a run met a passing fault; the turn retries later
+``turn.run_lost``               a run's Brain died or stopped before it committed its phase
+``control.<status>``            a control was received, applied or rejected (with the reason)
+``turn.input_added``            a steer or inject added input between two model steps
+``turn.cancelled``              the turn ended by a cancel
 ``turn.completed``              the turn's result (its last reply) is final
 ``turn.failed``                 the turn ended with an error
 ``execution.cancelled``         an open execution of a failed turn was settled
@@ -49,8 +53,11 @@ def waiting(for_what: str) -> Fact:
     return {"kind": "turn.waiting", "waiting_for": for_what}
 
 
-def model_replied(message: dict[str, Any], usage: dict[str, Any]) -> Fact:
-    return {"kind": "turn.model_replied", "message": message, "usage": usage}
+def model_replied(message: dict[str, Any], usage: dict[str, Any], call: dict[str, Any] | None = None) -> Fact:
+    """The reply, its token usage, and of the call that made it (``call``): its number in the
+    turn, latency and the model that answered."""
+    fact = {"kind": "turn.model_replied", "message": message, "usage": usage}
+    return fact | ({"call": call} if call else {})
 
 
 def intended(execution_id: str, call_id: str, tool: str) -> Fact:
@@ -61,6 +68,27 @@ def results_applied(execution_ids: Sequence[str]) -> Fact:
     """The tool messages the model sees next are these executions' outcomes (read from their
     rows, where each is recorded once, not copied here)."""
     return {"kind": "turn.results_applied", "executions": list(execution_ids)}
+
+
+def control(control_id: int, kind: str, status: str, reason: str | None = None) -> Fact:
+    """A control was received (to be decided at the turn's next boundary), applied or rejected."""
+    fact = {"kind": f"control.{status}", "control_id": control_id, "control": kind}
+    return fact | ({"reason": reason} if reason else {})
+
+
+def input_added(control_id: int, kind: str, text: str) -> Fact:
+    """Input a steer or an inject added to the running turn, at a boundary between model steps."""
+    return {"kind": "turn.input_added", "control_id": control_id, "control": kind, "text": text}
+
+
+def cancelled_turn() -> Fact:
+    return {"kind": "turn.cancelled"}
+
+
+def run_lost(run: int, phase: str, *, died: bool) -> Fact:
+    """A run ended without committing its phase: its Brain died (or stopped). A model call it was
+    making is lost: nothing of its reply is recorded, and its usage is not known."""
+    return {"kind": "turn.run_lost", "run": run, "phase": phase, "how": "died" if died else "stopped"}
 
 
 def retry_scheduled(retry: int, in_seconds: float, error: str) -> Fact:

@@ -11,6 +11,8 @@ fact                        message
 ``turn.model_replied``      the assistant's message (its text and tool calls)
 ``turn.results_applied``    one tool message per execution it names, made from the
                             execution's row (its outcome is recorded once, there)
+``turn.input_added``        a steer (an instruction) or an inject (the user's message) that
+                            a control added between two model steps
 ``history.message``         a message as an earlier version of Tendon kept it
 ==========================  ===========================================================
 
@@ -84,6 +86,9 @@ class ThreadHistory:
                 row = executions.get(execution_id)
                 if row is not None:
                     self.messages.append(Message(role="tool", turn_id=turn_id, content=tool_message(row)))
+        elif kind == "turn.input_added":
+            role = "steer" if fact.get("control") == "steer" else "user"
+            self.messages.append(Message(role=role, turn_id=turn_id, content={"text": fact["text"]}))
         elif kind == "history.message":
             self.messages.append(Message(role=fact["role"], turn_id=turn_id, content=fact["content"]))
 

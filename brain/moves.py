@@ -103,6 +103,7 @@ def reply(
     message: dict[str, Any],
     usage: dict[str, Any],
     *,
+    call: dict[str, Any] | None = None,
     intents: Sequence[Intent] | None,
     first_look: float,
 ) -> Move:
@@ -110,14 +111,27 @@ def reply(
     turn then waits for them), or, without calls, the turn's result. ``intents`` None for a reply
     with calls whose commands could not be built: the reply is committed alone, and the dispatch
     phase meets the problem again."""
-    replied = [facts.model_replied(message, usage)]
+    replied = [facts.model_replied(message, usage, call)]
     calls = message.get("tool_calls") or []
     model_calls = row.model_calls + 1
     if calls and intents is not None:
         replied += [facts.intended(i.execution_id, i.call_id, i.tool) for i in intents]
+        replied += [
+            facts.execution_event("failed", i.execution_id, i.call_id, i.tool, how="rejected")
+            for i in intents
+            if not i.sends
+        ]
+        if all(i.status == ExecutionStatus.FAILED for i in intents):
+            # The Brain refused every call itself: their failures go to the model at once.
+            replied.append(facts.results_applied([i.execution_id for i in intents]))
+            return move(
+                row, S.RUNNING, [P.DISPATCH_TOOLS, P.WAIT_TOOLS, P.APPLY_RESULTS, P.MODEL_REQUEST],
+                model_calls=model_calls, tool_step=row.tool_step + 1, facts=tuple(replied),
+                intents=tuple(intents),
+            )  # fmt: skip
         return move(
             row, S.WAITING, [P.DISPATCH_TOOLS, P.WAIT_TOOLS], release=True, model_calls=model_calls,
-            tool_step=row.tool_step + 1, waiting_for=f"{len(intents)} tool execution(s)", wake_in=first_look,
+            tool_step=row.tool_step + 1, waiting_for=intents_reason(intents), wake_in=first_look,
             facts=tuple(replied), intents=tuple(intents),
         )  # fmt: skip
     if calls:
@@ -129,11 +143,25 @@ def reply(
     )  # fmt: skip
 
 
+def intents_reason(intents: Sequence[Intent]) -> str:
+    """What a turn that just committed these waits for."""
+    parts = []
+    sent = sum(1 for i in intents if i.sends)
+    if sent:
+        parts.append(f"{sent} tool execution(s)")
+    for i in intents:
+        if i.awaits == "approval":
+            parts.append(f"approval of {i.tool} {i.call_id}")
+        elif i.awaits == "result":
+            parts.append(f"a person's result for {i.tool} {i.call_id}")
+    return "; ".join(parts) or "nothing"
+
+
 def dispatch(row: TurnRow, intents: Sequence[Intent], *, first_look: float) -> Move:
     """A reply's tool calls, committed after the reply itself (a run that resumed at DISPATCH)."""
     return move(
         row, S.WAITING, [P.WAIT_TOOLS], release=True, tool_step=row.tool_step + 1,
-        waiting_for=f"{len(intents)} tool execution(s)", wake_in=first_look,
+        waiting_for=intents_reason(intents), wake_in=first_look,
         facts=tuple(facts.intended(i.execution_id, i.call_id, i.tool) for i in intents),
         intents=tuple(intents),
     )  # fmt: skip
@@ -152,3 +180,27 @@ def retry(row: TurnRow, *, retries: int, delay: float, error: str) -> Move:
     backoff), its lease given up."""
     noted = (facts.retry_scheduled(retries, delay, error),)
     return move(row, S.RUNNING, [], release=True, retries=retries, wake_in=delay, facts=noted)
+
+
+def hand_back(row: TurnRow) -> Move:
+    """Controls came while this run held the turn: it gives the lease back, and the claim that
+    takes the turn next applies them at this boundary."""
+    return move(row, S.RUNNING, [], release=True, wake_in=0.0)
+
+
+def pause(row: TurnRow, said: Sequence[dict[str, Any]]) -> Move:
+    """A pause reached the turn's boundary: it stops here until a resume."""
+    return move(row, S.PAUSED, [], release=True, waiting_for="a resume", facts=(started(row), *said))
+
+
+def cancel(row: TurnRow, said: Sequence[dict[str, Any]]) -> Move:
+    """A cancel whose executions are all settled (or that had none): the turn ends."""
+    return move(row, S.CANCELLED, [], release=True, facts=(started(row), *said, facts.cancelled_turn()))
+
+
+def wait_for_cancel(row: TurnRow, unsettled: int) -> Move:
+    """A cancelling turn whose executions are not all settled yet waits for them."""
+    reason = f"{unsettled} execution(s) to settle after a cancel"
+    return move(
+        row, S.WAITING, [], release=True, waiting_for=reason, facts=(started(row), facts.waiting(reason))
+    )

@@ -13,33 +13,31 @@ the same turn; waiting for tools is a row, not a coroutine.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
 from structlog.contextvars import bound_contextvars
 
 from brain import moves
+from brain.calls import build_intents, refused_row, sent
 from brain.claims import claim_turns
 from brain.context import BrainContext
-from brain.models import make_model
-from brain.states import TurnPhase, TurnStatus
-from brain.store import Intent, TurnRow
-from infra.db import is_transient, patiently, storable
+from brain.states import TERMINAL_TURN, TurnPhase, TurnStatus
+from brain.store import TurnRow
+from infra.db import describe, is_transient, patiently, storable
 from infra.logging import get_logger
 from protocol import (
-    ExecuteBody,
-    ExecuteCommand,
     IllegalTransitionError,
     LimitReachedError,
-    RoutingError,
     StaleOwnerError,
     TendonError,
-    new_id,
-    request_digest,
 )
 
 log = get_logger(__name__)
+
+# Seconds before a run that a service fault interrupted (the database or broker away) is tried again.
+WEATHER_DELAY = 1.0
 
 
 class Wakeups:
@@ -155,16 +153,38 @@ async def drive(ctx: BrainContext, row: TurnRow) -> None:
     current = row
     try:
         while current.status is TurnStatus.RUNNING and current.lease_owner == ctx.owner:
+            if current.pending:
+                # Controls came during this run's phase: a claim applies them at this boundary.
+                moved = await ctx.moves.submit(moves.hand_back(current))
+                ctx.history.committed(current, moved.row, moved.seq, ())
+                return
             if current.phase is TurnPhase.MODEL_REQUEST:
                 current = await model_request(ctx, current)
             elif current.phase is TurnPhase.DISPATCH_TOOLS:
                 current = await dispatch(ctx, current)
             else:
                 raise IllegalTransitionError(f"a run has nothing to do in phase {current.phase}")
+        if current.pending and current.status in TERMINAL_TURN:
+            await _reject_leftover_controls(ctx, current)
     except StaleOwnerError as exc:
         log.warning("run_fenced_out", reason=str(exc))
     except Exception as exc:  # noqa: BLE001 - every failure ends this run somehow
         await end_run_after(ctx, current, exc)
+
+
+async def _reject_leftover_controls(ctx: BrainContext, row: TurnRow) -> None:
+    """Controls that came while the turn's last phase ran, and that it ended before applying."""
+    store = ctx.store
+
+    async def work(conn: Any) -> None:
+        said = await store.reject_received(conn, row.id, f"the turn {row.status} first")
+        if said:
+            await store.append(
+                conn, row.session_id, row.id, said, thread_id=row.thread_id, status=str(row.status),
+                phase=str(row.phase),
+            )  # fmt: skip
+
+    await store.transact(work)
 
 
 async def model_request(ctx: BrainContext, row: TurnRow) -> TurnRow:
@@ -180,22 +200,45 @@ async def model_request(ctx: BrainContext, row: TurnRow) -> TurnRow:
             f"the agent reached its limit of {agent.limits.max_model_calls} model calls in one turn"
         )
     bindings: dict[str, Any] = thread["bindings"] or {}
-    reply = await make_model(agent.model).complete(
-        instructions=agent.instructions, history=history, turn_id=row.id, tools=list(bindings.values())
+    model = ctx.models.get(agent.model)
+    ctx.killpoints.hit("brain.before_model_call", str(row.model_calls + 1))
+    started = time.perf_counter()
+    reply = await model.complete(
+        instructions=agent.instructions,
+        history=history,
+        turn_id=row.id,
+        tools=list(bindings.values()),
+        on_delta=ctx.previews.sink(row.id),
     )
+    call: dict[str, Any] = {
+        "number": row.model_calls + 1,
+        "latency_ms": round((time.perf_counter() - started) * 1000, 1),
+    }
+    if reply.model:
+        call["model"] = reply.model
     message: dict[str, Any] = {"text": reply.content}
-    calls = [c.model_dump() for c in reply.tool_calls]
+    calls = [c.model_dump(exclude_none=True) for c in reply.tool_calls]
     if calls:
         message["tool_calls"] = calls
+        mine = [m for m in history if m.role == "assistant" and m.turn_id == row.id]
+        made = sum(len(m.content.get("tool_calls") or []) for m in mine)
+        if made + len(calls) > agent.limits.max_tool_calls:
+            raise LimitReachedError(
+                f"the agent reached its limit of {agent.limits.max_tool_calls} tool calls in one turn "
+                f"(it asked for {len(calls)} more after {made})"
+            )
     intents = None
     if calls:
         try:
-            intents = await build_intents(ctx, row, bindings, calls, detailed=agent.journal == "detailed")
+            intents = await build_intents(
+                ctx, row, bindings, calls, detailed=agent.journal == "detailed", approvals=agent.approvals
+            )
         except TendonError as exc:
             log.warning("intents_not_built", error=exc.message)  # the dispatch phase meets it again
-    move = moves.reply(row, message, reply.usage, intents=intents, first_look=ctx.first_look)
+    move = moves.reply(row, message, reply.usage, call=call, intents=intents, first_look=ctx.first_look)
     moved = await ctx.moves.submit(move)
-    ctx.history.committed(row, moved.row, moved.seq, move.facts)
+    refused = {i.execution_id: refused_row(i) for i in intents or () if not i.sends}
+    ctx.history.committed(row, moved.row, moved.seq, move.facts, refused)
     if intents:
         sent(ctx, intents)
     return moved.row
@@ -212,7 +255,12 @@ async def dispatch(ctx: BrainContext, row: TurnRow) -> TurnRow:
     last = next(m for m in reversed(history) if m.role == "assistant" and m.turn_id == row.id)
     bindings = thread["bindings"] or {}
     intents = await build_intents(
-        ctx, row, bindings, last.content["tool_calls"], detailed=agent.journal == "detailed"
+        ctx,
+        row,
+        bindings,
+        last.content["tool_calls"],
+        detailed=agent.journal == "detailed",
+        approvals=agent.approvals,
     )
     move = moves.dispatch(row, intents, first_look=ctx.first_look)
     moved = await ctx.moves.submit(move)
@@ -221,83 +269,33 @@ async def dispatch(ctx: BrainContext, row: TurnRow) -> TurnRow:
     return moved.row
 
 
-async def build_intents(
-    ctx: BrainContext,
-    row: TurnRow,
-    bindings: dict[str, Any],
-    calls: Sequence[dict[str, Any]],
-    *,
-    detailed: bool,
-) -> list[Intent]:
-    """The execute command of every tool call, packed (a big one uploaded: content-addressed, so a
-    crash here leaves at most an unreferenced object, never a reference to nothing)."""
-    intents = []
-    for call in calls:
-        binding = bindings.get(call["tool"])
-        if binding is None:
-            raise RoutingError(
-                f"the model asked for tool {call['tool']!r}, which this thread has no binding for "
-                f"(bound: {', '.join(sorted(bindings)) or 'none'})"
-            )
-        execution_id = f"exe-{new_id()}"
-        body = ExecuteBody(
-            turn_id=row.id,
-            call_id=call["call_id"],
-            route=binding["route"],
-            tool=binding["name"],
-            binding_digest=binding["digest"],
-            replay_policy=binding["replay_policy"],
-            args=call["args"],
-        )
-        envelope = ExecuteCommand(
-            execution_id=execution_id,
-            namespace=row.namespace,
-            session_id=row.session_id,
-            request_digest=request_digest(execution_id, body),
-            body=body,
-        )
-        intents.append(
-            Intent(
-                execution_id=execution_id,
-                tool_step=row.tool_step + 1,
-                call_id=call["call_id"],
-                route=binding["route"],
-                tool=binding["name"],
-                binding_digest=binding["digest"],
-                replay_policy=binding["replay_policy"],
-                request_digest=envelope.request_digest,
-                command_message_id=envelope.message_id,
-                command=await ctx.codec.pack(envelope),
-                queue=ctx.topology.commands(binding["route"]),
-                journal_detail=detailed,
-            )
-        )
-    return intents
-
-
-def sent(ctx: BrainContext, intents: Sequence[Intent]) -> None:
-    """After the intents' commit: their commands go out (from memory)."""
-    for intent in intents:
-        ctx.killpoints.hit("brain.after_intent_commit", intent.call_id)
-    ctx.commands.send([(i.queue, i.command, i.command_message_id) for i in intents])
-
-
 async def end_run_after(ctx: BrainContext, row: TurnRow, exc: Exception) -> None:
     """Retry a passing fault later (persisted backoff); fail the turn for anything else.
 
-    Either is one commit, which waits out a database that is away (while this run holds the lease,
-    nobody else would take the turn anyway); if it never comes back within the lease, the lease
-    runs out and another run takes over.
+    A failed model call (or another retryable error) spends the turn's retry budget, which nothing
+    resets; once it is spent the turn fails and no new model call is made. A service that blinked
+    (the database or the broker away) spends nothing: that is weather (invariant 14), and the run
+    is just tried again a moment later. Either is one commit, which waits out a database that is
+    away (while this run holds the lease, nobody else would take the turn anyway); if it never
+    comes back within the lease, the lease runs out and another run takes over.
     """
     if is_transient(exc) or (isinstance(exc, TendonError) and exc.retryable):
         log.warning("run_interrupted", error=repr(exc))
-        retries = row.retries + 1
-        if ctx.retry.exhausted(retries):
-            gave_up = LimitReachedError(f"gave up after {retries - 1} retries; last error: {exc}")
-            await fail(ctx, row, gave_up.as_dict())
-            return
-        delay = ctx.retry.delay(retries)
-        move = moves.retry(row, retries=retries, delay=delay, error=storable(repr(exc)))
+        if is_transient(exc):
+            retries, delay = row.retries, WEATHER_DELAY
+        else:
+            retries = row.retries + 1
+            agent, _ = await patiently(
+                lambda: ctx.store.read(lambda conn: ctx.threads.get(conn, row.thread_id)),
+                what="the agent of an interrupted run",
+                patience=ctx.lease_seconds,
+            )
+            if agent.retry.exhausted(retries):
+                spent = LimitReachedError(f"gave up after {retries - 1} retries; last error: {describe(exc)}")
+                await fail(ctx, row, spent.as_dict())
+                return
+            delay = agent.retry.delay(retries, getattr(exc, "retry_after", None))
+        move = moves.retry(row, retries=retries, delay=delay, error=describe(exc))
         try:
             await patiently(
                 lambda: ctx.moves.submit(move),

@@ -54,9 +54,12 @@ class Nudge(StrEnum):
 
 
 def nudge_for(e: Mapping[str, Any], *, stall: float, attempts: int, updates_line: bool) -> Nudge:
-    """What an open execution of a waiting turn needs now (a pure rule)."""
+    """What an open execution of a waiting turn needs now (a pure rule). The command of a turn
+    being cancelled is never sent again: its cancel (in the outbox until confirmed) settles it, and
+    the Hands are asked about it instead, answering from the tombstone the cancel left."""
     now: datetime = e["now"]
-    if e["status"] == "intended" and not e["creator_alive"] and e["nudges"] == 0:
+    resend = e["status"] == "intended" and not e.get("cancelling")
+    if resend and not e["creator_alive"] and e["nudges"] == 0:
         return Nudge.RESEND  # its Brain is gone: its publish may never have happened
     quiet = now - e["updated_at"] >= timedelta(seconds=stall)
     backoff = e["replay_requested_at"] is None or (
@@ -66,7 +69,7 @@ def nudge_for(e: Mapping[str, Any], *, stall: float, attempts: int, updates_line
         return Nudge.NONE
     if e["nudges"] >= attempts:
         return Nudge.GIVE_UP
-    return Nudge.RESEND if e["status"] == "intended" else Nudge.REPLAY
+    return Nudge.RESEND if resend else Nudge.REPLAY
 
 
 def next_look(e: Mapping[str, Any], *, stall: float, nudged: bool) -> float:

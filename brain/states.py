@@ -19,6 +19,7 @@ class TurnStatus(StrEnum):
     QUEUED = "queued"  # accepted, no Brain has started it yet
     RUNNING = "running"  # claimable or owned by a Brain run
     WAITING = "waiting"  # parked until its tool executions answer; nothing in memory
+    PAUSED = "paused"  # held at a safe boundary by a pause control, until a resume
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -39,6 +40,7 @@ class TurnPhase(StrEnum):
 class ExecutionStatus(StrEnum):
     """A tool execution as the Brain knows it from the sequenced events it applied."""
 
+    PENDING = "pending"  # waits for a person's answer (an approval, or a manual tool's result)
     INTENDED = "intended"  # committed with its outbox command; maybe not yet published
     ACCEPTED = "accepted"
     RUNNING = "running"
@@ -52,17 +54,26 @@ TERMINAL_TURN = frozenset({TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.C
 TERMINAL_EXECUTION = frozenset({ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED})
 
 TURN_TRANSITIONS: dict[TurnStatus, frozenset[TurnStatus]] = {
-    TurnStatus.QUEUED: frozenset({TurnStatus.RUNNING, TurnStatus.FAILED, TurnStatus.CANCELLED}),
+    TurnStatus.QUEUED: frozenset(
+        {TurnStatus.RUNNING, TurnStatus.PAUSED, TurnStatus.FAILED, TurnStatus.CANCELLED}
+    ),
     TurnStatus.RUNNING: frozenset(
         {
             TurnStatus.RUNNING,
             TurnStatus.WAITING,
+            TurnStatus.PAUSED,
             TurnStatus.COMPLETED,
             TurnStatus.FAILED,
             TurnStatus.CANCELLED,
         }
     ),
-    TurnStatus.WAITING: frozenset({TurnStatus.RUNNING, TurnStatus.FAILED, TurnStatus.CANCELLED}),
+    TurnStatus.WAITING: frozenset(
+        {TurnStatus.RUNNING, TurnStatus.PAUSED, TurnStatus.FAILED, TurnStatus.CANCELLED}
+    ),
+    # Resumed (or cancelled); a paused turn's tool results are still applied, it just does not go on.
+    TurnStatus.PAUSED: frozenset(
+        {TurnStatus.RUNNING, TurnStatus.WAITING, TurnStatus.FAILED, TurnStatus.CANCELLED}
+    ),
     TurnStatus.COMPLETED: frozenset(),
     TurnStatus.FAILED: frozenset(),
     TurnStatus.CANCELLED: frozenset(),
@@ -78,7 +89,12 @@ PHASE_TRANSITIONS: dict[TurnPhase, frozenset[TurnPhase]] = {
     TurnPhase.DONE: frozenset(),
 }
 
-_I, _A, _R = ExecutionStatus.INTENDED, ExecutionStatus.ACCEPTED, ExecutionStatus.RUNNING
+_P, _I, _A, _R = (
+    ExecutionStatus.PENDING,
+    ExecutionStatus.INTENDED,
+    ExecutionStatus.ACCEPTED,
+    ExecutionStatus.RUNNING,
+)
 _S, _F, _C, _U = (
     ExecutionStatus.SUCCEEDED,
     ExecutionStatus.FAILED,
@@ -86,6 +102,7 @@ _S, _F, _C, _U = (
     ExecutionStatus.UNKNOWN,
 )
 EXECUTION_TRANSITIONS: dict[ExecutionStatus, frozenset[ExecutionStatus]] = {
+    _P: frozenset({_I, _S, _F, _C}),  # approved (then sent), answered by hand, denied, or its turn ended
     _I: frozenset({_A, _F, _C}),  # FAILED: Hands rejected the command
     _A: frozenset({_R, _F, _C, _U}),
     _R: frozenset({_R, _S, _F, _C, _U}),  # RUNNING again: a safe re-run after a crash

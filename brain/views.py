@@ -6,6 +6,7 @@ from typing import Any
 
 from brain.history import ThreadHistory
 from brain.store import BrainStore
+from protocol import NotFoundError
 
 RECONCILE_HINT = (
     "resolve each with `hands reconcile EXECUTION_ID --result JSON --evidence TEXT` "
@@ -13,12 +14,14 @@ RECONCILE_HINT = (
 )
 
 
-async def describe(store: BrainStore, turn_id: str) -> dict[str, Any]:
+async def describe(store: BrainStore, namespace: str, turn_id: str) -> dict[str, Any]:
     """Everything `show` prints, as plain data: the turn's row, its executions, and what its
     journal entries say (its conversation, and how many runs it took)."""
 
     async def read(conn: Any) -> Any:
-        turn = await store.load(conn, turn_id)
+        turn = await store.lock_turn(conn, namespace, turn_id, lock=False)
+        if turn is None:
+            raise NotFoundError(f"there is no turn {turn_id!r}")
         entries = await store.entries(conn, turn.session_id, turn_id=turn_id, limit=100_000)
         return turn, entries, await store.turn_executions(conn, turn_id)
 
@@ -29,6 +32,8 @@ async def describe(store: BrainStore, turn_id: str) -> dict[str, Any]:
     return {
         "turn_id": t.id,
         "session_id": t.session_id,
+        "thread": t.thread_id.removeprefix(t.session_id).removeprefix("/") or "main",
+        "revision": t.revision,
         "request_id": t.request_id,
         "status": str(t.status),
         "phase": str(t.phase),
@@ -61,9 +66,9 @@ async def describe(store: BrainStore, turn_id: str) -> dict[str, Any]:
 
 def print_turn(d: dict[str, Any]) -> None:
     """`show` and `wait` for people."""
-    print(f"turn {d['turn_id']}  session {d['session_id']}  request {d['request_id']}")
-    print(f"status: {d['status']} (phase {d['phase']}, {d['runs']} run(s))")
-    if d["waiting_for"] and d["status"] not in ("completed", "failed", "cancelled"):
+    print(f"turn {d['turn_id']}  session {d['session_id']}  thread {d['thread']}  request {d['request_id']}")
+    print(f"status: {d['status']} (phase {d['phase']}, revision {d['revision']}, {d['runs']} run(s))")
+    if d["waiting_for"] and d["status"] in ("waiting", "paused"):
         print(f"waiting for: {d['waiting_for']}")
     if d["error"]:
         print(f"error: {d['error'].get('code')}: {d['error'].get('message')}")

@@ -29,6 +29,7 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -127,9 +128,16 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], state: MailboxState, lookup: bool) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        state: MailboxState,
+        lookup: bool,
+        on_accepted: Callable[[int], None] | None = None,
+    ) -> None:
         self.state = state
         self.lookup = lookup
+        self.on_accepted = on_accepted
         super().__init__(address, _Handler)
 
 
@@ -196,6 +204,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(400, {"error": f"missing or non-string fields: {', '.join(missing)}"})
             return
         receipt, created = state.accept(key, body["to"])
+        if created and self.server.on_accepted is not None:
+            self.server.on_accepted(len(state.stats()["deliveries"]))
         self._reply(201 if created else 200, receipt)
 
 
@@ -212,11 +222,15 @@ class MailboxServer:
         port: int = 0,
         lookup: bool = True,
         state_path: str | os.PathLike[str] | None = None,
+        on_accepted: Callable[[int], None] | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.lookup = lookup
         self.state_path = state_path
+        # Called with the number of deliveries once a new one is stored, before it is answered
+        # (the demo's crash: the service has the email, its sender never hears so).
+        self.on_accepted = on_accepted
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -225,7 +239,7 @@ class MailboxServer:
         if self._httpd is not None:
             return
         state = MailboxState(self.state_path)
-        self._httpd = _HTTPServer((self.host, self.port), state, self.lookup)
+        self._httpd = _HTTPServer((self.host, self.port), state, self.lookup, self.on_accepted)
         self.port = self._httpd.server_address[1]
 
     @property

@@ -1,7 +1,10 @@
 """Loading the tools a Hands pool serves, and finding them again by name and binding digest.
 
 ``--tools`` names a module (``examples.email_tools``) or a file (``path/to/tools.py``); every
-module-level :class:`~hands.tools.Tool` whose route is the pool's route is served.
+module-level :class:`~hands.tools.Tool` whose route is the pool's route is served. One name may
+be served in several versions at once (``@tool(name="greet", version="2")`` beside version 1), so
+that an upgrade does not strand the threads pinned to the older one: a call names its binding by
+digest, and the digest picks the version.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 
 from hands.tools import Tool
-from protocol import RoutingError, TendonError, ToolBinding
+from protocol import RoutingError, TendonError, ToolBinding, version_key
 
 
 class ToolLoadError(TendonError):
@@ -29,20 +32,24 @@ def _short(digest: str) -> str:
 
 
 class ToolRegistry:
-    """The tools of one route, by name; a binding digest must match to be served."""
+    """The tools of one route, by name and version; a binding digest must match to be served."""
 
     def __init__(self, route: str, tools: Iterable[Tool]) -> None:
         self.route = route
-        self._by_name: dict[str, Tool] = {}
+        self._by_name: dict[str, dict[str, Tool]] = {}
         for t in tools:
             if t.binding.route != route:
                 raise ToolLoadError(f"tool {t.name} belongs to route {t.binding.route}, not {route}")
-            if t.name in self._by_name and self._by_name[t.name] is not t:
-                raise ToolLoadError(f"two tools named {t.name} are declared for route {route}")
-            self._by_name[t.name] = t
+            versions = self._by_name.setdefault(t.name, {})
+            known = versions.get(t.binding.version)
+            if known is not None and known is not t:
+                raise ToolLoadError(
+                    f"two tools named {t.name} in version {t.binding.version} are declared for route {route}"
+                )
+            versions[t.binding.version] = t
 
     def __len__(self) -> int:
-        return len(self._by_name)
+        return sum(len(v) for v in self._by_name.values())
 
     @property
     def names(self) -> list[str]:
@@ -50,30 +57,36 @@ class ToolRegistry:
 
     @property
     def bindings(self) -> list[ToolBinding]:
-        return [self._by_name[n].binding for n in self.names]
+        return [t.binding for n in self.names for _, t in sorted(self._by_name[n].items())]
 
     def get(self, name: str | None) -> Tool | None:
-        """The tool served under ``name``, whatever its digest (None if not served)."""
-        return self._by_name.get(name or "")
+        """The newest version served under ``name`` (None if not served)."""
+        versions = self._by_name.get(name or "")
+        return versions[max(versions, key=version_key)] if versions else None
 
     def served(self, name: str | None, binding_digest: str | None) -> Tool | None:
         """The tool only if it is served under exactly this binding digest."""
-        found = self.get(name)
-        return found if found is not None and found.binding.digest == binding_digest else None
+        for t in self._by_name.get(name or "", {}).values():
+            if t.binding.digest == binding_digest:
+                return t
+        return None
 
     def resolve(self, name: str, binding_digest: str) -> Tool:
         """The tool for a command, or RoutingError saying what this route serves instead."""
-        found = self.get(name)
-        if found is None:
+        versions = self._by_name.get(name)
+        if not versions:
             raise RoutingError(
                 f"tool {name} is not served by route {self.route} "
                 f"(served: {', '.join(self.names) or 'nothing'})"
             )
-        if found.binding.digest != binding_digest:
+        found = self.served(name, binding_digest)
+        if found is None:
+            served = ", ".join(
+                f"{_short(t.binding.digest)} (version {v})" for v, t in sorted(versions.items())
+            )
             raise RoutingError(
                 f"binding digest {_short(binding_digest)} for tool {name} is not served by route "
-                f"{self.route} (served: {_short(found.binding.digest)}, version "
-                f"{found.binding.version})"
+                f"{self.route} (served: {served})"
             )
         return found
 

@@ -13,17 +13,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from hands.store import Execution
-from infra.db import is_transient, storable
+from infra.db import describe, is_transient
 from infra.logging import get_logger
 from protocol import StaleOwnerError, is_retryable
 
 log = get_logger(__name__)
-
-
-def describe(exc: BaseException) -> str:
-    """``Type: message``, storable."""
-    text = str(exc)
-    return storable(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 
 def passing(exc: BaseException) -> bool:

@@ -105,13 +105,15 @@ def tool(
     replay: str | ReplayPolicy,
     query: QueryFn | None = None,
     name: str | None = None,
+    approval: bool = False,
 ) -> Callable[[ToolFn], Tool]:
     """Declare an async function as a tool served by the Hands pool of ``route``.
 
     ``replay="safe"`` lets Tendon run it again after a crash inside its body; ``"unsafe"``
     never does: its ``query`` (same parameters, returns ``Found``/``NotFound``) asks the
     external system about the original operation, and without one the execution becomes
-    UNKNOWN until reconciled.
+    UNKNOWN until reconciled. ``approval=True``: every call waits for a person to approve it
+    (`brain respond TURN CALL --approve`) before it is sent to the pool.
     """
 
     def wrap(fn: ToolFn) -> Tool:
@@ -127,6 +129,7 @@ def tool(
             input_schema=schema,
             replay_policy=ReplayPolicy(replay),
             has_query=query is not None,
+            requires_approval=approval,
         )
         return Tool(fn=fn, binding=binding, query=query, args_model=model)
 

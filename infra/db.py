@@ -85,6 +85,12 @@ def storable(text: str, limit: int = 2000) -> str:
     return safe if len(safe) <= limit else safe[:limit] + "…"
 
 
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of an error, storable (what a row or a fact says went wrong)."""
+    text = str(exc)
+    return storable(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
 class Json:
     """A value bound for a JSON column that may be a bare string or number.
 
@@ -102,7 +108,8 @@ def _encode_json(value: Any) -> str:
     return codec.dumps(value.value if isinstance(value, Json) else value).decode("utf-8")
 
 
-async def _init_connection(conn: asyncpg.Connection) -> None:
+async def init_connection(conn: asyncpg.Connection) -> None:
+    """What every Tendon connection speaks: JSON for json and jsonb, through the one codec."""
     for typename in ("json", "jsonb"):
         await conn.set_type_codec(
             typename,
@@ -124,7 +131,7 @@ async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int
         dsn,
         min_size=min_size,
         max_size=max_size,
-        init=_init_connection,
+        init=init_connection,
         reset=_keep_session,
         server_settings={
             "search_path": schema,

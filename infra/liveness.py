@@ -62,7 +62,8 @@ from protocol import new_id
 log = get_logger(__name__)
 
 # Hands a dead worker's work back, inside the transaction that records its death.
-Release = Callable[[Any, list[str]], Awaitable[Any]]
+# ``died``: False when the worker retires (a clean stop).
+Release = Callable[[Any, list[str], bool], Awaitable[Any]]
 # Renews what the worker (its id given) holds beside its own row (a Brain: its running turns).
 Renew = Callable[[Any, str], Awaitable[Any]]
 
@@ -206,7 +207,7 @@ class Liveness:
         await self._ensure()
         async with self._transaction() as conn:
             if await conn.fetchval(_RETIRE, self.worker_id) is not None and self._release is not None:
-                await self._release(conn, [self.worker_id])
+                await self._release(conn, [self.worker_id], False)
 
     # ---- the keeper ---------------------------------------------------------------------
 
@@ -287,7 +288,7 @@ class Liveness:
         async def record(conn: Any, gone: list[str]) -> list[str]:
             dead = [r["id"] for r in await conn.fetch(dead_sql, self.worker_id, self.grace, gone)]
             if dead and self._release is not None:
-                await self._release(conn, dead)
+                await self._release(conn, dead, True)
             if time.monotonic() - self._pruned > PRUNE_EVERY:
                 self._pruned = time.monotonic()
                 await conn.execute(_PRUNE, PRUNE_AFTER)

@@ -1,6 +1,6 @@
 """Tendon's wire protocol: envelopes, bindings, the strict codec and the error tree."""
 
-from protocol.bindings import ReplayPolicy, ToolBinding
+from protocol.bindings import ReplayPolicy, ToolBinding, version_key
 from protocol.codec import digest, dumps, loads
 from protocol.envelopes import (
     PROTOCOL_VERSION,
@@ -44,6 +44,7 @@ from protocol.errors import (
     DecodeError,
     IllegalTransitionError,
     LimitReachedError,
+    ModelError,
     NoAnswerError,
     NotFoundError,
     ObjectRefError,
@@ -58,8 +59,6 @@ from protocol.errors import (
 )
 
 __all__ = [
-    "PROTOCOL_VERSION",
-    "TERMINAL_EVENT_KINDS",
     "AcceptedBody",
     "AcceptedEvent",
     "BindingsAnnouncement",
@@ -79,12 +78,14 @@ __all__ = [
     "FailedEvent",
     "IllegalTransitionError",
     "LimitReachedError",
+    "ModelError",
     "NoAnswerError",
     "NotFoundError",
     "ObjectRef",
     "ObjectRefError",
     "OutputPageBody",
     "OutputPageEvent",
+    "PROTOCOL_VERSION",
     "ParkedError",
     "ProtocolError",
     "ReplayBody",
@@ -97,6 +98,7 @@ __all__ = [
     "StartedEvent",
     "SucceededBody",
     "SucceededEvent",
+    "TERMINAL_EVENT_KINDS",
     "TendonError",
     "ToolBinding",
     "TransientError",
@@ -112,5 +114,6 @@ __all__ = [
     "loads",
     "new_id",
     "request_digest",
+    "version_key",
     "with_body",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Any
 
@@ -29,6 +30,7 @@ class ToolBinding(BaseModel):
     input_schema: dict[str, Any]
     replay_policy: ReplayPolicy
     has_query: bool = False
+    requires_approval: bool = False  # every call waits for a person to approve it (`brain respond`)
     digest: str = Field(min_length=64, max_length=64)
 
     @staticmethod
@@ -41,20 +43,29 @@ class ToolBinding(BaseModel):
         replay_policy: ReplayPolicy,
         description: str = "",
         has_query: bool = False,
+        requires_approval: bool = False,
     ) -> str:
-        return digest(
-            {
-                "name": name,
-                "version": version,
-                "route": route,
-                "description": description,
-                "input_schema": input_schema,
-                "replay_policy": str(replay_policy),
-                "has_query": has_query,
-            }
-        )
+        fields: dict[str, Any] = {
+            "name": name,
+            "version": version,
+            "route": route,
+            "description": description,
+            "input_schema": input_schema,
+            "replay_policy": str(replay_policy),
+            "has_query": has_query,
+        }
+        if requires_approval:  # only then: bindings made before the field keep their digest
+            fields["requires_approval"] = True
+        return digest(fields)
 
     @classmethod
     def build(cls, **fields: Any) -> ToolBinding:
         """Make a binding and compute its digest from its other fields."""
         return cls(**fields, digest=cls.compute_digest(**fields))
+
+
+def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
+    """Versions in their natural order: "2" before "10", "1.9" before "1.10"."""
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part) for part in re.findall(r"\d+|[^\d.]+", version)
+    )

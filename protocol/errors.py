@@ -13,6 +13,8 @@ TendonError                      root; ``retryable`` says whether trying again c
 ├── ObjectRefError               a payload reference that fails verification (sha256, size, scope, missing)
 ├── NoAnswerError                a party that must answer (a Hands pool) stayed silent through every retry
 ├── ParkedError                  a message about the work could never be processed and was parked
+├── ModelError                   the model's API failed or answered nonsense; retryable or not, by
+│                                what happened (a timeout, a 429 or a 5xx are; a 400 is not)
 └── TransientError               a service is briefly unavailable; retryable
 """
 
@@ -80,6 +82,18 @@ class NoAnswerError(TendonError):
 
 class ParkedError(TendonError):
     code = "parked"
+
+
+class ModelError(TendonError):
+    """A model call that failed: ``retryable`` and ``retry_after`` (seconds the API asked to wait,
+    a 429's Retry-After) travel with it, as the classification decided."""
+
+    code = "model_error"
+
+    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.retry_after = retry_after
 
 
 class TransientError(TendonError):

@@ -209,3 +209,11 @@ async def test_a_command_nobody_serves_is_not_sent_again_and_its_turn_fails_afte
     assert decode(cancel.payload).kind == "cancel"
     entries = await store.read(lambda c: store.entries(c, "s1"))
     assert [f["kind"] for f in entries[-1].facts] == ["turn.failed", "execution.cancelled"]
+
+
+def test_the_command_of_a_turn_being_cancelled_is_never_sent_again_its_hands_are_asked_instead() -> None:
+    orphan = _execution(status="intended", creator_alive=False, cancelling=True)
+    assert nudge_for(orphan, stall=10, attempts=8, updates_line=False) is Nudge.NONE
+    quiet = {**orphan, "updated_at": NOW - timedelta(seconds=20)}
+    assert nudge_for(quiet, stall=10, attempts=8, updates_line=False) is Nudge.REPLAY
+    assert nudge_for({**quiet, "nudges": 8}, stall=10, attempts=8, updates_line=False) is Nudge.GIVE_UP

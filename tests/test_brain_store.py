@@ -97,7 +97,7 @@ def register(store: BrainStore, schema: str, database_url: str | None = None, **
 def releasing(store: BrainStore, schema: str, database_url: str | None = None, **options: Any) -> Liveness:
     """A live Brain registration that judges the others and hands back the turns of the dead."""
     options = {"grace": 0.3, "interval": 0.05, **options}
-    options["release"] = lambda conn, dead: store.release_owners(conn, dead, "wake")
+    options["release"] = lambda conn, gone, died: store.release_owners(conn, gone, "wake", died=died)
     return register(store, schema, database_url, **options)
 
 

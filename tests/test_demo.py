@@ -173,3 +173,58 @@ async def test_a_closed_output_ends_the_demo_with_one_line_not_a_data_directory_
     assert err.decode().splitlines() == ["brain: stopped: the output was closed (broken pipe)", "141"]
     code, out_again, _ = await run_cli([*DEMO, "--data-dir", str(tmp_path / "demo")], {})
     assert code == 0 and final_state(tmp_path / "demo") == EXPECTED
+
+
+def _story_model(body: dict) -> object:  # type: ignore[type-arg]
+    """A chat model that tells the five-email story: list the customers, one email each, a summary."""
+    from tests.chat_server import Reply, tool_results
+
+    results = tool_results(body)
+    if not results:
+        return Reply(tool_calls=[("list_customers", "{}")], call_ids=["list"])
+    customers = results[0]["result"]
+    sent = [r for r in results[1:] if r["status"] == "succeeded"]
+    if len(sent) < len(customers):
+        c = customers[len(sent)]
+        args = {
+            "to": c["email"],
+            "subject": "Service notice",
+            "body": f"Dear {c['name']}, maintenance on Sunday.",
+        }
+        return Reply(tool_calls=[("send_email", json.dumps(args))], call_ids=[f"mail-{len(sent) + 1}"])
+    return Reply(content="Sent: " + ", ".join(r["result"]["message_id"] for r in sent))
+
+
+async def test_the_demo_told_by_a_chat_model_survives_a_crash_at_email_four(tmp_path: Path) -> None:
+    from tests.chat_server import ChatServer
+
+    data = tmp_path / "demo"
+    with ChatServer(_story_model) as server:
+        env = {"OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "test"}
+        args = [*DEMO, "--model", "openai:story-model", "--data-dir", str(data)]
+        code, out, err = await run_cli([*args, "--crash-at", "4"], env)
+        assert code == -signal.SIGKILL, out + err
+        assert "email 4 was accepted by the mail service, SIGKILL" in err
+        code, out, err = await run_cli(args, env)
+    assert code == 0, out + err
+    assert "resuming turn" in out and "3 of 5 emails already confirmed" in out
+    mailbox = json.loads((data / "mailbox.json").read_text())
+    assert sorted(d["to"] for d in mailbox["deliveries"]) == CUSTOMERS
+    assert sorted(mailbox["posts_per_key"].values()) == [
+        1,
+        1,
+        1,
+        1,
+        1,
+    ]  # the fourth was asked about, not resent
+    assert "mailbox: 5 deliveries" in out and "Sent: msg-1, msg-2, msg-3, msg-4, msg-5" in out
+    assert {r["model"] for r in server.requests} == {"story-model"}
+
+
+async def test_the_demo_refuses_a_model_it_cannot_use_in_one_line() -> None:
+    code, out, err = await run_cli([*DEMO, "--model", "gpt-4"], {})
+    assert (
+        code == 2
+        and err.strip()
+        == "brain: --model takes openai:NAME (a model of the API at OPENAI_BASE_URL), not 'gpt-4'"
+    )

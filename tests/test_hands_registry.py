@@ -113,3 +113,25 @@ async def test_reconciling_an_execution_that_is_not_in_the_ledger_exits_2(
     # And a result that is not strict JSON is refused before anything is touched
     bad = _hands("reconcile", execution_id, "--result", '{"a":1,"a":2}', "--evidence", "x")
     assert bad.returncode == 2 and "duplicate JSON key 'a'" in bad.stderr
+
+
+def test_a_pool_serves_two_versions_of_a_tool_each_by_its_own_digest() -> None:
+    from tests import greet_tools_v1, greet_tools_v2
+
+    registry = load_tools("tests.greet_tools_v2", "greet")
+    v1, v2 = greet_tools_v1.greet_v1, greet_tools_v2.greet_v2
+    assert [b.version for b in registry.bindings] == ["1", "2"] and len(registry) == 2
+    assert registry.resolve("greet", v1.binding.digest) is v1
+    assert registry.resolve("greet", v2.binding.digest) is v2
+    assert registry.get("greet") is v2  # the newest
+    with pytest.raises(RoutingError, match=r"\(version 1\), .*\(version 2\)"):
+        registry.resolve("greet", "0" * 64)
+
+
+def test_two_tools_of_one_name_and_version_are_refused() -> None:
+    from hands.registry import ToolRegistry
+    from tests import greet_tools_v1
+
+    twin = greet_tools_v1.greet_v1.__class__(**{**greet_tools_v1.greet_v1.__dict__})
+    with pytest.raises(ToolLoadError, match="two tools named greet in version 1"):
+        ToolRegistry("greet", [greet_tools_v1.greet_v1, twin])

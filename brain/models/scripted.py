@@ -8,7 +8,8 @@ The reply for a turn is the script entry at the number of assistant replies alre
 turn's history, so a restarted Brain asks again and gets the same answer. ``{results}`` in
 content is replaced by one line per tool result of the turn. Call ids are ``call-N``,
 numbered across the turn. ``"delay": SECONDS`` in an entry makes that reply take so long, as a
-slow model would (tests of leases and of faults during a model call).
+slow model would (tests of leases and of faults during a model call); ``"error": MESSAGE`` makes
+it fail, retryable unless ``"retryable": false`` (tests of the retry policy).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import asyncio
 import json
 from typing import Any
 
-from brain.models.base import Message, ModelReply, ToolCall
-from protocol import SchemaError
+from brain.models.base import Message, ModelReply, OnDelta, ToolCall
+from protocol import ModelError, SchemaError
 
 
 class ScriptedModel:
@@ -34,6 +35,7 @@ class ScriptedModel:
         history: list[Message],
         turn_id: str,
         tools: list[dict[str, Any]],
+        on_delta: OnDelta | None = None,
     ) -> ModelReply:
         mine = [m for m in history if m.turn_id == turn_id]
         replies = sum(1 for m in mine if m.role == "assistant")
@@ -42,6 +44,8 @@ class ScriptedModel:
         entry = self.script[replies]
         if entry.get("delay"):
             await asyncio.sleep(float(entry["delay"]))
+        if "error" in entry:
+            raise ModelError(str(entry["error"]), retryable=bool(entry.get("retryable", True)))
         calls_so_far = sum(len(m.content.get("tool_calls", [])) for m in mine if m.role == "assistant")
         if "tool_calls" in entry:
             calls = [
@@ -58,11 +62,3 @@ class ScriptedModel:
             ]
             content = content.replace("{results}", "\n".join(lines))
         return ModelReply(content=content, usage={"steps": 1})
-
-
-def make_model(spec: dict[str, Any]) -> ScriptedModel:
-    """Build the adapter an agent definition names."""
-    kind = spec.get("kind")
-    if kind == "scripted":
-        return ScriptedModel(list(spec.get("script", [])))
-    raise SchemaError(f"unknown model kind {kind!r} (supported: 'scripted')")

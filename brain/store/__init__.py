@@ -5,9 +5,12 @@ part (portable base)       what it owns
 =========================  ==================================================================
 ``journal.JournalRows``    the journal: one entry per commit, a per-session seq
 ``turns.TurnRows``         submit, claims, leases, the fenced moves of runs
-``executions...Rows``      applying Hands' events, a step's executions
+``sessions.SessionRows``   sessions and threads as users see them: listing, closing
 ``bindings.BindingRows``   announced tool bindings, threads and agent definitions
+``steps.StepRows``         a turn's executions as the Brain reads them
+``executions...Rows``      applying Hands' events (waking or claiming their turns)
 ``repairs.RepairRows``     what the repair scan looks at, failing a turn, the controls outbox
+``controls.ControlRows``   controls (steer, pause, cancel...): their receipts and what they do
 ``infra.parked``           the parked messages (``ParkedRows``)
 =========================  ==================================================================
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from brain.store.controls import ControlRows
 from brain.store.pg_events import PgExecutionRows
 from brain.store.pg_turns import PgTurnRows
 from brain.store.records import (
@@ -37,7 +41,6 @@ from brain.store.records import (
     Settled,
     TurnRow,
 )
-from brain.store.repairs import RepairRows
 from infra.db import dialect, migrate
 from infra.parked import ParkedRows
 
@@ -63,7 +66,7 @@ __all__ = [
 ]
 
 
-class BrainStore(RepairRows, ParkedRows):
+class BrainStore(ControlRows, ParkedRows):
     """The portable store (what the embedded mode runs on SQLite)."""
 
 

@@ -6,10 +6,35 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from brain.store.turns import TurnRows
+from brain.store.sessions import SessionRows
+from infra.store import as_time
+from protocol import version_key
+
+# Announcements this close to a tool's latest one count as the same: a pool announces each of
+# its versions of a tool together, and pools of one deployment start within moments.
+ANNOUNCED_TOGETHER = 60.0
 
 
-class BindingRows(TurnRows):
+def newest(rows: Sequence[Any]) -> dict[str, Any]:
+    """For each tool of ``rows`` (name, binding, announced_at): the newest version among those
+    announced with its latest announcement. An upgrade that serves versions 1 and 2 side by side
+    gives new threads version 2, while threads pinned to 1 keep it (a pure rule)."""
+    latest: dict[str, Any] = {}
+    for r in rows:
+        at = as_time(r["announced_at"])
+        if r["name"] not in latest or at > latest[r["name"]]:
+            latest[r["name"]] = at
+    chosen: dict[str, Any] = {}
+    for r in rows:
+        name, binding = r["name"], r["binding"]
+        if (latest[name] - as_time(r["announced_at"])).total_seconds() > ANNOUNCED_TOGETHER:
+            continue
+        if name not in chosen or version_key(binding["version"]) > version_key(chosen[name]["version"]):
+            chosen[name] = binding
+    return chosen
+
+
+class BindingRows(SessionRows):
     async def store_bindings(self, conn: Any, bindings: Sequence[Any], wake_channel: str) -> None:
         for b in bindings:
             await conn.execute(
@@ -23,14 +48,11 @@ class BindingRows(TurnRows):
         await self.wake_for_bindings(conn, wake_channel)
 
     async def latest_bindings(self, conn: Any, tools: Sequence[str]) -> dict[str, Any]:
-        """The most recently announced binding of each tool."""
-        found: dict[str, tuple[Any, Any]] = {}
+        """The binding of each tool a new thread freezes (see :func:`newest`)."""
+        rows = []
         for name in tools:
-            for r in await conn.fetch(
-                "SELECT binding, announced_at FROM bindings WHERE name = $1 ORDER BY announced_at", name
-            ):
-                found[name] = (r["announced_at"], r["binding"])  # later rows win
-        return {name: binding for name, (_, binding) in found.items()}
+            rows += await conn.fetch("SELECT name, binding, announced_at FROM bindings WHERE name = $1", name)
+        return newest(rows)
 
     async def bound_routes(self, tools: Sequence[str]) -> list[tuple[str, str]]:
         """(tool, route) of every announced binding of ``tools``."""

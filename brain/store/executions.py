@@ -18,8 +18,8 @@ from brain import facts
 from brain.applying import Effect, Execution, effect, late_note
 from brain.sequencing import drainable
 from brain.states import TERMINAL_EXECUTION, ExecutionStatus
-from brain.store.bindings import BindingRows
 from brain.store.records import TURN_COLUMNS, Applied, ClaimBudget, TurnRow
+from brain.store.steps import StepRows
 from brain.store.turns import FINAL_SQL
 from infra.db import Json
 from infra.logging import get_logger
@@ -59,22 +59,26 @@ NAMED_COLUMNS = """e.id, e.turn_id, e.tool_step, e.call_id, e.tool, e.status, e.
                    e.how, e.evidence, e.output_bytes, e.error, e.request_digest, e.holding, e.nudges,
                    e.journal_detail"""
 _NAMED = f"""SELECT {NAMED_COLUMNS}, t.namespace, t.session_id, t.thread_id, t.status AS turn_status,
-                     t.phase AS turn_phase
+                     t.phase AS turn_phase, t.cancel_requested AS turn_cancelling
               FROM executions e JOIN turns t ON t.id = e.turn_id WHERE e.id = $1"""
 _PROGRESS = "replay_requested_at = NULL, stall_backoff = 1, nudges = 0, command = NULL, updated_at = now()"
-# A waiting turn whose step is done, woken; with an owner ($3), claimed for that owner's run at
-# once (past APPLY_RESULTS: its results go to the model next).
+# A waiting turn whose step is done (for a cancelling one, UNKNOWN counts as settled), woken;
+# with an owner ($3), claimed for that owner's run at once (past APPLY_RESULTS: its results go to
+# the model next), unless controls wait for it (then a claim applies them first).
+SETTLED = f"""NOT EXISTS (SELECT 1 FROM executions e WHERE e.turn_id = t.id AND e.tool_step = t.tool_step
+                            AND e.status NOT IN {FINAL_SQL}
+                            AND NOT (t.cancel_requested AND e.status = 'unknown'))"""
+_CLAIM_NOW = "(CAST($3 AS text) IS NOT NULL AND pending = 0)"
 _WAKE = f"""
-    UPDATE turns SET status = 'running', wake_at = now(), waiting_for = NULL, updated_at = now(),
-           revision = revision + 1, lease_owner = $3,
-           lease_epoch = CASE WHEN $3 IS NULL THEN lease_epoch ELSE lease_epoch + 1 END,
-           runs = CASE WHEN $3 IS NULL THEN runs ELSE runs + 1 END,
-           lease_expires_at = CASE WHEN $3 IS NULL THEN NULL ELSE ts_add(now(), $4) END,
-           phase = CASE WHEN $3 IS NULL THEN phase ELSE 'model_request' END
+    UPDATE turns AS t SET status = 'running', wake_at = now(), waiting_for = NULL, updated_at = now(),
+           revision = revision + 1, lease_owner = CASE WHEN {_CLAIM_NOW} THEN CAST($3 AS text) END,
+           lease_epoch = CASE WHEN {_CLAIM_NOW} THEN lease_epoch + 1 ELSE lease_epoch END,
+           runs = CASE WHEN {_CLAIM_NOW} THEN runs + 1 ELSE runs END,
+           lease_expires_at = CASE WHEN {_CLAIM_NOW} THEN ts_add(now(), $4) END,
+           phase = CASE WHEN {_CLAIM_NOW} THEN 'model_request' ELSE phase END
      WHERE id = $1 AND status = 'waiting' AND phase = 'wait_tools' AND tool_step = $2
        AND EXISTS (SELECT 1 FROM executions e WHERE e.turn_id = $1 AND e.tool_step = $2)
-       AND NOT EXISTS (SELECT 1 FROM executions e WHERE e.turn_id = $1 AND e.tool_step = $2
-                         AND e.status NOT IN {FINAL_SQL})
+       AND {SETTLED}
  RETURNING {TURN_COLUMNS}"""
 
 
@@ -109,7 +113,7 @@ class Planned:
     effect: Effect
 
 
-class ExecutionRows(BindingRows):
+class ExecutionRows(StepRows):
     # ---- applying events ---------------------------------------------------------------
 
     async def apply_events(
@@ -217,7 +221,7 @@ class ExecutionRows(BindingRows):
             await self._rare_writes(conn, row, done, drained)
             turn = touched.turn(row)
             turn.facts += done.facts
-            if done.terminal:
+            if done.terminal or (done.status is ExecutionStatus.UNKNOWN and row["turn_cancelling"]):
                 turn.step_done = row["tool_step"]
                 turn.finished.append(row["id"])
             plan = Planned(row, done)
@@ -323,8 +327,10 @@ class ExecutionRows(BindingRows):
                     woken = TurnRow.from_record(rec)
                     turn.status, turn.phase = woken.status, woken.phase
                     applied.woken += 1
-                    if owner is None:
+                    if woken.lease_owner is None:
                         hint = True
+                        if owner is not None and budget is not None:
+                            budget.left += 1  # not claimed (controls wait for it): the slot stays free
                     else:
                         ids = await self.step_execution_ids(conn, turn_id, turn.step_done)
                         turn.facts += [
@@ -344,52 +350,9 @@ class ExecutionRows(BindingRows):
             await conn.execute("SELECT pg_notify($1, '')", wake_channel)
         return applied
 
-    # ---- reads -------------------------------------------------------------------------
-
-    async def step_execution_ids(self, conn: Any, turn_id: str, tool_step: int) -> list[str]:
-        rows = await conn.fetch(
-            "SELECT id FROM executions WHERE turn_id = $1 AND tool_step = $2 ORDER BY call_id",
-            turn_id,
-            tool_step,
-        )
-        return [r["id"] for r in rows]
-
-    async def step_executions(self, conn: Any, turn_id: str, tool_step: int) -> list[Any]:
-        """A step's executions, by call id (``status``, ``result``, ``error``, ``how``...)."""
-        return list(
-            await conn.fetch(
-                "SELECT * FROM executions WHERE turn_id = $1 AND tool_step = $2 ORDER BY call_id",
-                turn_id,
-                tool_step,
-            )
-        )
-
-    async def turn_executions(self, conn: Any, turn_id: str) -> list[Any]:
-        """Every execution of a turn, by step and call id."""
-        return list(
-            await conn.fetch(
-                "SELECT * FROM executions WHERE turn_id = $1 ORDER BY tool_step, call_id", turn_id
-            )
-        )
-
-    async def executions_by_id(self, conn: Any, ids: Sequence[str]) -> dict[str, Any]:
-        """Executions by id (what the tool messages of a conversation are made of)."""
-        found = {}
-        for execution_id in ids:
-            row = await conn.fetchrow("SELECT * FROM executions WHERE id = $1", execution_id)
-            if row is not None:
-                found[execution_id] = row
-        return found
-
-    async def named_by(self, conn: Any, header: Any) -> Any:
-        """The execution an envelope names (its ``turn_id``, ``last_seq`` and ``turn_status``), if
-        the envelope's scope and request digest are that execution's (else None)."""
-        return await conn.fetchrow(
-            """SELECT e.turn_id, e.last_seq, t.status AS turn_status
-                 FROM executions e JOIN turns t ON t.id = e.turn_id
-                WHERE e.id = $1 AND t.namespace = $2 AND t.session_id = $3 AND e.request_digest = $4""",
-            header.execution_id,
-            header.namespace,
-            header.session_id,
-            header.request_digest,
-        )
+    async def wake_if_settled(self, conn: Any, turn_id: str, tool_step: int, wake_channel: str) -> bool:
+        """Wake a waiting turn whose step is settled now (claimable: a claim takes it on)."""
+        if await conn.fetchrow(_WAKE, turn_id, tool_step, None, 0.0) is None:
+            return False
+        await conn.execute("SELECT pg_notify($1, '')", wake_channel)
+        return True

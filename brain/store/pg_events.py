@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from brain.store.bindings import newest
 from brain.store.executions import NAMED_COLUMNS, Planned, Touched, effect_values
 from brain.store.pg_turns import JOURNAL_ENTRIES
 from brain.store.records import TURN_COLUMNS, Applied, ClaimBudget, TurnRow
@@ -15,7 +16,8 @@ from brain.store.turns import FINAL_SQL
 from infra.db import Json
 
 _LOCK_NAMED = f"""
-SELECT {NAMED_COLUMNS}, t.namespace, t.session_id, t.thread_id, t.status AS turn_status, t.phase AS turn_phase
+SELECT {NAMED_COLUMNS}, t.namespace, t.session_id, t.thread_id, t.status AS turn_status,
+       t.phase AS turn_phase, t.cancel_requested AS turn_cancelling
   FROM executions e JOIN turns t ON t.id = e.turn_id
  WHERE e.id = ANY($1::text[]) ORDER BY t.id, e.id FOR UPDATE OF t, e"""
 
@@ -40,17 +42,18 @@ woken AS (
     UPDATE turns t
        SET status = 'running', wake_at = now(), waiting_for = NULL, updated_at = now(),
            revision = t.revision + 1,
-           lease_owner = CASE WHEN f.claim THEN $15 END,
-           lease_epoch = CASE WHEN f.claim THEN t.lease_epoch + 1 ELSE t.lease_epoch END,
-           runs = CASE WHEN f.claim THEN t.runs + 1 ELSE t.runs END,
-           lease_expires_at = CASE WHEN f.claim THEN ts_add(now(), $16) END,
-           phase = CASE WHEN f.claim THEN 'model_request' ELSE t.phase END
+           lease_owner = CASE WHEN f.claim AND t.pending = 0 THEN $15 END,
+           lease_epoch = CASE WHEN f.claim AND t.pending = 0 THEN t.lease_epoch + 1 ELSE t.lease_epoch END,
+           runs = CASE WHEN f.claim AND t.pending = 0 THEN t.runs + 1 ELSE t.runs END,
+           lease_expires_at = CASE WHEN f.claim AND t.pending = 0 THEN ts_add(now(), $16) END,
+           phase = CASE WHEN f.claim AND t.pending = 0 THEN 'model_request' ELSE t.phase END
       FROM f
      WHERE t.id = f.turn_id AND f.step IS NOT NULL AND t.status = 'waiting' AND t.phase = 'wait_tools'
        AND t.tool_step = f.step
        AND NOT EXISTS (SELECT 1 FROM executions e WHERE e.turn_id = t.id AND e.tool_step = t.tool_step
-                         AND e.status NOT IN {FINAL_SQL} AND NOT e.id = ANY($14::text[]))
- RETURNING {_TURN_COLS}, f.claim),
+                         AND e.status NOT IN {FINAL_SQL} AND NOT e.id = ANY($14::text[])
+                         AND NOT (t.cancel_requested AND e.status = 'unknown'))
+ RETURNING {_TURN_COLS}, f.claim AND t.pending = 0 AS claim),
 entry AS (
     SELECT f.turn_id, t.session_id, t.thread_id, coalesce(w.status, t.status) AS status,
            coalesce(w.phase, t.phase) AS phase, CASE WHEN w.claim THEN w.lease_epoch END AS run,
@@ -76,7 +79,8 @@ WITH due AS (
 SELECT due.id AS turn_id, e.id, e.status, e.last_seq, e.route, e.request_digest, e.command_message_id,
        e.command, e.nudges, e.stall_backoff, e.created_at, e.updated_at, e.replay_requested_at,
        t.namespace, t.session_id, now() AS now,
-       EXISTS (SELECT 1 FROM workers w WHERE w.id = e.created_by AND w.dead_at IS NULL) AS creator_alive
+       EXISTS (SELECT 1 FROM workers w WHERE w.id = e.created_by AND w.dead_at IS NULL) AS creator_alive,
+       t.cancel_requested AS cancelling
   FROM due JOIN turns t ON t.id = due.id
   LEFT JOIN executions e ON e.turn_id = t.id AND e.tool_step = t.tool_step AND e.status IN {OPEN_SQL}
  ORDER BY due.id, e.call_id"""
@@ -125,10 +129,9 @@ class PgExecutionRows(RepairRows):
 
     async def latest_bindings(self, conn: Any, tools: Sequence[str]) -> dict[str, Any]:
         rows = await conn.fetch(
-            "SELECT name, binding FROM bindings WHERE name = ANY($1::text[]) ORDER BY announced_at",
-            list(tools),
+            "SELECT name, binding, announced_at FROM bindings WHERE name = ANY($1::text[])", list(tools)
         )
-        return {r["name"]: r["binding"] for r in rows}  # later rows win
+        return newest(rows)
 
     async def bound_routes(self, tools: Sequence[str]) -> list[tuple[str, str]]:
         rows = await self.read(

@@ -7,39 +7,39 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from brain.agents import AgentDefinition
 from brain.facts import accepted
 from brain.store.records import TURN_COLUMNS, Claimed, Move, Moved, TurnRow
-from brain.store.turns import CLAIM_SET, CLAIMABLE_SQL, KNOWN_SQL, TERMINAL_SQL, TurnRows, check_submit
+from brain.store.turns import CLAIM_SET, CLAIMABLE_SQL, KNOWN_SQL, Submit, TurnRows, check_submit
 from infra.db import Json
 from protocol import new_id
 
 # The submit in one statement: the checks' read, and (when nothing conflicts and the turn is new)
-# the agent, a new session with its main thread, the turn, its journal entry and the wake-up hint.
+# the agent, a new session, a new thread, the turn, its journal entry and the wake-up hint.
 _SUBMIT = f"""
 WITH known AS ({KNOWN_SQL}),
 ok AS (
     SELECT * FROM known
-     WHERE turn_id IS NULL AND (agent_digest IS NULL OR agent_digest = $6)
-       AND (session_ns IS NULL OR (session_ns = $1 AND agent_name = $4 AND agent_version = $5))),
+     WHERE turn_id IS NULL AND (agent_digest IS NULL OR agent_digest = $7)
+       AND (session_ns IS NULL OR (session_ns = $1 AND session_closed IS NULL))
+       AND (agent_name IS NULL OR (agent_name = $4 AND agent_version = $5 AND thread_closed IS NULL))),
 agent AS (
     INSERT INTO agents (name, version, digest, definition)
-    SELECT $4, $5, $6, $7 FROM ok WHERE ok.agent_digest IS NULL ON CONFLICT DO NOTHING),
+    SELECT $4, $5, $7, $8 FROM ok WHERE ok.agent_digest IS NULL ON CONFLICT DO NOTHING),
 session AS (
     INSERT INTO sessions (id, namespace, last_seq) SELECT $2, $1, 1 FROM ok WHERE ok.session_ns IS NULL),
 thread AS (
-    INSERT INTO threads (id, session_id, agent_name, agent_version)
-    SELECT $2, $2, $4, $5 FROM ok WHERE ok.session_ns IS NULL),
+    INSERT INTO threads (id, session_id, name, agent_name, agent_version)
+    SELECT $6, $2, $13, $4, $5 FROM ok WHERE ok.agent_name IS NULL),
 bump AS (
     UPDATE sessions SET last_seq = last_seq + 1
      WHERE id = $2 AND EXISTS (SELECT 1 FROM ok WHERE ok.session_ns IS NOT NULL) RETURNING last_seq),
 turn AS (
     INSERT INTO turns (id, namespace, session_id, thread_id, request_id, input_digest, status, phase)
-    SELECT $8, $1, $2, $2, $3, $9, 'queued', 'prepare' FROM ok),
+    SELECT $9, $1, $2, $6, $3, $10, 'queued', 'prepare' FROM ok),
 entry AS (
     INSERT INTO journal (session_id, seq, thread_id, turn_id, status, phase, facts)
-    SELECT $2, coalesce((SELECT last_seq FROM bump), 1), $2, $8, 'queued', 'prepare', $10 FROM ok),
-hint AS (SELECT pg_notify($11, '') FROM ok)
+    SELECT $2, coalesce((SELECT last_seq FROM bump), 1), $6, $9, 'queued', 'prepare', $11 FROM ok),
+hint AS (SELECT pg_notify($12, '') FROM ok)
 SELECT known.*, (SELECT count(*) FROM ok) > 0 AS created, (SELECT count(*) FROM hint) AS hinted FROM known"""
 
 _CLAIM = f"""
@@ -103,13 +103,15 @@ SELECT moved.*, w.seq, moved.thread_id IN (SELECT id FROM frozen) AS froze
   FROM moved LEFT JOIN written w ON w.turn_id = moved.id"""
 _INTENT = """intent AS (
     INSERT INTO executions (id, turn_id, tool_step, call_id, route, tool, binding_digest, replay_policy,
-                            request_digest, status, command_message_id, command, created_by, journal_detail)
+                            request_digest, status, command_message_id, command, created_by, journal_detail,
+                            error, how)
     SELECT i.id, i.turn_id, i.tool_step, i.call_id, i.route, i.tool, i.binding_digest, i.replay_policy,
-           i.request_digest, 'intended', i.message_id, i.command, $20, i.detail
+           i.request_digest, i.status, i.message_id, i.command, $20, i.detail, i.error, i.how
       FROM unnest($21::text[], $22::text[], $23::int[], $24::text[], $25::text[], $26::text[], $27::text[],
-                  $28::text[], $29::text[], $30::text[], $31::bytea[], $32::bool[])
+                  $28::text[], $29::text[], $30::text[], $31::bytea[], $32::bool[], $33::text[], $34::jsonb[],
+                  $35::text[])
            AS i(turn_id, id, tool_step, call_id, route, tool, binding_digest, replay_policy, request_digest,
-                message_id, command, detail)
+                message_id, command, detail, status, error, how)
       JOIN moved ON moved.id = i.turn_id),"""
 # A batch without intents does not name ``executions`` at all: a statement locks every table it
 # names, even where it writes nothing, and these moves have no business with that table.
@@ -150,25 +152,23 @@ class PgTurnRows(TurnRows):
             )
         )
 
-    async def _submit(
-        self, conn: Any, namespace: str, session_id: str, request_id: str, user_input: str,
-        input_digest: str, agent: AgentDefinition, wake_channel: str,
-    ) -> tuple[str, bool]:  # fmt: skip
+    async def _submit(self, conn: Any, s: Submit) -> tuple[str, bool]:
         turn_id = f"turn-{new_id()}"
+        agent = s.agent
         known = await conn.fetchrow(
-            _SUBMIT, namespace, session_id, request_id, agent.name, agent.version, agent.digest,
-            agent.model_dump(mode="json"), turn_id, input_digest, [accepted(request_id, user_input)],
-            wake_channel,
+            _SUBMIT, s.namespace, s.session_id, s.request_id, agent.name, agent.version, s.thread_id,
+            agent.digest, agent.model_dump(mode="json"), turn_id, s.input_digest,
+            [accepted(s.request_id, s.user_input)], s.wake_channel, s.thread,
         )  # fmt: skip
         if known["created"]:
             return turn_id, True
         existing = check_submit(
-            known, namespace=namespace, session_id=session_id, request_id=request_id,
-            input_digest=input_digest, agent=agent,
+            known, namespace=s.namespace, session_id=s.session_id, thread=s.thread, request_id=s.request_id,
+            input_digest=s.input_digest, agent=agent,
         )  # fmt: skip
         # Nothing conflicts, yet nothing was written: only a race that lost an insert does that,
         # which fails the statement (unique violation) and is tried again by ``transact``.
-        assert existing is not None, f"submit of {request_id!r} neither found nor created a turn"
+        assert existing is not None, f"submit of {s.request_id!r} neither found nor created a turn"
         return existing, False
 
     async def claim(self, conn: Any, owner: str, lease_seconds: float, limit: int) -> Claimed:
@@ -186,7 +186,7 @@ class PgTurnRows(TurnRows):
         assert len(owners) == 1, "one batch of moves comes from one Brain"
         ordered = sorted(moves, key=lambda m: m.before.id)
         cols: list[list[Any]] = [[] for _ in range(18)]
-        intents: list[list[Any]] = [[] for _ in range(12)]
+        intents: list[list[Any]] = [[] for _ in range(15)]
         for m in ordered:
             b = m.before
             values = [
@@ -201,6 +201,7 @@ class PgTurnRows(TurnRows):
                 row = [
                     b.id, i.execution_id, i.tool_step, i.call_id, i.route, i.tool, i.binding_digest,
                     i.replay_policy, i.request_digest, i.command_message_id, i.command, i.journal_detail,
+                    i.status, _json(i.error), i.how,
                 ]  # fmt: skip
                 for col, value in zip(intents, row, strict=True):
                     col.append(value)
@@ -223,17 +224,6 @@ class PgTurnRows(TurnRows):
                 list(turn_ids),
                 lease_seconds,
             )
-
-    async def release_owners(self, conn: Any, owners: Sequence[str], wake_channel: str) -> int:
-        released = await conn.fetch(
-            f"""WITH released AS (
-                    UPDATE turns SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
-                     WHERE lease_owner = ANY($1::text[]) AND status NOT IN {TERMINAL_SQL} RETURNING id)
-                SELECT id, pg_notify($2, '') FROM released""",
-            list(owners),
-            wake_channel,
-        )
-        return len(released)
 
     async def statuses(self, turn_ids: Sequence[str]) -> dict[str, str]:
         rows = await self.read(

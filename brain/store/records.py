@@ -49,6 +49,10 @@ class TurnRow:
     result: Any
     error: Any
     created_at: datetime
+    crashes: int = 0  # Brains that died at ``crash_at`` of this turn, one after the other
+    crash_at: str | None = None
+    pending: int = 0  # controls received and not decided yet: applied at the next boundary
+    cancel_requested: bool = False  # cancelling: it ends once its executions are settled
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> TurnRow:
@@ -71,6 +75,10 @@ class TurnRow:
             result=rec["result"],
             error=rec["error"],
             created_at=rec["created_at"],
+            crashes=rec["crashes"],
+            crash_at=rec["crash_at"],
+            pending=rec["pending"],
+            cancel_requested=bool(rec["cancel_requested"]),
         )
 
     @property
@@ -82,13 +90,21 @@ class TurnRow:
 # The columns of ``turns`` a TurnRow is read from, for statements that return turns.
 TURN_COLUMNS = (
     "id, namespace, session_id, thread_id, request_id, status, phase, revision, lease_owner, lease_epoch,"
-    " waiting_for, model_calls, tool_step, retries, runs, result, error, created_at"
+    " waiting_for, model_calls, tool_step, retries, runs, result, error, created_at, crashes, crash_at,"
+    " pending, cancel_requested"
 )
 
 
 @dataclass(frozen=True)
 class Intent:
-    """A tool execution to commit with the move that decided it, and its packed command."""
+    """A tool execution to commit with the move that decided it, and its packed command.
+
+    Most are INTENDED: their command goes out once committed. A call the Brain refuses itself
+    (arguments that are not JSON, or that fail the tool's schema) is FAILED from the start, with
+    its ``error`` and how="rejected", and sends nothing: it goes back to the model as a failed
+    tool result. A call that needs a person (an approval, or a manual tool's result) is PENDING
+    until `brain respond` decides it.
+    """
 
     execution_id: str
     tool_step: int
@@ -99,9 +115,22 @@ class Intent:
     replay_policy: str
     request_digest: str
     command_message_id: str
-    command: bytes
+    command: bytes | None
     queue: str  # where the command goes once committed
     journal_detail: bool = False  # its acceptance and start are journaled too
+    status: str = "intended"
+    error: dict[str, str] | None = None
+    awaits: str | None = None  # PENDING: "approval" (then it is sent), or "result" (a manual tool)
+
+    @property
+    def sends(self) -> bool:
+        """Whether its command goes out once committed."""
+        return self.status == "intended"
+
+    @property
+    def how(self) -> str | None:
+        """What its row's ``how`` says from the start."""
+        return "rejected" if self.error else (f"awaiting_{self.awaits}" if self.awaits else None)
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,15 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from brain import facts
-from brain.store.executions import ExecutionRows
+from brain.store.executions import SETTLED, ExecutionRows
 from brain.store.records import Control, Lease, Settled
-from brain.store.turns import FINAL_SQL, TERMINAL_SQL
+from brain.store.turns import TERMINAL_SQL
 from infra.store import as_time
 from infra.transport import Topology
 from protocol import CancelBody, CancelControl, encode
 
-OPEN_SQL = "('intended', 'accepted', 'running')"
+OPEN_SQL = "('intended', 'accepted', 'running')"  # what the Hands may still be working on
+UNSETTLED_SQL = "('pending', 'intended', 'accepted', 'running')"  # ... and what waits for a person
 
 
 class RepairRows(ExecutionRows):
@@ -41,7 +42,7 @@ class RepairRows(ExecutionRows):
                            e.command_message_id, e.command, e.nudges, e.stall_backoff, e.created_at,
                            e.updated_at, e.replay_requested_at, t.namespace, t.session_id, now() AS now,
                            EXISTS (SELECT 1 FROM workers w WHERE w.id = e.created_by AND w.dead_at IS NULL)
-                             AS creator_alive
+                             AS creator_alive, t.cancel_requested AS cancelling
                       FROM turns t JOIN executions e ON e.turn_id = t.id AND e.tool_step = t.tool_step
                      WHERE t.id = $1 AND e.status IN {OPEN_SQL}
                      ORDER BY e.call_id""",
@@ -102,13 +103,12 @@ class RepairRows(ExecutionRows):
     async def wake_stuck(self, conn: Any, wake_channel: str) -> int:
         """Repair lost hints: waiting turns whose current step has nothing left to wait for."""
         woken = await conn.fetch(
-            f"""UPDATE turns SET status = 'running', wake_at = now(), waiting_for = NULL, updated_at = now(),
-                       revision = revision + 1
+            f"""UPDATE turns AS t SET status = 'running', wake_at = now(), waiting_for = NULL,
+                       updated_at = now(), revision = revision + 1
                  WHERE status = 'waiting' AND phase = 'wait_tools' AND wake_at <= now()
-                   AND EXISTS (SELECT 1 FROM executions e WHERE e.turn_id = turns.id
-                                 AND e.tool_step = turns.tool_step)
-                   AND NOT EXISTS (SELECT 1 FROM executions e WHERE e.turn_id = turns.id
-                                     AND e.tool_step = turns.tool_step AND e.status NOT IN {FINAL_SQL})
+                   AND EXISTS (SELECT 1 FROM executions e
+                                WHERE e.turn_id = t.id AND e.tool_step = t.tool_step)
+                   AND {SETTLED}
              RETURNING id"""
         )
         if woken:
@@ -155,6 +155,7 @@ class RepairRows(ExecutionRows):
             conn, turn_id, row["namespace"], row["session_id"], error, topology
         )
         written = [*preface, facts.failed(error)] + [facts.cancelled(*one) for one in cancelled]
+        written += await self.reject_received(conn, turn_id, "the turn failed first")
         await self.append(
             conn, row["session_id"], turn_id, written, thread_id=row["thread_id"], status="failed",
             phase=row["phase"],
@@ -162,6 +163,20 @@ class RepairRows(ExecutionRows):
         if wake_channel is not None:
             await conn.execute("SELECT pg_notify($1, '')", wake_channel)
         return Settled(turn_id, controls)
+
+    async def reject_received(self, conn: Any, turn_id: str, reason: str) -> list[dict[str, Any]]:
+        """Reject the controls of a turn that ended before they could be applied; their facts."""
+        rows = await conn.fetch(
+            """UPDATE controls SET status = 'rejected', reason = $2, decided_at = now()
+                WHERE turn_id = $1 AND status = 'received' RETURNING id, kind""",
+            turn_id,
+            reason,
+        )
+        if rows:
+            await conn.execute("UPDATE turns SET pending = 0 WHERE id = $1", turn_id)
+        return [
+            facts.control(r["id"], r["kind"], "rejected", reason) for r in sorted(rows, key=lambda r: r["id"])
+        ]
 
     async def _settle_open(
         self,
@@ -184,7 +199,7 @@ class RepairRows(ExecutionRows):
         rows = await conn.fetch(
             f"""UPDATE executions SET status = 'cancelled', error = $2, holding = false, command = NULL,
                        updated_at = now()
-                 WHERE turn_id = $1 AND status IN {OPEN_SQL}
+                 WHERE turn_id = $1 AND status IN {UNSETTLED_SQL}
              RETURNING id, route, request_digest, call_id, tool""",
             turn_id,
             {"code": "cancelled", "message": reason},

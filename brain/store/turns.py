@@ -7,27 +7,38 @@ turns per statement.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from brain import facts
 from brain.agents import AgentDefinition
 from brain.facts import accepted
 from brain.states import TurnPhase, TurnStatus, phase_transition, turn_transition
 from brain.store.journal import JournalRows
 from brain.store.records import TURN_COLUMNS, Claimed, Move, Moved, TurnRow
 from infra.store import as_time
-from protocol import ConflictError, NotFoundError, StaleOwnerError, digest, new_id
+from protocol import ConflictError, IllegalTransitionError, NotFoundError, StaleOwnerError, digest, new_id
 
 TERMINAL_SQL = "('completed', 'failed', 'cancelled')"  # a turn's final statuses
 FINAL_SQL = "('succeeded', 'failed', 'cancelled')"  # an execution's
 
-# One read for what a submit checks: the request id, the agent, the session and its thread.
-KNOWN_SQL = """SELECT t.id AS turn_id, t.input_digest, a.digest AS agent_digest, s.namespace AS session_ns,
-                      th.agent_name, th.agent_version
+# One read for what a submit checks: the request id, the agent, the session and the thread ($6).
+KNOWN_SQL = """SELECT t.id AS turn_id, t.input_digest, t.thread_id AS turn_thread, a.digest AS agent_digest,
+                      s.namespace AS session_ns, s.closed_at AS session_closed, th.agent_name,
+                      th.agent_version, th.closed_at AS thread_closed
                  FROM (SELECT 1 AS one) AS here
                  LEFT JOIN turns t ON t.namespace = $1 AND t.session_id = $2 AND t.request_id = $3
                  LEFT JOIN agents a ON a.name = $4 AND a.version = $5
                  LEFT JOIN sessions s ON s.id = $2
-                 LEFT JOIN threads th ON th.id = $2"""
+                 LEFT JOIN threads th ON th.id = $6"""
+
+
+def thread_id(session_id: str, thread: str) -> str:
+    """A thread's id: its session's own for the main thread, else ``session/name``."""
+    return session_id if thread == MAIN_THREAD else f"{session_id}/{thread}"
+
+
+MAIN_THREAD = "main"
 
 # Claimable: queued or running, due, not under a live lease, first unfinished in its thread.
 # A lease is live until it runs out; the owner renews it while its run goes on, and the judgement
@@ -40,6 +51,15 @@ CLAIMABLE_SQL = f"""
       AND NOT EXISTS (
           SELECT 1 FROM turns p WHERE p.thread_id = t.thread_id AND p.seq < t.seq
             AND p.status NOT IN {TERMINAL_SQL})"""
+
+# Where in its work a turn is, for the crash-loop limit: a phase of one model call and tool step.
+CRASH_AT = "phase || '#' || model_calls || '#' || tool_step"
+_RELEASE = f"""UPDATE turns SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
+                      crashes = CASE WHEN NOT $2 THEN crashes
+                                     WHEN crash_at = {CRASH_AT} THEN crashes + 1 ELSE 1 END,
+                      crash_at = CASE WHEN $2 THEN {CRASH_AT} ELSE crash_at END
+                WHERE lease_owner = $1 AND status NOT IN {TERMINAL_SQL}
+            RETURNING id, session_id, thread_id, status, phase, lease_epoch"""
 
 CLAIM_SET = """lease_owner = $1, lease_epoch = lease_epoch + 1, runs = runs + 1,
                lease_expires_at = ts_add(now(), $2), status = 'running', revision = revision + 1,
@@ -61,25 +81,34 @@ def check_submit(
     *,
     namespace: str,
     session_id: str,
+    thread: str,
     request_id: str,
     input_digest: str,
     agent: AgentDefinition,
 ) -> str | None:
     """The existing turn of this request, None for a new one; ConflictError when the submit
-    contradicts what is there (another input, another agent version, another namespace)."""
-    if known["turn_id"] is not None and known["input_digest"] != input_digest:
+    contradicts what is there (another input, thread or agent version, another namespace), and
+    IllegalTransitionError when its thread or session is closed."""
+    where = f"thread {thread!r} of session {session_id!r}"
+    if known["turn_id"] is not None and (
+        known["input_digest"] != input_digest or known["turn_thread"] != thread_id(session_id, thread)
+    ):
         raise ConflictError(
             f"request id {request_id!r} in session {session_id!r} was already used "
             f"for a different input (turn {known['turn_id']})"
         )
     pinned = (known["agent_name"], known["agent_version"])
-    if known["session_ns"] == namespace and pinned != (agent.name, agent.version):
+    if known["session_ns"] == namespace and pinned[0] is not None and pinned != (agent.name, agent.version):
         raise ConflictError(
-            f"session {session_id!r} is pinned to agent {pinned[0]} version {pinned[1]}, not "
-            f"{agent.name} version {agent.version}: submit with that agent, or start another session"
+            f"{where} is pinned to agent {pinned[0]} version {pinned[1]}, not "
+            f"{agent.name} version {agent.version}: submit with that agent, or start another thread"
         )
     if known["turn_id"] is not None:
         return str(known["turn_id"])
+    if known["session_closed"] is not None:
+        raise IllegalTransitionError(f"session {session_id!r} is closed: it takes no more turns")
+    if known["thread_closed"] is not None:
+        raise IllegalTransitionError(f"{where} is closed: it takes no more turns")
     if known["agent_digest"] is not None and known["agent_digest"] != agent.digest:
         raise ConflictError(
             f"agent {agent.name} version {agent.version} is already registered with different "
@@ -102,6 +131,24 @@ def move_values(move: Move, lease_seconds: float) -> list[Any]:
     ]  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Submit:
+    """What a submit asks for."""
+
+    namespace: str
+    session_id: str
+    thread: str
+    request_id: str
+    user_input: str
+    input_digest: str
+    agent: AgentDefinition
+    wake_channel: str
+
+    @property
+    def thread_id(self) -> str:
+        return thread_id(self.session_id, self.thread)
+
+
 class TurnRows(JournalRows):
     # ---- submit ------------------------------------------------------------------------
 
@@ -114,25 +161,27 @@ class TurnRows(JournalRows):
         user_input: str,
         agent: AgentDefinition,
         wake_channel: str,
+        thread: str = MAIN_THREAD,
     ) -> tuple[str, bool]:
         """Accept a turn durably; returns (turn id, created now). See ``brain.verbs.submit``."""
         input_digest = digest({"text": user_input})
+        submit = Submit(
+            namespace, session_id, thread, request_id, user_input, input_digest, agent, wake_channel
+        )
 
         async def work(conn: Any) -> tuple[str, bool]:
-            return await self._submit(
-                conn, namespace, session_id, request_id, user_input, input_digest, agent, wake_channel
-            )
+            return await self._submit(conn, submit)
 
         return await self.transact(work, single_statement=True, read_then_insert=True)
 
-    async def _submit(
-        self, conn: Any, namespace: str, session_id: str, request_id: str, user_input: str,
-        input_digest: str, agent: AgentDefinition, wake_channel: str,
-    ) -> tuple[str, bool]:  # fmt: skip
-        known = await conn.fetchrow(KNOWN_SQL, namespace, session_id, request_id, agent.name, agent.version)
+    async def _submit(self, conn: Any, s: Submit) -> tuple[str, bool]:
+        agent = s.agent
+        known = await conn.fetchrow(
+            KNOWN_SQL, s.namespace, s.session_id, s.request_id, agent.name, agent.version, s.thread_id
+        )
         existing = check_submit(
-            known, namespace=namespace, session_id=session_id, request_id=request_id,
-            input_digest=input_digest, agent=agent,
+            known, namespace=s.namespace, session_id=s.session_id, thread=s.thread, request_id=s.request_id,
+            input_digest=s.input_digest, agent=agent,
         )  # fmt: skip
         if existing is not None:
             return existing, False
@@ -146,27 +195,27 @@ class TurnRows(JournalRows):
                 agent.model_dump(mode="json"),
             )
         if known["session_ns"] is None:
-            await conn.execute("INSERT INTO sessions (id, namespace) VALUES ($1, $2)", session_id, namespace)
             await conn.execute(
-                "INSERT INTO threads (id, session_id, agent_name, agent_version) VALUES ($1, $1, $2, $3)",
-                session_id,
-                agent.name,
-                agent.version,
+                "INSERT INTO sessions (id, namespace) VALUES ($1, $2)", s.session_id, s.namespace
             )
+        if known["agent_name"] is None:
+            await conn.execute(
+                "INSERT INTO threads (id, session_id, name, agent_name, agent_version)"
+                " VALUES ($1, $2, $3, $4, $5)",
+                s.thread_id, s.session_id, s.thread, agent.name, agent.version,
+            )  # fmt: skip
         turn_id = f"turn-{new_id()}"
         await conn.execute(
             """INSERT INTO turns (id, namespace, session_id, thread_id, request_id, input_digest, status,
                                  phase)
-               VALUES ($1, $2, $3, $3, $4, $5, 'queued', 'prepare')""",
-            turn_id,
-            namespace,
-            session_id,
-            request_id,
-            input_digest,
+               VALUES ($1, $2, $3, $4, $5, $6, 'queued', 'prepare')""",
+            turn_id, s.namespace, s.session_id, s.thread_id, s.request_id, s.input_digest,
+        )  # fmt: skip
+        facts = [accepted(s.request_id, s.user_input)]
+        await self.append(
+            conn, s.session_id, turn_id, facts, thread_id=s.thread_id, status="queued", phase="prepare"
         )
-        facts = [accepted(request_id, user_input)]
-        await self.append(conn, session_id, turn_id, facts, status="queued", phase="prepare")
-        await conn.execute("SELECT pg_notify($1, '')", wake_channel)
+        await conn.execute("SELECT pg_notify($1, '')", s.wake_channel)
         return turn_id, True
 
     # ---- claims ------------------------------------------------------------------------
@@ -206,16 +255,22 @@ class TurnRows(JournalRows):
                 lease_seconds,
             )
 
-    async def release_owners(self, conn: Any, owners: Sequence[str], wake_channel: str) -> int:
-        """Hand back the turns of Brains presumed dead (or retiring): claimable at once, their runs
-        fenced out. Returns how many."""
+    async def release_owners(
+        self, conn: Any, owners: Sequence[str], wake_channel: str, *, died: bool = True
+    ) -> int:
+        """Hand back the turns of Brains presumed dead (or retiring, ``died`` False): claimable at
+        once, their runs fenced out, each run's end journaled (a model call it was making is lost).
+        A death counts towards the turn's crash-loop limit when it came at the same point of the
+        turn's work as the one before. Returns how many."""
         released = 0
         for owner in owners:
-            rows = await conn.fetch(
-                f"""UPDATE turns SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
-                     WHERE lease_owner = $1 AND status NOT IN {TERMINAL_SQL} RETURNING id""",
-                owner,
-            )
+            rows = await conn.fetch(_RELEASE, owner, died)
+            for r in rows:
+                lost = facts.run_lost(r["lease_epoch"], r["phase"], died=died)
+                await self.append(
+                    conn, r["session_id"], r["id"], [lost], thread_id=r["thread_id"], status=r["status"],
+                    phase=r["phase"],
+                )  # fmt: skip
             released += len(rows)
         if released:
             await conn.execute("SELECT pg_notify($1, '')", wake_channel)
@@ -258,11 +313,11 @@ class TurnRows(JournalRows):
             await conn.execute(
                 """INSERT INTO executions (id, turn_id, tool_step, call_id, route, tool, binding_digest,
                                            replay_policy, request_digest, status, command_message_id,
-                                           command, created_by, journal_detail)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'intended', $10, $11, $12, $13)""",
+                                           command, created_by, journal_detail, error, how)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)""",
                 i.execution_id, row.id, i.tool_step, i.call_id, i.route, i.tool, i.binding_digest,
-                i.replay_policy, i.request_digest, i.command_message_id, i.command, move.before.lease_owner,
-                i.journal_detail,
+                i.replay_policy, i.request_digest, i.status, i.command_message_id, i.command,
+                move.before.lease_owner, i.journal_detail, i.error, i.how,
             )  # fmt: skip
         froze = False
         if move.freeze is not None:

@@ -140,7 +140,7 @@ class Ledger(StoreBase, ParkedRows):
         )
         return str(status).endswith(" 1")
 
-    async def release_owners(self, conn: Any, owners: Sequence[str]) -> int:
+    async def release_owners(self, conn: Any, owners: Sequence[str], died: bool = True) -> int:
         """Hand the open executions of workers presumed dead (or retiring) to released names no live
         worker has, in the transaction that records their death: from then on their late commits
         are refused (fenced by owner), and any worker's recovery scan takes them over by the replay

@@ -95,7 +95,7 @@ class PostgresLedger(Ledger):
         return [changed.get(c.before.execution_id) if first[c.before.execution_id] == i else None
                 for i, c in enumerate(changes)]  # fmt: skip
 
-    async def release_owners(self, conn: Any, owners: Sequence[str]) -> int:
+    async def release_owners(self, conn: Any, owners: Sequence[str], died: bool = True) -> int:
         status = await conn.execute(
             """UPDATE executions SET owner = 'released-by:' || owner, updated_at = now()
                 WHERE owner = ANY($1::text[]) AND open""",

@@ -1,0 +1,272 @@
+"""What each `brain` command does (the parser and the exit codes are in ``brain.cli``): each
+opens what it needs, calls the verbs (``brain.verbs``, ``brain.controls``) and prints."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from brain import app, controls, verbs
+from brain.agents import AgentDefinition
+from brain.app import open_store, wake_channel
+from brain.states import TERMINAL_TURN, TurnStatus
+from brain.store import BrainStore
+from brain.turn_history import print_history
+from brain.views import describe, print_turn, waiting_line
+from infra.broker import Broker
+from infra.killpoints import KillPoints
+from infra.parked import show_parked
+from infra.settings import Settings
+from infra.transport import Topology
+from protocol import ProtocolError, SchemaError, loads, new_id
+
+EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_CONFLICT, EXIT_UNAVAILABLE, EXIT_REJECTED = 1, 2, 3, 4, 5, 6
+
+
+async def with_store(settings: Settings, work: Callable[[BrainStore], Awaitable[int]]) -> int:
+    store = await open_store(settings)
+    try:
+        return await work(store)
+    finally:
+        await store.close()
+
+
+async def submit(settings: Settings, args: argparse.Namespace) -> int:
+    agent = AgentDefinition.from_file(args.agent)
+
+    async def work(store: BrainStore) -> int:
+        turn_id, created = await verbs.submit(
+            store,
+            namespace=settings.namespace,
+            session_id=args.session,
+            request_id=args.request_id,
+            user_input=args.input,
+            agent=agent,
+            wake_channel=wake_channel(settings),
+            thread=args.thread,
+        )
+        print(turn_id, flush=True)
+        if created and agent.tools:
+            await warn_unserved(store, settings, agent)
+        return 0
+
+    return await with_store(settings, work)
+
+
+async def warn_unserved(store: BrainStore, settings: Settings, agent: AgentDefinition) -> None:
+    """Say so when a tool the agent names would not run now (the turn waits for it)."""
+    topology = Topology(settings.queue_prefix)
+
+    async def problems() -> list[str]:
+        async with Broker(settings.amqp_url, topology) as broker:
+            return await verbs.unserved_tools(store, broker, topology, agent.tools)
+
+    try:
+        found = await asyncio.wait_for(problems(), 10)
+    except Exception as exc:  # noqa: BLE001 - only a warning: the turn is accepted already
+        print(f"brain: warning: could not check which tools are served: {exc!r}", file=sys.stderr)
+        return
+    for problem in found:
+        print(
+            f"brain: warning: {problem}; the turn waits for one as long as the Brain's "
+            "TENDON_BINDING_WAIT_SECONDS allow (start `hands serve --route ROUTE --tools MODULE`)",
+            file=sys.stderr,
+        )
+
+
+async def show(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(store: BrainStore) -> int:
+        d = await describe(store, settings.namespace, args.turn_id)
+        print(json.dumps(d, indent=2, default=str)) if args.json else print_turn(d)
+        return 0
+
+    return await with_store(settings, work)
+
+
+async def wait(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(store: BrainStore) -> int:
+        deadline = time.monotonic() + args.timeout
+        said: str | None = None
+        while True:
+            d = await describe(store, settings.namespace, args.turn_id)
+            if d["status"] == TurnStatus.WAITING and d["waiting_for"] != said:
+                # Said once per thing it waits for: a wait can last (a reconcile by a person).
+                said = d["waiting_for"]
+                print(f"brain: {waiting_line(d)}", file=sys.stderr, flush=True)
+            if TurnStatus(d["status"]) in TERMINAL_TURN:
+                print(json.dumps(d, indent=2, default=str)) if args.json else print_turn(d)
+                return 0 if d["status"] == TurnStatus.COMPLETED else EXIT_FAILED
+            if time.monotonic() > deadline:
+                # Observers never change work: the turn goes on.
+                print(
+                    f"turn {args.turn_id} is still {d['status']}"
+                    + (f", waiting for {d['waiting_for']}" if d["waiting_for"] else "")
+                    + f" after {args.timeout:g}s (it keeps going)",
+                    file=sys.stderr,
+                )
+                return EXIT_TIMEOUT
+            await asyncio.sleep(0.2)
+
+    return await with_store(settings, work)
+
+
+async def parked(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(store: BrainStore) -> int:
+        return await show_parked(store, args.parked_id, limit=args.limit, as_json=args.json)
+
+    return await with_store(settings, work)
+
+
+async def serve(settings: Settings, args: argparse.Namespace) -> int:
+    if args.concurrency:
+        settings = settings.model_copy(update={"concurrency": args.concurrency})
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: its terminal went away
+        loop.add_signal_handler(sig, stop.set)
+    return await app.serve(settings, KillPoints(settings.kill_at), stop)
+
+
+# ---- sessions, threads, turns --------------------------------------------------------------
+
+
+def _print(data: Any, as_json: bool, text: Callable[[], None]) -> None:
+    if as_json:
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        text()
+
+
+async def threads(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(store: BrainStore) -> int:
+        found = await verbs.threads(store, namespace=settings.namespace, session_id=args.session)
+
+        def text() -> None:
+            for t in found:
+                state = "closed" if t["closed_at"] else "open"
+                print(
+                    f"{t['name']:<16} {state:<6} agent {t['agent_name']} v{t['agent_version']}  "
+                    f"{t['turns']} turn(s), {t['unfinished']} unfinished"
+                )
+
+        _print(found, args.json, text)
+        return 0
+
+    return await with_store(settings, work)
+
+
+async def turns(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(store: BrainStore) -> int:
+        found = await verbs.turns(
+            store, namespace=settings.namespace, session_id=args.session, thread=args.thread,
+            status=args.status, limit=args.limit, after=args.after,
+        )  # fmt: skip
+
+        def text() -> None:
+            for t in found:
+                waits = f"  waiting for {t['waiting_for']}" if t["status"] in ("waiting", "paused") else ""
+                print(
+                    f"#{t['seq']:<6} {t['id']}  {t['status']:<10} {t['phase']:<14} rev {t['revision']}{waits}"
+                )
+            if len(found) == args.limit:
+                print(f"(more: --after {found[-1]['seq']})")
+
+        _print(found, args.json, text)
+        return 0
+
+    return await with_store(settings, work)
+
+
+async def history(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(store: BrainStore) -> int:
+        found = await verbs.history(store, namespace=settings.namespace, turn_id=args.turn_id)
+        _print(found, args.json, lambda: print_history(found))
+        return 0
+
+    return await with_store(settings, work)
+
+
+async def close(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(store: BrainStore) -> int:
+        closed = await verbs.close(
+            store, namespace=settings.namespace, session_id=args.session, thread=args.thread
+        )
+        what = f"thread {args.thread} of session {args.session}" if args.thread else f"session {args.session}"
+        print(f"{what} {'closed' if closed else 'was closed already'}")
+        return 0
+
+    return await with_store(settings, work)
+
+
+# ---- controls ---------------------------------------------------------------------------------
+
+
+async def control(settings: Settings, args: argparse.Namespace) -> int:
+    """steer, inject, withdraw, pause, resume and cancel: one receipt each."""
+    kind = controls.Kind(args.command)
+
+    async def work(store: BrainStore) -> int:
+        receipt = await controls.control(
+            store, namespace=settings.namespace, turn_id=args.turn_id, request_id=args.request_id or new_id(),
+            kind=kind, topology=Topology(settings.queue_prefix), wake_channel=wake_channel(settings),
+            text=getattr(args, "text", None), revision=getattr(args, "revision", None),
+            target=getattr(args, "control_id", None),
+        )  # fmt: skip
+        said = receipt.as_dict()
+        _print(said, args.json, lambda: print(receipt_line(said)))
+        return EXIT_REJECTED if receipt.status == "rejected" else 0
+
+    return await with_store(settings, work)
+
+
+def receipt_line(r: dict[str, Any]) -> str:
+    when = {"received": "received; it applies at the turn's next boundary", "applied": "applied"}
+    line = f"control #{r['control_id']} ({r['kind']}, request {r['request_id']}) of turn {r['turn_id']}: "
+    line += when.get(r["status"], r["status"])
+    return line + (f": {r['reason']}" if r.get("reason") else "")
+
+
+async def respond(settings: Settings, args: argparse.Namespace) -> int:
+    if args.result is not None:
+        try:
+            result = loads(args.result.encode())
+        except ProtocolError as exc:
+            raise SchemaError(f"--result is not valid JSON: {exc.message}") from exc
+        decision = "result"
+    else:
+        result, decision = None, "approve" if args.approve else "deny"
+
+    async def work(store: BrainStore) -> int:
+        receipt = await controls.respond(
+            store, namespace=settings.namespace, turn_id=args.turn_id, request_id=args.request_id or new_id(),
+            call=args.call, decision=decision, result=result, reason=args.deny or None,
+            wake_channel=wake_channel(settings),
+        )  # fmt: skip
+        said = receipt.as_dict()
+        _print(said, args.json, lambda: print(receipt_line(said)))
+        return EXIT_REJECTED if receipt.status == "rejected" else 0
+
+    return await with_store(settings, work)
+
+
+async def receipts(settings: Settings, args: argparse.Namespace) -> int:
+    async def work(store: BrainStore) -> int:
+        found = [
+            r.as_dict()
+            for r in await controls.receipts(store, namespace=settings.namespace, turn_id=args.turn_id)
+        ]
+
+        def text() -> None:
+            for r in found:
+                print(receipt_line(r))
+
+        _print(found, args.json, text)
+        return 0
+
+    return await with_store(settings, work)

@@ -1,0 +1,99 @@
+"""Sessions and their threads as users see them: listing threads and turns, closing a thread or a
+session once nothing in it is left unfinished."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from brain.store.turns import TERMINAL_SQL, TurnRows
+from protocol import IllegalTransitionError, NotFoundError
+
+
+class SessionRows(TurnRows):
+    async def session(self, conn: Any, namespace: str, session_id: str) -> Any:
+        """The session, if it is ``namespace``'s (None otherwise: another tenant's is not there)."""
+        return await conn.fetchrow(
+            "SELECT id, namespace, last_seq, closed_at FROM sessions WHERE id = $1 AND namespace = $2",
+            session_id,
+            namespace,
+        )
+
+    async def threads_of(self, conn: Any, session_id: str) -> list[Any]:
+        """A session's threads with how many of their turns are in each status."""
+        return list(
+            await conn.fetch(
+                f"""SELECT th.id, th.name, th.agent_name, th.agent_version, th.created_at, th.closed_at,
+                           count(t.id) AS turns,
+                           count(t.id) FILTER (WHERE t.status NOT IN {TERMINAL_SQL}) AS unfinished
+                      FROM threads th LEFT JOIN turns t ON t.thread_id = th.id
+                     WHERE th.session_id = $1
+                     GROUP BY th.id, th.name, th.agent_name, th.agent_version, th.created_at, th.closed_at
+                     ORDER BY th.created_at, th.id""",
+                session_id,
+            )
+        )
+
+    async def turns_of(
+        self, conn: Any, session_id: str, thread_id: str | None, status: str | None, limit: int, after: int
+    ) -> list[Any]:
+        """A session's turns in accepted order (of one thread, in one status), after ``after`` (a
+        turn's ``seq``: the page before ended there)."""
+        return list(
+            await conn.fetch(
+                """SELECT id, seq, thread_id, request_id, status, phase, waiting_for, revision, created_at,
+                          updated_at
+                     FROM turns
+                    WHERE session_id = $1 AND ($2 IS NULL OR thread_id = $2)
+                      AND ($3 IS NULL OR status = $3) AND seq > $4
+                    ORDER BY seq LIMIT $5""",
+                session_id,
+                thread_id,
+                status,
+                after,
+                limit,
+            )
+        )
+
+    async def close_thread(self, conn: Any, thread_id: str, what: str) -> bool:
+        """Close a thread (True), or say that it was closed already (False); refused while a turn
+        of it is unfinished."""
+        row = await conn.fetchrow(
+            f"""SELECT th.closed_at, (SELECT count(*) FROM turns t WHERE t.thread_id = th.id
+                                          AND t.status NOT IN {TERMINAL_SQL}) AS unfinished
+                  FROM threads th WHERE th.id = $1{self.FOR_UPDATE}""",
+            thread_id,
+        )
+        if row is None:
+            raise NotFoundError(f"there is no {what}")
+        if row["closed_at"] is not None:
+            return False
+        if row["unfinished"]:
+            raise IllegalTransitionError(
+                f"{what} has {row['unfinished']} unfinished turn(s): wait for them or cancel them first"
+            )
+        await conn.execute("UPDATE threads SET closed_at = now() WHERE id = $1", thread_id)
+        return True
+
+    async def close_session(self, conn: Any, session_id: str) -> bool:
+        """Close a session and every thread of it (True), or say it was closed already (False);
+        refused while a turn of it is unfinished."""
+        row = await conn.fetchrow(
+            f"""SELECT s.closed_at, (SELECT count(*) FROM turns t WHERE t.session_id = s.id
+                                         AND t.status NOT IN {TERMINAL_SQL}) AS unfinished
+                  FROM sessions s WHERE s.id = $1{self.FOR_UPDATE}""",
+            session_id,
+        )
+        if row is None:
+            raise NotFoundError(f"there is no session {session_id!r}")
+        if row["closed_at"] is not None:
+            return False
+        if row["unfinished"]:
+            raise IllegalTransitionError(
+                f"session {session_id!r} has {row['unfinished']} unfinished turn(s): wait for them or "
+                "cancel them first"
+            )
+        await conn.execute("UPDATE sessions SET closed_at = now() WHERE id = $1", session_id)
+        await conn.execute(
+            "UPDATE threads SET closed_at = now() WHERE session_id = $1 AND closed_at IS NULL", session_id
+        )
+        return True

@@ -1,0 +1,59 @@
+"""A turn's executions as the Brain reads them: a step's, a turn's, by id, and the one an
+envelope names (with its scope checked)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from brain.store.bindings import BindingRows
+
+
+class StepRows(BindingRows):
+    async def step_execution_ids(self, conn: Any, turn_id: str, tool_step: int) -> list[str]:
+        rows = await conn.fetch(
+            "SELECT id FROM executions WHERE turn_id = $1 AND tool_step = $2 ORDER BY call_id",
+            turn_id,
+            tool_step,
+        )
+        return [r["id"] for r in rows]
+
+    async def step_executions(self, conn: Any, turn_id: str, tool_step: int) -> list[Any]:
+        """A step's executions, by call id (``status``, ``result``, ``error``, ``how``...)."""
+        return list(
+            await conn.fetch(
+                "SELECT * FROM executions WHERE turn_id = $1 AND tool_step = $2 ORDER BY call_id",
+                turn_id,
+                tool_step,
+            )
+        )
+
+    async def turn_executions(self, conn: Any, turn_id: str) -> list[Any]:
+        """Every execution of a turn, by step and call id."""
+        return list(
+            await conn.fetch(
+                "SELECT * FROM executions WHERE turn_id = $1 ORDER BY tool_step, call_id", turn_id
+            )
+        )
+
+    async def executions_by_id(self, conn: Any, ids: Sequence[str]) -> dict[str, Any]:
+        """Executions by id (what the tool messages of a conversation are made of)."""
+        found = {}
+        for execution_id in ids:
+            row = await conn.fetchrow("SELECT * FROM executions WHERE id = $1", execution_id)
+            if row is not None:
+                found[execution_id] = row
+        return found
+
+    async def named_by(self, conn: Any, header: Any) -> Any:
+        """The execution an envelope names (its ``turn_id``, ``last_seq`` and ``turn_status``), if
+        the envelope's scope and request digest are that execution's (else None)."""
+        return await conn.fetchrow(
+            """SELECT e.turn_id, e.last_seq, t.status AS turn_status
+                 FROM executions e JOIN turns t ON t.id = e.turn_id
+                WHERE e.id = $1 AND t.namespace = $2 AND t.session_id = $3 AND e.request_digest = $4""",
+            header.execution_id,
+            header.namespace,
+            header.session_id,
+            header.request_digest,
+        )
