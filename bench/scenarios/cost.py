@@ -34,6 +34,7 @@ import asyncpg
 from bench.floor import Floor
 from bench.harness import TendonWorld, one_call_agent, parallel_agent
 from bench.scenarios.base import Context, Result, Row
+from bench.wal import current_lsn, render, rows_delta, table_rows, wal_footprint
 
 WIDE = 5  # calls in the one model step of the 'wide' turn
 
@@ -126,7 +127,20 @@ async def run(ctx: Context) -> Result:
         r0 = await _reading(ctx, schemas)
         r1 = await _reading(ctx, schemas)
         idle = r0.rates(r1)
-        tendon = await _turns(ctx, world, single, n, idle)
+        admin = await asyncpg.connect(ctx.services.database_url)
+        try:
+            lsn0, rows0 = await current_lsn(admin), await table_rows(admin, schemas)
+            tendon = await _turns(ctx, world, single, n, idle)
+            lsn1, rows1 = await current_lsn(admin), await table_rows(admin, schemas)
+            footprint = render(await wal_footprint(admin, lsn0, lsn1), rows_delta(rows0, rows1), n)
+        finally:
+            await admin.close()
+        ctx.out.mkdir(parents=True, exist_ok=True)
+        (ctx.out / "FOOTPRINT.md").write_text(
+            f"# The durable footprint of a 1-call turn, by table\n\n{n} sequential 1-call turns "
+            "(submit included), per turn; from the cost scenario of the same run.\n\n" + footprint
+        )
+        ctx.notes.append("cost: rows and WAL records per table and record type are in FOOTPRINT.md")
         wide_writes = (await _turns(ctx, world, wide, n // 2, idle))["xids"]
         outbox = (await world.fetch("SELECT count(*) AS c FROM executions"))[0]["c"]
         events = 0
