@@ -290,6 +290,7 @@ class TendonWorld:
             "TENDON_QUEUE_PREFIX": f"t-{self.suffix}",
             "TENDON_LOG_FORMAT": "json",
             "TENDON_LOG_LEVEL": "WARNING",
+            "TENDON_HTTP": "off",
             "BENCH_GATE_DIR": str(self.gate_dir),
             **self.services.s3_env,
             **self.extra,

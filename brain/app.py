@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -18,6 +18,7 @@ from brain.runs import Scheduler, Wakeups
 from brain.scanner import RepairScanner
 from brain.store import BrainStore, open_brain_store
 from brain.updates import BindingsConsumer, UpdateConsumer
+from hands.store import Ledger, ledger_for
 from infra.broker import Broker
 from infra.db import create_pool, keep_statistics
 from infra.killpoints import KillPoints
@@ -56,6 +57,8 @@ class Backends:
     codec: PayloadCodec
     register: Callable[..., Liveness]  # the worker registration, given its options
     listen: Callable[[str, Callable[..., Any]], Awaitable[None]]  # wake-up hints
+    # The Hands ledger, for an operator's reconcile through the HTTP API (opened when asked).
+    ledger: Callable[[], AbstractAsyncContextManager[Ledger]] | None = None
 
 
 @asynccontextmanager
@@ -70,7 +73,16 @@ async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
         )
         listener = await stack.enter_async_context(Listener(settings.database_url))
         register = partial(WorkerRegistration, settings.database_url, settings.brain_schema, "brain")
-        yield Backends(store, broker, codec, register, listener.add)
+
+        @asynccontextmanager
+        async def ledger() -> AsyncIterator[Ledger]:
+            pool = await create_pool(settings.ledger_database_url, settings.hands_schema, max_size=2)
+            try:
+                yield ledger_for(pool)
+            finally:
+                await pool.close()
+
+        yield Backends(store, broker, codec, register, listener.add, ledger)
 
 
 async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event) -> int:
@@ -89,6 +101,42 @@ async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event)
 
 # What :func:`run` returns when this Brain was presumed dead: start over under a new id.
 RESTART = -1
+
+
+@asynccontextmanager
+async def serve_api(backends: Backends, settings: Settings, ctx: BrainContext) -> AsyncIterator[str | None]:
+    """The HTTP API of this Brain, while the block runs (``TENDON_HTTP``; its address in use is an
+    error only when it was asked for); yields where it listens."""
+    from brain.api.server import address
+
+    where = address(settings.http)
+    if where is None:
+        yield None
+        return
+    from brain.api import Api, Tokens
+    from brain.api.server import serving
+    from hands.reconcile import reconcile
+
+    async def reconciler(execution_id: str, **options: Any) -> Any:
+        assert backends.ledger is not None
+        async with backends.ledger() as ledger:
+            return await reconcile(ledger, backends.codec, execution_id, **options)
+
+    api = Api(
+        store=ctx.store,
+        tokens=Tokens(settings.api_tokens, settings.operator_tokens, settings.namespace),
+        topology=ctx.topology,
+        wake_channel=ctx.wake_channel,
+        previews=ctx.previews,
+        reconciler=reconciler if backends.ledger is not None else None,
+    )
+    if api.tokens.open:
+        log.warning(
+            "http_api_open",
+            reason=f"no TENDON_API_TOKENS: every request acts in namespace {settings.namespace}",
+        )
+    async with serving(api, where, required="http" in settings.model_fields_set) as port:
+        yield None if port is None else f"{where[0]}:{port}"
 
 
 def first_look(settings: Settings) -> float:
@@ -170,7 +218,8 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
         await ParkedConsumer(store, broker, updates.queue, updates.surface_parked).start()
         await ParkedConsumer(store, broker, bindings.queue).start()
 
-        log.info("brain_ready", worker=worker_id, schema=settings.brain_schema)
+        http = await stack.enter_async_context(serve_api(backends, settings, ctx))
+        log.info("brain_ready", worker=worker_id, schema=settings.brain_schema, http=http)
         if settings.ready_file:
             ready = Path(settings.ready_file)
             await asyncio.to_thread(ready.write_text, worker_id + "\n")

@@ -47,8 +47,36 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="run a Brain process until SIGTERM/SIGINT")
+    s = sub.add_parser(
+        "serve",
+        help="run a Brain process until SIGTERM/SIGINT, with its HTTP API",
+        description="Run a Brain: it claims turns, calls the model and applies tool results, and "
+        "serves the HTTP API (OpenAPI at /openapi.json) on TENDON_HTTP (127.0.0.1:8080).",
+    )
     s.add_argument("--concurrency", type=int, help="turns driven at once (TENDON_CONCURRENCY)")
+    s.add_argument("--http", metavar="HOST:PORT", help="where to serve the HTTP API, or off (TENDON_HTTP)")
+    s.add_argument(
+        "--local",
+        action="store_true",
+        help="a development server: a Brain, a Hands pool per route of --tools and the HTTP API in this "
+        "process, on a data directory (SQLite, a local queue): no servers needed",
+    )
+    s.add_argument(
+        "--data-dir", type=Path, help="with --local: where everything is kept (default .tendon/local)"
+    )
+    s.add_argument(
+        "--tools", action="append", default=[], metavar="MODULE",
+        help="with --local: a tools module (or .py file) whose routes get a pool; repeat for more",
+    )  # fmt: skip
+
+    s = sub.add_parser(
+        "token",
+        help="make a bearer token for the HTTP API and print the line that configures it",
+        description="Prints a new token (give it to the client) and its NAMESPACE:SHA256 entry for "
+        "TENDON_API_TOKENS (the server keeps only the hash); --operator makes an operator's.",
+    )
+    s.add_argument("namespace", nargs="?", help="the namespace the token acts in")
+    s.add_argument("--operator", action="store_true", help="a token for the operator routes")
 
     s = sub.add_parser(
         "submit",
@@ -215,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.log_format, settings.log_level, process="brain")
     command = {
         "serve": commands.serve,
+        "token": commands.token,
         "submit": commands.submit,
         "wait": commands.wait,
         "show": commands.show,

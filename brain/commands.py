@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from brain import app, controls, verbs
@@ -126,11 +127,52 @@ async def parked(settings: Settings, args: argparse.Namespace) -> int:
 async def serve(settings: Settings, args: argparse.Namespace) -> int:
     if args.concurrency:
         settings = settings.model_copy(update={"concurrency": args.concurrency})
+    if args.http:
+        settings = settings.model_copy(update={"http": args.http})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: its terminal went away
         loop.add_signal_handler(sig, stop.set)
+    if args.local:
+        return await serve_local(settings, args, stop)
+    if args.data_dir or args.tools:
+        raise SchemaError("--data-dir and --tools go with --local")
     return await app.serve(settings, KillPoints(settings.kill_at), stop)
+
+
+async def serve_local(settings: Settings, args: argparse.Namespace, stop: asyncio.Event) -> int:
+    """`brain serve --local`: everything in this process, on a data directory, until a signal."""
+    from brain.embedded import DataDir, run_local
+    from hands.registry import declared_routes
+
+    pools = [(route, spec) for spec in args.tools for route in declared_routes(spec)]
+    if len({route for route, _ in pools}) != len(pools):
+        raise SchemaError("two --tools modules declare tools for the same route: give one module per route")
+    data = DataDir(args.data_dir or Path(".tendon/local"))
+    if "http" not in settings.model_fields_set:  # asked for: an address in use is an error
+        settings = settings.model_copy(update={"http": settings.http})
+    async with run_local(settings, data, pools=pools, killpoints=KillPoints(settings.kill_at)) as system:
+        print(
+            f"tendon: serving {data.root} with pools {', '.join(r for r, _ in pools) or 'none'}",
+            file=sys.stderr,
+        )
+        waiting = asyncio.create_task(stop.wait())
+        await asyncio.wait([waiting, system.brain_task], return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+    return 0
+
+
+async def token(settings: Settings, args: argparse.Namespace) -> int:
+    from brain.api.auth import hash_token, new_token
+
+    if args.operator == bool(args.namespace):
+        raise SchemaError("give a namespace, or --operator for an operator's token")
+    made = new_token()
+    entry = hash_token(made) if args.operator else f"{args.namespace}:{hash_token(made)}"
+    variable = "TENDON_OPERATOR_TOKENS" if args.operator else "TENDON_API_TOKENS"
+    print(made)
+    print(f"add to {variable} (comma-separated): {entry}", file=sys.stderr)
+    return 0
 
 
 # ---- sessions, threads, turns --------------------------------------------------------------

@@ -259,7 +259,7 @@ async def run_demo(
         os.environ["TENDON_MAILBOX_URL"] = mailbox.url
         try:
             async with run_local(
-                settings, data, route="email", tools="examples.email_tools", killpoints=KillPoints(spec),
+                settings, data, pools=[("email", "examples.email_tools")], killpoints=KillPoints(spec),
                 before_start=before_start,
             ) as system:  # fmt: skip
                 return await _tell(system, agent, settings, data, found[0], crash_at, mailbox, out)
@@ -343,7 +343,7 @@ def reset(data: DataDir) -> None:
 
 def demo_settings(base: Settings) -> Settings:
     """Snappy defaults for one process: short scans so recovery shows within a second."""
-    return base.model_copy(update={"scan_interval": min(base.scan_interval, 0.2)})
+    return base.model_copy(update={"scan_interval": min(base.scan_interval, 0.2), "http": "off"})
 
 
 def main_demo(

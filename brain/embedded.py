@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -93,7 +93,7 @@ class LocalSystem:
     brain: BrainStore
     ledger: Ledger
     brain_task: asyncio.Task[int]
-    hands: HandsApp
+    hands: list[HandsApp]
     stop: asyncio.Event
     wake_channel: str
 
@@ -103,12 +103,12 @@ async def run_local(
     settings: Settings,
     data: DataDir,
     *,
-    route: str,
-    tools: str,
+    pools: Sequence[tuple[str, str]],
     killpoints: KillPoints,
     before_start: Callable[[BrainStore], Awaitable[None]] | None = None,
 ) -> AsyncIterator[LocalSystem]:
-    """Start a Brain and the Hands pool of ``route`` on ``data``; stop both on exit.
+    """Start a Brain and a Hands pool per (route, tools module) of ``pools`` on ``data``; stop
+    them all on exit.
     ``before_start``: what to read of the store (this process owns the directory now) before
     anything runs."""
     async with AsyncExitStack() as stack:
@@ -126,26 +126,31 @@ async def run_local(
         transport = await stack.enter_async_context(
             LocalBroker(data.queue, Topology(settings.queue_prefix), delivery_limit=settings.delivery_limit)
         )
-        hands = await stack.enter_async_context(
-            HandsApp(
-                settings,
-                route=route,
-                tools=tools,
-                kill=killpoints,
-                backends=HandsBackends(
-                    ledger, transport, codec, partial(LocalWorkerRegistration, ledger_pool, "hands")
-                ),
-            )
+        pool_backends = HandsBackends(
+            ledger, transport, codec, partial(LocalWorkerRegistration, ledger_pool, "hands")
         )
+        hands = [
+            await stack.enter_async_context(
+                HandsApp(settings, route=route, tools=tools, kill=killpoints, backends=pool_backends)
+            )
+            for route, tools in pools
+        ]
         stop = asyncio.Event()
         register = partial(LocalWorkerRegistration, brain_pool, "brain")
-        backends = Backends(brain, transport, codec, register, brain_pool.add_listener)
+
+        @asynccontextmanager
+        async def the_ledger() -> AsyncIterator[Ledger]:
+            yield ledger
+
+        backends = Backends(brain, transport, codec, register, brain_pool.add_listener, the_ledger)
         brain_task = asyncio.create_task(run_brain(backends, settings, killpoints, stop))
-        hands_task = asyncio.create_task(hands.serve())
+        hands_tasks = [asyncio.create_task(h.serve()) for h in hands]
         try:
             yield LocalSystem(brain, ledger, brain_task, hands, stop, wake_channel(settings))
         finally:
             stop.set()
-            hands.stop()
+            for h in hands:
+                h.stop()
             await brain_task
-            await hands_task
+            for task in hands_tasks:
+                await task

@@ -1,7 +1,8 @@
-"""Live previews: the streamed pieces of a model reply in progress, for whoever watches the turn.
+"""Live previews: the streamed pieces of a model reply in progress, for whoever watches its session.
 
 They are never stored or replayed (the committed reply is the truth): a subscriber gets what is
-streamed while it listens, and a full queue drops pieces rather than slowing the model down.
+streamed while it listens, in the Brain process that makes the model call, and a full queue drops
+pieces rather than slowing the model down.
 """
 
 from __future__ import annotations
@@ -16,32 +17,32 @@ QUEUE_SIZE = 1024
 
 
 class Previews:
-    """The subscribers of each turn's previews in this Brain process."""
+    """The subscribers of each session's previews in this Brain process."""
 
     def __init__(self) -> None:
         self._subscribers: dict[str, set[asyncio.Queue[tuple[str, Delta]]]] = {}
 
-    def sink(self, turn_id: str) -> OnDelta | None:
+    def sink(self, session_id: str, turn_id: str) -> OnDelta | None:
         """Where a model call of ``turn_id`` sends its pieces (None: nobody listens)."""
-        if not self._subscribers.get(turn_id):
+        if not self._subscribers.get(session_id):
             return None
 
         def publish(delta: Delta) -> None:
-            for queue in self._subscribers.get(turn_id, ()):
+            for queue in self._subscribers.get(session_id, ()):
                 if not queue.full():
                     queue.put_nowait((turn_id, delta))
 
         return publish
 
     @contextmanager
-    def subscribe(self, turn_id: str) -> Iterator[asyncio.Queue[tuple[str, Delta]]]:
-        """A queue of ``turn_id``'s pieces for as long as the block runs."""
+    def subscribe(self, session_id: str) -> Iterator[asyncio.Queue[tuple[str, Delta]]]:
+        """A queue of (turn id, piece) of the session's model calls for as long as the block runs."""
         queue: asyncio.Queue[tuple[str, Delta]] = asyncio.Queue(QUEUE_SIZE)
-        self._subscribers.setdefault(turn_id, set()).add(queue)
+        self._subscribers.setdefault(session_id, set()).add(queue)
         try:
             yield queue
         finally:
-            listeners = self._subscribers.get(turn_id, set())
+            listeners = self._subscribers.get(session_id, set())
             listeners.discard(queue)
             if not listeners:
-                self._subscribers.pop(turn_id, None)
+                self._subscribers.pop(session_id, None)

@@ -208,7 +208,7 @@ async def model_request(ctx: BrainContext, row: TurnRow) -> TurnRow:
         history=history,
         turn_id=row.id,
         tools=list(bindings.values()),
-        on_delta=ctx.previews.sink(row.id),
+        on_delta=ctx.previews.sink(row.session_id, row.id),
     )
     call: dict[str, Any] = {
         "number": row.model_calls + 1,

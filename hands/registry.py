@@ -120,6 +120,14 @@ def _import(spec: str) -> ModuleType:
         raise ToolLoadError(f"tools module {spec} failed to import: {type(exc).__name__}: {exc}") from exc
 
 
+def declared_routes(spec: str) -> list[str]:
+    """The routes the tools of ``spec`` are declared for (ToolLoadError if it declares none)."""
+    routes = sorted({v.binding.route for v in vars(_import(spec)).values() if isinstance(v, Tool)})
+    if not routes:
+        raise ToolLoadError(f"tools module {spec} declares no tools")
+    return routes
+
+
 def load_tools(spec: str, route: str) -> ToolRegistry:
     """Import ``spec`` and keep its tools declared for ``route``; ToolLoadError if none."""
     module = _import(spec)

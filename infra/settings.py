@@ -90,6 +90,20 @@ class Settings(BaseSettings):
         default=60.0, gt=0, description="how long a new turn waits for its tools to be announced"
     )
 
+    http: str = Field(
+        default="127.0.0.1:8080",
+        description="where `brain serve` serves its HTTP API (HOST:PORT), or `off`; a default address "
+        "in use is skipped with a warning",
+    )
+    api_tokens: str = Field(
+        default="",
+        description="who may use the HTTP API: `NAMESPACE:SHA256,...` (`brain token NAMESPACE` makes "
+        "one); none: every request acts in `TENDON_NAMESPACE` (a development server on loopback)",
+    )
+    operator_tokens: str = Field(
+        default="",
+        description="SHA256 hashes (comma-separated) of the tokens of operators (reconcile, parked)",
+    )
     log_format: Literal["auto", "json", "console"] = Field(
         default="auto", description="`console` on a terminal, `json` otherwise (with `auto`)"
     )

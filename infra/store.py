@@ -42,6 +42,11 @@ class StoreBase:
             self.pool, work, single_statement=single_statement and self.ONE_STATEMENT_COMMITS, **options
         )
 
+    async def read_consistent(self, work: Callable[[Any], Awaitable[T]]) -> T:
+        """``work(conn)`` with every read seeing the same moment (a snapshot and its cursor). A
+        transaction is that here: the backend runs one at a time (SQLite)."""
+        return await self.transact(work)
+
     async def read(self, work: Callable[[Any], Awaitable[T]]) -> T:
         """``work(conn)`` on a pooled connection, outside any transaction (reads only)."""
         async with self.pool.acquire() as conn:

@@ -40,8 +40,11 @@ from protocol.envelopes import (
     with_body,
 )
 from protocol.errors import (
+    AuthError,
     ConflictError,
     DecodeError,
+    ForbiddenError,
+    GoneError,
     IllegalTransitionError,
     LimitReachedError,
     ModelError,
@@ -61,6 +64,7 @@ from protocol.errors import (
 __all__ = [
     "AcceptedBody",
     "AcceptedEvent",
+    "AuthError",
     "BindingsAnnouncement",
     "BindingsBody",
     "CancelBody",
@@ -76,6 +80,8 @@ __all__ = [
     "ExecutionEvent",
     "FailedBody",
     "FailedEvent",
+    "ForbiddenError",
+    "GoneError",
     "IllegalTransitionError",
     "LimitReachedError",
     "ModelError",

@@ -5,7 +5,10 @@ TendonError                      root; ``retryable`` says whether trying again c
 │   ├── DecodeError              not strict JSON (duplicate keys, trailing values, lossy numbers)
 │   └── SchemaError              valid JSON, wrong shape for its kind
 ├── ConflictError                same request id, different input; same execution id, different digest
-├── NotFoundError                an id that does not exist
+├── NotFoundError                an id that does not exist (or that belongs to another namespace)
+├── GoneError                    a cursor older than what retention keeps: start again from a snapshot
+├── AuthError                    no valid credentials for the HTTP API
+├── ForbiddenError               valid credentials, but not for this
 ├── IllegalTransitionError       a state machine was asked to make a move its table forbids
 ├── StaleOwnerError              a commit from an owner whose lease epoch is no longer current (fencing)
 ├── RoutingError                 an unknown route, tool or binding digest
@@ -54,6 +57,18 @@ class ConflictError(TendonError):
 
 class NotFoundError(TendonError):
     code = "not_found"
+
+
+class GoneError(TendonError):
+    code = "gone"
+
+
+class AuthError(TendonError):
+    code = "unauthorized"
+
+
+class ForbiddenError(TendonError):
+    code = "forbidden"
 
 
 class IllegalTransitionError(TendonError):

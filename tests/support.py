@@ -72,6 +72,7 @@ class TendonEnv:
             "TENDON_GAP_TIMEOUT": "0.5",
             "TENDON_LEASE_SECONDS": "10",
             "TENDON_RECONNECT_GRACE": "1",
+            "TENDON_HTTP": "off",  # many Brains run at once here: the API tests give theirs an address
             **self.extra,
         }
 

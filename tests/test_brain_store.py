@@ -223,7 +223,7 @@ async def test_turns_of_one_session_share_its_thread_and_one_journal_sequence(st
     ]
     assert await store.read(lambda c: store.last_seq(c, "s1")) == 2
     # And the session cannot be used from another namespace
-    with pytest.raises(ConflictError, match="another namespace"):
+    with pytest.raises(ConflictError, match="is taken: choose another"):
         await verbs.submit(
             store, namespace="other", session_id="s1", request_id="r3", user_input="x", agent=AGENT,
             wake_channel="wake",

@@ -28,12 +28,11 @@ NS = "default"
 @pytest.fixture
 async def system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[LocalSystem]:
     monkeypatch.setenv("BULK_RUNS_FILE", str(tmp_path / "runs.txt"))
-    settings = Settings(scan_interval=0.2, reconnect_grace=0.5, lease_seconds=10)
+    settings = Settings(scan_interval=0.2, reconnect_grace=0.5, lease_seconds=10, http="off")
     async with run_local(
         settings,
         DataDir(tmp_path / "data"),
-        route="bulk",
-        tools="tests.brain_e2e_tools",
+        pools=[("bulk", "tests.brain_e2e_tools")],
         killpoints=KillPoints(),
     ) as running:
         yield running

@@ -67,5 +67,36 @@ class JournalRows(StoreBase):
             )
         return [Entry.from_record(r) for r in rows]
 
+    async def events(
+        self,
+        conn: Any,
+        session_id: str,
+        *,
+        after: int,
+        limit: int,
+        thread_id: str | None = None,
+        turn_id: str | None = None,
+        run: int | None = None,
+    ) -> list[Entry]:
+        """A session's entries after seq ``after``, in order, of one thread, turn or run of a turn
+        when asked (what observers follow)."""
+        rows = await conn.fetch(
+            f"""SELECT {_COLUMNS} FROM journal
+                 WHERE session_id = $1 AND seq > $2 AND (CAST($3 AS text) IS NULL OR thread_id = $3)
+                   AND (CAST($4 AS text) IS NULL OR turn_id = $4) AND (CAST($5 AS int) IS NULL OR run = $5)
+                 ORDER BY seq LIMIT $6""",
+            session_id,
+            after,
+            thread_id,
+            turn_id,
+            run,
+            limit,
+        )
+        return [Entry.from_record(r) for r in rows]
+
+    async def first_seq(self, conn: Any, session_id: str) -> int:
+        """The oldest seq of a session's journal still kept (retention may trim older ones)."""
+        return int(await conn.fetchval("SELECT min(seq) FROM journal WHERE session_id = $1", session_id) or 1)
+
     async def last_seq(self, conn: Any, session_id: str) -> int:
         return int(await conn.fetchval("SELECT last_seq FROM sessions WHERE id = $1", session_id) or 0)

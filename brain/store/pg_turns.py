@@ -4,14 +4,16 @@ data-modifying CTEs allow it."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Any, TypeVar
 
 from brain.facts import accepted
 from brain.store.records import TURN_COLUMNS, Claimed, Move, Moved, TurnRow
 from brain.store.turns import CLAIM_SET, CLAIMABLE_SQL, KNOWN_SQL, Submit, TurnRows, check_submit
 from infra.db import Json
 from protocol import new_id
+
+T = TypeVar("T")
 
 # The submit in one statement: the checks' read, and (when nothing conflicts and the turn is new)
 # the agent, a new session, a new thread, the turn, its journal entry and the wake-up hint.
@@ -170,6 +172,10 @@ class PgTurnRows(TurnRows):
         # which fails the statement (unique violation) and is tried again by ``transact``.
         assert existing is not None, f"submit of {s.request_id!r} neither found nor created a turn"
         return existing, False
+
+    async def read_consistent(self, work: Callable[[Any], Awaitable[T]]) -> T:
+        async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            return await work(conn)
 
     async def claim(self, conn: Any, owner: str, lease_seconds: float, limit: int) -> Claimed:
         recs = await conn.fetch(_CLAIM, owner, lease_seconds, limit)

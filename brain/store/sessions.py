@@ -43,8 +43,8 @@ class SessionRows(TurnRows):
                 """SELECT id, seq, thread_id, request_id, status, phase, waiting_for, revision, created_at,
                           updated_at
                      FROM turns
-                    WHERE session_id = $1 AND ($2 IS NULL OR thread_id = $2)
-                      AND ($3 IS NULL OR status = $3) AND seq > $4
+                    WHERE session_id = $1 AND (CAST($2 AS text) IS NULL OR thread_id = $2)
+                      AND (CAST($3 AS text) IS NULL OR status = $3) AND seq > $4
                     ORDER BY seq LIMIT $5""",
                 session_id,
                 thread_id,

@@ -115,7 +115,8 @@ def check_submit(
             "content; give the changed definition a new version"
         )
     if known["session_ns"] is not None and known["session_ns"] != namespace:
-        raise ConflictError(f"session {session_id!r} belongs to another namespace")
+        # Session ids are one space for all namespaces: say it is taken, not whose it is.
+        raise ConflictError(f"session id {session_id!r} is taken: choose another")
     return None
 
 

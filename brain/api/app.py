@@ -1,0 +1,110 @@
+"""The HTTP API as an ASGI app (FastAPI): one set of verbs (``brain.verbs``, ``brain.controls``,
+``brain.observe``) behind routes that check whose namespace a request acts in, with every error
+a structured body (``{"error": {"code", "message"}}``) and a status that says what kind it is.
+
+Leases, commits and the ledger are not reachable from here; the operator routes (reconcile, parked
+messages) need an operator token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from brain.api.auth import Caller, Tokens
+from brain.previews import Previews
+from brain.store import BrainStore
+from infra.logging import get_logger
+from infra.transport import Topology
+from protocol import (
+    AuthError,
+    ConflictError,
+    ForbiddenError,
+    GoneError,
+    IllegalTransitionError,
+    LimitReachedError,
+    NotFoundError,
+    ProtocolError,
+    TendonError,
+)
+
+log = get_logger(__name__)
+
+STATUS: list[tuple[type[TendonError], int]] = [
+    (AuthError, 401),
+    (ForbiddenError, 403),
+    (NotFoundError, 404),
+    (ConflictError, 409),
+    (IllegalTransitionError, 409),
+    (LimitReachedError, 409),
+    (GoneError, 410),
+    (ProtocolError, 422),
+]
+
+
+def status_of(exc: TendonError) -> int:
+    """The HTTP status of an error: what kind of problem it is, or 503 for a passing fault."""
+    for kind, status in STATUS:
+        if isinstance(exc, kind):
+            return status
+    return 503 if exc.retryable else 400
+
+
+@dataclass
+class Api:
+    """What the routes use: the store, who may call, where controls and previews go."""
+
+    store: BrainStore
+    tokens: Tokens
+    topology: Topology
+    wake_channel: str
+    previews: Previews = field(default_factory=Previews)
+    # Opens the Hands ledger and payload codec for an operator's reconcile (None: not here).
+    reconciler: Callable[..., Awaitable[Any]] | None = None
+    poll: float = 0.25  # seconds between looks at the journal while a stream is idle
+
+
+def caller_of(request: Request) -> Caller:
+    api: Api = request.app.state.api
+    return api.tokens.caller(request.headers.get("authorization"))
+
+
+def error_body(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}
+
+
+def create_app(api: Api) -> FastAPI:
+    from brain.api import operator, routes, stream
+
+    app = FastAPI(
+        title="Tendon",
+        version="1",
+        description="Durable agent turns: submit, observe, steer. Every error is "
+        '`{"error": {"code", "message"}}`; auth is `Authorization: Bearer TOKEN`.',
+    )
+    app.state.api = api
+
+    @app.exception_handler(TendonError)
+    async def tendon_error(request: Request, exc: TendonError) -> JSONResponse:
+        return JSONResponse(error_body(exc.code, exc.message), status_code=status_of(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return JSONResponse(error_body("schema_error", f"{where}: {first.get('msg')}"), status_code=422)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("api_request_failed", path=request.url.path)
+        return JSONResponse(error_body("internal_error", f"{type(exc).__name__}"), status_code=500)
+
+    app.include_router(routes.router)
+    app.include_router(stream.router)
+    app.include_router(operator.router)
+    return app

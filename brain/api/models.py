@@ -1,0 +1,86 @@
+"""The HTTP API's bodies: what requests carry and what answers say (the OpenAPI document is made
+from these)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from brain.agents import AgentDefinition
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="a stable code: not_found, conflict, schema_error, gone, unauthorized...")
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error answer."""
+
+    error: ErrorDetail
+
+
+class SubmitRequest(BaseModel):
+    """A turn to accept. The same request id with the same input answers the same turn."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str = Field(min_length=1, max_length=200, description="idempotency key, per session")
+    input: str = Field(description="the user's input")
+    agent: AgentDefinition = Field(description="the agent definition (a thread is pinned to its version)")
+    thread: str = Field(default="main", description="the session's thread (created on first use)")
+
+
+class Submitted(BaseModel):
+    turn_id: str
+    created: bool = Field(description="false when the request id had made this turn already")
+
+
+class ControlRequest(BaseModel):
+    """A control on a turn: its receipt says whether it was received, applied or rejected."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["steer", "inject", "withdraw", "pause", "resume", "cancel"]
+    request_id: str | None = Field(default=None, min_length=1, max_length=200, description="idempotency key")
+    text: str | None = Field(default=None, description="steer, inject: the input to add")
+    revision: int | None = Field(default=None, description="resume: the turn's revision the caller saw")
+    control_id: int | None = Field(default=None, description="withdraw: the steer or inject to take back")
+
+
+class RespondRequest(BaseModel):
+    """A person's answer to a call that waits for one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    call: str = Field(min_length=1, description="the call id (or execution id)")
+    decision: Literal["approve", "deny", "result"]
+    request_id: str | None = Field(default=None, min_length=1, max_length=200)
+    result: Any = Field(default=None, description="result: the manual tool's outcome (JSON)")
+    reason: str | None = Field(default=None, description="deny: why (the model is told)")
+
+
+class Receipt(BaseModel):
+    control_id: int
+    turn_id: str
+    kind: str
+    request_id: str
+    status: Literal["received", "applied", "rejected", "withdrawn"]
+    reason: str | None
+
+
+class ReconcileRequest(BaseModel):
+    """An operator's resolution of an UNKNOWN execution, with evidence (audited)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    evidence: str = Field(min_length=1)
+    actor: str = Field(min_length=1, description="who vouches for it")
+    result: Any = Field(default=None, description="what the operation returned (for a success)")
+    failure: str | None = Field(default=None, description="what went wrong (for a failure); not with result")
+
+
+class EventPage(BaseModel):
+    events: list[dict[str, Any]]
+    cursor: int = Field(description="ask from here next (past every entry looked at)")

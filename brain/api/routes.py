@@ -1,0 +1,202 @@
+"""The tenant routes: sessions, threads, turns, controls, history, executions, events.
+
+Every route acts in the caller's namespace: an id of another namespace is not found here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+
+from brain import controls, observe, verbs
+from brain.api.app import Api, caller_of
+from brain.api.auth import Caller
+from brain.api.models import (
+    ControlRequest,
+    ErrorBody,
+    EventPage,
+    Receipt,
+    RespondRequest,
+    SubmitRequest,
+    Submitted,
+)
+from brain.states import TERMINAL_TURN, TurnStatus
+from brain.views import describe
+from protocol import SchemaError, new_id
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (401, 403, 404, 409, 410, 422, 503)
+}
+router = APIRouter(prefix="/v1", responses=ERRORS)
+CallerDep = Annotated[Caller, Depends(caller_of)]
+MAX_WAIT = 60.0
+
+
+def api_of(request: Request) -> Api:
+    return request.app.state.api  # type: ignore[no-any-return]
+
+
+def seconds(wait: str | None) -> float:
+    """``30``, ``30s`` or ``1.5s`` as seconds (at most a minute)."""
+    if wait is None:
+        return 0.0
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*s?\s*", wait)
+    if found is None:
+        raise SchemaError(f"wait takes seconds (`30` or `30s`), not {wait!r}")
+    return min(float(found.group(1)), MAX_WAIT)
+
+
+# ---- sessions and threads ------------------------------------------------------------------
+
+
+@router.post("/sessions/{session_id}/turns", response_model=Submitted, status_code=201, tags=["turns"])
+async def submit(
+    session_id: str, body: SubmitRequest, request: Request, response: Response, caller: CallerDep
+) -> Any:
+    """Accept a turn durably: answered once it is committed."""
+    api = api_of(request)
+    turn_id, created = await verbs.submit(
+        api.store, namespace=caller.tenant(), session_id=session_id, request_id=body.request_id,
+        user_input=body.input, agent=body.agent, wake_channel=api.wake_channel, thread=body.thread,
+    )  # fmt: skip
+    if not created:
+        response.status_code = 200
+    return Submitted(turn_id=turn_id, created=created)
+
+
+@router.get("/sessions/{session_id}/threads", tags=["sessions"])
+async def threads(session_id: str, request: Request, caller: CallerDep) -> list[dict[str, Any]]:
+    return await verbs.threads(api_of(request).store, namespace=caller.tenant(), session_id=session_id)
+
+
+@router.get("/sessions/{session_id}/turns", tags=["turns"])
+async def turns(
+    session_id: str,
+    request: Request,
+    caller: CallerDep,
+    thread: str | None = None,
+    status: TurnStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    after: Annotated[int, Query(ge=0)] = 0,
+) -> list[dict[str, Any]]:
+    """A session's turns in accepted order, a page of ``limit`` after turn number ``after``."""
+    return await verbs.turns(
+        api_of(request).store, namespace=caller.tenant(), session_id=session_id, thread=thread,
+        status=str(status) if status else None, limit=limit, after=after,
+    )  # fmt: skip
+
+
+@router.post("/sessions/{session_id}/close", tags=["sessions"])
+async def close(
+    session_id: str, request: Request, caller: CallerDep, thread: str | None = None
+) -> dict[str, Any]:
+    """Close a session (or one thread of it): refused while a turn in it is unfinished."""
+    closed = await verbs.close(
+        api_of(request).store, namespace=caller.tenant(), session_id=session_id, thread=thread
+    )
+    return {"closed": closed}
+
+
+# ---- turns ---------------------------------------------------------------------------------
+
+
+@router.get("/turns/{turn_id}", tags=["turns"])
+async def turn(
+    turn_id: str,
+    request: Request,
+    caller: CallerDep,
+    wait: Annotated[str | None, Query(examples=["30s"])] = None,
+) -> dict[str, Any]:
+    """A turn as it stands: with ``wait``, once it ended or that long passed (a wait never
+    cancels it)."""
+    store, namespace = api_of(request).store, caller.tenant()
+    deadline = asyncio.get_running_loop().time() + seconds(wait)
+    while True:
+        found = await describe(store, namespace, turn_id)
+        if TurnStatus(found["status"]) in TERMINAL_TURN or asyncio.get_running_loop().time() >= deadline:
+            return found
+        await asyncio.sleep(0.2)
+
+
+@router.get("/turns/{turn_id}/history", tags=["turns"])
+async def history(turn_id: str, request: Request, caller: CallerDep) -> dict[str, Any]:
+    """Runs, steps and model calls (attempt, latency, usage, LOST)."""
+    return await verbs.history(api_of(request).store, namespace=caller.tenant(), turn_id=turn_id)
+
+
+@router.get("/turns/{turn_id}/executions", tags=["turns"])
+async def executions(turn_id: str, request: Request, caller: CallerDep) -> list[dict[str, Any]]:
+    """The turn's tool executions (an UNKNOWN one waits for an operator's reconcile)."""
+    found = await describe(api_of(request).store, caller.tenant(), turn_id)
+    return found["executions"]  # type: ignore[no-any-return]
+
+
+@router.get("/turns/{turn_id}/controls", response_model=list[Receipt], tags=["controls"])
+async def receipts(turn_id: str, request: Request, caller: CallerDep) -> Any:
+    found = await controls.receipts(api_of(request).store, namespace=caller.tenant(), turn_id=turn_id)
+    return [r.as_dict() for r in found]
+
+
+@router.post("/turns/{turn_id}/controls", response_model=Receipt, tags=["controls"])
+async def control(turn_id: str, body: ControlRequest, request: Request, caller: CallerDep) -> Any:
+    """steer, inject, withdraw, pause, resume or cancel: the receipt says where it stands."""
+    api = api_of(request)
+    receipt = await controls.control(
+        api.store, namespace=caller.tenant(), turn_id=turn_id, request_id=body.request_id or new_id(),
+        kind=controls.Kind(body.kind), topology=api.topology, wake_channel=api.wake_channel, text=body.text,
+        revision=body.revision, target=body.control_id,
+    )  # fmt: skip
+    return receipt.as_dict()
+
+
+@router.post("/turns/{turn_id}/respond", response_model=Receipt, tags=["controls"])
+async def respond(turn_id: str, body: RespondRequest, request: Request, caller: CallerDep) -> Any:
+    """Approve or deny a call that waits for a person, or give a manual tool's result."""
+    api = api_of(request)
+    receipt = await controls.respond(
+        api.store, namespace=caller.tenant(), turn_id=turn_id, request_id=body.request_id or new_id(),
+        call=body.call, decision=body.decision, result=body.result, reason=body.reason,
+        wake_channel=api.wake_channel,
+    )  # fmt: skip
+    return receipt.as_dict()
+
+
+# ---- events --------------------------------------------------------------------------------
+
+
+def event_filter(
+    thread: str | None = None, turn: str | None = None, run: int | None = None
+) -> observe.EventFilter:
+    return observe.EventFilter(thread=thread, turn=turn, run=run)
+
+
+FilterDep = Annotated[observe.EventFilter, Depends(event_filter)]
+
+
+@router.get("/sessions/{session_id}/events", response_model=EventPage, tags=["events"])
+async def events(
+    session_id: str,
+    request: Request,
+    caller: CallerDep,
+    where: FilterDep,
+    cursor: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=observe.MAX_PAGE)] = 100,
+) -> Any:
+    """The session's events after ``cursor`` (each a journal entry, its id its seq); a cursor
+    older than what is kept answers 410."""
+    page = await observe.list_events(
+        api_of(request).store, namespace=caller.tenant(), session_id=session_id, cursor=cursor, limit=limit,
+        where=where,
+    )  # fmt: skip
+    return page.as_dict()
+
+
+@router.get("/sessions/{session_id}/snapshot", tags=["events"])
+async def snapshot(session_id: str, request: Request, caller: CallerDep, where: FilterDep) -> dict[str, Any]:
+    """Where the session stands, with the cursor to follow its events from."""
+    return await observe.snapshot(
+        api_of(request).store, namespace=caller.tenant(), session_id=session_id, where=where
+    )

@@ -1,0 +1,75 @@
+"""The HTTP API served by a Brain process (uvicorn, in the Brain's own event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Iterator
+
+import uvicorn
+
+from brain.api.app import Api, create_app
+from infra.logging import get_logger
+from protocol import SchemaError
+
+log = get_logger(__name__)
+
+
+def address(value: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` (or ``off``: None) of ``TENDON_HTTP`` / ``--http``."""
+    if value.strip().lower() in ("off", "", "none"):
+        return None
+    host, _, port = value.strip().rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise SchemaError(f"the HTTP address takes HOST:PORT (or off), not {value!r}")
+    return host.strip("[]"), int(port)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, leaving the process's signals to the Brain (it would take SIGTERM and SIGINT)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def listen(where: tuple[str, int]) -> socket.socket:
+    """The API's socket, bound here so that an address in use is an OSError the caller handles
+    (uvicorn would exit the process)."""
+    family = socket.AF_INET6 if ":" in where[0] else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(where)
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+@contextlib.asynccontextmanager
+async def serving(api: Api, where: tuple[str, int], *, required: bool) -> AsyncIterator[int | None]:
+    """Serve the API at ``where`` while the block runs; yields the port it listens on. An address
+    in use is an error when it was asked for (``required``), else a warning and no API."""
+    try:
+        sock = listen(where)
+    except OSError as exc:
+        if required:
+            raise
+        log.warning("http_api_not_served", address=f"{where[0]}:{where[1]}", error=str(exc))
+        yield None
+        return
+    config = uvicorn.Config(create_app(api), log_config=None, access_log=False, lifespan="off")
+    server = _Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]), name="http-api")
+    port = sock.getsockname()[1]
+    log.info("http_api_ready", address=f"{where[0]}:{port}")
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 5)
+        sock.close()

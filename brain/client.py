@@ -1,0 +1,228 @@
+"""A Python client of the HTTP API, async (:class:`AsyncClient`) and sync (:class:`Client`).
+
+    async with AsyncClient("http://127.0.0.1:8080", token) as tendon:
+        turn = await tendon.submit("s1", "r1", "Send the notice", agent)
+        async for event in tendon.events("s1"):          # follows live, resumes after a cut
+            ...
+        done = await tendon.call("s1", "r2", "And now?", agent)   # submit and wait
+
+An error answer raises the same typed error the server raised (``NotFoundError``,
+``ConflictError``...), with its message. ``events`` keeps the id of the last event it gave, and
+reconnects from there when the connection drops: every event once, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+
+from brain.agents import AgentDefinition
+from protocol import (
+    AuthError,
+    ConflictError,
+    ForbiddenError,
+    GoneError,
+    IllegalTransitionError,
+    NotFoundError,
+    SchemaError,
+    TendonError,
+    TransientError,
+)
+
+_BY_CODE: dict[str, type[TendonError]] = {
+    "unauthorized": AuthError,
+    "forbidden": ForbiddenError,
+    "not_found": NotFoundError,
+    "conflict": ConflictError,
+    "illegal_transition": IllegalTransitionError,
+    "gone": GoneError,
+    "schema_error": SchemaError,
+}
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        error = response.json()["error"]
+        code, message = str(error["code"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        code, message = "http_error", f"HTTP {response.status_code}: {response.text[:300]}"
+    if response.status_code >= 500:
+        raise TransientError(f"{code}: {message}")
+    kind = _BY_CODE.get(code, TendonError)
+    error_obj = kind(message)
+    error_obj.code = code
+    raise error_obj
+
+
+def _agent(agent: AgentDefinition | dict[str, Any]) -> dict[str, Any]:
+    return agent.model_dump(mode="json") if isinstance(agent, AgentDefinition) else dict(agent)
+
+
+class AsyncClient:
+    """The HTTP API of a Tendon Brain, for asyncio code."""
+
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 90.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = await self._http.request(method, path, **kwargs)
+        _raise_for(response)
+        return response.json()
+
+    async def submit(
+        self,
+        session: str,
+        request_id: str,
+        text: str,
+        agent: AgentDefinition | dict[str, Any],
+        *,
+        thread: str = "main",
+    ) -> str:
+        """Accept a turn durably; its id (the same for the same request id and input)."""
+        body = {"request_id": request_id, "input": text, "agent": _agent(agent), "thread": thread}
+        return str((await self._request("POST", f"/v1/sessions/{session}/turns", json=body))["turn_id"])
+
+    async def turn(self, turn_id: str, *, wait: float = 0) -> dict[str, Any]:
+        """The turn as it stands (after waiting up to ``wait`` seconds for it to end)."""
+        params = {"wait": f"{wait:g}s"} if wait else {}
+        return await self._request("GET", f"/v1/turns/{turn_id}", params=params)  # type: ignore[no-any-return]
+
+    async def call(
+        self, session: str, request_id: str, text: str, agent: AgentDefinition | dict[str, Any], *,
+        thread: str = "main", within: float = 600,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Submit and wait until the turn ended (or ``within`` seconds passed: the turn goes on)."""
+        turn_id = await self.submit(session, request_id, text, agent, thread=thread)
+        deadline = asyncio.get_running_loop().time() + within
+        while True:
+            left = deadline - asyncio.get_running_loop().time()
+            found = await self.turn(turn_id, wait=max(0.0, min(30.0, left)))
+            if found["status"] in ("completed", "failed", "cancelled") or left <= 0:
+                return found
+
+    async def control(
+        self, turn_id: str, kind: str, *, request_id: str | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        """steer (text), inject (text), withdraw (control_id), pause, resume (revision), cancel."""
+        body = {"kind": kind, "request_id": request_id, **fields}
+        return await self._request("POST", f"/v1/turns/{turn_id}/controls", json=body)  # type: ignore[no-any-return]
+
+    async def respond(self, turn_id: str, call: str, decision: str, **fields: Any) -> dict[str, Any]:
+        """approve, deny (reason) or result (result) for a call that waits for a person."""
+        body = {"call": call, "decision": decision, **fields}
+        return await self._request("POST", f"/v1/turns/{turn_id}/respond", json=body)  # type: ignore[no-any-return]
+
+    async def snapshot(self, session: str, **where: Any) -> dict[str, Any]:
+        return await self._request("GET", f"/v1/sessions/{session}/snapshot", params=where)  # type: ignore[no-any-return]
+
+    async def events(
+        self, session: str, *, cursor: int = 0, previews: bool = False, **where: Any
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Follow the session's events from ``cursor`` on, forever; reconnects after a cut from
+        the last event it gave. Previews (with ``previews``) come as ``{"preview": ...}``."""
+        params = {**where, "previews": "true" if previews else "false"}
+        last = cursor
+        while True:
+            try:
+                async with self._http.stream(
+                    "GET", f"/v1/sessions/{session}/stream", params=params,
+                    headers={"Last-Event-ID": str(last)}, timeout=httpx.Timeout(None, connect=10),
+                ) as response:  # fmt: skip
+                    if response.status_code >= 400:
+                        await response.aread()
+                        _raise_for(response)
+                    async for kind, data, event_id in _sse(response.aiter_lines()):
+                        if kind == "entry":
+                            last = int(event_id or last)
+                            yield json.loads(data)
+                        elif kind == "preview":
+                            yield {"preview": json.loads(data)}
+                        elif kind == "resync":
+                            last = int(json.loads(data)["cursor"])
+                            yield {"resync": json.loads(data)}
+            except (httpx.TransportError, httpx.RemoteProtocolError):
+                await asyncio.sleep(0.5)  # the connection dropped: follow again from the last event
+
+
+async def _sse(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, str, str | None]]:
+    """(event, data, id) of a Server-Sent Events stream."""
+    kind, data, event_id = "message", list[str](), None
+    async for line in lines:
+        if not line:
+            if data:
+                yield kind, "\n".join(data), event_id
+            kind, data, event_id = "message", list[str](), None
+            continue
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "event":
+            kind = value
+        elif field == "data":
+            data.append(value)
+        elif field == "id":
+            event_id = value
+
+
+class Client:
+    """The same, for code that is not async: each call runs the async client to completion."""
+
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 90.0) -> None:
+        self._url, self._token, self._timeout = url, token, timeout
+
+    def _run(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        async def go() -> Any:
+            async with AsyncClient(self._url, self._token, timeout=self._timeout) as client:
+                return await getattr(client, method)(*args, **kwargs)
+
+        return asyncio.run(go())
+
+    def submit(self, session: str, request_id: str, text: str, agent: Any, *, thread: str = "main") -> str:
+        return str(self._run("submit", session, request_id, text, agent, thread=thread))
+
+    def call(self, session: str, request_id: str, text: str, agent: Any, **kwargs: Any) -> dict[str, Any]:
+        return self._run("call", session, request_id, text, agent, **kwargs)  # type: ignore[no-any-return]
+
+    def turn(self, turn_id: str, *, wait: float = 0) -> dict[str, Any]:
+        return self._run("turn", turn_id, wait=wait)  # type: ignore[no-any-return]
+
+    def control(self, turn_id: str, kind: str, **fields: Any) -> dict[str, Any]:
+        return self._run("control", turn_id, kind, **fields)  # type: ignore[no-any-return]
+
+    def respond(self, turn_id: str, call: str, decision: str, **fields: Any) -> dict[str, Any]:
+        return self._run("respond", turn_id, call, decision, **fields)  # type: ignore[no-any-return]
+
+    def snapshot(self, session: str, **where: Any) -> dict[str, Any]:
+        return self._run("snapshot", session, **where)  # type: ignore[no-any-return]
+
+    def events(
+        self, session: str, *, cursor: int = 0, limit: int | None = None, **where: Any
+    ) -> Iterator[dict[str, Any]]:
+        """Events after ``cursor`` that are there now (a page at a time), without following."""
+
+        async def page(after: int) -> dict[str, Any]:
+            async with AsyncClient(self._url, self._token, timeout=self._timeout) as client:
+                params = {**where, "cursor": after, "limit": limit or 500}
+                return await client._request("GET", f"/v1/sessions/{session}/events", params=params)  # type: ignore[no-any-return]
+
+        while True:
+            got = asyncio.run(page(cursor))
+            yield from got["events"]
+            if not got["events"] or got["cursor"] == cursor:
+                return
+            cursor = got["cursor"]
