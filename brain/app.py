@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from brain.context import BrainContext
+from brain.metrics import BrainMetrics
 from brain.relay import CommandRelay, ControlRelay
 from brain.runs import Scheduler, Wakeups
 from brain.scanner import RepairScanner
@@ -29,6 +30,7 @@ from infra.parked import ParkedConsumer
 from infra.payloads import PayloadCodec, open_payload_codec
 from infra.registrations import WorkerRegistration
 from infra.settings import Settings
+from infra.tracing import open_tracing
 from infra.transport import Topology, Transport
 
 log = get_logger(__name__)
@@ -128,6 +130,7 @@ async def serve_api(backends: Backends, settings: Settings, ctx: BrainContext) -
         topology=ctx.topology,
         wake_channel=ctx.wake_channel,
         previews=ctx.previews,
+        metrics=ctx.metrics,
         reconciler=reconciler if backends.ledger is not None else None,
     )
     if api.tokens.open:
@@ -137,6 +140,15 @@ async def serve_api(backends: Backends, settings: Settings, ctx: BrainContext) -
         )
     async with serving(api, where, required="http" in settings.model_fields_set) as port:
         yield None if port is None else f"{where[0]}:{port}"
+
+
+async def released(
+    store: BrainStore, channel: str, metrics: BrainMetrics, conn: Any, gone: Any, died: bool
+) -> int:
+    """Hand back the turns of Brains presumed dead (or retiring): each one a recovery to count."""
+    count = await store.release_owners(conn, gone, channel, died=died)
+    metrics.recoveries.labels("brain_died" if died else "brain_retired").inc(count)
+    return count
 
 
 def first_look(settings: Settings) -> float:
@@ -164,18 +176,20 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
         wakeups = Wakeups()
         await backends.listen(channel, wakeups.hint)
         active: set[str] = set()
+        metrics = BrainMetrics()
         liveness = await stack.enter_async_context(
             backends.register(
                 lease_seconds=settings.lease_seconds,
                 grace=settings.reconnect_grace,
                 interval=settings.scan_interval,
-                release=lambda conn, gone, died: store.release_owners(conn, gone, channel, died=died),
+                release=partial(released, store, channel, metrics),
                 on_renew=lambda conn, me: store.renew_leases(conn, me, active, settings.lease_seconds),
                 presence=broker,
             )
         )
         worker_id = liveness.worker_id
         bind_worker("brain", worker_id)
+        tracing = stack.enter_context(open_tracing(settings.otlp_endpoint, "tendon-brain"))
         commands = CommandRelay(broker)
         controls = ControlRelay(store, broker, interval=settings.scan_interval)
         ctx = BrainContext(
@@ -191,6 +205,8 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
             binding_wait_seconds=settings.binding_wait_seconds,
             first_look=first_look(settings),
             active=active,
+            metrics=metrics,
+            tracing=tracing,
         )
         scheduler = Scheduler(ctx, settings.concurrency, wakeups, settings.scan_interval)
         scanner = RepairScanner(

@@ -48,12 +48,14 @@ async def build_intents(
     *,
     detailed: bool,
     approvals: Collection[str] = (),
+    trace: str | None = None,
 ) -> list[Intent]:
     """An intent for every tool call: its execute command packed (a big one uploaded:
     content-addressed, so a crash here leaves at most an unreferenced object, never a reference
     to nothing), or FAILED with the reason the Brain refused it. A call that needs a person's
     approval (its binding says so, or the agent's ``approvals`` name its tool) is PENDING with its
-    command, sent once approved; a call of a manual tool is PENDING until a person answers it."""
+    command, sent once approved; a call of a manual tool is PENDING until a person answers it.
+    ``trace``: the span the commands continue (carried to the Hands)."""
     intents = []
     for call in calls:
         execution_id = f"exe-{new_id()}"
@@ -97,6 +99,7 @@ async def build_intents(
             session_id=row.session_id,
             request_digest=request_digest(execution_id, body),
             body=body,
+            trace=trace,
         )
         intents.append(
             Intent(

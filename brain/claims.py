@@ -73,8 +73,31 @@ async def claim_turns(ctx: BrainContext, limit: int) -> Claim:
             ctx.threads.keep_frozen(claim.threads[move.before.id], move.freeze)
         ctx.history.committed(move.before, moved.row, moved.seq, move.facts)
     for settled in claim.settled:
-        ctx.controls.send(settled.controls)
+        ctx.failed(settled)
+    waiting = [
+        m.row
+        for _, m in claim.moved
+        if m.row.status is TurnStatus.WAITING and m.row.phase is TurnPhase.PREPARE
+    ]
+    if waiting:
+        await _look_again_for_bindings(ctx, waiting)
     return claim
+
+
+async def _look_again_for_bindings(ctx: BrainContext, rows: list[TurnRow]) -> None:
+    """An announcement committed between the claim's look at the bindings and its commit woke
+    nobody (the turn did not wait yet), and the turn would wait out its whole binding wait. Now
+    that it waits as a row, look once more: either this sees the bindings, or their announcement
+    comes later and wakes it."""
+
+    async def work(conn: Any) -> None:
+        for row in rows:
+            agent, _ = await ctx.threads.get(conn, row.thread_id)
+            if set(agent.tools) <= set(await ctx.store.latest_bindings(conn, agent.tools)):
+                await ctx.store.wake_for_bindings(conn, ctx.wake_channel)
+                return
+
+    await ctx.store.transact(work)
 
 
 def crash_loop(row: TurnRow) -> str:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import asyncpg
+import httpx
 
 from brain import commands
 from brain.commands import (
@@ -38,7 +39,19 @@ EXIT_CODES = f"""exit codes:
   130  interrupted (Ctrl-C)"""
 
 
+def _remote() -> argparse.ArgumentParser:
+    """``--url``: the verbs go through a Brain's HTTP API instead of the database."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "--url",
+        help="a Brain's HTTP API to go through (TENDON_URL, token in TENDON_TOKEN), instead of the "
+        "database (TENDON_DATABASE_URL)",
+    )
+    return parent
+
+
 def _parser() -> argparse.ArgumentParser:
+    remote = _remote()
     p = argparse.ArgumentParser(
         prog="brain",
         description="Tendon Brain: runs agent turns durably on PostgreSQL and sends tool calls "
@@ -87,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
         "tool the agent names right now.",
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[remote],
     )
     s.add_argument("--session", required=True, help="session id (created on first use)")
     s.add_argument(
@@ -103,7 +117,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("input", help="the user's input for this turn")
 
-    s = sub.add_parser("wait", help="wait until a turn completes or fails (never cancels it)")
+    s = sub.add_parser(
+        "wait", help="wait until a turn completes or fails (never cancels it)", parents=[remote]
+    )
     s.add_argument("turn_id")
     s.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (default 300)")
     s.add_argument("--json", action="store_true", help="print the final state as JSON")
@@ -142,21 +158,29 @@ def _parser() -> argparse.ArgumentParser:
         "turn a parked update concerns (saying why) or logs them",
     )
 
-    s = sub.add_parser("show", help="show a turn: status, revision, conversation, executions")
-    s.add_argument("turn_id")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
-
     s = sub.add_parser(
-        "history", help="a turn's runs, steps and model calls (attempts, latency, usage, LOST)"
+        "show", help="show a turn: status, revision, conversation, executions", parents=[remote]
     )
     s.add_argument("turn_id")
     s.add_argument("--json", action="store_true", help="machine-readable output")
 
-    s = sub.add_parser("threads", help="a session's threads, their agent versions and turns")
+    s = sub.add_parser(
+        "history",
+        help="a turn's runs, steps and model calls (attempts, latency, usage, LOST)",
+        parents=[remote],
+    )
+    s.add_argument("turn_id")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+
+    s = sub.add_parser(
+        "threads", help="a session's threads, their agent versions and turns", parents=[remote]
+    )
     s.add_argument("session")
     s.add_argument("--json", action="store_true", help="machine-readable output")
 
-    s = sub.add_parser("turns", help="a session's turns in accepted order, a page at a time")
+    s = sub.add_parser(
+        "turns", help="a session's turns in accepted order, a page at a time", parents=[remote]
+    )
     s.add_argument("session")
     s.add_argument("--thread", help="only this thread's")
     s.add_argument("--status", help="only turns in this status (queued, running, waiting, paused, ...)")
@@ -165,17 +189,32 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="machine-readable output")
 
     s = sub.add_parser(
-        "close", help="close a session, or one thread of it: no more turns; refused while one is unfinished"
+        "close",
+        help="close a session, or one thread of it: no more turns; refused while one is unfinished",
+        parents=[remote],
     )
     s.add_argument("session")
     s.add_argument("--thread", help="close only this thread")
 
-    _add_controls(sub)
+    s = sub.add_parser(
+        "watch",
+        help="follow a turn live in the terminal (through the HTTP API); Ctrl-C and run it again to resume",
+        description="Prints each journal entry of the turn as it commits, and the model's reply as it "
+        "streams; the last entry shown is saved, so watching again goes on from there. Exits when "
+        "the turn ends: 0 completed, 1 failed or cancelled. Watching changes nothing of the turn.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    s.add_argument("turn_id")
+    s.add_argument("--url", help="the Brain's HTTP API (default TENDON_URL, else http:// and TENDON_HTTP)")
+    s.add_argument("--from-start", action="store_true", help="show the whole turn again")
+
+    _add_controls(sub, remote)
     return p
 
 
-def _add_controls(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    common = argparse.ArgumentParser(add_help=False)
+def _add_controls(sub: argparse._SubParsersAction, remote: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
+    common = argparse.ArgumentParser(add_help=False, parents=[remote])
     common.add_argument(
         "--request-id",
         help="idempotency key: the same id and input return the original receipt (default: a new one)",
@@ -214,7 +253,7 @@ def _add_controls(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         "--deny", metavar="REASON", nargs="?", const="", help="refuse it (the model is told why)"
     )
     answer.add_argument("--result", metavar="JSON", help="a manual tool's result")
-    s = sub.add_parser("controls", help="a turn's controls and where each stands")
+    s = sub.add_parser("controls", help="a turn's controls and where each stands", parents=[remote])
     s.add_argument("turn_id")
     s.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -253,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         "turns": commands.turns,
         "close": commands.close,
         "controls": commands.receipts,
+        "watch": commands.watch,
         "respond": commands.respond,
         **{kind: commands.control for kind in ("steer", "inject", "withdraw", "pause", "resume", "cancel")},
     }[args.command]
@@ -264,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     except TendonError as exc:
         print(f"brain: {exc.message}", file=sys.stderr)
         return EXIT_UNAVAILABLE if exc.retryable else EXIT_USAGE
-    except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+    except (OSError, httpx.TransportError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
         print(f"brain: cannot reach a service: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     except asyncpg.PostgresError as exc:

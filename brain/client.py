@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import httpx
@@ -95,8 +95,15 @@ class AsyncClient:
         thread: str = "main",
     ) -> str:
         """Accept a turn durably; its id (the same for the same request id and input)."""
+        return str((await self.submitted(session, request_id, text, agent, thread=thread))["turn_id"])
+
+    async def submitted(
+        self, session: str, request_id: str, text: str, agent: AgentDefinition | dict[str, Any], *,
+        thread: str = "main",
+    ) -> dict[str, Any]:  # fmt: skip
+        """:meth:`submit`, answering ``{"turn_id", "created"}`` (False: that request was known)."""
         body = {"request_id": request_id, "input": text, "agent": _agent(agent), "thread": thread}
-        return str((await self._request("POST", f"/v1/sessions/{session}/turns", json=body))["turn_id"])
+        return await self._request("POST", f"/v1/sessions/{session}/turns", json=body)  # type: ignore[no-any-return]
 
     async def turn(self, turn_id: str, *, wait: float = 0) -> dict[str, Any]:
         """The turn as it stands (after waiting up to ``wait`` seconds for it to end)."""
@@ -128,12 +135,49 @@ class AsyncClient:
         body = {"call": call, "decision": decision, **fields}
         return await self._request("POST", f"/v1/turns/{turn_id}/respond", json=body)  # type: ignore[no-any-return]
 
+    async def receipts(self, turn_id: str) -> list[dict[str, Any]]:
+        """The turn's controls and where each stands."""
+        return await self._request("GET", f"/v1/turns/{turn_id}/controls")  # type: ignore[no-any-return]
+
+    async def history(self, turn_id: str) -> dict[str, Any]:
+        """The turn's runs, steps and model calls."""
+        return await self._request("GET", f"/v1/turns/{turn_id}/history")  # type: ignore[no-any-return]
+
+    async def threads(self, session: str) -> list[dict[str, Any]]:
+        return await self._request("GET", f"/v1/sessions/{session}/threads")  # type: ignore[no-any-return]
+
+    async def turns(
+        self, session: str, *, limit: int = 50, after: int = 0, **where: Any
+    ) -> list[dict[str, Any]]:
+        """A session's turns in accepted order (``thread``, ``status``), a page after turn ``after``."""
+        params = {"limit": limit, "after": after, **{k: v for k, v in where.items() if v is not None}}
+        return await self._request("GET", f"/v1/sessions/{session}/turns", params=params)  # type: ignore[no-any-return]
+
+    async def close_session(self, session: str, *, thread: str | None = None) -> bool:
+        """Close a session (or one thread of it); False: it was closed already."""
+        params = {"thread": thread} if thread else {}
+        found = await self._request("POST", f"/v1/sessions/{session}/close", params=params)
+        return bool(found["closed"])
+
     async def snapshot(self, session: str, **where: Any) -> dict[str, Any]:
         return await self._request("GET", f"/v1/sessions/{session}/snapshot", params=where)  # type: ignore[no-any-return]
 
+    async def list_events(
+        self, session: str, *, cursor: int = 0, limit: int = 500, **where: Any
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """The session's events after ``cursor`` that are there now, a page at a time (no following)."""
+        while True:
+            params = {**where, "cursor": cursor, "limit": limit}
+            page = await self._request("GET", f"/v1/sessions/{session}/events", params=params)
+            for event in page["events"]:
+                yield event
+            if not page["events"] or page["cursor"] == cursor:
+                return
+            cursor = page["cursor"]
+
     async def events(
         self, session: str, *, cursor: int = 0, previews: bool = False, **where: Any
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """Follow the session's events from ``cursor`` on, forever; reconnects after a cut from
         the last event it gave. Previews (with ``previews``) come as ``{"preview": ...}``."""
         params = {**where, "previews": "true" if previews else "false"}
@@ -211,18 +255,12 @@ class Client:
         return self._run("snapshot", session, **where)  # type: ignore[no-any-return]
 
     def events(
-        self, session: str, *, cursor: int = 0, limit: int | None = None, **where: Any
-    ) -> Iterator[dict[str, Any]]:
-        """Events after ``cursor`` that are there now (a page at a time), without following."""
+        self, session: str, *, cursor: int = 0, limit: int = 500, **where: Any
+    ) -> list[dict[str, Any]]:
+        """Events after ``cursor`` that are there now (read a page at a time), without following."""
 
-        async def page(after: int) -> dict[str, Any]:
+        async def pages() -> list[dict[str, Any]]:
             async with AsyncClient(self._url, self._token, timeout=self._timeout) as client:
-                params = {**where, "cursor": after, "limit": limit or 500}
-                return await client._request("GET", f"/v1/sessions/{session}/events", params=params)  # type: ignore[no-any-return]
+                return [e async for e in client.list_events(session, cursor=cursor, limit=limit, **where)]
 
-        while True:
-            got = asyncio.run(page(cursor))
-            yield from got["events"]
-            if not got["events"] or got["cursor"] == cursor:
-                return
-            cursor = got["cursor"]
+        return asyncio.run(pages())

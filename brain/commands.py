@@ -13,19 +13,24 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from brain import app, controls, verbs
+from rich.console import Console
+
+from brain import app, verbs
+from brain.access import Direct, access
 from brain.agents import AgentDefinition
-from brain.app import open_store, wake_channel
+from brain.app import open_store
+from brain.client import AsyncClient
 from brain.states import TERMINAL_TURN, TurnStatus
 from brain.store import BrainStore
 from brain.turn_history import print_history
-from brain.views import describe, print_turn, waiting_line
+from brain.views import print_turn, waiting_line
+from brain.watch import watch as follow
 from infra.broker import Broker
 from infra.killpoints import KillPoints
 from infra.parked import show_parked
 from infra.settings import Settings
 from infra.transport import Topology
-from protocol import ProtocolError, SchemaError, loads, new_id
+from protocol import ProtocolError, SchemaError, loads
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_CONFLICT, EXIT_UNAVAILABLE, EXIT_REJECTED = 1, 2, 3, 4, 5, 6
 
@@ -40,24 +45,12 @@ async def with_store(settings: Settings, work: Callable[[BrainStore], Awaitable[
 
 async def submit(settings: Settings, args: argparse.Namespace) -> int:
     agent = AgentDefinition.from_file(args.agent)
-
-    async def work(store: BrainStore) -> int:
-        turn_id, created = await verbs.submit(
-            store,
-            namespace=settings.namespace,
-            session_id=args.session,
-            request_id=args.request_id,
-            user_input=args.input,
-            agent=agent,
-            wake_channel=wake_channel(settings),
-            thread=args.thread,
-        )
+    async with access(settings, args.url) as brain:
+        turn_id, created = await brain.submit(args.session, args.request_id, args.input, agent, args.thread)
         print(turn_id, flush=True)
-        if created and agent.tools:
-            await warn_unserved(store, settings, agent)
-        return 0
-
-    return await with_store(settings, work)
+        if created and agent.tools and isinstance(brain, Direct):
+            await warn_unserved(brain.store, settings, agent)
+    return 0
 
 
 async def warn_unserved(store: BrainStore, settings: Settings, agent: AgentDefinition) -> None:
@@ -82,20 +75,18 @@ async def warn_unserved(store: BrainStore, settings: Settings, agent: AgentDefin
 
 
 async def show(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(store: BrainStore) -> int:
-        d = await describe(store, settings.namespace, args.turn_id)
-        print(json.dumps(d, indent=2, default=str)) if args.json else print_turn(d)
-        return 0
-
-    return await with_store(settings, work)
+    async with access(settings, args.url) as brain:
+        d = await brain.describe(args.turn_id)
+    print(json.dumps(d, indent=2, default=str)) if args.json else print_turn(d)
+    return 0
 
 
 async def wait(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(store: BrainStore) -> int:
+    async with access(settings, args.url) as brain:
         deadline = time.monotonic() + args.timeout
         said: str | None = None
         while True:
-            d = await describe(store, settings.namespace, args.turn_id)
+            d = await brain.describe(args.turn_id)
             if d["status"] == TurnStatus.WAITING and d["waiting_for"] != said:
                 # Said once per thing it waits for: a wait can last (a reconcile by a person).
                 said = d["waiting_for"]
@@ -113,8 +104,6 @@ async def wait(settings: Settings, args: argparse.Namespace) -> int:
                 )
                 return EXIT_TIMEOUT
             await asyncio.sleep(0.2)
-
-    return await with_store(settings, work)
 
 
 async def parked(settings: Settings, args: argparse.Namespace) -> int:
@@ -186,8 +175,8 @@ def _print(data: Any, as_json: bool, text: Callable[[], None]) -> None:
 
 
 async def threads(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(store: BrainStore) -> int:
-        found = await verbs.threads(store, namespace=settings.namespace, session_id=args.session)
+    async with access(settings, args.url) as brain:
+        found = await brain.threads(args.session)
 
         def text() -> None:
             for t in found:
@@ -200,15 +189,12 @@ async def threads(settings: Settings, args: argparse.Namespace) -> int:
         _print(found, args.json, text)
         return 0
 
-    return await with_store(settings, work)
-
 
 async def turns(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(store: BrainStore) -> int:
-        found = await verbs.turns(
-            store, namespace=settings.namespace, session_id=args.session, thread=args.thread,
-            status=args.status, limit=args.limit, after=args.after,
-        )  # fmt: skip
+    async with access(settings, args.url) as brain:
+        found = await brain.turns(
+            args.session, thread=args.thread, status=args.status, limit=args.limit, after=args.after
+        )
 
         def text() -> None:
             for t in found:
@@ -222,28 +208,20 @@ async def turns(settings: Settings, args: argparse.Namespace) -> int:
         _print(found, args.json, text)
         return 0
 
-    return await with_store(settings, work)
-
 
 async def history(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(store: BrainStore) -> int:
-        found = await verbs.history(store, namespace=settings.namespace, turn_id=args.turn_id)
-        _print(found, args.json, lambda: print_history(found))
-        return 0
-
-    return await with_store(settings, work)
+    async with access(settings, args.url) as brain:
+        found = await brain.history(args.turn_id)
+    _print(found, args.json, lambda: print_history(found))
+    return 0
 
 
 async def close(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(store: BrainStore) -> int:
-        closed = await verbs.close(
-            store, namespace=settings.namespace, session_id=args.session, thread=args.thread
-        )
-        what = f"thread {args.thread} of session {args.session}" if args.thread else f"session {args.session}"
-        print(f"{what} {'closed' if closed else 'was closed already'}")
-        return 0
-
-    return await with_store(settings, work)
+    async with access(settings, args.url) as brain:
+        closed = await brain.close(args.session, args.thread)
+    what = f"thread {args.thread} of session {args.session}" if args.thread else f"session {args.session}"
+    print(f"{what} {'closed' if closed else 'was closed already'}")
+    return 0
 
 
 # ---- controls ---------------------------------------------------------------------------------
@@ -251,20 +229,13 @@ async def close(settings: Settings, args: argparse.Namespace) -> int:
 
 async def control(settings: Settings, args: argparse.Namespace) -> int:
     """steer, inject, withdraw, pause, resume and cancel: one receipt each."""
-    kind = controls.Kind(args.command)
-
-    async def work(store: BrainStore) -> int:
-        receipt = await controls.control(
-            store, namespace=settings.namespace, turn_id=args.turn_id, request_id=args.request_id or new_id(),
-            kind=kind, topology=Topology(settings.queue_prefix), wake_channel=wake_channel(settings),
-            text=getattr(args, "text", None), revision=getattr(args, "revision", None),
-            target=getattr(args, "control_id", None),
+    async with access(settings, args.url) as brain:
+        said = await brain.control(
+            args.turn_id, args.command, args.request_id, text=getattr(args, "text", None),
+            revision=getattr(args, "revision", None), control_id=getattr(args, "control_id", None),
         )  # fmt: skip
-        said = receipt.as_dict()
-        _print(said, args.json, lambda: print(receipt_line(said)))
-        return EXIT_REJECTED if receipt.status == "rejected" else 0
-
-    return await with_store(settings, work)
+    _print(said, args.json, lambda: print(receipt_line(said)))
+    return EXIT_REJECTED if said["status"] == "rejected" else 0
 
 
 def receipt_line(r: dict[str, Any]) -> str:
@@ -284,31 +255,29 @@ async def respond(settings: Settings, args: argparse.Namespace) -> int:
     else:
         result, decision = None, "approve" if args.approve else "deny"
 
-    async def work(store: BrainStore) -> int:
-        receipt = await controls.respond(
-            store, namespace=settings.namespace, turn_id=args.turn_id, request_id=args.request_id or new_id(),
-            call=args.call, decision=decision, result=result, reason=args.deny or None,
-            wake_channel=wake_channel(settings),
+    async with access(settings, args.url) as brain:
+        said = await brain.respond(
+            args.turn_id, args.request_id, call=args.call, decision=decision, result=result,
+            reason=args.deny or None,
         )  # fmt: skip
-        said = receipt.as_dict()
-        _print(said, args.json, lambda: print(receipt_line(said)))
-        return EXIT_REJECTED if receipt.status == "rejected" else 0
-
-    return await with_store(settings, work)
+    _print(said, args.json, lambda: print(receipt_line(said)))
+    return EXIT_REJECTED if said["status"] == "rejected" else 0
 
 
 async def receipts(settings: Settings, args: argparse.Namespace) -> int:
-    async def work(store: BrainStore) -> int:
-        found = [
-            r.as_dict()
-            for r in await controls.receipts(store, namespace=settings.namespace, turn_id=args.turn_id)
-        ]
+    async with access(settings, args.url) as brain:
+        found = await brain.receipts(args.turn_id)
+    for r in found if not args.json else ():
+        print(receipt_line(r))
+    if args.json:
+        print(json.dumps(found, indent=2, default=str))
+    return 0
 
-        def text() -> None:
-            for r in found:
-                print(receipt_line(r))
 
-        _print(found, args.json, text)
-        return 0
-
-    return await with_store(settings, work)
+async def watch(settings: Settings, args: argparse.Namespace) -> int:
+    """Follow a turn live in the terminal, through the HTTP API (resumes after Ctrl-C)."""
+    url = args.url or settings.url or f"http://{settings.http}"
+    async with AsyncClient(url, settings.token or None) as client:
+        return await follow(
+            client, args.turn_id, console=Console(highlight=False), from_start=args.from_start
+        )

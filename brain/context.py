@@ -4,17 +4,21 @@ committers and knobs. Made once by ``brain.app``; nothing here is global."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from brain.agents import FrozenThreads
 from brain.history import HistoryCache
+from brain.metrics import BrainMetrics
 from brain.models import Models
 from brain.previews import Previews
 from brain.relay import CommandRelay, ControlRelay
-from brain.store import BrainStore, Move, Moved
+from brain.states import TERMINAL_TURN
+from brain.store import BrainStore, Move, Moved, Settled
 from infra.groupcommit import GroupCommit
 from infra.killpoints import KillPoints
 from infra.payloads import PayloadCodec
+from infra.tracing import Tracing
 from infra.transport import Topology
 
 
@@ -41,6 +45,8 @@ class BrainContext:
     moves: GroupCommit[Move, Moved] = field(init=False)
     models: Models = field(default_factory=Models)  # the model adapters, made once per spec
     previews: Previews = field(default_factory=Previews)  # streamed pieces of replies in progress
+    metrics: BrainMetrics = field(default_factory=BrainMetrics)
+    tracing: Tracing = field(default_factory=lambda: Tracing(None))
 
     def __post_init__(self) -> None:
         self.threads = FrozenThreads(self.store)
@@ -52,6 +58,26 @@ class BrainContext:
             order=lambda m: m.before.id,
             single=lambda moves: True,  # commit_moves: one statement (the refusals are reads)
         )
+
+    async def move(self, move: Move) -> Moved:
+        """Commit a run's move (in a transaction shared with the moves ready together); one that
+        ends its turn is measured and traced."""
+        moved = await self.moves.submit(move)
+        after = moved.row
+        if after.status in TERMINAL_TURN and move.before.status not in TERMINAL_TURN:
+            self.ended(after.id, str(after.status), after.created_at)
+        return moved
+
+    def ended(self, turn_id: str, status: str, created_at: datetime | None) -> None:
+        """A turn ended here: its latency, and its span (recorded once it is whole)."""
+        self.metrics.turn_ended(status, created_at)
+        self.tracing.turn_ended(turn_id, status, created_at)
+
+    def failed(self, settled: Settled) -> None:
+        """A turn failed from outside a move (its run's error, a claim at its limit, a route that
+        never answers): the cancels of its open executions go out, and it ended here."""
+        self.controls.send(settled.controls)
+        self.ended(settled.turn_id, "failed", settled.created_at)
 
     async def _commit_moves(self, conn: Any, moves: list[Move]) -> list[Moved | Exception]:
         """The runs' moves that are ready together, in one transaction; a refused one is told why."""

@@ -155,7 +155,7 @@ async def drive(ctx: BrainContext, row: TurnRow) -> None:
         while current.status is TurnStatus.RUNNING and current.lease_owner == ctx.owner:
             if current.pending:
                 # Controls came during this run's phase: a claim applies them at this boundary.
-                moved = await ctx.moves.submit(moves.hand_back(current))
+                moved = await ctx.move(moves.hand_back(current))
                 ctx.history.committed(current, moved.row, moved.seq, ())
                 return
             if current.phase is TurnPhase.MODEL_REQUEST:
@@ -203,17 +203,24 @@ async def model_request(ctx: BrainContext, row: TurnRow) -> TurnRow:
     model = ctx.models.get(agent.model)
     ctx.killpoints.hit("brain.before_model_call", str(row.model_calls + 1))
     started = time.perf_counter()
-    reply = await model.complete(
-        instructions=agent.instructions,
-        history=history,
-        turn_id=row.id,
-        tools=list(bindings.values()),
-        on_delta=ctx.previews.sink(row.session_id, row.id),
-    )
-    call: dict[str, Any] = {
-        "number": row.model_calls + 1,
-        "latency_ms": round((time.perf_counter() - started) * 1000, 1),
-    }
+    attributes: dict[str, str | int] = {"tendon.turn_id": row.id, "tendon.model_call": row.model_calls + 1}
+    with ctx.tracing.tracer.start_as_current_span(
+        "model call", context=ctx.tracing.under_turn(row.id), attributes=attributes
+    ) as span:
+        try:
+            reply = await model.complete(
+                instructions=agent.instructions,
+                history=history,
+                turn_id=row.id,
+                tools=list(bindings.values()),
+                on_delta=ctx.previews.sink(row.session_id, row.id),
+            )
+        except Exception:
+            ctx.metrics.model_seconds.labels("failed").observe(time.perf_counter() - started)
+            raise
+    elapsed = time.perf_counter() - started
+    ctx.metrics.model_seconds.labels("replied").observe(elapsed)
+    call: dict[str, Any] = {"number": row.model_calls + 1, "latency_ms": round(elapsed * 1000, 1)}
     if reply.model:
         call["model"] = reply.model
     message: dict[str, Any] = {"text": reply.content}
@@ -231,12 +238,13 @@ async def model_request(ctx: BrainContext, row: TurnRow) -> TurnRow:
     if calls:
         try:
             intents = await build_intents(
-                ctx, row, bindings, calls, detailed=agent.journal == "detailed", approvals=agent.approvals
-            )
+                ctx, row, bindings, calls, detailed=agent.journal == "detailed", approvals=agent.approvals,
+                trace=ctx.tracing.carried(span),
+            )  # fmt: skip
         except TendonError as exc:
             log.warning("intents_not_built", error=exc.message)  # the dispatch phase meets it again
     move = moves.reply(row, message, reply.usage, call=call, intents=intents, first_look=ctx.first_look)
-    moved = await ctx.moves.submit(move)
+    moved = await ctx.move(move)
     refused = {i.execution_id: refused_row(i) for i in intents or () if not i.sends}
     ctx.history.committed(row, moved.row, moved.seq, move.facts, refused)
     if intents:
@@ -261,9 +269,10 @@ async def dispatch(ctx: BrainContext, row: TurnRow) -> TurnRow:
         last.content["tool_calls"],
         detailed=agent.journal == "detailed",
         approvals=agent.approvals,
+        trace=ctx.tracing.turn_parent(row.id),
     )
     move = moves.dispatch(row, intents, first_look=ctx.first_look)
-    moved = await ctx.moves.submit(move)
+    moved = await ctx.move(move)
     ctx.history.committed(row, moved.row, moved.seq, move.facts)
     sent(ctx, intents)
     return moved.row
@@ -298,7 +307,7 @@ async def end_run_after(ctx: BrainContext, row: TurnRow, exc: Exception) -> None
         move = moves.retry(row, retries=retries, delay=delay, error=describe(exc))
         try:
             await patiently(
-                lambda: ctx.moves.submit(move),
+                lambda: ctx.move(move),
                 what="the retry of an interrupted run",
                 patience=ctx.lease_seconds,
             )
@@ -331,4 +340,4 @@ async def fail(ctx: BrainContext, row: TurnRow, error: dict[str, str]) -> None:
         log.warning("failure_not_recorded", error=repr(exc))
         return
     if settled is not None:
-        ctx.controls.send(settled.controls)
+        ctx.failed(settled)

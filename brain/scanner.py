@@ -145,7 +145,7 @@ class RepairScanner:
         if done.messages:
             await self.publish(done.messages)
         for settled in done.settled:
-            self.ctx.controls.send(settled.controls)
+            self.ctx.failed(settled)
         return len(done.messages) + sum(len(s.controls) for s in done.settled)
 
     async def _look_at(

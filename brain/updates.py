@@ -12,6 +12,7 @@ batch is applied; an object that fails verification also fails its turn.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,13 +79,19 @@ class UpdateConsumer:
         applied = await self.ctx.store.apply_events(
             conn, ranges, wake_channel=self.ctx.wake_channel, budget=budget
         )
-        return [refused if refused is not None else claimed for refused, claimed in applied.outcomes()]
+        results: list[Any] = []
+        for events, (refused, claimed) in zip(ranges, applied.outcomes(), strict=True):
+            mine = dict.fromkeys(e.execution_id for e in events)
+            ended = [applied.ended[e] for e in mine if e in applied.ended]
+            results.append(refused if refused is not None else (claimed, ended))
+        return results
 
     async def handle(self, message: Delivery) -> None:
         """Apply one message; whatever happens, it is acked, parked or requeued."""
         await handle_patiently(message, self._handle, what="an update")
 
     async def _handle(self, message: Delivery) -> None:
+        arrived = time.monotonic()
         try:
             envelope = decode(message.body)
         except ProtocolError as exc:
@@ -111,6 +118,8 @@ class UpdateConsumer:
                     )
                     if self.scheduler is not None:
                         self.scheduler.adopt(row)
+        if len(refused) < len(ranges):
+            self.ctx.metrics.apply_seconds.observe(time.monotonic() - arrived)
         for events in ranges:
             for event in events:
                 self.ctx.killpoints.hit("brain.after_apply_commit", event.kind)  # committed, not acked
@@ -137,9 +146,11 @@ class UpdateConsumer:
                 }
                 await self._fail_turn_of(first, error)
                 raise ObjectRefError(error["message"]) from exc
-            claimed: list[TurnRow] = await self.applier.submit(resolved)
+            claimed, ended = await self.applier.submit(resolved)
+            for tool in ended:
+                self.ctx.metrics.tool_ended(tool.tool, tool.status, tool.created_at)
             log.debug("update_applied", events=len(resolved), claimed=len(claimed))
-            return claimed
+            return claimed  # type: ignore[no-any-return]
 
     async def _fail_turn_of(self, header: Any, error: dict[str, str]) -> None:
         """Fail the turn of the execution an unverifiable update names, if the update's header is
@@ -157,7 +168,7 @@ class UpdateConsumer:
 
         settled = await store.transact(work)
         if settled is not None:
-            self.ctx.controls.send(settled.controls)
+            self.ctx.failed(settled)
 
     async def surface_parked(self, conn: Any, envelope: Any, reason: str) -> str | None:
         """Updates parked for good: a turn cannot go on past them, so it fails, saying why (unless

@@ -44,6 +44,7 @@ from infra.parked import ParkedConsumer
 from infra.payloads import PayloadCodec, open_payload_codec
 from infra.registrations import WorkerRegistration
 from infra.settings import Settings
+from infra.tracing import open_tracing
 from infra.transport import Consumer, Transport
 from protocol import BindingsAnnouncement, BindingsBody, StaleOwnerError
 
@@ -159,6 +160,7 @@ class HandsApp:
             worker_id=self.worker_id,
             kill=self.kill,
             concurrency=self.concurrency,
+            tracing=self._stack.enter_context(open_tracing(s.otlp_endpoint, "tendon-hands")),
         )
         self.recovery = RecoveryScanner(
             route=self.route,

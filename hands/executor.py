@@ -62,11 +62,13 @@ class Executor(Outcomes):
     # ---- running -----------------------------------------------------------------------
 
     async def run(
-        self, execution_id: str, reason: StartReason = "first_run", row: Execution | None = None
-    ) -> None:
+        self, execution_id: str, reason: StartReason = "first_run", row: Execution | None = None,
+        trace: str | None = None,
+    ) -> None:  # fmt: skip
         """Start (or re-start) the body of an execution this worker owns and save its outcome.
         ``row``: the ledger row as the caller just committed it (RUNNING already: a safe tool
-        accepted and started in one commit)."""
+        accepted and started in one commit). ``trace``: the span of the Brain's that asked for it
+        (a re-run after a crash starts a trace of its own)."""
         row = row or await self._row(execution_id)
         self._rows[execution_id] = row  # as committed just now: the next change can go by it
         with bound_contextvars(execution_id=execution_id, turn_id=row.turn_id, tool=row.tool):
@@ -92,7 +94,15 @@ class Executor(Outcomes):
             if attempt is None:
                 log.info("execution_cancelled_before_start")
                 return
-            await self._body(row, tool, attempt)
+            attributes = {
+                "tendon.turn_id": row.turn_id,
+                "tendon.execution_id": execution_id,
+                "tendon.attempt": attempt,
+            }
+            with self.tracing.tracer.start_as_current_span(
+                f"execute {row.tool}", context=self.tracing.parent(trace), attributes=attributes
+            ):
+                await self._body(row, tool, attempt)
 
     async def _start(self, execution_id: str, reason: StartReason, *, cancel_asked: bool) -> int | None:
         """Start the body (the attempt's number), or, if a cancel was asked for (here, in the row

@@ -21,6 +21,7 @@ from hands.writer import LedgerWriter
 from infra.db import describe, storable
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
+from infra.tracing import Tracing
 from protocol import (
     FailedBody,
     OutputPageBody,
@@ -54,12 +55,14 @@ class Outcomes(Tasks):
         worker_id: str,
         kill: KillPoints,
         concurrency: int,
+        tracing: Tracing | None = None,
     ) -> None:
         super().__init__(worker_id, concurrency)
         self.ledger = ledger
         self.writer = writer
         self.registry = registry
         self.kill = kill
+        self.tracing = tracing or Tracing(None)
 
     # ---- saving ------------------------------------------------------------------------
 

@@ -259,7 +259,9 @@ class CommandConsumer:
                 self._kill.hit("hands.after_accept_commit", body.call_id)
                 await self._ack(message)
                 if reserved:
-                    ex.launch(execution_id, partial(ex.run, execution_id, row=outcome.row))
+                    ex.launch(
+                        execution_id, partial(ex.run, execution_id, row=outcome.row, trace=command.trace)
+                    )
                     launched = True
                 return launched
             if not await self._same_request(message, outcome.row, command):

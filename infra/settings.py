@@ -102,7 +102,19 @@ class Settings(BaseSettings):
     )
     operator_tokens: str = Field(
         default="",
-        description="SHA256 hashes (comma-separated) of the tokens of operators (reconcile, parked)",
+        description="SHA256 hashes (comma-separated) of the tokens of operators (reconcile, parked, "
+        "`/metrics`)",
+    )
+    url: str = Field(
+        default="",
+        description="the HTTP API the `brain` verbs (submit, show, wait, controls...) use instead of the "
+        "database, e.g. `http://127.0.0.1:8080` (`--url`)",
+    )
+    token: str = Field(default="", description="the bearer token the `brain` verbs send to `TENDON_URL`")
+    otlp_endpoint: str = Field(
+        default="",
+        description="where Brain and Hands send OpenTelemetry traces (OTLP over HTTP, e.g. "
+        "`http://127.0.0.1:4318`); empty: no traces",
     )
     log_format: Literal["auto", "json", "console"] = Field(
         default="auto", description="`console` on a terminal, `json` otherwise (with `auto`)"

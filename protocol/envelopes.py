@@ -148,6 +148,9 @@ class _ExecutionEnvelope(_Envelope):
     namespace: str = Field(min_length=1)
     session_id: str = Field(min_length=1)
     request_digest: str = Field(min_length=64, max_length=64)
+    # The W3C traceparent of the span this message continues (a command: the Brain's model call
+    # that asked for the tool), when tracing is on.
+    trace: str | None = Field(default=None, max_length=128, exclude_if=lambda v: v is None)
 
     @property
     def scope(self) -> str:

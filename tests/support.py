@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -148,6 +149,13 @@ async def delete_queues_and_exchanges(amqp_url: str, queues: list[str], exchange
             await channel.close()
     if errors:
         raise errors[0]
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 async def wait_for(

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
 from brain.api import hash_token
+from brain.api.routes import MAX_WAIT, seconds
 from brain.client import AsyncClient, Client
-from tests.support import Processes, TendonEnv, wait_for
+from protocol import SchemaError
+from tests.support import Processes, TendonEnv, free_port, wait_for
 
 BRAIN = ["-m", "brain", "serve"]
 HANDS_BULK = ["-m", "hands", "serve", "--route", "bulk", "--tools", "tests.brain_e2e_tools"]
@@ -23,12 +25,6 @@ TOKENS = {"acme": "token-of-acme", "other": "token-of-other"}
 OPERATOR = "token-of-the-operator"
 
 pytestmark = pytest.mark.chaos
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def agent(script: list[dict[str, Any]], name: str = "api-agent", **fields: Any) -> dict[str, Any]:
@@ -246,6 +242,30 @@ async def test_a_snapshot_then_follow_misses_nothing_and_repeats_nothing(server:
     assert {e["turn_id"] for e in after} == {late}
 
 
+async def test_a_cursor_older_than_what_is_kept_is_gone_never_silently_skipped(
+    server: Server, tendon: TendonEnv
+) -> None:
+    async with server.client() as http:
+        turn = await submit(http, "s-old", "r1", TOOL_THEN_DONE)
+        assert (await http.get(f"/v1/turns/{turn}", params={"wait": "30"})).json()["status"] == "completed"
+        # What retention does (nothing trims yet): the session's first entries are gone.
+        conn = await asyncpg.connect(tendon.database_url)
+        try:
+            await conn.execute(
+                f"DELETE FROM {tendon.schemas[0]}.journal WHERE session_id = 's-old' AND seq <= 2"
+            )
+        finally:
+            await conn.close()
+        for cursor in (0, 1):
+            events = await http.get("/v1/sessions/s-old/events", params={"cursor": cursor})
+            assert events.status_code == 410 and "snapshot" in events.json()["error"]["message"]
+            stream = await http.get("/v1/sessions/s-old/stream", params={"cursor": cursor})
+            assert stream.status_code == 410, stream.text
+        # From the last trimmed entry on, everything kept is there.
+        kept = (await http.get("/v1/sessions/s-old/events", params={"cursor": 2})).json()["events"]
+        assert kept and kept[0]["seq"] == 3
+
+
 async def test_each_namespace_sees_and_controls_only_its_own(server: Server) -> None:
     async with (
         server.client("acme") as acme,
@@ -319,3 +339,11 @@ async def test_the_openapi_document_describes_every_route(server: Server) -> Non
         "/v1/sessions/{session_id}/stream",
         "/v1/operator/executions/{execution_id}/reconcile",
     } <= set(doc["paths"])
+
+
+def test_a_wait_is_read_as_seconds_capped_at_a_minute_and_anything_else_is_refused() -> None:
+    assert (seconds(None), seconds("30s"), seconds(" 1.5 "), seconds("0")) == (0.0, 30.0, 1.5, 0.0)
+    assert seconds("99999") == MAX_WAIT
+    for bad in ("", "-1", "1m", "30ss", "nan", "1e3"):
+        with pytest.raises(SchemaError):
+            seconds(bad)

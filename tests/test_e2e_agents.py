@@ -5,6 +5,7 @@ threads of a session; and the five-email story told by that model with a Hands k
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 from collections.abc import Iterator
@@ -201,15 +202,18 @@ async def test_threads_of_a_session_run_in_parallel_each_pinned_and_closed_only_
 ) -> None:
     await processes.start_ready("brain", BRAIN, bulk)
     await processes.start_ready("hands", HANDS_BULK, bulk)
-    slow = {"kind": "scripted", "script": [{"tool_calls": [{"tool": "slow_step", "args": {"seconds": 2}}]},
+    # Each CLI call takes a second or two to start: the slow turns outlast the checks below.
+    slow = {"kind": "scripted", "script": [{"tool_calls": [{"tool": "slow_step", "args": {"seconds": 5}}]},
                                            {"content": "slow done"}]}  # fmt: skip
     quick = {"kind": "scripted", "script": [{"content": "quick done"}]}
     a = agent_file(tmp_path, "slow", slow, tools=["slow_step"])
     b = agent_file(tmp_path, "quick", quick)
     obs = Observer(tendon)
     first = await submit(bulk, a, session="s", request="1", thread="research")
-    second = await submit(bulk, a, session="s", request="2", thread="research")  # after the first
-    other = await submit(bulk, b, session="s", request="3", thread="chat")  # beside them
+    second, other = await asyncio.gather(
+        submit(bulk, a, session="s", request="2", thread="research"),  # after the first
+        submit(bulk, b, session="s", request="3", thread="chat"),  # beside them
+    )
 
     # The other thread's turn does not wait for the first thread's
     await obs.wait_turn(other, "completed")

@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from brain.api.auth import Caller, Tokens
+from brain.metrics import BrainMetrics
 from brain.previews import Previews
 from brain.store import BrainStore
 from infra.logging import get_logger
@@ -64,6 +65,7 @@ class Api:
     topology: Topology
     wake_channel: str
     previews: Previews = field(default_factory=Previews)
+    metrics: BrainMetrics = field(default_factory=BrainMetrics)
     # Opens the Hands ledger and payload codec for an operator's reconcile (None: not here).
     reconciler: Callable[..., Awaitable[Any]] | None = None
     poll: float = 0.25  # seconds between looks at the journal while a stream is idle
@@ -79,7 +81,7 @@ def error_body(code: str, message: str) -> dict[str, Any]:
 
 
 def create_app(api: Api) -> FastAPI:
-    from brain.api import operator, routes, stream
+    from brain.api import console, operator, routes, stream
 
     app = FastAPI(
         title="Tendon",
@@ -107,4 +109,6 @@ def create_app(api: Api) -> FastAPI:
     app.include_router(routes.router)
     app.include_router(stream.router)
     app.include_router(operator.router)
+    app.include_router(operator.metrics)
+    app.include_router(console.router)
     return app

@@ -9,6 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from brain.agents import AgentDefinition
 
+# What the record's integer columns hold: a larger number in a request is refused (422).
+INT32 = 2**31 - 1
+INT64 = 2**63 - 1
+
 
 class ErrorDetail(BaseModel):
     code: str = Field(description="a stable code: not_found, conflict, schema_error, gone, unauthorized...")
@@ -45,8 +49,12 @@ class ControlRequest(BaseModel):
     kind: Literal["steer", "inject", "withdraw", "pause", "resume", "cancel"]
     request_id: str | None = Field(default=None, min_length=1, max_length=200, description="idempotency key")
     text: str | None = Field(default=None, description="steer, inject: the input to add")
-    revision: int | None = Field(default=None, description="resume: the turn's revision the caller saw")
-    control_id: int | None = Field(default=None, description="withdraw: the steer or inject to take back")
+    revision: int | None = Field(
+        default=None, ge=0, le=INT32, description="resume: the turn's revision the caller saw"
+    )
+    control_id: int | None = Field(
+        default=None, ge=1, le=INT64, description="withdraw: the steer or inject to take back"
+    )
 
 
 class RespondRequest(BaseModel):

@@ -1,18 +1,20 @@
 """The operator routes: what only an operator token reaches (reconciling an UNKNOWN execution with
-evidence, and the messages the broker parked)."""
+evidence, the messages the broker parked, and the Prometheus metrics)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 
 from brain.api.models import ReconcileRequest
 from brain.api.routes import CallerDep, api_of
+from brain.metrics import CONTENT_TYPE
 from infra.parked import listing as parked_listing
 from protocol import SchemaError, TendonError
 
 router = APIRouter(prefix="/v1/operator", tags=["operator"])
+metrics = APIRouter(tags=["operator"])
 
 
 @router.post("/executions/{execution_id}/reconcile")
@@ -41,3 +43,13 @@ async def parked(
     """The messages the broker parked for the Brain (newest first), and what was done about each."""
     caller.operate()
     return await parked_listing(api_of(request).store, limit)
+
+
+@metrics.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
+async def prometheus(request: Request, caller: CallerDep) -> Response:
+    """This Brain's metrics in Prometheus' text format (scrape it with the operator token)."""
+    caller.operate()
+    api = api_of(request)
+    store = api.store
+    text = await api.metrics.render(lambda: store.read(store.gauges))
+    return Response(text, media_type=CONTENT_TYPE)

@@ -15,6 +15,8 @@ from brain import controls, observe, verbs
 from brain.api.app import Api, caller_of
 from brain.api.auth import Caller
 from brain.api.models import (
+    INT32,
+    INT64,
     ControlRequest,
     ErrorBody,
     EventPage,
@@ -80,7 +82,7 @@ async def turns(
     thread: str | None = None,
     status: TurnStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=INT64)] = 0,
 ) -> list[dict[str, Any]]:
     """A session's turns in accepted order, a page of ``limit`` after turn number ``after``."""
     return await verbs.turns(
@@ -168,7 +170,9 @@ async def respond(turn_id: str, body: RespondRequest, request: Request, caller: 
 
 
 def event_filter(
-    thread: str | None = None, turn: str | None = None, run: int | None = None
+    thread: str | None = None,
+    turn: str | None = None,
+    run: Annotated[int | None, Query(ge=1, le=INT32)] = None,
 ) -> observe.EventFilter:
     return observe.EventFilter(thread=thread, turn=turn, run=run)
 
@@ -182,7 +186,7 @@ async def events(
     request: Request,
     caller: CallerDep,
     where: FilterDep,
-    cursor: Annotated[int, Query(ge=0)] = 0,
+    cursor: Annotated[int, Query(ge=0, le=INT64)] = 0,
     limit: Annotated[int, Query(ge=1, le=observe.MAX_PAGE)] = 100,
 ) -> Any:
     """The session's events after ``cursor`` (each a journal entry, its id its seq); a cursor

@@ -38,7 +38,9 @@ def listen(where: tuple[str, int]) -> socket.socket:
     """The API's socket, bound here so that an address in use is an OSError the caller handles
     (uvicorn would exit the process)."""
     family = socket.AF_INET6 if ":" in where[0] else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
+    # and without it a keep-alive response waits for the client's delayed ACK (40 ms).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(where)

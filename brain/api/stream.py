@@ -21,6 +21,7 @@ from fastapi import APIRouter, Header, Query, Request
 from sse_starlette.sse import EventSourceResponse
 
 from brain import observe
+from brain.api.models import INT64
 from brain.api.routes import CallerDep, FilterDep, api_of
 from protocol import GoneError, SchemaError
 
@@ -35,7 +36,7 @@ async def stream(
     caller: CallerDep,
     where: FilterDep,
     cursor: Annotated[
-        int | None, Query(ge=0, description="follow from here (else Last-Event-ID, else 0)")
+        int | None, Query(ge=0, le=INT64, description="follow from here (else Last-Event-ID, else 0)")
     ] = None,
     previews: bool = False,
     last_event_id: Annotated[str | None, Header()] = None,
@@ -99,6 +100,6 @@ async def _previews_for(pieces: asyncio.Queue[Any] | None, seconds: float) -> As
 def _last_id(value: str | None) -> int:
     if value is None or not value.strip():
         return 0
-    if not value.strip().isdigit():
+    if not value.strip().isdigit() or int(value) > INT64:
         raise SchemaError(f"Last-Event-ID must be an event id (a journal seq), not {value!r}")
     return int(value)

@@ -11,6 +11,7 @@ part (portable base)       what it owns
 ``executions...Rows``      applying Hands' events (waking or claiming their turns)
 ``repairs.RepairRows``     what the repair scan looks at, failing a turn, the controls outbox
 ``controls.ControlRows``   controls (steer, pause, cancel...): their receipts and what they do
+``gauges.GaugeRows``       what the metrics count when scraped (turns and executions by state)
 ``infra.parked``           the parked messages (``ParkedRows``)
 =========================  ==================================================================
 
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from brain.store.controls import ControlRows
+from brain.store.gauges import GaugeRows, Gauges
 from brain.store.pg_events import PgExecutionRows
 from brain.store.pg_turns import PgTurnRows
 from brain.store.records import (
@@ -33,6 +35,7 @@ from brain.store.records import (
     ClaimBudget,
     Claimed,
     Control,
+    Ended,
     Entry,
     Intent,
     Lease,
@@ -53,7 +56,9 @@ __all__ = [
     "ClaimBudget",
     "Claimed",
     "Control",
+    "Ended",
     "Entry",
+    "Gauges",
     "Intent",
     "Lease",
     "Move",
@@ -66,7 +71,7 @@ __all__ = [
 ]
 
 
-class BrainStore(ControlRows, ParkedRows):
+class BrainStore(ControlRows, GaugeRows, ParkedRows):
     """The portable store (what the embedded mode runs on SQLite)."""
 
 

@@ -18,11 +18,12 @@ from brain import facts
 from brain.applying import Effect, Execution, effect, late_note
 from brain.sequencing import drainable
 from brain.states import TERMINAL_EXECUTION, ExecutionStatus
-from brain.store.records import TURN_COLUMNS, Applied, ClaimBudget, TurnRow
+from brain.store.records import TURN_COLUMNS, Applied, ClaimBudget, Ended, TurnRow
 from brain.store.steps import StepRows
 from brain.store.turns import FINAL_SQL
 from infra.db import Json
 from infra.logging import get_logger
+from infra.store import as_time
 from protocol import ConflictError, NotFoundError, RoutingError, TendonError, decode, encode
 
 
@@ -57,7 +58,7 @@ log = get_logger(__name__)
 NAMED_COLUMNS = """e.id, e.turn_id, e.tool_step, e.call_id, e.tool, e.status, e.last_seq, e.attempts,
                    e.result,
                    e.how, e.evidence, e.output_bytes, e.error, e.request_digest, e.holding, e.nudges,
-                   e.journal_detail"""
+                   e.journal_detail, e.created_at"""
 _NAMED = f"""SELECT {NAMED_COLUMNS}, t.namespace, t.session_id, t.thread_id, t.status AS turn_status,
                      t.phase AS turn_phase, t.cancel_requested AS turn_cancelling
               FROM executions e JOIN turns t ON t.id = e.turn_id WHERE e.id = $1"""
@@ -142,6 +143,11 @@ class ExecutionRows(StepRows):
             if plan is not None:
                 planned.append(plan)
         applied = await self._commit_apply(conn, planned, touched, wake_channel, budget)
+        applied.ended = {
+            p.row["id"]: Ended(p.row["tool"], str(p.effect.status), as_time(p.row["created_at"]))
+            for p in planned
+            if p.effect.terminal
+        }
         applied.refused = [
             next((refusals[e.execution_id] for e in events if e.execution_id in refusals), None)
             for events in ranges

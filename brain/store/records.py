@@ -228,6 +228,7 @@ class Settled:
 
     turn_id: str
     controls: list[Control] = field(default_factory=list)
+    created_at: datetime | None = None  # when the turn was accepted
 
 
 @dataclass
@@ -246,6 +247,15 @@ class ClaimBudget:
         return True
 
 
+@dataclass(frozen=True)
+class Ended:
+    """An execution an apply ended: its tool, how, and when its intent was committed."""
+
+    tool: str
+    status: str
+    created_at: datetime
+
+
 @dataclass
 class Applied:
     """What one apply of several executions' events did: per range, None or the error that
@@ -256,6 +266,7 @@ class Applied:
     woken: int = 0
     claimed: list[TurnRow] = field(default_factory=list)
     claimed_by: list[list[TurnRow]] = field(default_factory=list)
+    ended: dict[str, Ended] = field(default_factory=dict)  # by execution id: the tools it ended
 
     def outcomes(self) -> list[tuple[Exception | None, list[TurnRow]]]:
         return list(zip(self.refused, self.claimed_by or [[] for _ in self.refused], strict=True))

@@ -144,7 +144,7 @@ class RepairRows(ExecutionRows):
                        waiting_for = NULL, lease_epoch = lease_epoch + 1, revision = revision + 1,
                        updated_at = now()
                  WHERE id = $1 AND status NOT IN {TERMINAL_SQL} AND ({fence})
-             RETURNING session_id, thread_id, namespace, phase""",
+             RETURNING session_id, thread_id, namespace, phase, created_at""",
             turn_id,
             error,
             *owned,
@@ -162,7 +162,7 @@ class RepairRows(ExecutionRows):
         )  # fmt: skip
         if wake_channel is not None:
             await conn.execute("SELECT pg_notify($1, '')", wake_channel)
-        return Settled(turn_id, controls)
+        return Settled(turn_id, controls, as_time(row["created_at"]))
 
     async def reject_received(self, conn: Any, turn_id: str, reason: str) -> list[dict[str, Any]]:
         """Reject the controls of a turn that ended before they could be applied; their facts."""
