@@ -1,12 +1,24 @@
-# One image, two entry points: `brain serve` and `hands serve --route NAME --tools MODULE`.
+# One image, two entry points: `brain serve` and `hands serve --route NAME --tools MODULE`
+# (docker-compose.yml runs both, and the example mailbox, from it).
 FROM python:3.11-slim
+
 WORKDIR /app
+# Exactly what the package is: pyproject's packages.find (brain, hands, protocol, infra, examples)
+# and its package-data; README.md is the project's readme. .dockerignore keeps caches out.
 COPY pyproject.toml README.md ./
 COPY brain brain
 COPY hands hands
 COPY protocol protocol
 COPY infra infra
 COPY examples examples
-RUN pip install --no-cache-dir .
-ENV PYTHONUNBUFFERED=1 TENDON_LOG_FORMAT=json
+# Every dependency ships as a wheel for this Python, so no compiler is installed; the build's
+# leftovers go in the same layer.
+RUN pip install --no-cache-dir . \
+    && rm -rf build tendon.egg-info \
+    && useradd --create-home --uid 10001 tendon
+
+# Not root. Its home keeps `brain watch`'s resume points (~/.cache); /app stays read-only to it.
+# Relative paths such as examples/notice_agent.json resolve from /app.
+USER tendon
+ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TENDON_LOG_FORMAT=json
 CMD ["brain", "serve"]

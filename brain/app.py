@@ -30,6 +30,7 @@ from infra.parked import ParkedConsumer
 from infra.payloads import PayloadCodec, open_payload_codec
 from infra.registrations import WorkerRegistration
 from infra.settings import Settings
+from infra.startup import wait_for
 from infra.tracing import open_tracing
 from infra.transport import Topology, Transport
 
@@ -40,9 +41,15 @@ def wake_channel(settings: Settings) -> str:
     return f"{settings.brain_schema}_wake"
 
 
-async def open_store(settings: Settings) -> BrainStore:
-    """The migrated Brain store on PostgreSQL (used by `serve` and the CLI verbs)."""
-    pool = await create_pool(settings.database_url, settings.brain_schema, max_size=settings.concurrency + 6)
+async def open_store(settings: Settings, *, patience: float = 0.0) -> BrainStore:
+    """The migrated Brain store on PostgreSQL (used by `serve` and the CLI verbs), waiting up to
+    ``patience`` seconds for the database to answer."""
+    pool = await wait_for(
+        partial(create_pool, settings.database_url, settings.brain_schema, max_size=settings.concurrency + 6),
+        service="PostgreSQL",
+        url=settings.database_url,
+        patience=patience,
+    )
     try:
         return await open_brain_store(pool, settings.brain_schema)
     except BaseException:
@@ -65,13 +72,20 @@ class Backends:
 
 @asynccontextmanager
 async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
-    """The distributed backends, opened in order and closed in reverse."""
+    """The distributed backends, opened in order (each waited for, ``TENDON_SERVICE_WAIT_SECONDS``)
+    and closed in reverse."""
+    patience = settings.service_wait_seconds
     async with AsyncExitStack() as stack:
-        store = await open_store(settings)
+        store = await open_store(settings, patience=patience)
         stack.push_async_callback(store.close)
-        codec = await stack.enter_async_context(open_payload_codec(settings))
+        codec = await stack.enter_async_context(open_payload_codec(settings, patience=patience))
         broker = await stack.enter_async_context(
-            Broker(settings.amqp_url, Topology(settings.queue_prefix), delivery_limit=settings.delivery_limit)
+            Broker(
+                settings.amqp_url,
+                Topology(settings.queue_prefix),
+                delivery_limit=settings.delivery_limit,
+                patience=patience,
+            )
         )
         listener = await stack.enter_async_context(Listener(settings.database_url))
         register = partial(WorkerRegistration, settings.database_url, settings.brain_schema, "brain")
@@ -259,12 +273,14 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
         # First no new runs: an update applied from now on wakes its turn without claiming it
         # for this Brain (a run that would never start here).
         scheduler.close()
-        # Nothing waits in memory, so cancelling mid-phase only loses uncommitted work,
-        # which the next run redoes from the last committed phase.
+        # Runs in progress may reach their next commit (a model reply, the intents of tools) for
+        # up to TENDON_DRAIN_SECONDS while the relays still publish; a Brain presumed dead is
+        # fenced out already and stops at once. Nothing waits in memory, so cancelling mid-phase
+        # only loses uncommitted work, which the next run redoes from the last committed phase.
+        await scheduler.stop(0.0 if liveness.lost.is_set() else settings.drain_seconds)
         for task in tasks:
             task.remove_done_callback(on_task_end)
             task.cancel()
-        await scheduler.stop()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task

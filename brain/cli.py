@@ -64,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
         "serve",
         help="run a Brain process until SIGTERM/SIGINT, with its HTTP API",
         description="Run a Brain: it claims turns, calls the model and applies tool results, and "
-        "serves the HTTP API (OpenAPI at /openapi.json) on TENDON_HTTP (127.0.0.1:8080).",
+        "serves the HTTP API (OpenAPI at /openapi.json) on TENDON_HTTP (127.0.0.1:8080). It waits "
+        "for PostgreSQL, RabbitMQ and S3 at start (TENDON_SERVICE_WAIT_SECONDS); on SIGTERM its runs "
+        "reach their next commit (TENDON_DRAIN_SECONDS) and it hands its turns back.",
     )
     s.add_argument("--concurrency", type=int, help="turns driven at once (TENDON_CONCURRENCY)")
     s.add_argument("--http", metavar="HOST:PORT", help="where to serve the HTTP API, or off (TENDON_HTTP)")

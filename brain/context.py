@@ -42,6 +42,9 @@ class BrainContext:
     # Turns whose runs are in progress in this process: the liveness keeper renews their leases,
     # so a phase longer than a lease (a slow model call) is not taken over while this Brain lives.
     active: set[str] = field(default_factory=set)
+    # Set when this Brain stops: a run returns after its next commit, holding the turn's lease
+    # until the retirement hands it back (no phase is cut in the middle unless the drain runs out).
+    draining: bool = False
     moves: GroupCommit[Move, Moved] = field(init=False)
     models: Models = field(default_factory=Models)  # the model adapters, made once per spec
     previews: Previews = field(default_factory=Previews)  # streamed pieces of replies in progress

@@ -139,13 +139,21 @@ class Scheduler:
             task.cancel()
         return hinted in done and hinted.result()
 
-    async def stop(self) -> None:
-        """Cancel the runs in progress: nothing waits in memory, the next run redoes what did not
-        commit (from the last committed phase)."""
+    async def stop(self, drain: float) -> None:
+        """Let the runs in progress reach their next commit for up to ``drain`` seconds, then
+        cancel the rest: nothing waits in memory, the next run redoes what did not commit (from
+        the last committed phase)."""
         tasks = list(self.tasks.values())
-        for task in tasks:
+        if not tasks:
+            return
+        self.ctx.draining = True
+        pending = set(tasks)
+        if drain > 0:
+            _, pending = await asyncio.wait(tasks, timeout=drain)
+        log.info("brain_drained", finished=len(tasks) - len(pending), cut_short=len(pending), drain=drain)
+        for task in pending:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 async def drive(ctx: BrainContext, row: TurnRow) -> None:
@@ -153,6 +161,8 @@ async def drive(ctx: BrainContext, row: TurnRow) -> None:
     current = row
     try:
         while current.status is TurnStatus.RUNNING and current.lease_owner == ctx.owner:
+            if ctx.draining and current is not row:
+                return  # this Brain is stopping: the phase committed, the retirement hands it back
             if current.pending:
                 # Controls came during this run's phase: a claim applies them at this boundary.
                 moved = await ctx.move(moves.hand_back(current))

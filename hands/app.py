@@ -44,6 +44,7 @@ from infra.parked import ParkedConsumer
 from infra.payloads import PayloadCodec, open_payload_codec
 from infra.registrations import WorkerRegistration
 from infra.settings import Settings
+from infra.startup import wait_for
 from infra.tracing import open_tracing
 from infra.transport import Consumer, Transport
 from protocol import BindingsAnnouncement, BindingsBody, StaleOwnerError
@@ -75,7 +76,7 @@ class HandsApp:
         tools: str,
         kill: KillPoints | None = None,
         concurrency: int | None = None,
-        grace: float = 10.0,
+        grace: float | None = None,
         backends: HandsBackends | None = None,
     ) -> None:
         self.settings = settings
@@ -84,7 +85,7 @@ class HandsApp:
         self.tools_spec = tools
         self.kill = kill or KillPoints()
         self.concurrency = concurrency or settings.concurrency
-        self.grace = grace
+        self.grace = settings.drain_seconds if grace is None else grace
         self.topology = Topology(settings.queue_prefix)
         self.registry: ToolRegistry | None = None
         self.worker_id = ""
@@ -243,14 +244,21 @@ class HandsApp:
         raise StaleOwnerError(reason)
 
     async def _open_backends(self) -> HandsBackends:
-        """The distributed backends, closed with the app."""
+        """The distributed backends, each waited for (``TENDON_SERVICE_WAIT_SECONDS``), closed with
+        the app."""
         s = self.settings
-        pool = await create_pool(s.ledger_database_url, s.hands_schema, max_size=self.concurrency + 6)
+        patience = s.service_wait_seconds
+        pool = await wait_for(
+            partial(create_pool, s.ledger_database_url, s.hands_schema, max_size=self.concurrency + 6),
+            service="PostgreSQL",
+            url=s.ledger_database_url,
+            patience=patience,
+        )
         self._stack.push_async_callback(pool.close)
         ledger = ledger_for(pool)
-        codec = await self._stack.enter_async_context(open_payload_codec(s))
+        codec = await self._stack.enter_async_context(open_payload_codec(s, patience=patience))
         broker = await self._stack.enter_async_context(
-            Broker(s.amqp_url, self.topology, delivery_limit=s.delivery_limit)
+            Broker(s.amqp_url, self.topology, delivery_limit=s.delivery_limit, patience=patience)
         )
         register = partial(WorkerRegistration, s.ledger_database_url, s.hands_schema, "hands")
         return HandsBackends(ledger, broker, codec, register)

@@ -57,8 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="serve the tools of one route until SIGTERM/SIGINT",
         description="Load the tools declared for ROUTE, announce their bindings, and execute "
-        "commands from the route's queue. SIGTERM or SIGINT drains: no new commands, running "
-        "tools get --grace seconds to finish.",
+        "commands from the route's queue. It waits for its services at start "
+        "(TENDON_SERVICE_WAIT_SECONDS). SIGTERM or SIGINT drains: no new commands, running tools get "
+        "--grace seconds to finish, what is still running then is handed back to the pool.",
     )
     serve.add_argument("--route", required=True, help="the route (pool name) to serve, e.g. email")
     serve.add_argument(
@@ -77,9 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--grace",
         type=float,
-        default=10.0,
+        default=None,
         metavar="SECONDS",
-        help="on shutdown, how long running tools may take to finish (default: 10)",
+        help="on shutdown, how long running tools may take to finish (default: TENDON_DRAIN_SECONDS)",
     )
     serve.set_defaults(func=_serve)
 

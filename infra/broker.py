@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -30,12 +31,12 @@ from aiormq.exceptions import (
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
-    retry_if_exception_type,
     stop_after_delay,
     wait_exponential,
 )
 
 from infra.logging import get_logger
+from infra.startup import wait_for
 from infra.transport import REASON_HEADER, Topology
 
 if TYPE_CHECKING:
@@ -54,10 +55,13 @@ SETUP_PATIENCE = 30.0
 class Broker:
     """One connection, one confirming publish channel, and one channel per consumer."""
 
-    def __init__(self, url: str, topology: Topology, *, delivery_limit: int = 5) -> None:
+    def __init__(
+        self, url: str, topology: Topology, *, delivery_limit: int = 5, patience: float = 30.0
+    ) -> None:
         self.url = url
         self.topology = topology
         self.delivery_limit = delivery_limit
+        self.patience = patience  # how long opening waits for RabbitMQ to answer
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractChannel | None = None
         self._declared: set[str] = set()
@@ -65,15 +69,9 @@ class Broker:
         self._inspection: AbstractChannel | None = None  # for waiting(); see there
 
     async def __aenter__(self) -> Broker:
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type((ConnectionError, OSError)),
-            stop=stop_after_delay(30),
-            wait=wait_exponential(multiplier=0.1, max=2),
-            reraise=True,
-        ):
-            with attempt:
-                # Reconnect a second after a lost connection, not aio-pika's default five.
-                self._connection = await aio_pika.connect_robust(self.url, reconnect_interval=1)
+        # Reconnect a second after a lost connection, not aio-pika's default five.
+        connect = partial(aio_pika.connect_robust, self.url, reconnect_interval=1)
+        self._connection = await wait_for(connect, service="RabbitMQ", url=self.url, patience=self.patience)
         assert self._connection is not None
         self._channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
         return self

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from infra.settings import Settings
+from infra.startup import wait_for
 from protocol import ObjectRef, ObjectRefError, body_bytes, decode, dumps, loads, with_body
 
 _SCOPE = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
@@ -165,14 +166,21 @@ class PayloadCodec:
 
 
 @asynccontextmanager
-async def open_payload_codec(settings: Settings) -> AsyncIterator[PayloadCodec]:
-    """The codec a process uses: S3-backed when ``TENDON_S3_ENDPOINT_URL`` is set."""
+async def open_payload_codec(settings: Settings, *, patience: float = 0.0) -> AsyncIterator[PayloadCodec]:
+    """The codec a process uses: S3-backed when ``TENDON_S3_ENDPOINT_URL`` is set (waiting up to
+    ``patience`` seconds for the object store to answer)."""
     if not settings.s3_endpoint_url:
         yield PayloadCodec(None, settings.offload_threshold)
         return
     from infra.objectstore import S3ObjectStore  # boto3 is only loaded when S3 is in use
 
-    async with S3ObjectStore(
+    store = S3ObjectStore(
         bucket=settings.s3_bucket, endpoint_url=settings.s3_endpoint_url, region=settings.s3_region
-    ) as store:
+    )
+    await wait_for(
+        store.__aenter__, service="the object store", url=settings.s3_endpoint_url, patience=patience
+    )
+    try:
         yield PayloadCodec(store, settings.offload_threshold)
+    finally:
+        await store.__aexit__(None, None, None)

@@ -7,6 +7,7 @@ import time. ``python -m infra.settings`` prints every setting as the table READ
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field
@@ -88,6 +89,18 @@ class Settings(BaseSettings):
     )
     binding_wait_seconds: float = Field(
         default=60.0, gt=0, description="how long a new turn waits for its tools to be announced"
+    )
+    service_wait_seconds: float = Field(
+        default=math.inf,
+        ge=0,
+        description="how long `brain serve` and `hands serve` wait at start for PostgreSQL, RabbitMQ "
+        "and S3 to answer (saying what they wait for every few seconds) before exiting; `inf`: forever",
+    )
+    drain_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description="on SIGTERM, how long a Hands worker lets running tools finish (the rest are handed "
+        "back) and a Brain lets its runs reach their next commit, before they exit",
     )
 
     http: str = Field(

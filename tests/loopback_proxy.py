@@ -22,8 +22,9 @@ class LoopbackProxy:
 
     default_port: int
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, port: int = 0) -> None:
         self._parts = urlsplit(url)
+        self._port = port  # where to listen (0: a free port)
         self._target = (self._parts.hostname or "127.0.0.1", self._parts.port or self.default_port)
         self._server: asyncio.Server | None = None
         self._pumps: set[asyncio.Task[None]] = set()
@@ -36,7 +37,7 @@ class LoopbackProxy:
         return urlunsplit(self._parts._replace(netloc=f"{userinfo}{at}127.0.0.1:{port}"))
 
     async def __aenter__(self) -> Self:
-        self._server = await asyncio.start_server(self._connected, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._connected, "127.0.0.1", self._port)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -62,8 +63,8 @@ class TcpCutter(LoopbackProxy):
 
     default_port = 5672
 
-    def __init__(self, url: str) -> None:
-        super().__init__(url)
+    def __init__(self, url: str, port: int = 0) -> None:
+        super().__init__(url, port)
         self._writers: set[asyncio.StreamWriter] = set()
         self.cuts = 0  # how many times ``cut()`` was called
 

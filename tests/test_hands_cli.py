@@ -36,10 +36,12 @@ def _one_clear_line(code: int, err: str) -> str:
     ids=["show", "reconcile", "serve"],
 )
 async def test_an_unreachable_ledger_database_is_one_clear_line_and_exit_code_2(verb: list[str]) -> None:
-    # Given a ledger database URL pointing at a closed loopback port
+    # Given a ledger database URL pointing at a closed loopback port (and `serve` told not to
+    # wait for it: tests/test_startup.py has the wait)
     env = {
         "TENDON_HANDS_DATABASE_URL": f"postgresql://tendon@127.0.0.1:{_closed_port()}/tendon",
         "TENDON_LOG_FORMAT": "json",
+        "TENDON_SERVICE_WAIT_SECONDS": "0",
     }
 
     # When a hands verb needs the ledger

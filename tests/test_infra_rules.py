@@ -12,6 +12,7 @@ from infra.db import TRANSACT_ATTEMPTS, patiently, storable, transact, unstorabl
 from infra.parked import reason_of
 from infra.sqlite import open_pool
 from infra.transport import REASON_HEADER
+from protocol import TransientError
 
 
 @pytest.mark.parametrize(
@@ -113,3 +114,48 @@ async def test_transact_tries_again_only_what_certainly_did_not_commit(tmp_path)
         assert calls == ["dup"] * TRANSACT_ATTEMPTS
     finally:
         await pool.close()
+
+
+async def test_a_server_waits_for_a_service_not_there_yet_but_not_for_one_that_refuses_it() -> None:
+    from aiormq.exceptions import AMQPConnectionError, ProbableAuthenticationError
+
+    from infra.startup import not_there_yet, wait_for, where
+
+    # Not there yet: refused, unresolvable, starting up, answering 5xx (an object store)
+    for exc in (ConnectionRefusedError(), OSError("Name or service not known"), TimeoutError(),
+                asyncpg.CannotConnectNowError("the database system is starting up"),
+                AMQPConnectionError("refused"), TransientError("object store unavailable")):  # fmt: skip
+        assert not_there_yet(exc), exc
+    # Refusing us: a wrong password, a role that does not exist, a bug
+    for exc in (ProbableAuthenticationError("ACCESS_REFUSED"),
+                asyncpg.InvalidAuthorizationSpecificationError("role does not exist"),
+                asyncpg.InvalidPasswordError("password authentication failed"), ValueError()):  # fmt: skip
+        assert not not_there_yet(exc), exc
+    # The log line names where, never the credentials
+    assert where("postgresql://tendon:secret@db.internal:5432/tendon") == "db.internal:5432"
+    assert where("http://minio:9000") == "minio:9000"
+
+    calls = 0
+
+    async def up_on_the_third_try() -> str:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise ConnectionRefusedError("not yet")
+        return "connected"
+
+    assert await wait_for(up_on_the_third_try, service="PostgreSQL", url="postgresql://h:1/d") == "connected"
+
+    async def refused() -> None:
+        raise asyncpg.InvalidPasswordError("password authentication failed")
+
+    with pytest.raises(asyncpg.InvalidPasswordError):  # at once, with no patience spent
+        await asyncio.wait_for(wait_for(refused, service="PostgreSQL", url="postgresql://h:1/d"), 5)
+
+    async def away() -> None:
+        raise ConnectionRefusedError("still away")
+
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(ConnectionRefusedError):
+        await wait_for(away, service="RabbitMQ", url="amqp://h:1/", patience=0.5)
+    assert asyncio.get_running_loop().time() - started < 5

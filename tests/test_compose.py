@@ -1,0 +1,174 @@
+"""docker-compose.yml and the Dockerfile say only what Tendon accepts: no servers, no Docker.
+
+No Docker engine runs here, so these tests read the files and hold them to the code: every
+``TENDON_*`` name is a setting (``infra.settings.Settings``) and its value validates, every
+Brain or Hands command parses with the real ``brain``/``hands`` parser, a service waits for the
+services it names, restarts, and is healthy only once ready, and the image is the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import os
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from setuptools import find_packages
+
+from brain.cli import _parser as brain_parser
+from hands.cli import build_parser as hands_parser
+from infra.settings import Settings
+
+REPO = Path(__file__).resolve().parent.parent
+COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
+PARSERS = {"brain": brain_parser, "hands": hands_parser}
+RESTART_POLICIES = {"always", "unless-stopped", "on-failure"}
+# A host as a URL or a HOST:PORT names it: postgres:5432, http://minio:9000, amqp://u:p@rabbitmq:5672/
+HOST = re.compile(r"(?:^|://|@)([A-Za-z0-9][\w.-]*)(?=:\d|/|$)")
+# Compose fills ${NAME:-default} from the shell; the test takes the default.
+INTERPOLATION = re.compile(r"\$\{\w+:?-([^}]*)\}")
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    """A service's environment, given as a mapping (merge keys resolved) or as NAME=VALUE lines."""
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(line.partition("=")[::2] for line in env)
+    return {name: INTERPOLATION.sub(r"\1", str(value or "")) for name, value in env.items()}
+
+
+def command(service: dict[str, Any]) -> list[str]:
+    found = service.get("command") or []
+    return shlex.split(found) if isinstance(found, str) else [str(arg) for arg in found]
+
+
+def tendon_process(name: str) -> str | None:
+    """``brain`` or ``hands`` when the service runs that command, else None."""
+    argv = command(SERVICES[name])
+    return argv[0] if argv and argv[0] in PARSERS else None
+
+
+def parsed(name: str) -> argparse.Namespace:
+    """The service's command as its real parser reads it, without running anything."""
+    process, *args = command(SERVICES[name])
+    try:
+        return PARSERS[process]().parse_args(args)
+    except SystemExit:
+        pytest.fail(f"{name}: `{shlex.join([process, *args])}` does not parse (usage above)")
+
+
+def tools_modules(name: str) -> list[str]:
+    if tendon_process(name) is None:
+        return []
+    tools = getattr(parsed(name), "tools", None) or []
+    return [tools] if isinstance(tools, str) else list(tools)
+
+
+def setting_names() -> set[str]:
+    """The environment name of every field, as pydantic-settings maps them (prefix + name)."""
+    prefix = Settings.model_config.get("env_prefix", "")
+    return {(prefix + field).upper() for field in Settings.model_fields}
+
+
+TENDON = sorted(name for name in SERVICES if tendon_process(name))
+
+
+def test_the_file_runs_a_brain_and_a_hands_service() -> None:
+    assert {tendon_process(name) for name in TENDON} == {"brain", "hands"}
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_tendon_variable_is_a_setting_and_its_value_validates(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {key: value for key, value in environment(SERVICES[name]).items() if key.startswith("TENDON_")}
+    # A tools module may read a variable of its own (examples.email_tools: TENDON_MAILBOX_URL).
+    tools_source = "".join(inspect.getsource(importlib.import_module(m)) for m in tools_modules(name))
+    unknown = [
+        key
+        for key in sorted(env)
+        if key not in setting_names() and not re.search(rf"\b{key}\b", tools_source)
+    ]
+    assert not unknown, f"{name}: not a field of infra.settings.Settings: {unknown}"
+    for key in [key for key in os.environ if key.startswith("TENDON_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    Settings()  # raises on a value the process would refuse at start
+
+
+def test_the_image_sets_only_known_variables() -> None:
+    lines = (REPO / "Dockerfile").read_text().splitlines()
+    used = {m for line in lines if not line.lstrip().startswith("#") for m in re.findall(r"TENDON_\w+", line)}
+    assert used <= setting_names(), f"Dockerfile: not settings: {sorted(used - setting_names())}"
+
+
+@pytest.mark.parametrize("name", TENDON)
+def test_brain_and_hands_commands_parse_and_their_tools_import(name: str) -> None:
+    parsed(name)
+    for module in tools_modules(name):
+        if module.endswith(".py"):
+            assert (REPO / module).is_file(), f"{name}: --tools {module}: no such file"
+        else:
+            importlib.import_module(module)
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_a_service_waits_for_every_service_it_names(name: str) -> None:
+    service = SERVICES[name]
+    strings = [*environment(service).values(), *command(service)]
+    named = {host for s in strings for host in HOST.findall(s) if host in SERVICES and host != name}
+    depends = service.get("depends_on") or {}
+    if isinstance(depends, list):
+        depends = {other: {"condition": "service_started"} for other in depends}
+    missing = sorted(named - set(depends))
+    assert not missing, f"{name} names {missing} but does not list them in depends_on"
+    for other in sorted(depends):
+        # Healthy when it can tell (Compose refuses service_healthy on a service without a check).
+        healthy = depends[other].get("condition") == "service_healthy"
+        checked = bool(SERVICES.get(other, {}).get("healthcheck"))
+        assert healthy == checked, f"{name} waits for {other} {'healthy' if healthy else 'started'}"
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_service_restarts(name: str) -> None:
+    policy = str(SERVICES[name].get("restart", "")).split(":")[0]
+    assert policy in RESTART_POLICIES, f"{name}: restart is {policy or 'missing'}"
+
+
+@pytest.mark.parametrize("name", TENDON)
+def test_brain_and_hands_are_healthy_only_once_ready(name: str) -> None:
+    ready = environment(SERVICES[name]).get("TENDON_READY_FILE")
+    assert ready, f"{name}: no TENDON_READY_FILE, so nothing tells ready from running"
+    check = (SERVICES[name].get("healthcheck") or {}).get("test", [])
+    assert ready in (shlex.split(check) if isinstance(check, str) else check), f"{name}: healthcheck {check}"
+
+
+def test_the_image_runs_as_a_user_and_holds_the_whole_package() -> None:
+    instructions = [line.split(None, 1) for line in (REPO / "Dockerfile").read_text().splitlines()]
+    instructions = [i for i in instructions if len(i) == 2 and not i[0].startswith("#")]
+    users = [arg.strip() for word, arg in instructions if word.upper() == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0"), f"the image runs as {users or 'root'}"
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    include = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    needed = {p.split(".")[0] for p in find_packages(str(REPO), include=include)}
+    needed.add(project["project"]["readme"])
+    copied = {
+        src.rstrip("/")
+        for word, arg in instructions
+        if word.upper() == "COPY"
+        for src in arg.split()[:-1]
+        if not src.startswith("--")
+    }
+    assert "." in copied or needed <= copied, f"the Dockerfile does not copy {sorted(needed - copied)}"
+    ignored = [p.strip().rstrip("/") for p in (REPO / ".dockerignore").read_text().splitlines()]
+    assert not needed & set(ignored), f".dockerignore leaves out {sorted(needed & set(ignored))}"
