@@ -29,6 +29,7 @@ from infra.notify import Listener
 from infra.parked import ParkedConsumer
 from infra.payloads import PayloadCodec, open_payload_codec
 from infra.registrations import WorkerRegistration
+from infra.retention import DAY, Horizon, keep_pruned
 from infra.settings import Settings
 from infra.startup import wait_for
 from infra.tracing import open_tracing
@@ -165,6 +166,14 @@ async def released(
     return count
 
 
+def horizons(store: BrainStore, settings: Settings) -> list[Horizon]:
+    return [
+        # A session's journal may be long: a few sessions per transaction.
+        Horizon("sessions", settings.retain_journal_days * DAY, store.prune_journal, batch=20),
+        Horizon("parked", settings.retain_parked_days * DAY, store.prune_parked),
+    ]
+
+
 def first_look(settings: Settings) -> float:
     """When the repair scan first looks at a turn that waits for its tools: once a Brain that died
     right after committing its intents has been seen dead (its commands are then sent again)."""
@@ -238,6 +247,7 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
             asyncio.create_task(controls.run(), name="control-relay"),
             asyncio.create_task(scanner.run(), name="repair-scan"),
             asyncio.create_task(keep_statistics(store.pool), name="statistics"),
+            asyncio.create_task(keep_pruned(store.transact, horizons(store, settings)), name="retention"),
             asyncio.create_task(scheduler.run(), name="claims"),
         ]
         updates = UpdateConsumer(ctx, broker, scheduler)

@@ -17,7 +17,7 @@ import jsonschema
 
 from brain.context import BrainContext
 from brain.store import Intent, TurnRow
-from protocol import ExecuteBody, ExecuteCommand, new_id, request_digest
+from protocol import ExecuteBody, ExecuteCommand, new_timed_id, request_digest
 
 
 def refusal(call: Mapping[str, Any], bindings: Mapping[str, Any]) -> str | None:
@@ -58,7 +58,7 @@ async def build_intents(
     ``trace``: the span the commands continue (carried to the Hands)."""
     intents = []
     for call in calls:
-        execution_id = f"exe-{new_id()}"
+        execution_id = f"exe-{new_timed_id()}"
         why = refusal(call, bindings)
         binding = bindings.get(call["tool"]) or {}
         if why is None and binding.get("manual"):

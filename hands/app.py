@@ -43,6 +43,7 @@ from infra.logging import bind_worker, get_logger
 from infra.parked import ParkedConsumer
 from infra.payloads import PayloadCodec, open_payload_codec
 from infra.registrations import WorkerRegistration
+from infra.retention import DAY, Horizon, keep_pruned
 from infra.settings import Settings
 from infra.startup import wait_for
 from infra.tracing import open_tracing
@@ -177,6 +178,7 @@ class HandsApp:
             executor=self.executor,
             relay=self.relay,
             kill=self.kill,
+            ledger_horizon=self.settings.retain_ledger_days * DAY,
         )
         self.controls = ControlConsumer(
             route=self.route,
@@ -190,6 +192,7 @@ class HandsApp:
             asyncio.create_task(self.relay.run(), name="event-relay"),
             asyncio.create_task(self.recovery.run(), name="recovery-scan"),
             asyncio.create_task(keep_statistics(ledger.pool), name="statistics"),
+            asyncio.create_task(keep_pruned(ledger.transact, self._horizons(ledger)), name="retention"),
             asyncio.create_task(self._watch_liveness(), name="liveness"),
         ]
         self._stack.push_async_callback(self._cancel_background)
@@ -231,6 +234,13 @@ class HandsApp:
             object_store=codec.store is not None,
             schema=schema,
         )
+
+    def _horizons(self, ledger: Ledger) -> list[Horizon]:
+        s = self.settings
+        return [
+            Horizon("executions", s.retain_ledger_days * DAY, ledger.prune_finished),
+            Horizon("parked", s.retain_parked_days * DAY, ledger.prune_parked),
+        ]
 
     async def _watch_liveness(self) -> None:
         """End (and so end :meth:`serve`) once the others presumed this worker dead."""

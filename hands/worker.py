@@ -28,6 +28,7 @@ that goes wrong hands it back after a pause (``infra.delivery``).
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -44,6 +45,7 @@ from infra.delivery import handle_patiently
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec
+from infra.retention import may_have_been_pruned
 from infra.transport import Delivery, Transport
 from protocol import (
     AcceptedBody,
@@ -58,6 +60,7 @@ from protocol import (
     SchemaError,
     StartedBody,
     TendonError,
+    UnknownBody,
     decode,
     request_digest,
 )
@@ -114,8 +117,10 @@ class CommandConsumer:
         executor: Executor,
         relay: EventRelay,
         kill: KillPoints,
+        ledger_horizon: float = 0.0,
     ) -> None:
         self.route = route
+        self._ledger_horizon = ledger_horizon  # seconds a finished row is kept (0: forever)
         self.queue = queue
         self._broker = broker
         self._codec = codec
@@ -244,7 +249,12 @@ class CommandConsumer:
             "args": body.args,
         }
         bodies: list[Any] = [AcceptedBody(worker=ex.worker_id)]
-        if safe:
+        if not safe and may_have_been_pruned(execution_id, time.time(), self._ledger_horizon):
+            # Absent from the ledger, but old enough that its row may have been pruned: it may
+            # have run here already, so nothing is guessed (a person reconciles it).
+            values["status"] = LedgerStatus.UNKNOWN
+            bodies.append(UnknownBody(reason="the command is older than this pool's ledger keeps"))
+        elif safe:
             values["attempts"] = 1
             bodies.append(StartedBody(attempt=1, worker=ex.worker_id, reason="first_run"))
         # Reserved before the commit: from the commit on, the recovery scan would otherwise
@@ -258,7 +268,7 @@ class CommandConsumer:
                 log.info("command_accepted", call_id=body.call_id, tool=body.tool, turn_id=body.turn_id)
                 self._kill.hit("hands.after_accept_commit", body.call_id)
                 await self._ack(message)
-                if reserved:
+                if reserved and outcome.row.status in OPEN_STATUSES:
                     ex.launch(
                         execution_id, partial(ex.run, execution_id, row=outcome.row, trace=command.trace)
                     )

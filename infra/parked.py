@@ -163,6 +163,18 @@ class ParkedRows:
     async def parked_one(self, conn: Any, parked_id: int) -> Any:
         return await conn.fetchrow("SELECT * FROM parked WHERE id = $1", parked_id)
 
+    async def prune_parked(self, conn: Any, horizon_seconds: float, limit: int) -> int:
+        """Delete up to ``limit`` parked messages recorded ``horizon_seconds`` ago or more (what
+        they did to their turn or execution was done when they were recorded)."""
+        gone = await conn.fetch(
+            """DELETE FROM parked WHERE id IN (
+                   SELECT id FROM parked WHERE parked_at < ts_add(now(), $1) ORDER BY id LIMIT $2)
+               RETURNING id""",
+            -horizon_seconds,
+            limit,
+        )
+        return len(gone)
+
 
 # ---- reading them back (the `parked` commands) --------------------------------------------
 

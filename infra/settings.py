@@ -102,6 +102,21 @@ class Settings(BaseSettings):
         description="on SIGTERM, how long a Hands worker lets running tools finish (the rest are handed "
         "back) and a Brain lets its runs reach their next commit, before they exit",
     )
+    retain_journal_days: float = Field(
+        default=30.0,
+        ge=0,
+        description="the journal (conversation, history, events) of a session closed this long ago is "
+        "pruned; open sessions keep theirs; 0: keep everything",
+    )
+    retain_ledger_days: float = Field(
+        default=7.0,
+        ge=0,
+        description="a Hands pool prunes executions finished (never UNKNOWN ones) this long ago, with "
+        "their output; a command older than nine tenths of this is not run blindly; 0: keep everything",
+    )
+    retain_parked_days: float = Field(
+        default=30.0, ge=0, description="parked messages recorded this long ago are pruned; 0: keep them"
+    )
 
     http: str = Field(
         default="127.0.0.1:8080",

@@ -7,6 +7,8 @@ inline ``body`` or a ``body_ref`` pointing at the same body stored in S3.
 
 from __future__ import annotations
 
+import secrets
+import time
 import uuid
 from typing import Annotated, Any, Literal
 
@@ -29,6 +31,23 @@ PROTOCOL_VERSION = 1
 
 def new_id() -> str:
     return uuid.uuid4().hex
+
+
+def new_timed_id() -> str:
+    """A UUIDv7 in hex: its first 48 bits are the Unix time in milliseconds, so whoever receives
+    it can tell how old it is (the Hands do, for commands older than their ledger keeps)."""
+    value = (time.time_ns() // 1_000_000) << 80 | 0x7 << 76 | secrets.randbits(76)
+    value = value & ~(0x3 << 62) | 0x2 << 62  # the RFC 9562 variant
+    return f"{value:032x}"
+
+
+def id_time(value: str) -> float | None:
+    """The Unix time a :func:`new_timed_id` (or an id ending in one) was made at; None for any
+    other id, such as a random one."""
+    tail = value[-32:]
+    if len(tail) != 32 or tail[12] != "7" or any(c not in "0123456789abcdef" for c in tail):
+        return None
+    return int(tail[:12], 16) / 1000
 
 
 class _Model(BaseModel):

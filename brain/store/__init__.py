@@ -12,6 +12,7 @@ part (portable base)       what it owns
 ``repairs.RepairRows``     what the repair scan looks at, failing a turn, the controls outbox
 ``controls.ControlRows``   controls (steer, pause, cancel...): their receipts and what they do
 ``gauges.GaugeRows``       what the metrics count when scraped (turns and executions by state)
+``retention.RetentionRows`` what retention prunes (the journal of long-closed sessions)
 ``infra.parked``           the parked messages (``ParkedRows``)
 =========================  ==================================================================
 
@@ -44,6 +45,7 @@ from brain.store.records import (
     Settled,
     TurnRow,
 )
+from brain.store.retention import RetentionRows
 from infra.db import dialect, migrate
 from infra.parked import ParkedRows
 
@@ -71,7 +73,7 @@ __all__ = [
 ]
 
 
-class BrainStore(ControlRows, GaugeRows, ParkedRows):
+class BrainStore(ControlRows, GaugeRows, RetentionRows, ParkedRows):
     """The portable store (what the embedded mode runs on SQLite)."""
 
 

@@ -95,8 +95,14 @@ class JournalRows(StoreBase):
         return [Entry.from_record(r) for r in rows]
 
     async def first_seq(self, conn: Any, session_id: str) -> int:
-        """The oldest seq of a session's journal still kept (retention may trim older ones)."""
-        return int(await conn.fetchval("SELECT min(seq) FROM journal WHERE session_id = $1", session_id) or 1)
+        """The oldest seq of a session's journal still kept (retention may have pruned older ones;
+        with nothing kept, the seq the next entry would have)."""
+        first = await conn.fetchval(
+            """SELECT coalesce((SELECT min(seq) FROM journal WHERE session_id = $1),
+                               (SELECT last_seq + 1 FROM sessions WHERE id = $1), 1)""",
+            session_id,
+        )
+        return int(first)
 
     async def last_seq(self, conn: Any, session_id: str) -> int:
         return int(await conn.fetchval("SELECT last_seq FROM sessions WHERE id = $1", session_id) or 0)

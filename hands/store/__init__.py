@@ -13,6 +13,8 @@ Tables (in the pool's own schema, ``settings.hands_schema``):
 - ``output_chunks``: the tool's output pages by byte offset, with their seq;
 - ``reconciliations``: the audit record of every UNKNOWN resolved by a person;
 - ``parked``: messages the broker parked (``infra.parked``).
+
+What retention prunes, and what it never touches, is in ``retention``.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from typing import Any
 
 from hands.states import OPEN_STATUSES, LedgerStatus, transition
 from hands.store.records import EXECUTION_COLUMNS, Change, Execution, NewExecution
+from hands.store.retention import LedgerRetention
 from infra.db import Json
 from infra.liveness import ALIVE_SQL
 from infra.parked import ParkedRows
@@ -43,7 +44,7 @@ def change_values(c: Change) -> list[Any]:
     ]  # fmt: skip
 
 
-class Ledger(StoreBase, ParkedRows):
+class Ledger(StoreBase, LedgerRetention, ParkedRows):
     """The portable ledger (SQLite, the embedded mode)."""
 
     # ---- executions --------------------------------------------------------------------
