@@ -297,12 +297,14 @@ class TendonWorld:
         }
 
     async def start_brain(self, **extra: str) -> subprocess.Popen[bytes]:
-        return await self._start("brain", BRAIN, extra)
+        return await self.start_process("brain", BRAIN, extra)
 
     async def start_hands(self, **extra: str) -> subprocess.Popen[bytes]:
-        return await self._start("hands", HANDS, extra)
+        return await self.start_process("hands", HANDS, extra)
 
-    async def _start(self, name: str, args: list[str], extra: dict[str, str]) -> subprocess.Popen[bytes]:
+    async def start_process(
+        self, name: str, args: list[str], extra: dict[str, str]
+    ) -> subprocess.Popen[bytes]:
         proc = await self.procs.start_ready(name, args, {**self.env, **extra})
         self.started.append(proc)
         self.kinds.setdefault(name.capitalize(), []).append(proc)

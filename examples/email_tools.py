@@ -57,7 +57,7 @@ def mailbox_url() -> str:
     return (os.environ.get("TENDON_MAILBOX_URL") or DEFAULT_MAILBOX_URL).rstrip("/")
 
 
-def _http(
+def http_json(
     method: str, url: str, payload: Any = None, headers: dict[str, str] | None = None
 ) -> tuple[int, Any]:
     """One blocking HTTP exchange; returns (status, decoded JSON or None). Run in a thread."""
@@ -96,7 +96,7 @@ async def find_sent_email(ctx: ToolContext, to: str, subject: str, body: str) ->
     Raises ``MailboxError`` when the mailbox cannot answer: that means "cannot know".
     """
     url = f"{mailbox_url()}/messages/by-key/{quote(ctx.operation_id, safe='')}"
-    status, answer = await asyncio.to_thread(_http, "GET", url)
+    status, answer = await asyncio.to_thread(http_json, "GET", url)
     if status == 200 and isinstance(answer, dict):
         if answer.get("idempotency_key") != ctx.operation_id or answer.get("to") != to:
             raise MailboxError(
@@ -118,7 +118,7 @@ async def send_email(ctx: ToolContext, to: str, subject: str, body: str) -> dict
     await ctx.output.write(f"sending {subject!r} to {to} (operation {ctx.operation_id})\n")
     url = f"{mailbox_url()}/messages"
     status, receipt = await asyncio.to_thread(
-        _http,
+        http_json,
         "POST",
         url,
         {"to": to, "subject": subject, "body": body},

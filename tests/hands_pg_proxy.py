@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from tests.loopback_proxy import LoopbackProxy
+from chaos.proxy import LoopbackProxy
 
 _COMMIT = b"Q\x00\x00\x00\x0cCOMMIT;\x00"  # asyncpg's simple-query COMMIT message
 _MOVE = b"/* ledger commit */"  # the ledger's statements that commit alone (hands.store.postgres)

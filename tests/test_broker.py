@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
+from chaos.proxy import TcpCutter
 from infra.broker import Broker
 from infra.transport import Delivery, Topology
-from tests.loopback_proxy import TcpCutter
 from tests.support import TendonEnv
 
 

@@ -21,6 +21,11 @@ from playwright.async_api import async_playwright, expect
 from tests.support import REPO, Processes, free_port, wait_for
 from tests.test_api import agent
 
+APPROVED = agent(
+    [{"tool_calls": [{"tool": "wire_money", "args": {"amount": 5, "to": "x"}}]}, {"content": "all done"}],
+    name="approved",
+    tools=["wire_money"],
+)
 SLOW = agent([{"tool_calls": [{"tool": "slow_step", "args": {"seconds": 3}}]}, {"content": "all done"}])
 
 
@@ -118,10 +123,14 @@ async def test_brain_watch_follows_a_turn_and_resumes_where_it_stopped(
 ) -> None:
     url = await local_server(processes, tmp_path)
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        body = {"request_id": "r1", "input": "watch me", "agent": SLOW}
+        # The turn waits for a person's approval until the first watch has been stopped, so the
+        # stop lands mid-turn however slowly the watch starts.
+        body = {"request_id": "r1", "input": "watch me", "agent": APPROVED}
         turn = (await http.post("/v1/sessions/s-watch/turns", json=body)).json()["turn_id"]
-        code, first = await _watch(url, turn, tmp_path, stop_after="intended", sig=sig)
+        code, first = await _watch(url, turn, tmp_path, stop_after="wire_money", sig=sig)
         assert code == (130 if sig == signal.SIGINT else -signal.SIGKILL), first
+        approve = {"call": "call-1", "decision": "approve"}
+        assert (await http.post(f"/v1/turns/{turn}/respond", json=approve)).status_code == 200
         code, rest = await _watch(url, turn, tmp_path, stop_after=None, sig=sig)
         everything = (await http.get("/v1/sessions/s-watch/events", params={"limit": 1000})).json()
     assert code == 0, rest

@@ -19,7 +19,7 @@ import pytest
 from brain import verbs
 from brain.agents import AgentDefinition
 from brain.app import open_store, wake_channel
-from tests.loopback_proxy import TcpCutter
+from chaos.proxy import TcpCutter
 from tests.support import Observer, Processes, TendonEnv, free_port, run_cli, wait_for
 
 BRAIN = ["-m", "brain", "serve"]

@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
+from chaos.proxy import TcpCutter
 from infra.broker import Broker
 from infra.transport import Topology
 from protocol import SucceededBody, SucceededEvent, encode, new_id
 from tests import hands_test_tools as lab
 from tests.hands_bus import SERVE, Bus, command, ledger_fetch, runs
-from tests.loopback_proxy import TcpCutter
 from tests.support import Observer, Processes, TendonEnv, run_cli, wait_for
 
 BRAIN = ["-m", "brain", "serve"]

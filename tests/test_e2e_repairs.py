@@ -90,6 +90,25 @@ async def test_a_command_lost_by_the_broker_is_sent_again_after_it_stalls(
     assert sorted(mailbox.stats()["posts_per_key"].values()) == [1, 1, 1, 1, 1]
 
 
+async def test_a_command_its_dead_brain_committed_but_never_published_is_sent_at_once_by_another(
+    tendon: TendonEnv, processes: Processes, mailbox: MailboxServer
+) -> None:
+    # Given two Brains, and stalls that would take far longer than the test waits
+    env = {**tendon.env, "TENDON_MAILBOX_URL": mailbox.url, "TENDON_STALL_SECONDS": "300"}
+    obs = Observer(tendon)
+    await processes.start_ready("hands", HANDS, env)
+    doomed = await processes.start_ready(
+        "brain", BRAIN, {**env, "TENDON_KILL_AT": "brain.after_intent_commit@call-2"}
+    )
+    turn_id = await _submit(env)
+    assert await processes.wait_exit(doomed) == -signal.SIGKILL  # the second command never left
+    await processes.start_ready("brain", BRAIN, env)
+
+    # Then the standby hears of the death and sends the command now, not after the stall
+    await obs.wait_turn(turn_id, "completed", timeout=60)
+    assert sorted(mailbox.stats()["posts_per_key"].values()) == [1, 1, 1, 1, 1]
+
+
 async def test_a_lost_final_event_is_asked_for_again_and_applied(
     tendon: TendonEnv, processes: Processes, mailbox: MailboxServer
 ) -> None:

@@ -21,7 +21,7 @@ from tests.support import Processes, TendonEnv, free_port, wait_for
 
 pytestmark = pytest.mark.chaos
 
-HORIZON = 3.0  # seconds
+HORIZON = 2.0  # seconds
 DAYS = f"{HORIZON / 86400:.12f}"
 
 
@@ -32,7 +32,7 @@ async def _ledger_ids(world: TendonEnv) -> set[str]:
 async def test_finished_executions_are_pruned_and_a_late_copy_of_an_unsafe_command_is_not_run_again(
     world: TendonEnv, bus: Bus, processes: Processes
 ) -> None:
-    # Given a pool that keeps finished executions for 3 s
+    # Given a pool that keeps finished executions for 2 s
     await start_worker(processes, world, TENDON_RETAIN_LEDGER_DAYS=DAYS)
     paged = command(lab.slow, {"pages": 2, "delay": 0.01}, execution_id=f"exe-{new_timed_id()}")
     unsafe = command(lab.charge_noquery, {"amount": 7}, execution_id=f"exe-{new_timed_id()}")
@@ -40,7 +40,7 @@ async def test_finished_executions_are_pruned_and_a_late_copy_of_an_unsafe_comma
         await bus.publish_command(cmd)
         await bus.wait_kind(cmd.execution_id, "succeeded")
     # and one that is still running when they are pruned
-    running = command(lab.slow, {"pages": 1, "delay": 4 * HORIZON}, execution_id=f"exe-{new_timed_id()}")
+    running = command(lab.slow, {"pages": 1, "delay": 2.5 * HORIZON}, execution_id=f"exe-{new_timed_id()}")
     await bus.publish_command(running)
     await bus.wait_kind(running.execution_id, "started")
 
@@ -61,7 +61,7 @@ async def test_finished_executions_are_pruned_and_a_late_copy_of_an_unsafe_comma
     late = await bus.wait_kind(unsafe.execution_id, "unknown")
     assert "older than this pool's ledger keeps" in late.body.reason
     # which retention never prunes, however long it waits
-    await asyncio.sleep(2 * HORIZON)
+    await asyncio.sleep(1.5 * HORIZON)
     (row,) = await ledger_fetch(
         world, "SELECT status FROM executions WHERE execution_id = $1", unsafe.execution_id
     )
@@ -104,7 +104,7 @@ async def _stream(url: str, session: str, seen: list[tuple[str, Any]]) -> None:
 async def test_the_journal_of_a_closed_session_is_pruned_and_its_readers_are_told_never_left_silent(
     tendon: TendonEnv, processes: Processes
 ) -> None:
-    # Given a Brain that keeps the journal of closed sessions for 3 s
+    # Given a Brain that keeps the journal of closed sessions for 2 s
     tendon.routes.add("bulk")
     port = free_port()
     env = {**tendon.env, "TENDON_HTTP": f"127.0.0.1:{port}", "TENDON_RETAIN_JOURNAL_DAYS": DAYS}

@@ -61,6 +61,14 @@ _RELEASE = f"""UPDATE turns SET lease_owner = NULL, lease_expires_at = NULL, upd
                 WHERE lease_owner = $1 AND status NOT IN {TERMINAL_SQL}
             RETURNING id, session_id, thread_id, status, phase, lease_epoch"""
 
+# Waiting turns with a command a dead Brain committed but may never have published: the repair
+# scan looks at them now, not when their stall time comes (it sends such a command at once).
+_LOOK_NOW = """UPDATE turns SET wake_at = now()
+                 WHERE status = 'waiting' AND phase = 'wait_tools' AND wake_at > now()
+                   AND EXISTS (SELECT 1 FROM executions e
+                                WHERE e.turn_id = turns.id AND e.tool_step = turns.tool_step
+                                  AND e.status = 'intended' AND e.created_by = $1)"""
+
 CLAIM_SET = """lease_owner = $1, lease_epoch = lease_epoch + 1, runs = runs + 1,
                lease_expires_at = ts_add(now(), $2), status = 'running', revision = revision + 1,
                updated_at = now()"""
@@ -262,7 +270,8 @@ class TurnRows(JournalRows):
         """Hand back the turns of Brains presumed dead (or retiring, ``died`` False): claimable at
         once, their runs fenced out, each run's end journaled (a model call it was making is lost).
         A death counts towards the turn's crash-loop limit when it came at the same point of the
-        turn's work as the one before. Returns how many."""
+        turn's work as the one before; the waiting turns with commands the dead committed are
+        looked at now (``_LOOK_NOW``). Returns how many turns were handed back."""
         released = 0
         for owner in owners:
             rows = await conn.fetch(_RELEASE, owner, died)
@@ -273,6 +282,8 @@ class TurnRows(JournalRows):
                     phase=r["phase"],
                 )  # fmt: skip
             released += len(rows)
+            if died:
+                await conn.execute(_LOOK_NOW, owner)
         if released:
             await conn.execute("SELECT pg_notify($1, '')", wake_channel)
         return released

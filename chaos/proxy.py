@@ -3,7 +3,9 @@
 ``LoopbackProxy`` listens on a free loopback port and forwards each connection to the
 service a URL names; a subclass decides what to do with the bytes (``_connected``).
 ``TcpCutter`` forwards them as they are and can drop every connection through it at once,
-as a network fault would (``cut()``); new connections go through as before.
+as a network fault would (``cut()``), or hold every byte for a while, as a congested or
+partitioned link would (``stall()``); new connections go through as before. The chaos run
+puts one in front of PostgreSQL and one in front of RabbitMQ; the tests use them too.
 """
 
 from __future__ import annotations
@@ -66,7 +68,17 @@ class TcpCutter(LoopbackProxy):
     def __init__(self, url: str, port: int = 0) -> None:
         super().__init__(url, port)
         self._writers: set[asyncio.StreamWriter] = set()
+        self._flowing = asyncio.Event()
+        self._flowing.set()
         self.cuts = 0  # how many times ``cut()`` was called
+
+    async def stall(self, seconds: float) -> None:
+        """Hold every byte in both directions for ``seconds`` (connections stay open)."""
+        self._flowing.clear()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self._flowing.set()
 
     def cut(self) -> None:
         """Drop every open connection now."""
@@ -90,10 +102,10 @@ class TcpCutter(LoopbackProxy):
             asyncio.create_task(self._pump(server_r, client_w)),
         )
 
-    @staticmethod
-    async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, OSError):
             while data := await reader.read(65536):
+                await self._flowing.wait()
                 writer.write(data)
                 await writer.drain()
         writer.transport.abort()
