@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.harness import REPO, Processes, Services, TendonWorld
+from bench.harness import REPO, Processes, Services, TendonWorld, delete_amqp
 from chaos import report
 from chaos.faults import QUICK, SERVICE_RESTARTS, Fault
 from chaos.run import Shape, run
@@ -66,7 +66,7 @@ async def main_async(args: argparse.Namespace) -> int:
     if args.no_restarts:
         kinds = tuple(k for k in kinds if k not in SERVICE_RESTARTS)
     count = args.faults or (len(kinds) if args.quick else 240)
-    shape = Shape(faults=count, kinds=kinds, seed=args.seed, settle=90.0 if args.quick else 240.0)
+    shape = Shape(faults=count, kinds=kinds, seed=args.seed, settle=60.0 if args.quick else 120.0)
     procs = Processes(Path(tempfile.mkdtemp(prefix="tendon-chaos-")))
     await services.create_database()
     world = TendonWorld(services, procs)
@@ -75,6 +75,8 @@ async def main_async(args: argparse.Namespace) -> int:
         out = await run(world, shape)
     finally:
         await world.cleanup()
+        route = [f"t-{world.suffix}.chaos.{q}" for q in ("commands", "controls")]
+        await delete_amqp(services.amqp_url, route + [f"{q}.dlq" for q in route], [])
         procs.stop_all()
         await services.drop_database()
     path = report.write(out, Path(args.out))

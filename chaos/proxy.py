@@ -95,7 +95,11 @@ class TcpCutter(LoopbackProxy):
         await super().__aexit__(*exc)
 
     async def _connected(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        server_r, server_w = await asyncio.open_connection(*self._target)
+        try:
+            server_r, server_w = await asyncio.open_connection(*self._target)
+        except OSError:  # the service is down (a restart): the client sees its connection end
+            client_w.transport.abort()
+            return
         self._writers |= {client_w, server_w}
         self._spawn(
             asyncio.create_task(self._pump(client_r, server_w)),

@@ -9,13 +9,22 @@ import json
 import random
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
+
+import asyncpg
 
 from bench.harness import TendonWorld, agent
+from brain import verbs
+from brain.agents import AgentDefinition
+from brain.app import wake_channel
 from chaos.faults import Fault, Injected, Tally, plan, tally
 from chaos.topology import Deployment
+from infra.db import is_transient
 
+T = TypeVar("T")
 TOOLS = ("touch", "send", "send_blind")
 TERMINAL = ("completed", "failed", "cancelled")
 RECOVERY_WAIT = 60.0  # longest wait for progress after a fault, before the next one
@@ -56,6 +65,21 @@ class Outcome:
         return [e for e, tool in self.unknown.items() if tool != "send_blind"]
 
 
+async def patiently(work: Callable[[], Awaitable[T]], limit: float = 120.0) -> T:
+    """``work()``, tried again while the services it reads are away (the run restarts them)."""
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            return await work()
+        except Exception as exc:
+            # asyncpg may leave a connection cut mid-operation unusable for the next one
+            # (InternalClientError): the pool replaces it on a later try.
+            passing = is_transient(exc) or isinstance(exc, asyncpg.exceptions.InternalClientError)
+            if not passing or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.25)
+
+
 class Workload:
     """Keeps ``in_flight`` turns going (tools in turn) and notes when each ends."""
 
@@ -63,13 +87,31 @@ class Workload:
         self.world = world
         self.shape = shape
         calls = {t: [[{"tool": t, "args": {"hold": shape.hold}}]] for t in TOOLS}
-        self.agents = {t: agent(f"chaos-{t}", calls[t], [t]) for t in TOOLS}
+        self.agents = {t: AgentDefinition.model_validate(agent(f"chaos-{t}", calls[t], [t])) for t in TOOLS}
         self.status: dict[str, str] = {}
         self.ended_at: dict[str, float] = {}
         self.open = True
 
+    async def submit(self, n: int) -> str:
+        """Turn ``n``; its request id makes a submit tried again after a lost answer the same turn."""
+        s = self.world.settings
+        turn_id, _ = await patiently(
+            lambda: verbs.submit(
+                self.world.store,
+                namespace=s.namespace,
+                session_id=f"chaos-{n}",
+                request_id=f"chaos-{n}",
+                user_input="go",
+                agent=self.agents[TOOLS[n % len(TOOLS)]],
+                wake_channel=wake_channel(s),
+            )  # fmt: skip
+        )
+        return str(turn_id)
+
     async def held_by_unknown(self) -> set[str]:
-        rows = await self.world.fetch("SELECT DISTINCT turn_id FROM executions WHERE status = 'unknown'")
+        rows = await patiently(
+            lambda: self.world.fetch("SELECT DISTINCT turn_id FROM executions WHERE status = 'unknown'")
+        )
         return {r["turn_id"] for r in rows}
 
     def active(self) -> set[str]:
@@ -79,13 +121,13 @@ class Workload:
         n = 0
         while True:
             while self.open and len(self.active()) < self.shape.in_flight:
-                turn = await self.world.submit(self.agents[TOOLS[n % len(TOOLS)]])
-                self.status[turn] = "queued"
+                self.status[await self.submit(n)] = "queued"
                 n += 1
             active = list(self.active())
             if active:
+                statuses = await patiently(partial(self.world.statuses, active))
                 now = time.monotonic()
-                for turn, status in (await self.world.statuses(active)).items():
+                for turn, status in statuses.items():
                     self.status[turn] = status
                     if status in TERMINAL:
                         self.ended_at[turn] = now
@@ -107,23 +149,29 @@ async def run(world: TendonWorld, shape: Shape, say: Any = print) -> Outcome:
                 driver.result()  # the workload itself failed: say why
             before = work.active()
             hit = await deployment.inject(fault, rng, time.monotonic)
+            before |= work.active()  # and what came in while it lasted (a service down, say)
             await _progress(work, before, hit)
             out.injected.append(hit)
             rec = "none within 60 s" if hit.recovery is None else f"{hit.recovery:.2f} s"
             say(f"[chaos] {i}/{shape.faults} {fault.value} {hit.target}: every turn in flight ended in {rec}")
         work.open = False
-        await _settle(world, deployment, work, out, say)
+        await _settle(world, deployment, work, driver, out, say)
     finally:
         driver.cancel()
         await asyncio.gather(driver, return_exceptions=True)
         out.restarts = sum(s.restarts for s in deployment.slots)
         posts = await deployment.posts()
         await deployment.close()
-    tools = {r["id"]: r["tool"] for r in await world.fetch("SELECT id, tool FROM executions")}
+    tools = {
+        r["id"]: r["tool"] for r in await patiently(lambda: world.fetch("SELECT id, tool FROM executions"))
+    }
     out.tally = tally(posts, tools)
     out.turns = dict(work.status)
     failed = [t for t, s in out.turns.items() if s == "failed"]
-    for r in await world.fetch("SELECT id, error FROM turns WHERE id = ANY($1::text[])", failed):
+    errors = await patiently(
+        lambda: world.fetch("SELECT id, error FROM turns WHERE id = ANY($1::text[])", failed)
+    )
+    for r in errors:
         out.failures[r["id"]] = str(r["error"])
     out.seconds = time.monotonic() - t0
     return out
@@ -146,15 +194,27 @@ async def _progress(work: Workload, before: set[str], hit: Injected) -> None:
         await asyncio.sleep(0.1)
 
 
-async def _settle(world: TendonWorld, deployment: Deployment, work: Workload, out: Outcome, say: Any) -> None:
+async def _settle(
+    world: TendonWorld,
+    deployment: Deployment,
+    work: Workload,
+    driver: asyncio.Task[None],
+    out: Outcome,
+    say: Any,
+) -> None:
     """Let every turn end; reconcile the UNKNOWNs by what the blind mailbox saw, as an operator
     with the provider's records would."""
     deadline = time.monotonic() + out.shape.settle
     while work.active() and time.monotonic() < deadline:
-        for r in await world.fetch(
-            "SELECT id, tool FROM executions WHERE status = 'unknown' AND NOT (id = ANY($1::text[]))",
-            list(out.unknown),
-        ):
+        if driver.done():
+            driver.result()  # the workload itself failed: say why
+        unknown = await patiently(
+            lambda: world.fetch(
+                "SELECT id, tool FROM executions WHERE status = 'unknown' AND NOT (id = ANY($1::text[]))",
+                list(out.unknown),
+            )
+        )
+        for r in unknown:
             out.unknown[r["id"]] = r["tool"]
             await _reconcile(world, deployment, r["id"], out, say)
         await asyncio.sleep(0.5)
