@@ -84,6 +84,9 @@ def markdown(out: Outcome, plot: str | None) -> str:
         lines += ["", f"![recovery by fault kind]({plot})"]
     if out.failures:
         lines += ["", "Failed turns:", ""] + [f"- `{t}`: {e}" for t, e in sorted(out.failures.items())]
+    if out.tally.blind_resends:
+        lines += ["", "Operations of unsafe tools posted more than once:", ""]
+        lines += [f"- `{op}`: {n} extra" for op, n in sorted(out.tally.blind_resends.items())]
     if out.lost:
         lines += ["", "Lost turns:", ""] + [f"- `{t}` ({out.turns[t]})" for t in sorted(out.lost)]
     facts = machine_facts()

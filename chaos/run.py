@@ -1,6 +1,7 @@
-"""One chaos run: a workload of agent turns kept in flight while faults are injected, then
-every turn driven to its end, UNKNOWNs reconciled from the counting service's truth, and the
-verdicts (lost turns, blind re-sends, UNKNOWNs and whether each was really unknown)."""
+"""One chaos run: a workload of agent turns kept in flight while faults are injected, an
+operator who reconciles each UNKNOWN from the counting service's truth as it comes, every turn
+driven to its end, and the verdicts (lost turns, blind re-sends, UNKNOWNs and whether each was
+really unknown)."""
 
 from __future__ import annotations
 
@@ -141,12 +142,11 @@ async def run(world: TendonWorld, shape: Shape, say: Any = print) -> Outcome:
     t0 = time.monotonic()
     await deployment.start()
     work = Workload(world, shape)
-    driver = asyncio.create_task(work.run())
+    tasks = [asyncio.create_task(work.run()), asyncio.create_task(_operate(world, deployment, out, say))]
     try:
         for i, fault in enumerate(plan(shape.seed, shape.faults, shape.kinds), 1):
             await asyncio.sleep(shape.spacing)
-            if driver.done():
-                driver.result()  # the workload itself failed: say why
+            _check(tasks)
             before = work.active()
             hit = await deployment.inject(fault, rng, time.monotonic)
             before |= work.active()  # and what came in while it lasted (a service down, say)
@@ -155,10 +155,11 @@ async def run(world: TendonWorld, shape: Shape, say: Any = print) -> Outcome:
             rec = "none within 60 s" if hit.recovery is None else f"{hit.recovery:.2f} s"
             say(f"[chaos] {i}/{shape.faults} {fault.value} {hit.target}: every turn in flight ended in {rec}")
         work.open = False
-        await _settle(world, deployment, work, driver, out, say)
+        await _settle(work, tasks, shape.settle)
     finally:
-        driver.cancel()
-        await asyncio.gather(driver, return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         out.restarts = sum(s.restarts for s in deployment.slots)
         posts = await deployment.posts()
         await deployment.close()
@@ -194,20 +195,25 @@ async def _progress(work: Workload, before: set[str], hit: Injected) -> None:
         await asyncio.sleep(0.1)
 
 
-async def _settle(
-    world: TendonWorld,
-    deployment: Deployment,
-    work: Workload,
-    driver: asyncio.Task[None],
-    out: Outcome,
-    say: Any,
-) -> None:
-    """Let every turn end; reconcile the UNKNOWNs by what the blind mailbox saw, as an operator
-    with the provider's records would."""
-    deadline = time.monotonic() + out.shape.settle
+async def _settle(work: Workload, tasks: list[asyncio.Task[None]], limit: float) -> None:
+    """Let every turn end (the operator reconciles the UNKNOWNs meanwhile)."""
+    deadline = time.monotonic() + limit
     while work.active() and time.monotonic() < deadline:
-        if driver.done():
-            driver.result()  # the workload itself failed: say why
+        _check(tasks)
+        await asyncio.sleep(0.5)
+
+
+def _check(tasks: list[asyncio.Task[None]]) -> None:
+    """Raise what ended the workload or the operator, if one ended (neither ends on its own)."""
+    for task in tasks:
+        if task.done():
+            task.result()
+
+
+async def _operate(world: TendonWorld, deployment: Deployment, out: Outcome, say: Any) -> None:
+    """What an operator does, all along: reconcile each UNKNOWN execution by what the blind
+    mailbox saw (the provider's own records), so that its turn goes on."""
+    while True:
         unknown = await patiently(
             lambda: world.fetch(
                 "SELECT id, tool FROM executions WHERE status = 'unknown' AND NOT (id = ANY($1::text[]))",
@@ -217,7 +223,7 @@ async def _settle(
         for r in unknown:
             out.unknown[r["id"]] = r["tool"]
             await _reconcile(world, deployment, r["id"], out, say)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(1.0)
 
 
 async def _reconcile(

@@ -28,6 +28,7 @@ def _url(name: str) -> str:
 
 async def _post(ctx: ToolContext, base: str, hold: float) -> dict[str, Any]:
     await asyncio.sleep(hold)
+    await ctx.ensure_owner()  # a worker frozen in the hold and taken over meanwhile stops here
     message = {"to": "chaos@example.com", "subject": ctx.operation_id, "body": "chaos"}
     status, receipt = await asyncio.to_thread(
         http_json, "POST", f"{base}/messages", message, {"Idempotency-Key": ctx.operation_id}

@@ -116,6 +116,7 @@ async def find_sent_email(ctx: ToolContext, to: str, subject: str, body: str) ->
 async def send_email(ctx: ToolContext, to: str, subject: str, body: str) -> dict:
     """Send one email through the mailbox; the operation id is its idempotency key."""
     await ctx.output.write(f"sending {subject!r} to {to} (operation {ctx.operation_id})\n")
+    await ctx.ensure_owner()  # not if this worker was frozen and its work handed over meanwhile
     url = f"{mailbox_url()}/messages"
     status, receipt = await asyncio.to_thread(
         http_json,

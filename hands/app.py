@@ -163,6 +163,7 @@ class HandsApp:
             kill=self.kill,
             concurrency=self.concurrency,
             tracing=self._stack.enter_context(open_tracing(s.otlp_endpoint, "tendon-hands")),
+            confirm_owner=self.liveness.confirm,
         )
         self.recovery = RecoveryScanner(
             route=self.route,

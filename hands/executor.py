@@ -136,6 +136,8 @@ class Executor(Outcomes):
     def _context(self, execution_id: str, attempt: int, *, output: bool) -> ToolContext:
         cancelled = self._cancelled.setdefault(execution_id, asyncio.Event())
         ctx = ToolContext(operation_id=execution_id, attempt=attempt, cancelled=cancelled)
+        if self.confirm_owner is not None:
+            ctx.owner_check = self.confirm_owner
         if output:
             ctx.output = LedgerOutput(self, execution_id)
         return ctx

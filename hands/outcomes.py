@@ -34,6 +34,7 @@ from protocol import (
 
 log = get_logger(__name__)
 Build = Callable[[Execution], Awaitable[Change | None]]
+
 SuccessHow = Literal["ran", "verified_by_query", "reconciled"]
 FailureHow = Literal["ran", "rejected", "verified_by_query", "reconciled"]
 # How long a state change waits out a passing database or object-store fault before giving up.
@@ -56,6 +57,7 @@ class Outcomes(Tasks):
         kill: KillPoints,
         concurrency: int,
         tracing: Tracing | None = None,
+        confirm_owner: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         super().__init__(worker_id, concurrency)
         self.ledger = ledger
@@ -63,6 +65,8 @@ class Outcomes(Tasks):
         self.registry = registry
         self.kill = kill
         self.tracing = tracing or Tracing(None)
+        # A tool's ``ctx.ensure_owner()``: this worker's liveness confirms it still holds its lease.
+        self.confirm_owner = confirm_owner
 
     # ---- saving ------------------------------------------------------------------------
 

@@ -43,6 +43,10 @@ class _NullOutput:
         return None
 
 
+async def _always_owner() -> None:  # a context made outside a worker (tests of a tool)
+    return None
+
+
 @dataclass
 class ToolContext:
     """What a running tool gets besides its arguments."""
@@ -51,6 +55,14 @@ class ToolContext:
     attempt: int = 1
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     output: OutputWriter = field(default_factory=_NullOutput)
+    owner_check: Callable[[], Awaitable[None]] = _always_owner
+
+    async def ensure_owner(self) -> None:
+        """Call it right before a side effect that must not happen twice. It returns once this
+        worker surely still owns the execution, and raises ``StaleOwnerError`` if it does not:
+        a worker frozen past its lease (a VM pause, SIGSTOP) may wake after another worker took
+        the execution over, and would otherwise go on with the call it was about to make."""
+        await self.owner_check()
 
 
 ToolFn = Callable[..., Awaitable[Any]]

@@ -57,7 +57,7 @@ from typing import Any
 from infra.db import lock_class
 from infra.logging import get_logger
 from infra.transport import Transport
-from protocol import new_id
+from protocol import StaleOwnerError, new_id
 
 log = get_logger(__name__)
 
@@ -260,6 +260,17 @@ class Liveness:
                 log.info("liveness_restored", worker=self.worker_id)
         if self.settled:  # every tick: a death is seen within a tick of the broker seeing it
             await self.judge()
+
+    async def confirm(self) -> None:
+        """Return once this worker is known to hold its lease now (renewed within two thirds of
+        a lease: no one can have taken its work over); raise StaleOwnerError once it is known to
+        have lost it. After a freeze (a pause, SIGSTOP) this waits for the keeper's next look,
+        so that work resumed by a process the others presumed dead stops here."""
+        while not self.lost.is_set():
+            if self._renewed and time.monotonic() - self._renewed < self.lease_seconds * 2 / 3:
+                return
+            await asyncio.sleep(min(0.05, self.lease_seconds / 30))
+        raise StaleOwnerError(f"worker {self.worker_id} was presumed dead: its work was handed over")
 
     async def renew(self) -> bool:
         """Extend the lease (and what ``on_renew`` renews); False, with ``lost`` set, when this

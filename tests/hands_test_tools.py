@@ -136,6 +136,18 @@ async def gated(ctx: ToolContext, gate: str) -> dict:
     return {"acted": gate, "attempt": ctx.attempt}
 
 
+@tool(route="lab", version="1", replay="unsafe")
+async def gated_effect(ctx: ToolContext, gate: str) -> dict:
+    """Wait until the test opens ``gate``, then act once, as a careful tool does: only after
+    ``ctx.ensure_owner()`` said this worker still owns the execution."""
+    opened = Path(os.environ["LAB_GATE_DIR"]) / gate
+    while not opened.exists():  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    await ctx.ensure_owner()
+    _record_run("gated_effect", ctx)
+    return {"acted": gate}
+
+
 @tool(route="other", version="1", replay="safe")
 async def elsewhere(ctx: ToolContext) -> None:
     """A tool of another route: a pool of route lab must not serve it."""

@@ -156,6 +156,35 @@ async def test_a_frozen_hands_worker_is_taken_over_after_its_lease_and_refused_w
     assert [tuple(r) for r in rows] == [("succeeded", await _worker_id(processes, other), 2)]
 
 
+async def test_a_tool_frozen_before_its_side_effect_does_not_act_when_it_wakes_after_a_takeover(
+    world: TendonEnv, bus: Bus, processes: Processes, gates: Path
+) -> None:
+    # Given two workers with a 2 s lease, one inside an unsafe tool waiting to act
+    env = {**world.env, "TENDON_LEASE_SECONDS": "2"}
+    first = await processes.start_ready("hands", SERVE, env)
+    cmd = command(lab.gated_effect, {"gate": "act"})
+    await bus.publish_command(cmd)
+    started = await bus.wait_kind(cmd.execution_id, "started")
+    await processes.start_ready("hands", SERVE, env)
+    assert started.body.worker == await _worker_id(processes, first)
+
+    # When it freezes there, is presumed dead (its execution UNKNOWN: no query, no re-run), and
+    # wakes with the way to act open
+    first.send_signal(signal.SIGSTOP)
+    try:
+        await bus.wait_kind(cmd.execution_id, "unknown")
+        (gates / "act").touch()
+    finally:
+        first.send_signal(signal.SIGCONT)
+
+    # Then it does not act: ctx.ensure_owner() stopped the body, and it starts over
+    await _until(lambda: "starting_over" in processes.output(first), "a restart under a new id")
+    await asyncio.sleep(0.5)
+    assert runs(world) == []
+    rows = await ledger_fetch(world, "SELECT status FROM executions")
+    assert [r["status"] for r in rows] == ["unknown"]
+
+
 async def test_a_frozen_brain_is_taken_over_after_its_lease_and_its_late_commit_is_refused(
     world: TendonEnv, processes: Processes, tmp_path: Path
 ) -> None:
