@@ -58,6 +58,11 @@ class CommandRelay:
             return 0
         try:
             results = await self.transport.publish_many(batch)
+        except asyncio.CancelledError:
+            # Stopped mid-publish (a Brain shutting down): the batch is pending again, for the
+            # flush that follows (the Hands take a command that did get out twice as a duplicate).
+            self._pending = batch + self._pending
+            raise
         except Exception as exc:  # noqa: BLE001 - kept for the next round
             results = [exc] * len(batch)
         failed = [m for m, err in zip(batch, results, strict=True) if err is not None]

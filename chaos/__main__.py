@@ -3,12 +3,14 @@ Brains and Hands pools on the local services, drive agent turns through it while
 faults from a seed, and write what happened (docs/chaos/RESULTS.md).
 
 Exit codes: 0 every verdict held; 1 a verdict failed (lost turns, blind re-sends, an UNKNOWN
-that could have been settled); 2 bad arguments or services that cannot be used."""
+that could have been settled); 2 bad arguments or services that cannot be used; 130 stopped
+(Ctrl-C or SIGTERM: what it started is stopped and removed first)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -54,6 +56,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def main_async(args: argparse.Namespace) -> int:
+    # SIGTERM (and SIGINT where a shell ignores it) end the run like Ctrl-C: everything it
+    # started is stopped and removed.
+    main = asyncio.current_task()
+    assert main is not None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, main.cancel)
     services = Services()
     kinds: tuple[Fault, ...] = args.kinds or (QUICK if args.quick else tuple(Fault))
     if (
@@ -87,7 +95,12 @@ async def main_async(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return asyncio.run(main_async(parse(argv)))
+    args = parse(argv)
+    try:
+        return asyncio.run(main_async(args))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("chaos: stopped; what it started is gone", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -109,6 +109,9 @@ class EventRelay:
         queue = self._broker.topology.updates
         try:
             results = await self._broker.publish_many([(queue, batch_bytes(b), new_id()) for b in batches])
+        except asyncio.CancelledError:
+            self._pending = pending + self._pending  # stopped mid-publish: for the flush at exit
+            raise
         except Exception as exc:  # noqa: BLE001 - kept for the next round
             results = [exc] * len(batches)
         confirmed = 0

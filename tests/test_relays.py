@@ -155,3 +155,19 @@ async def test_a_command_the_broker_refused_is_published_again_after_a_pause() -
         await wait_for(sent, timeout=5, interval=0.01, what="sent")
     finally:
         loop.cancel()
+
+
+async def test_a_relay_stopped_mid_publish_keeps_the_batch_for_the_flush_that_follows() -> None:
+    # Given a publish in flight when the Brain stops (its relay task is cancelled)
+    transport = _GatedTransport()
+    relay = CommandRelay(transport, retry_after=60.0)  # type: ignore[arg-type]
+    loop = asyncio.create_task(relay.run())
+    relay.send([("q", b"command1", "m1")])
+    await asyncio.sleep(0.05)
+    loop.cancel()
+    await asyncio.gather(loop, return_exceptions=True)
+
+    # Then the shutdown's flush publishes it: it is not lost with the cancelled task
+    transport.gate.set()
+    await relay.flush()
+    assert transport.published == [[("command", 1)]] and relay.published == 1

@@ -61,8 +61,9 @@ _RELEASE = f"""UPDATE turns SET lease_owner = NULL, lease_expires_at = NULL, upd
                 WHERE lease_owner = $1 AND status NOT IN {TERMINAL_SQL}
             RETURNING id, session_id, thread_id, status, phase, lease_epoch"""
 
-# Waiting turns with a command a dead Brain committed but may never have published: the repair
-# scan looks at them now, not when their stall time comes (it sends such a command at once).
+# Waiting turns with a command a dead (or retired) Brain committed but may never have published:
+# the repair scan looks at them now, not when their stall time comes (it sends such a command at
+# once when its Brain is gone).
 _LOOK_NOW = """UPDATE turns SET wake_at = now()
                  WHERE status = 'waiting' AND phase = 'wait_tools' AND wake_at > now()
                    AND EXISTS (SELECT 1 FROM executions e
@@ -270,8 +271,8 @@ class TurnRows(JournalRows):
         """Hand back the turns of Brains presumed dead (or retiring, ``died`` False): claimable at
         once, their runs fenced out, each run's end journaled (a model call it was making is lost).
         A death counts towards the turn's crash-loop limit when it came at the same point of the
-        turn's work as the one before; the waiting turns with commands the dead committed are
-        looked at now (``_LOOK_NOW``). Returns how many turns were handed back."""
+        turn's work as the one before; the waiting turns with commands they committed are looked
+        at now (``_LOOK_NOW``). Returns how many turns were handed back."""
         released = 0
         for owner in owners:
             rows = await conn.fetch(_RELEASE, owner, died)
@@ -282,8 +283,7 @@ class TurnRows(JournalRows):
                     phase=r["phase"],
                 )  # fmt: skip
             released += len(rows)
-            if died:
-                await conn.execute(_LOOK_NOW, owner)
+            await conn.execute(_LOOK_NOW, owner)
         if released:
             await conn.execute("SELECT pg_notify($1, '')", wake_channel)
         return released
