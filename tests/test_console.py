@@ -99,6 +99,9 @@ async def _watch(url: str, turn: str, cache: Path, *, stop_after: str | None, si
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "brain", "watch", turn, cwd=REPO, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        # Ctrl-C as in a terminal, even when the suite itself runs in the background (a shell
+        # starts background jobs with SIGINT ignored, and a child inherits that).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     assert proc.stdout is not None
     out = ""
