@@ -11,7 +11,8 @@
 
 RUNNING ─► RUNNING is a re-run after a crash (a new attempt of a safe tool); RUNNING ─►
 UNKNOWN and QUERYING ─► UNKNOWN are the "nothing is guessed" exits of the replay rule.
-A rejected command is *inserted* as FAILED; inserting is not a transition.
+A rejected command is *inserted* as FAILED, and a command older than the ledger keeps rows
+(``infra.retention.may_have_been_pruned``) as UNKNOWN; inserting is not a transition.
 """
 
 from __future__ import annotations
