@@ -1,4 +1,4 @@
-"""``python -m bench run [--quick] [--out DIR] [--only a,b]``: run the benchmarks, write the report."""
+"""``python -m bench run [--quick] [--out DIR] [--only a,b] [--submit api|sql]``: run, write the report."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ SCENARIOS = ["latency", "throughput", "batches", "cost", "recovery", "payload", 
 async def main_async(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve()
     procs = Processes(Path(tempfile.mkdtemp(prefix="tendon-bench-")))  # logs and gate files
-    services = Services()
+    services = Services(submit_over=args.submit)
     only = [s for s in (args.only or ",".join(SCENARIOS)).split(",") if s]
     ctx = Context(services, procs, args.quick, out)
     rows: list[Row] = []
@@ -56,6 +56,7 @@ async def main_async(args: argparse.Namespace) -> int:
         "seconds": time.monotonic() - t0,
         "scenarios": only,
         "failed": failed,
+        "submit": args.submit,
     }
     path = report.write(out, rows, series, ctx.notes, meta)
     print(report.table(rows))
@@ -72,6 +73,13 @@ def main() -> int:
     r.add_argument("--quick", action="store_true", help="small repeats, no extra packages (< 60 s)")
     r.add_argument("--out", default=str(REPO / "docs" / "benchmarks"), help="output directory")
     r.add_argument("--only", help=f"comma-separated subset of {','.join(SCENARIOS)}")
+    r.add_argument(
+        "--submit",
+        choices=["api", "sql"],
+        default="api",
+        help="submit turns to the Brain's HTTP API (default; it may start a turn in the submit's commit) "
+        "or straight into the database",
+    )
     args = p.parse_args()
     return asyncio.run(main_async(args))
 

@@ -152,6 +152,9 @@ class Services:
     amqp_url: str = AMQP_URL
     suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     s3_env: dict[str, str] = field(default_factory=dict)
+    # How the harness submits turns: "api", to the first Brain's HTTP API (a served submit, the
+    # way a deployed client does), or "sql", into the database (as `brain submit` without --url).
+    submit_over: str = "api"
 
     @property
     def dbname(self) -> str:
@@ -271,6 +274,8 @@ class TendonWorld:
         self._n = 0
         self.started: list[subprocess.Popen[bytes]] = []  # stopped by cleanup, before the queues go
         self.kinds: dict[str, list[subprocess.Popen[bytes]]] = {}  # "Brain"/"Hands" -> processes
+        self.client: Any = None  # the first Brain's API client, when turns are submitted there
+        self.api_brain: subprocess.Popen[bytes] | None = None  # that Brain (a killed one serves none)
 
     @property
     def brain_schema(self) -> str:
@@ -297,7 +302,14 @@ class TendonWorld:
         }
 
     async def start_brain(self, **extra: str) -> subprocess.Popen[bytes]:
-        return await self.start_process("brain", BRAIN, extra)
+        if self.services.submit_over != "api" or self.client is not None:
+            return await self.start_process("brain", BRAIN, extra)
+        from brain.client import AsyncClient
+
+        port = free_port()
+        proc = await self.start_process("brain", BRAIN, {"TENDON_HTTP": f"127.0.0.1:{port}", **extra})
+        self.client, self.api_brain = AsyncClient(f"http://127.0.0.1:{port}"), proc
+        return proc
 
     async def start_hands(self, **extra: str) -> subprocess.Popen[bytes]:
         return await self.start_process("hands", HANDS, extra)
@@ -342,6 +354,8 @@ class TendonWorld:
         if agent_def is None:  # validated once, as a client that submits many turns would
             agent_def = self._agents[key] = AgentDefinition.model_validate(definition)
         self._n += 1
+        if self.client is not None and self.api_brain is not None and self.api_brain.poll() is None:
+            return await self.client.submit(session or f"s-{self._n}", f"r-{self._n}", text, definition)
         turn_id, _ = await verbs.submit(
             self.store,
             namespace=self.settings.namespace,
@@ -415,6 +429,9 @@ class TendonWorld:
         for proc in reversed(self.started):
             self.procs.stop(proc)
         errors: list[BaseException] = []
+        if self.client is not None:
+            await self.client.close()
+            self.client = None
         try:
             if self.pool is not None:
                 await self.pool.close()

@@ -36,6 +36,10 @@ import asyncpg
 _BLOCK = re.compile(r"blkref #\d+: rel (\d+)/(\d+)/(\d+)")
 
 
+# The heap records that each write one row version (``+INIT``: the same, on a new page).
+ROW_RECORDS = frozenset({"Heap/INSERT", "Heap/UPDATE", "Heap/HOT_UPDATE", "Heap/DELETE"})
+
+
 @dataclass(frozen=True)
 class RelFile:
     """Where a relation's blocks live: tablespace, database and file node (as WAL names them)."""
@@ -64,6 +68,15 @@ class WalFootprint:
     records: dict[tuple[str, str], int] = field(default_factory=dict)
     no_block: dict[str, int] = field(default_factory=dict)
     other_databases: int = 0
+
+    def row_versions(self) -> int:
+        """Row versions written (inserted, updated or deleted rows), read off the heap records:
+        exact, where ``pg_stat_user_tables`` lags behind by up to a flush interval."""
+        return sum(n for (_, kind), n in self.records.items() if kind.split("+")[0] in ROW_RECORDS)
+
+    def total(self) -> int:
+        """Every record of this database, and the records without a block (commits)."""
+        return sum(self.records.values()) + sum(self.no_block.values())
 
     def by_relation(self) -> dict[str, int]:
         totals: Counter[str] = Counter()

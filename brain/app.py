@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from brain.claims import Served
 from brain.context import BrainContext
 from brain.metrics import BrainMetrics
 from brain.relay import CommandRelay, ControlRelay
@@ -121,7 +122,9 @@ RESTART = -1
 
 
 @asynccontextmanager
-async def serve_api(backends: Backends, settings: Settings, ctx: BrainContext) -> AsyncIterator[str | None]:
+async def serve_api(
+    backends: Backends, settings: Settings, ctx: BrainContext, served: Served | None = None
+) -> AsyncIterator[str | None]:
     """The HTTP API of this Brain, while the block runs (``TENDON_HTTP``; its address in use is an
     error only when it was asked for); yields where it listens."""
     from brain.api.server import address
@@ -147,6 +150,7 @@ async def serve_api(backends: Backends, settings: Settings, ctx: BrainContext) -
         previews=ctx.previews,
         metrics=ctx.metrics,
         reconciler=reconciler if backends.ledger is not None else None,
+        served=served.submit if served is not None else None,
     )
     if api.tokens.open:
         log.warning(
@@ -258,7 +262,8 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
         await ParkedConsumer(store, broker, updates.queue, updates.surface_parked).start()
         await ParkedConsumer(store, broker, bindings.queue).start()
 
-        http = await stack.enter_async_context(serve_api(backends, settings, ctx))
+        served = Served(ctx, lambda: scheduler.free, scheduler.adopt)
+        http = await stack.enter_async_context(serve_api(backends, settings, ctx, served))
         log.info("brain_ready", worker=worker_id, schema=settings.brain_schema, http=http)
         if settings.ready_file:
             ready = Path(settings.ready_file)

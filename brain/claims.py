@@ -8,14 +8,16 @@ same transaction, alone: the others of the claim go on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from brain import facts, moves
+from brain.agents import AgentDefinition
 from brain.context import BrainContext
 from brain.states import TurnPhase, TurnStatus
 from brain.store import Move, Moved, Settled, TurnRow
+from brain.store.turns import Start, Submit, Submitted
 from infra.logging import get_logger
 from protocol import IllegalTransitionError, LimitReachedError, RoutingError, StaleOwnerError, TendonError
 
@@ -180,13 +182,18 @@ async def _phase_move(ctx: BrainContext, conn: Any, row: TurnRow, now: Any, clai
     raise IllegalTransitionError(f"a running turn in phase {phase} has nothing left to do")
 
 
+async def announced(ctx: BrainContext, conn: Any, agent: AgentDefinition) -> tuple[dict[str, Any], list[str]]:
+    """The bindings a new thread of ``agent`` would freeze now, and the tools no pool announced."""
+    found = await ctx.store.latest_bindings(conn, agent.tools)
+    missing = sorted(set(agent.tools) - set(found))
+    return found | {m.name: m.binding() for m in agent.manual_tools}, missing
+
+
 async def _prepare(ctx: BrainContext, conn: Any, row: TurnRow, now: Any, claim: Claim) -> Move:
     agent, thread = await ctx.threads.get(conn, row.thread_id)
     if thread["bindings"] is not None:
         return moves.prepare(row, freeze=None)
-    found = await ctx.store.latest_bindings(conn, agent.tools)
-    missing = sorted(set(agent.tools) - set(found))
-    found |= {m.name: m.binding() for m in agent.manual_tools}
+    found, missing = await announced(ctx, conn, agent)
     if missing:
         waited = (now - row.created_at).total_seconds() if now is not None else 0.0
         if waited >= ctx.binding_wait_seconds:
@@ -199,3 +206,52 @@ async def _prepare(ctx: BrainContext, conn: Any, row: TurnRow, now: Any, claim: 
     # it first, the cache reads the thread again next time.
     claim.threads[row.id] = thread
     return moves.prepare(row, freeze=found)
+
+
+@dataclass
+class Served:
+    """Submits this Brain serves (its HTTP API). While a run slot is free, the submit's commit
+    also claims and prepares a turn that can start at once (its thread idle, its tools announced),
+    and a run here goes on with it: no wake-up, no claim commit, one journal entry fewer.
+
+    The thread is locked first, so that two served submits cannot both find it idle; a plain
+    submit racing with this one leaves its turn queued, and a queued turn never overtakes a
+    started one of its thread (``CLAIMABLE_SQL``)."""
+
+    ctx: BrainContext
+    free: Callable[[], int]
+    adopt: Callable[[TurnRow], None]
+
+    async def submit(self, s: Submit) -> tuple[str, bool]:
+        ctx = self.ctx
+        if self.free() <= 0:
+            return await ctx.store.submit(s)
+
+        offered: list[Start] = []
+
+        async def work(conn: Any) -> Submitted:
+            offered.clear()
+            thread = await ctx.store.lock_thread(conn, s.thread_id)
+            if thread is None:
+                bindings, missing = await announced(ctx, conn, s.agent)
+                if not missing:
+                    offered.append(Start(ctx.owner, ctx.lease_seconds, bindings))
+            elif thread["bindings"] is not None:
+                offered.append(Start(ctx.owner, ctx.lease_seconds, None))
+            return await ctx.store.submit_in(conn, s, offered[0] if offered else None)
+
+        done = await ctx.store.transact(work, read_then_insert=True)
+        row = done.started
+        if row is not None:
+            assert done.seq is not None
+            log.info("run_started", turn_id=row.id, run=row.runs, phase="prepare", epoch=row.lease_epoch)
+            frozen = offered[0].bindings
+            if frozen is not None:  # a new thread, as its row now stands
+                thread = {
+                    "id": row.thread_id, "session_id": row.session_id, "name": s.thread,
+                    "agent_name": s.agent.name, "agent_version": s.agent.version, "closed_at": None,
+                }  # fmt: skip
+                ctx.threads.keep_frozen(thread, frozen)
+            ctx.history.started(row, done.seq, done.facts)
+            self.adopt(row)
+        return done.turn_id, done.created

@@ -140,11 +140,25 @@ class HistoryCache:
         elif seq is None:
             history.valid_for = (after.id, after.revision)
         elif seq == history.seq + 1:
-            entry = Entry(
-                after.session_id, seq, after.thread_id, after.id, None, None, None,
-                [dict(f) for f in facts], after.created_at,
-            )  # fmt: skip
-            history.extend([entry], executions or {}, after.thread_id)
+            history.extend([_entry(after, seq, facts)], executions or {}, after.thread_id)
             history.valid_for = (after.id, after.revision)
         else:
             history.valid_for = None
+
+    def started(self, row: TurnRow, seq: int, facts: Sequence[Mapping[str, Any]]) -> None:
+        """This process submitted ``row`` and started it in journal entry ``seq``: when that is its
+        session's first entry, the entry is the whole history of its thread."""
+        if seq != 1:
+            return
+        if len(self._threads) >= self.limit:
+            self._threads.clear()
+        history = self._threads[row.thread_id] = ThreadHistory()
+        history.extend([_entry(row, seq, facts)], {}, row.thread_id)
+        history.valid_for = (row.id, row.revision)
+
+
+def _entry(row: TurnRow, seq: int, facts: Sequence[Mapping[str, Any]]) -> Entry:
+    """The journal entry a commit of this process wrote for ``row``, as a read would give it."""
+    return Entry(
+        row.session_id, seq, row.thread_id, row.id, None, None, None, [dict(f) for f in facts], row.created_at
+    )

@@ -7,11 +7,12 @@ answers what the first call did, however many race; with other input it raises C
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from brain.agents import AgentDefinition
 from brain.store import BrainStore
-from brain.store.turns import MAIN_THREAD, thread_id
+from brain.store.turns import MAIN_THREAD, Submit, thread_id
 from brain.turn_history import turn_history
 from infra.db import unstorable
 from infra.transport import Topology, Transport
@@ -38,9 +39,11 @@ async def submit(
     agent: AgentDefinition,
     wake_channel: str,
     thread: str = MAIN_THREAD,
+    served: Callable[[Submit], Awaitable[tuple[str, bool]]] | None = None,
 ) -> tuple[str, bool]:
     """Accept a turn durably (invariant 1) on ``thread`` of the session (created on first use,
-    pinned to ``agent``'s version); returns (turn id, created by this call).
+    pinned to ``agent``'s version); returns (turn id, created by this call). ``served``: a Brain's
+    own submit, which may start the turn's run in the same commit (``brain.claims.Served``).
 
     Racing submits of one request id all get the one turn: the one that lost the race to insert
     it is tried again, and then finds it. Text the database cannot store (a NUL) is bad input,
@@ -51,15 +54,11 @@ async def submit(
         problem = unstorable(value)
         if problem is not None:
             raise SchemaError(f"{what} cannot be stored: its text {problem}")
-    return await store.submit(
-        namespace=namespace,
-        session_id=session_id,
-        request_id=request_id,
-        user_input=user_input,
-        agent=agent,
-        wake_channel=wake_channel,
-        thread=thread,
-    )
+    submit = Submit.of(
+        namespace=namespace, session_id=session_id, request_id=request_id, user_input=user_input,
+        agent=agent, wake_channel=wake_channel, thread=thread,
+    )  # fmt: skip
+    return await (served or store.submit)(submit)
 
 
 async def _session(store: BrainStore, conn: Any, namespace: str, session_id: str) -> Any:

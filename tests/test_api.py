@@ -101,6 +101,26 @@ async def test_a_turn_is_submitted_read_and_waited_for_and_its_request_id_is_ide
         assert bad.status_code == 422 and bad.json()["error"]["code"] == "schema_error"
 
 
+async def test_a_submit_the_brain_serves_starts_its_turn_in_the_same_commit(server: Server) -> None:
+    # A new session's turn whose tools are announced: accepted, claimed and prepared in one entry
+    # (one commit), then run here; a second turn of the thread, submitted while the first is
+    # unfinished, is queued and claimed once the first ended.
+    async with server.client() as http:
+        first = await submit(http, "s-served", "r1", TOOL_THEN_DONE)
+        second = await submit(http, "s-served", "r2", TOOL_THEN_DONE)
+        for t in (first, second):
+            assert (await http.get(f"/v1/turns/{t}", params={"wait": "30"})).json()["status"] == "completed"
+        events = (await http.get("/v1/sessions/s-served/events", params={"limit": 1000})).json()["events"]
+    kinds = {
+        t: [[f["kind"] for f in e["facts"]] for e in events if e["turn_id"] == t] for t in (first, second)
+    }
+    assert kinds[first][0] == ["turn.accepted", "turn.run_started", "turn.prepared"], kinds[first]
+    assert kinds[second][0] == ["turn.accepted"] and ["turn.run_started", "turn.prepared"] in kinds[second]
+    ended = next(i for i, e in enumerate(events) if e["turn_id"] == first and e["status"] == "completed")
+    began = next(i for i, e in enumerate(events) if e["turn_id"] == second and e["status"] == "running")
+    assert began > ended
+
+
 async def test_a_long_wait_never_cancels_the_turn(server: Server) -> None:
     slow = agent(
         [{"tool_calls": [{"tool": "slow_step", "args": {"seconds": 3}}]}, {"content": "done"}], name="slow"

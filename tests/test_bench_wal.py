@@ -66,6 +66,20 @@ def test_records_are_counted_by_relation_and_type_for_this_database_only() -> No
     assert wal.by_relation() == {"app.jobs": 4, "app.jobs_pkey": 3, "(relfilenode 1663/555)": 1}
 
 
+def test_row_versions_are_counted_off_the_heap_records_and_the_total_includes_commits() -> None:
+    wal = WalFootprint(
+        records={
+            ("app.jobs", "Heap/INSERT"): 3, ("app.jobs", "Heap/INSERT+INIT"): 1,
+            ("app.jobs", "Heap/HOT_UPDATE"): 2, ("app.jobs", "Heap/UPDATE+INIT"): 1,
+            ("app.jobs", "Heap/DELETE"): 1, ("app.jobs", "Heap/LOCK"): 5, ("app.jobs", "Heap2/PRUNE"): 2,
+            ("app.jobs_pkey", "Btree/INSERT_LEAF"): 4,
+        },
+        no_block={"Transaction/COMMIT": 3},
+    )  # fmt: skip
+    assert wal.row_versions() == 8  # not the locks, prunes or index entries
+    assert wal.total() == 19 + 3
+
+
 def test_rows_are_what_each_table_gained_and_a_new_table_starts_from_zero() -> None:
     before = {"app.jobs": TableRows(10, 4, 3, 1), "app.idle": TableRows(5)}
     after = {"app.jobs": TableRows(16, 10, 8, 2), "app.idle": TableRows(5), "app.new": TableRows(2)}

@@ -34,7 +34,7 @@ import asyncpg
 from bench.floor import Floor
 from bench.harness import TendonWorld, one_call_agent, parallel_agent
 from bench.scenarios.base import Context, Result, Row
-from bench.wal import current_lsn, render, rows_delta, table_rows, wal_footprint
+from bench.wal import WalFootprint, current_lsn, render, rows_delta, table_rows, wal_footprint
 
 WIDE = 5  # calls in the one model step of the 'wide' turn
 
@@ -114,6 +114,20 @@ async def _turns(
     return _per_call(before, after, idle, {"transactions": n + polls, "xids": n}, n)
 
 
+def _exact(wal: WalFootprint | None, floor: WalFootprint | None, n: int) -> list[Row]:
+    """Rows and WAL records per 1-call turn read off the WAL itself (``pg_walinspect``): exact,
+    where the statistics views lag (the rows) or count the whole server (the records)."""
+    if wal is None or floor is None:
+        return []
+    note = f"{n} sequential turns, read off the WAL between them (pg_walinspect); submit included"
+    return [
+        Row("cost", "row versions written per 1-call turn (from the WAL)", "rows", wal.row_versions() / n,
+            floor.row_versions() / n, target="<= 20", note=note + "; every insert, update (HOT too), delete"),
+        Row("cost", "WAL records per 1-call turn (from the WAL)", "records", wal.total() / n,
+            floor.total() / n, target="<= 60", note=note + "; commits included"),
+    ]  # fmt: skip
+
+
 async def run(ctx: Context) -> Result:
     n = ctx.n(20, 200)
     world = TendonWorld(ctx.services, ctx.procs, extra={"TENDON_SCAN_INTERVAL": "5"})
@@ -132,7 +146,8 @@ async def run(ctx: Context) -> Result:
             lsn0, rows0 = await current_lsn(admin), await table_rows(admin, schemas)
             tendon = await _turns(ctx, world, single, n, idle)
             lsn1, rows1 = await current_lsn(admin), await table_rows(admin, schemas)
-            footprint = render(await wal_footprint(admin, lsn0, lsn1), rows_delta(rows0, rows1), n)
+            wal = await wal_footprint(admin, lsn0, lsn1)
+            footprint = render(wal, rows_delta(rows0, rows1), n)
         finally:
             await admin.close()
         ctx.out.mkdir(parents=True, exist_ok=True)
@@ -149,9 +164,14 @@ async def run(ctx: Context) -> Result:
         await world.cleanup()
     async with Floor(ctx.services.database_url, ctx.services.amqp_url) as floor:
         await floor.sequential(3)
-        f0 = await _reading(ctx, [floor.schema])
-        await floor.sequential(n)
-        f1 = await _reading(ctx, [floor.schema])
+        admin = await asyncpg.connect(ctx.services.database_url)
+        try:
+            f0, lsn0 = await _reading(ctx, [floor.schema]), await current_lsn(admin)
+            await floor.sequential(n)
+            f1, lsn1 = await _reading(ctx, [floor.schema]), await current_lsn(admin)
+            floor_wal = await wal_footprint(admin, lsn0, lsn1)
+        finally:
+            await admin.close()
         fl = _per_call(f0, f1, {}, {}, n)
     ctx.notes.append(
         f"cost: Tendon background subtracted ({idle['transactions']:.1f} transactions/s, "
@@ -197,6 +217,7 @@ async def run(ctx: Context) -> Result:
                 fl["rows"],
                 note="pg_stat_user_tables of the side's own schemas; Tendon's submit included",
             ),
+            *_exact(wal, floor_wal, n),
             Row(
                 "cost",
                 "WAL records per tool call (1-call turn)",

@@ -20,6 +20,7 @@ from brain.api.auth import Caller, Tokens
 from brain.metrics import BrainMetrics
 from brain.previews import Previews
 from brain.store import BrainStore
+from brain.store.turns import Submit
 from infra.logging import get_logger
 from infra.transport import Topology
 from protocol import (
@@ -68,6 +69,9 @@ class Api:
     metrics: BrainMetrics = field(default_factory=BrainMetrics)
     # Opens the Hands ledger and payload codec for an operator's reconcile (None: not here).
     reconciler: Callable[..., Awaitable[Any]] | None = None
+    # This Brain's own submit, which may start a turn's run in the submit's commit (None: a plain
+    # submit, the turn claimed by whichever Brain looks first).
+    served: Callable[[Submit], Awaitable[tuple[str, bool]]] | None = None
     poll: float = 0.25  # seconds between looks at the journal while a stream is idle
 
 

@@ -63,6 +63,7 @@ async def submit(
     turn_id, created = await verbs.submit(
         api.store, namespace=caller.tenant(), session_id=session_id, request_id=body.request_id,
         user_input=body.input, agent=body.agent, wake_channel=api.wake_channel, thread=body.thread,
+        served=api.served,
     )  # fmt: skip
     if not created:
         response.status_code = 200

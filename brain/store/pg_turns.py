@@ -7,20 +7,33 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
 
-from brain.facts import accepted
 from brain.store.records import TURN_COLUMNS, Claimed, Move, Moved, TurnRow
-from brain.store.turns import CLAIM_SET, CLAIMABLE_SQL, KNOWN_SQL, Submit, TurnRows, check_submit
+from brain.store.turns import (
+    CLAIM_SET,
+    CLAIMABLE_SQL,
+    KNOWN_SQL,
+    Start,
+    Submit,
+    Submitted,
+    TurnRows,
+    check_submit,
+    submit_facts,
+)
 from infra.db import Json
 from protocol import new_id
 
 T = TypeVar("T")
 
 # The submit in one statement: the checks' read, and (when nothing conflicts and the turn is new)
-# the agent, a new session, a new thread, the turn, its journal entry and the wake-up hint.
+# the agent, a new session, a new thread, the turn, its journal entry and the wake-up hint. With
+# an owner ($14) it starts the turn's run when ``starts_now`` says so (the same rule, in SQL):
+# the turn goes in claimed and prepared, a new thread with the bindings it freezes ($15).
 _SUBMIT = f"""
 WITH known AS ({KNOWN_SQL}),
 ok AS (
-    SELECT * FROM known
+    SELECT *, $14::text IS NOT NULL AND thread_open = 0
+              AND (thread_bound OR (agent_name IS NULL AND $15::jsonb IS NOT NULL)) AS starts
+      FROM known
      WHERE turn_id IS NULL AND (agent_digest IS NULL OR agent_digest = $7)
        AND (session_ns IS NULL OR (session_ns = $1 AND session_closed IS NULL))
        AND (agent_name IS NULL OR (agent_name = $4 AND agent_version = $5 AND thread_closed IS NULL))),
@@ -30,19 +43,27 @@ agent AS (
 session AS (
     INSERT INTO sessions (id, namespace, last_seq) SELECT $2, $1, 1 FROM ok WHERE ok.session_ns IS NULL),
 thread AS (
-    INSERT INTO threads (id, session_id, name, agent_name, agent_version)
-    SELECT $6, $2, $13, $4, $5 FROM ok WHERE ok.agent_name IS NULL),
+    INSERT INTO threads (id, session_id, name, agent_name, agent_version, bindings)
+    SELECT $6, $2, $13, $4, $5, CASE WHEN ok.starts THEN $15::jsonb END FROM ok WHERE ok.agent_name IS NULL),
 bump AS (
     UPDATE sessions SET last_seq = last_seq + 1
      WHERE id = $2 AND EXISTS (SELECT 1 FROM ok WHERE ok.session_ns IS NOT NULL) RETURNING last_seq),
 turn AS (
-    INSERT INTO turns (id, namespace, session_id, thread_id, request_id, input_digest, status, phase)
-    SELECT $9, $1, $2, $6, $3, $10, 'queued', 'prepare' FROM ok),
+    INSERT INTO turns (id, namespace, session_id, thread_id, request_id, input_digest, status, phase,
+                       lease_owner, lease_epoch, runs, lease_expires_at)
+    SELECT $9, $1, $2, $6, $3, $10, CASE WHEN starts THEN 'running' ELSE 'queued' END,
+           CASE WHEN starts THEN 'model_request' ELSE 'prepare' END, CASE WHEN starts THEN $14 END,
+           starts::int, starts::int, CASE WHEN starts THEN ts_add(now(), $16) END
+      FROM ok RETURNING {TURN_COLUMNS}),
 entry AS (
     INSERT INTO journal (session_id, seq, thread_id, turn_id, status, phase, facts)
-    SELECT $2, coalesce((SELECT last_seq FROM bump), 1), $6, $9, 'queued', 'prepare', $11 FROM ok),
-hint AS (SELECT pg_notify($12, '') FROM ok)
-SELECT known.*, (SELECT count(*) FROM ok) > 0 AS created, (SELECT count(*) FROM hint) AS hinted FROM known"""
+    SELECT $2, coalesce((SELECT last_seq FROM bump), 1), $6, $9, turn.status, turn.phase,
+           CASE WHEN turn.status = 'running' THEN $17::jsonb ELSE $11::jsonb END
+      FROM turn RETURNING seq),
+hint AS (SELECT pg_notify($12, '') FROM ok WHERE NOT ok.starts)
+SELECT known.*, (SELECT count(*) FROM ok) > 0 AS created, (SELECT count(*) FROM hint) AS hinted,
+       (SELECT seq FROM entry) AS entry_seq, turn.*
+  FROM known LEFT JOIN turn ON true"""
 
 _CLAIM = f"""
 WITH candidate AS ({CLAIMABLE_SQL}
@@ -154,16 +175,22 @@ class PgTurnRows(TurnRows):
             )
         )
 
-    async def _submit(self, conn: Any, s: Submit) -> tuple[str, bool]:
+    async def _submit(self, conn: Any, s: Submit, start: Start | None) -> Submitted:
         turn_id = f"turn-{new_id()}"
         agent = s.agent
         known = await conn.fetchrow(
             _SUBMIT, s.namespace, s.session_id, s.request_id, agent.name, agent.version, s.thread_id,
-            agent.digest, agent.model_dump(mode="json"), turn_id, s.input_digest,
-            [accepted(s.request_id, s.user_input)], s.wake_channel, s.thread,
+            agent.digest, agent.model_dump(mode="json"), turn_id, s.input_digest, submit_facts(s, None),
+            s.wake_channel, s.thread, start.owner if start else None,
+            start.bindings if start else None, start.lease_seconds if start else None,
+            submit_facts(s, start) if start else None,
         )  # fmt: skip
         if known["created"]:
-            return turn_id, True
+            if known["status"] == "running":
+                assert start is not None
+                row = TurnRow.from_record(known)
+                return Submitted(turn_id, True, row, known["entry_seq"], submit_facts(s, start))
+            return Submitted(turn_id, True)
         existing = check_submit(
             known, namespace=s.namespace, session_id=s.session_id, thread=s.thread, request_id=s.request_id,
             input_digest=s.input_digest, agent=agent,
@@ -171,7 +198,7 @@ class PgTurnRows(TurnRows):
         # Nothing conflicts, yet nothing was written: only a race that lost an insert does that,
         # which fails the statement (unique violation) and is tried again by ``transact``.
         assert existing is not None, f"submit of {s.request_id!r} neither found nor created a turn"
-        return existing, False
+        return Submitted(existing, False)
 
     async def read_consistent(self, work: Callable[[Any], Awaitable[T]]) -> T:
         async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):

@@ -23,9 +23,13 @@ TERMINAL_SQL = "('completed', 'failed', 'cancelled')"  # a turn's final statuses
 FINAL_SQL = "('succeeded', 'failed', 'cancelled')"  # an execution's
 
 # One read for what a submit checks: the request id, the agent, the session and the thread ($6).
-KNOWN_SQL = """SELECT t.id AS turn_id, t.input_digest, t.thread_id AS turn_thread, a.digest AS agent_digest,
+# ``thread_open`` and ``thread_bound`` say whether a served submit may start the turn at once.
+KNOWN_SQL = f"""SELECT t.id AS turn_id, t.input_digest, t.thread_id AS turn_thread, a.digest AS agent_digest,
                       s.namespace AS session_ns, s.closed_at AS session_closed, th.agent_name,
-                      th.agent_version, th.closed_at AS thread_closed
+                      th.agent_version, th.closed_at AS thread_closed,
+                      th.bindings IS NOT NULL AS thread_bound,
+                      (SELECT count(*) FROM turns o
+                        WHERE o.thread_id = $6 AND o.status NOT IN {TERMINAL_SQL}) AS thread_open
                  FROM (SELECT 1 AS one) AS here
                  LEFT JOIN turns t ON t.namespace = $1 AND t.session_id = $2 AND t.request_id = $3
                  LEFT JOIN agents a ON a.name = $4 AND a.version = $5
@@ -44,13 +48,18 @@ MAIN_THREAD = "main"
 # A lease is live until it runs out; the owner renews it while its run goes on, and the judgement
 # that presumes an owner dead hands its turns back at once (``release_owners``). So a claim reads
 # nothing but the turn's own columns.
+# "First": a started turn goes before every queued one, else the earlier seq goes first. Seqs are
+# handed out at insert, so two racing submits to one thread can commit out of seq order, and a
+# served submit starts its turn in its own commit: a queued turn never overtakes a started one.
 CLAIMABLE_SQL = f"""
     SELECT t.id FROM turns t
     WHERE t.status IN ('queued', 'running') AND t.wake_at <= now()
       AND (t.lease_owner IS NULL OR t.lease_expires_at < now())
       AND NOT EXISTS (
-          SELECT 1 FROM turns p WHERE p.thread_id = t.thread_id AND p.seq < t.seq
-            AND p.status NOT IN {TERMINAL_SQL})"""
+          SELECT 1 FROM turns p WHERE p.thread_id = t.thread_id AND p.id <> t.id
+            AND p.status NOT IN {TERMINAL_SQL}
+            AND CASE WHEN (p.status = 'queued') = (t.status = 'queued') THEN p.seq < t.seq
+                     ELSE p.status <> 'queued' END)"""
 
 # Where in its work a turn is, for the crash-loop limit: a phase of one model call and tool step.
 CRASH_AT = "phase || '#' || model_calls || '#' || tool_step"
@@ -129,6 +138,14 @@ def check_submit(
     return None
 
 
+def starts_now(known: Mapping[str, Any], start: Start) -> bool:
+    """Whether a new turn's run starts in its submit's commit: its thread has no unfinished turn,
+    and the thread's bindings are frozen, or it is new and every tool was announced."""
+    if known["thread_open"]:
+        return False
+    return bool(known["thread_bound"]) or (known["agent_name"] is None and start.bindings is not None)
+
+
 def move_values(move: Move, lease_seconds: float) -> list[Any]:
     """The parameters of MOVE_GUARD and MOVE_SET, in order."""
     b = move.before
@@ -154,16 +171,9 @@ class Submit:
     agent: AgentDefinition
     wake_channel: str
 
-    @property
-    def thread_id(self) -> str:
-        return thread_id(self.session_id, self.thread)
-
-
-class TurnRows(JournalRows):
-    # ---- submit ------------------------------------------------------------------------
-
-    async def submit(
-        self,
+    @classmethod
+    def of(
+        cls,
         *,
         namespace: str,
         session_id: str,
@@ -172,19 +182,70 @@ class TurnRows(JournalRows):
         agent: AgentDefinition,
         wake_channel: str,
         thread: str = MAIN_THREAD,
-    ) -> tuple[str, bool]:
-        """Accept a turn durably; returns (turn id, created now). See ``brain.verbs.submit``."""
+    ) -> Submit:
         input_digest = digest({"text": user_input})
-        submit = Submit(
-            namespace, session_id, thread, request_id, user_input, input_digest, agent, wake_channel
-        )
+        return cls(namespace, session_id, thread, request_id, user_input, input_digest, agent, wake_channel)
 
-        async def work(conn: Any) -> tuple[str, bool]:
-            return await self._submit(conn, submit)
+    @property
+    def thread_id(self) -> str:
+        return thread_id(self.session_id, self.thread)
 
-        return await self.transact(work, single_statement=True, read_then_insert=True)
 
-    async def _submit(self, conn: Any, s: Submit) -> tuple[str, bool]:
+@dataclass(frozen=True)
+class Start:
+    """A served submit's offer to start the turn's run in its own commit, for ``owner``: taken when
+    the thread has no unfinished turn and ``bindings`` (what a new thread freezes) or the thread's
+    own are there."""
+
+    owner: str
+    lease_seconds: float
+    bindings: Mapping[str, Any] | None  # None: the thread exists, and its bindings are frozen
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What a submit did: the turn, whether this call made it, and, when it started the turn's
+    run, the turn as started and its journal entry."""
+
+    turn_id: str
+    created: bool
+    started: TurnRow | None = None
+    seq: int | None = None
+    facts: Sequence[Mapping[str, Any]] = ()
+
+
+def submit_facts(s: Submit, start: Start | None) -> list[dict[str, Any]]:
+    """The journal entry of a submit: the turn accepted, and when it starts now, its first run
+    and its input prepared (what a claim and its prepare would journal)."""
+    said = [accepted(s.request_id, s.user_input)]
+    if start is not None:
+        said += [facts.run_started(1, 1, str(TurnPhase.PREPARE), start.owner), facts.prepared()]
+    return said
+
+
+class TurnRows(JournalRows):
+    # ---- submit ------------------------------------------------------------------------
+
+    async def submit(self, submit: Submit) -> tuple[str, bool]:
+        """Accept a turn durably; returns (turn id, created now). See ``brain.verbs.submit``."""
+
+        async def work(conn: Any) -> Submitted:
+            return await self._submit(conn, submit, None)
+
+        done = await self.transact(work, single_statement=True, read_then_insert=True)
+        return done.turn_id, done.created
+
+    async def lock_thread(self, conn: Any, thread_id: str) -> Mapping[str, Any] | None:
+        """The thread, locked until the caller's transaction ends (None: there is none yet). A
+        served submit holds it so that two of them cannot both find the thread idle."""
+        return await conn.fetchrow(f"SELECT * FROM threads WHERE id = $1{self.FOR_UPDATE}", thread_id)  # type: ignore[no-any-return]
+
+    async def submit_in(self, conn: Any, s: Submit, start: Start | None) -> Submitted:
+        """A submit inside the caller's transaction, which starts the turn's run when ``start``
+        offers it and the thread is idle (see ``brain.claims.submit_and_start``)."""
+        return await self._submit(conn, s, start)
+
+    async def _submit(self, conn: Any, s: Submit, start: Start | None) -> Submitted:
         agent = s.agent
         known = await conn.fetchrow(
             KNOWN_SQL, s.namespace, s.session_id, s.request_id, agent.name, agent.version, s.thread_id
@@ -194,7 +255,9 @@ class TurnRows(JournalRows):
             input_digest=s.input_digest, agent=agent,
         )  # fmt: skip
         if existing is not None:
-            return existing, False
+            return Submitted(existing, False)
+        if start is not None and not starts_now(known, start):
+            start = None
         if known["agent_digest"] is None:
             await conn.execute(
                 "INSERT INTO agents (name, version, digest, definition) VALUES ($1, $2, $3, $4)"
@@ -210,23 +273,28 @@ class TurnRows(JournalRows):
             )
         if known["agent_name"] is None:
             await conn.execute(
-                "INSERT INTO threads (id, session_id, name, agent_name, agent_version)"
-                " VALUES ($1, $2, $3, $4, $5)",
+                "INSERT INTO threads (id, session_id, name, agent_name, agent_version, bindings)"
+                " VALUES ($1, $2, $3, $4, $5, $6)",
                 s.thread_id, s.session_id, s.thread, agent.name, agent.version,
+                start.bindings if start is not None else None,
             )  # fmt: skip
         turn_id = f"turn-{new_id()}"
+        status, phase = ("running", "model_request") if start is not None else ("queued", "prepare")
         await conn.execute(
             """INSERT INTO turns (id, namespace, session_id, thread_id, request_id, input_digest, status,
-                                 phase)
-               VALUES ($1, $2, $3, $4, $5, $6, 'queued', 'prepare')""",
-            turn_id, s.namespace, s.session_id, s.thread_id, s.request_id, s.input_digest,
+                                 phase, lease_owner, lease_epoch, runs, lease_expires_at)
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, ts_add(now(), $11))""",
+            turn_id, s.namespace, s.session_id, s.thread_id, s.request_id, s.input_digest, status, phase,
+            start.owner if start else None, 1 if start else 0, start.lease_seconds if start else None,
         )  # fmt: skip
-        facts = [accepted(s.request_id, s.user_input)]
-        await self.append(
-            conn, s.session_id, turn_id, facts, thread_id=s.thread_id, status="queued", phase="prepare"
+        said = submit_facts(s, start)
+        seq = await self.append(
+            conn, s.session_id, turn_id, said, thread_id=s.thread_id, status=status, phase=phase
         )
-        await conn.execute("SELECT pg_notify($1, '')", s.wake_channel)
-        return turn_id, True
+        if start is None:
+            await conn.execute("SELECT pg_notify($1, '')", s.wake_channel)
+            return Submitted(turn_id, True)
+        return Submitted(turn_id, True, await self.load(conn, turn_id), seq, said)
 
     # ---- claims ------------------------------------------------------------------------
 

@@ -1,0 +1,151 @@
+"""A submit a Brain serves starts the turn's run in the submit's own commit when the turn can start
+at once, on both backends; and whatever order racing submits commit in, one thread's turns never
+run side by side: a queued turn never overtakes a started one."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from brain import moves, verbs
+from brain.states import TurnPhase, TurnStatus
+from brain.store import BrainStore
+from brain.store.turns import Start, Submit, Submitted
+from tests.test_brain_store import AGENT, _claim, _facts, _move, _submit, _turn, pg_store, store
+
+__all__ = ["pg_store", "store"]  # the fixtures, used by name
+
+BINDINGS = {"echo": {"name": "echo"}}
+
+
+def _asked(request_id: str, session: str = "s1", thread: str = "main") -> Submit:
+    return Submit.of(
+        namespace="ns", session_id=session, request_id=request_id, user_input=f"input {request_id}",
+        agent=AGENT, wake_channel="wake", thread=thread,
+    )  # fmt: skip
+
+
+async def _served(
+    store: BrainStore,
+    request_id: str,
+    bindings: Any = BINDINGS,
+    owner: str = "b1",
+    session: str = "s1",
+    hold: float = 0.0,
+) -> Submitted:
+    """A served submit as ``brain.claims.Served`` makes it: the thread locked, then the submit,
+    offering to start (a new thread freezes ``bindings``; an existing one must have its own);
+    ``hold``: seconds its transaction stays open after the submit."""
+    asked = _asked(request_id, session)
+
+    async def work(conn: Any) -> Submitted:
+        thread = await store.lock_thread(conn, asked.thread_id)
+        if thread is None:
+            start = Start(owner, 30.0, bindings) if bindings is not None else None
+        else:
+            start = Start(owner, 30.0, None) if thread["bindings"] is not None else None
+        done = await store.submit_in(conn, asked, start)
+        await asyncio.sleep(hold)
+        return done
+
+    return await store.transact(work, read_then_insert=True)
+
+
+async def _finish(store: BrainStore, turn_id: str) -> None:
+    row = await _turn(store, turn_id)
+    if row.phase is TurnPhase.PREPARE:
+        row = (await _move(store, moves.prepare(row, freeze=None))).row
+    await _move(store, moves.reply(row, {"text": "done"}, {}, intents=None, first_look=60.0))
+
+
+async def test_a_served_submit_of_a_new_thread_starts_its_turn_in_one_commit_and_one_entry(store):
+    done = await _served(store, "r1")
+    row = done.started
+    assert row is not None and done.created and row.id == done.turn_id
+    assert (row.status, row.phase, row.lease_owner, row.lease_epoch, row.runs) == (
+        TurnStatus.RUNNING, TurnPhase.MODEL_REQUEST, "b1", 1, 1,
+    )  # fmt: skip
+    # one journal entry: accepted, the run it began and the input prepared (a claim's facts)
+    assert await _facts(store) == [(1, ["turn.accepted", "turn.run_started", "turn.prepared"])]
+    assert done.seq == 1 and [f["kind"] for f in done.facts] == [
+        "turn.accepted", "turn.run_started", "turn.prepared",
+    ]  # fmt: skip
+    thread = await store.read(lambda c: store.thread(c, "s1"))
+    assert thread["bindings"] == BINDINGS
+    # it is this Brain's: no other claims it while the lease lives
+    assert (await _claim(store, "b2", limit=5)).rows == []
+    # and the same request id again answers the same turn, starting nothing
+    again = await _served(store, "r1")
+    assert (again.turn_id, again.created, again.started) == (done.turn_id, False, None)
+
+
+async def test_a_served_submit_leaves_the_turn_queued_when_it_cannot_start_at_once(store):
+    # A thread with an unfinished turn: the next one waits its turn
+    first = await _submit(store, "r1")
+    second = await _served(store, "r2")
+    assert second.started is None and second.created
+    assert (await _turn(store, second.turn_id)).status is TurnStatus.QUEUED
+    # A new thread whose tools are not all announced: a claim's prepare waits for them, not the submit
+    other = await _served(store, "r3", bindings=None, session="s2")
+    assert other.started is None and (await _turn(store, other.turn_id)).status is TurnStatus.QUEUED
+    assert await store.read(lambda c: store.thread(c, "s2")) is not None
+    # The queued ones are claimed in thread order
+    claimed = (await _claim(store, "b1", limit=5)).rows
+    assert {r.id for r in claimed} == {first, other.turn_id}
+
+
+async def test_a_served_submit_to_an_idle_thread_with_frozen_bindings_starts_it(store):
+    first = await _served(store, "r1")
+    await _finish(store, first.turn_id)
+    second = await _served(store, "r2")
+    assert second.started is not None and second.started.phase is TurnPhase.MODEL_REQUEST
+    assert second.seq == 3  # after the first turn's two entries; its history is read, not assumed
+
+
+async def test_a_queued_turn_never_overtakes_a_started_one_of_its_thread(store):
+    # Given the state two racing submits can leave: the later turn (by seq) started, the earlier
+    # one queued (it committed after the other had started), and the started one's owner gone
+    earlier = await _submit(store, "r1")
+    later = await _submit(store, "r2")
+    await store.transact(
+        lambda c: c.execute(
+            "UPDATE turns SET status = 'running', runs = 1, lease_epoch = 1 WHERE id = $1", later
+        )
+    )
+    # When Brains claim, the started turn goes on and the queued one waits for it
+    (row,) = (await _claim(store, "b1", limit=5)).rows
+    assert row.id == later
+    assert (await _claim(store, "b2", limit=5)).rows == []
+    # and once it ended, the queued one is claimed
+    await _finish(store, later)
+    (row,) = (await _claim(store, "b2", limit=5)).rows
+    assert row.id == earlier
+
+
+async def test_racing_served_submits_to_one_idle_thread_start_one_turn(pg_store):
+    store = pg_store
+    first = await _served(store, "r0")
+    await _finish(store, first.turn_id)
+    # the first holds its transaction open while the others find the thread as it was before it
+    holding = asyncio.create_task(_served(store, "r1", owner="b1", hold=0.5))
+    await asyncio.sleep(0.2)
+    done = await asyncio.gather(holding, *(_served(store, f"r{i}", owner=f"b{i}") for i in range(2, 7)))
+    started = [d for d in done if d.started is not None]
+    assert len(started) == 1, [(d.turn_id, d.started) for d in done]
+    statuses = {d.turn_id: (await _turn(store, d.turn_id)).status for d in done}
+    assert sorted(statuses.values()) == sorted([TurnStatus.RUNNING] + [TurnStatus.QUEUED] * 5)
+
+
+async def test_a_served_submit_through_verbs_validates_like_any_submit(store):
+    asked: list[Submit] = []
+
+    async def served(submit: Submit) -> tuple[str, bool]:
+        asked.append(submit)
+        return await store.submit(submit)
+
+    turn_id, created = await verbs.submit(
+        store, namespace="ns", session_id="s1", request_id="r1", user_input="hi", agent=AGENT,
+        wake_channel="wake", thread="side", served=served,
+    )  # fmt: skip
+    assert created and [(a.thread_id, a.input_digest) for a in asked] == [("s1/side", asked[0].input_digest)]
+    assert (await _turn(store, turn_id)).status is TurnStatus.QUEUED
