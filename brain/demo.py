@@ -60,7 +60,10 @@ class Timeline:
     def seen(self, seq: int) -> None:
         """Remember what was printed, so a rerun can show what a crash kept from view."""
         if self.seen_file is not None:
-            self.seen_file.write_text(str(seq))
+            # Whole or not at all: the demo is killed at any point, a file cut mid-write reads as ''.
+            partial = self.seen_file.with_name(self.seen_file.name + ".partial")
+            partial.write_text(str(seq))
+            partial.replace(self.seen_file)
 
     def line(self, text: str, at: datetime | None = None) -> None:
         stamp = f"{((at or datetime.now(UTC)) - self.started).total_seconds():6.2f}s"
@@ -326,7 +329,7 @@ OWNED = (
     "objects",
     "mailbox.json",
     ".mailbox.json*",
-    "timeline.seen",
+    "timeline.seen*",
 )
 SEEN_FILE = "timeline.seen"
 

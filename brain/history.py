@@ -145,6 +145,27 @@ class HistoryCache:
         else:
             history.valid_for = None
 
+    def woken(
+        self,
+        row: TurnRow,
+        seq: int,
+        facts: Sequence[Mapping[str, Any]],
+        outcomes: Mapping[str, Mapping[str, Any]],
+    ) -> None:
+        """An apply of this process claimed ``row``, whose step's executions it ended, journaling
+        ``facts`` as entry ``seq``: when the cached history was complete for the turn as its run
+        left it (one revision before) and every result the entry applies is in ``outcomes``, the
+        history goes on without a read; else the next read catches up."""
+        history = self._threads.get(row.thread_id)
+        if history is None or history.valid_for != (row.id, row.revision - 1):
+            return
+        entry = _entry(row, seq, facts)
+        if seq != history.seq + 1 or not set(needed_executions([entry])) <= set(outcomes):
+            history.valid_for = None
+            return
+        history.extend([entry], outcomes, row.thread_id)
+        history.valid_for = (row.id, row.revision)
+
     def started(self, row: TurnRow, seq: int, facts: Sequence[Mapping[str, Any]]) -> None:
         """This process submitted ``row`` and started it in journal entry ``seq``: when that is its
         session's first entry, the entry is the whole history of its thread."""

@@ -80,10 +80,10 @@ class UpdateConsumer:
             conn, ranges, wake_channel=self.ctx.wake_channel, budget=budget
         )
         results: list[Any] = []
-        for events, (refused, claimed) in zip(ranges, applied.outcomes(), strict=True):
+        for events, (refused, claimed) in zip(ranges, applied.by_range(), strict=True):
             mine = dict.fromkeys(e.execution_id for e in events)
             ended = [applied.ended[e] for e in mine if e in applied.ended]
-            results.append(refused if refused is not None else (claimed, ended))
+            results.append(refused if refused is not None else (claimed, ended, applied))
         return results
 
     async def handle(self, message: Delivery) -> None:
@@ -146,9 +146,12 @@ class UpdateConsumer:
                 }
                 await self._fail_turn_of(first, error)
                 raise ObjectRefError(error["message"]) from exc
-            claimed, ended = await self.applier.submit(resolved)
+            claimed, ended, applied = await self.applier.submit(resolved)
             for tool in ended:
                 self.ctx.metrics.tool_ended(tool.tool, tool.status, tool.created_at)
+            for row in claimed:  # committed: the run goes on from what this apply wrote
+                seq, facts = applied.entries[row.id]
+                self.ctx.history.woken(row, seq, facts, applied.outcomes)
             log.debug("update_applied", events=len(resolved), claimed=len(claimed))
             return claimed  # type: ignore[no-any-return]
 

@@ -101,6 +101,14 @@ def effect_values(row: Any, done: Effect) -> list[Any]:
     ]
 
 
+def outcome_read(row: Any, done: Effect) -> dict[str, Any]:
+    """An execution after ``done`` as a read of its row gives what the history tells the model."""
+    status, _, _, result, how, _, _, error = effect_values(row, done)
+    read = {"id": row["id"], "call_id": row["call_id"], "tool": row["tool"], "status": status, "how": how}
+    json = {"result": result, "error": error}
+    return read | {k: v.value if isinstance(v, Json) else v for k, v in json.items()}
+
+
 def _json(value: Any) -> Any:
     # A JSON value read back is written back as JSON (a bare string would be text on SQLite).
     return value if value is None or isinstance(value, Json) else Json(value)
@@ -143,6 +151,9 @@ class ExecutionRows(StepRows):
             if plan is not None:
                 planned.append(plan)
         applied = await self._commit_apply(conn, planned, touched, wake_channel, budget)
+        if applied.claimed:
+            ended = [p for p in planned if p.effect.terminal]
+            applied.outcomes = {p.row["id"]: outcome_read(p.row, p.effect) for p in ended}
         applied.ended = {
             p.row["id"]: Ended(p.row["tool"], str(p.effect.status), as_time(p.row["created_at"]))
             for p in planned
@@ -348,10 +359,12 @@ class ExecutionRows(StepRows):
                 elif owner is not None and budget is not None:
                     budget.left += 1  # not taken: the slot stays free
             if turn.facts:
-                await self.append(
+                seq = await self.append(
                     conn, turn.session_id, turn_id, turn.facts, thread_id=turn.thread_id, run=turn.run,
                     status=turn.status, phase=turn.phase,
                 )  # fmt: skip
+                if turn.run is not None:
+                    applied.entries[turn_id] = (seq, turn.facts)
         if hint:
             await conn.execute("SELECT pg_notify($1, '')", wake_channel)
         return applied

@@ -70,7 +70,8 @@ entry AS (
      WHERE f.facts IS NOT NULL OR w.claim),
 {JOURNAL_ENTRIES},
 hint AS (SELECT pg_notify($17, '') WHERE EXISTS (SELECT 1 FROM woken WHERE NOT woken.claim))
-SELECT woken.*, (SELECT count(*) FROM hint) AS hinted FROM woken"""
+SELECT woken.*, (SELECT count(*) FROM hint) AS hinted, w.seq AS entry_seq, e.facts AS entry_facts
+  FROM woken LEFT JOIN written w ON w.turn_id = woken.id LEFT JOIN entry e ON e.turn_id = woken.id"""
 
 _DUE_WAITING = f"""
 WITH due AS (
@@ -121,7 +122,8 @@ class PgExecutionRows(RepairRows):
         claimed = [TurnRow.from_record(r) for r in recs if r["claim"]]
         if budget is not None:
             budget.left += candidates - len(claimed)  # not woken after all: their slots stay free
-        return Applied(refused=[], woken=len(recs), claimed=claimed)
+        entries = {r["id"]: (r["entry_seq"], r["entry_facts"]) for r in recs if r["claim"]}
+        return Applied(refused=[], woken=len(recs), claimed=claimed, entries=entries)
 
     async def executions_by_id(self, conn: Any, ids: Sequence[str]) -> dict[str, Any]:
         rows = await conn.fetch("SELECT * FROM executions WHERE id = ANY($1::text[])", list(ids))

@@ -267,6 +267,10 @@ class Applied:
     claimed: list[TurnRow] = field(default_factory=list)
     claimed_by: list[list[TurnRow]] = field(default_factory=list)
     ended: dict[str, Ended] = field(default_factory=dict)  # by execution id: the tools it ended
+    # Of each claimed turn: the seq and facts of the entry the apply journaled for it.
+    entries: dict[str, tuple[int, list[dict[str, Any]]]] = field(default_factory=dict)
+    # The executions it ended as the history reads them (``brain.history.tool_message``'s keys).
+    outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def outcomes(self) -> list[tuple[Exception | None, list[TurnRow]]]:
+    def by_range(self) -> list[tuple[Exception | None, list[TurnRow]]]:
         return list(zip(self.refused, self.claimed_by or [[] for _ in self.refused], strict=True))

@@ -1,0 +1,83 @@
+"""The conversation a Brain caches for a thread goes on from what its own commits wrote: a turn an
+apply claimed reaches its next model call without reading the journal, and what it sees then is
+what a read of the journal gives; when the apply cannot tell the whole of it (a sibling ended in
+an earlier apply), the next model call reads. Both backends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from brain import moves
+from brain.history import HistoryCache
+from brain.store import BrainStore, ClaimBudget, TurnRow
+from tests.test_brain_store import _apply, _claim, _events, _intent, _move, _submit, store
+
+__all__ = ["store"]  # the fixture, used by name
+
+CALLS = [{"call_id": "call-1", "tool": "echo", "args": {}}, {"call_id": "call-2", "tool": "echo", "args": {}}]
+
+
+class Counted:
+    """How many times the history read the journal."""
+
+    def __init__(self, store: BrainStore) -> None:
+        self.reads = 0
+        read = store.entries
+
+        async def entries(*args: Any, **kwargs: Any) -> Any:
+            self.reads += 1
+            return await read(*args, **kwargs)
+
+        store.entries = entries  # type: ignore[method-assign]
+
+
+async def _waiting(store: BrainStore, history: HistoryCache) -> TurnRow:
+    """A turn driven the way a run does it, the cache kept along: claimed and prepared, its
+    history read for the model call, the reply with two tool calls committed."""
+    await _submit(store)
+    (row,) = (await _claim(store, "me")).rows
+    prepared = (await _move(store, moves.prepare(row, freeze=None))).row
+    await store.read(lambda c: history.messages(c, prepared))
+    intents = [_intent("e1", call="call-1"), _intent("e2", call="call-2")]
+    reply = moves.reply(prepared, {"text": None, "tool_calls": CALLS}, {}, intents=intents, first_look=60.0)
+    moved = await _move(store, reply)
+    history.committed(prepared, moved.row, moved.seq, reply.facts)
+    return moved.row
+
+
+async def _claimed_by(store: BrainStore, history: HistoryCache, *ranges: list[Any]) -> TurnRow:
+    applied = await _apply(store, *ranges, budget=ClaimBudget("me", 30.0, 1))
+    (row,) = applied.claimed
+    seq, facts = applied.entries[row.id]
+    history.woken(row, seq, facts, applied.outcomes)
+    return row
+
+
+async def test_a_turn_an_apply_claims_goes_on_from_the_history_it_handed_over(store):
+    history = HistoryCache(store)
+    await _waiting(store, history)
+    row = await _claimed_by(
+        store, history, list(_events("e1", result={"n": 1})), list(_events("e2", result="two"))
+    )
+    counted = Counted(store)
+    cached = await store.read(lambda c: history.messages(c, row))
+    assert counted.reads == 0
+    fresh = await store.read(lambda c: HistoryCache(store).messages(c, row))
+    assert counted.reads == 1
+    assert cached == fresh
+    assert [(m.role, m.content.get("result")) for m in cached if m.role == "tool"] == [
+        ("tool", {"n": 1}),
+        ("tool", "two"),
+    ]
+
+
+async def test_a_result_applied_earlier_makes_the_next_model_call_read_the_journal(store):
+    history = HistoryCache(store)
+    await _waiting(store, history)
+    await _apply(store, list(_events("e1", result=1)))  # the sibling, in an apply before
+    row = await _claimed_by(store, history, list(_events("e2", result=2)))
+    counted = Counted(store)
+    cached = await store.read(lambda c: history.messages(c, row))
+    assert counted.reads == 1
+    fresh = await store.read(lambda c: HistoryCache(store).messages(c, row))
+    assert cached == fresh and [m.content["result"] for m in cached if m.role == "tool"] == [1, 2]
