@@ -262,7 +262,7 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
         await ParkedConsumer(store, broker, updates.queue, updates.surface_parked).start()
         await ParkedConsumer(store, broker, bindings.queue).start()
 
-        served = Served(ctx, lambda: scheduler.free, scheduler.adopt)
+        served = Served(ctx, scheduler.quiet, scheduler.adopt)
         http = await stack.enter_async_context(serve_api(backends, settings, ctx, served))
         log.info("brain_ready", worker=worker_id, schema=settings.brain_schema, http=http)
         if settings.ready_file:

@@ -17,7 +17,7 @@ from brain.agents import AgentDefinition
 from brain.context import BrainContext
 from brain.states import TurnPhase, TurnStatus
 from brain.store import Move, Moved, Settled, TurnRow
-from brain.store.turns import Start, Submit, Submitted
+from brain.store.submits import Start, Submit, Submitted
 from infra.logging import get_logger
 from protocol import IllegalTransitionError, LimitReachedError, RoutingError, StaleOwnerError, TendonError
 
@@ -210,42 +210,44 @@ async def _prepare(ctx: BrainContext, conn: Any, row: TurnRow, now: Any, claim: 
 
 @dataclass
 class Served:
-    """Submits this Brain serves (its HTTP API). While a run slot is free, the submit's commit
-    also claims and prepares a turn that can start at once (its thread idle, its tools announced),
-    and a run here goes on with it: no wake-up, no claim commit, one journal entry fewer.
+    """Submits this Brain serves (its HTTP API). While few runs are in progress here (``quiet``),
+    the submit's commit also claims and prepares a turn that can start at once (its thread idle,
+    its tools announced), and a run here goes on with it: no wake-up, no claim commit, one
+    journal entry fewer. Busier, the turn is queued, for claims that take several at once.
 
     The thread is locked first, so that two served submits cannot both find it idle; a plain
     submit racing with this one leaves its turn queued, and a queued turn never overtakes a
     started one of its thread (``CLAIMABLE_SQL``)."""
 
     ctx: BrainContext
-    free: Callable[[], int]
+    quiet: Callable[[], bool]
     adopt: Callable[[TurnRow], None]
 
     async def submit(self, s: Submit) -> tuple[str, bool]:
         ctx = self.ctx
-        if self.free() <= 0:
+        if not self.quiet():
             return await ctx.store.submit(s)
 
-        offered: list[Start] = []
+        start: Start | None = None
 
         async def work(conn: Any) -> Submitted:
-            offered.clear()
+            nonlocal start
+            start = None
             thread = await ctx.store.lock_thread(conn, s.thread_id)
             if thread is None:
                 bindings, missing = await announced(ctx, conn, s.agent)
                 if not missing:
-                    offered.append(Start(ctx.owner, ctx.lease_seconds, bindings))
+                    start = Start(ctx.owner, ctx.lease_seconds, bindings)
             elif thread["bindings"] is not None:
-                offered.append(Start(ctx.owner, ctx.lease_seconds, None))
-            return await ctx.store.submit_in(conn, s, offered[0] if offered else None)
+                start = Start(ctx.owner, ctx.lease_seconds, None)
+            return await ctx.store.submit_in(conn, s, start)
 
         done = await ctx.store.transact(work, read_then_insert=True)
         row = done.started
         if row is not None:
-            assert done.seq is not None
+            assert done.seq is not None and start is not None
             log.info("run_started", turn_id=row.id, run=row.runs, phase="prepare", epoch=row.lease_epoch)
-            frozen = offered[0].bindings
+            frozen = start.bindings
             if frozen is not None:  # a new thread, as its row now stands
                 thread = {
                     "id": row.thread_id, "session_id": row.session_id, "name": s.thread,

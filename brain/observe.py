@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from brain.store import BrainStore, Entry
-from brain.store.turns import thread_id as thread_key
+from brain.store.submits import thread_id as thread_key
 from brain.verbs import check_thread_name
 from protocol import GoneError, NotFoundError, SchemaError
 

@@ -82,6 +82,13 @@ class Scheduler:
     def free(self) -> int:
         return 0 if self.closed else max(0, self.capacity - len(self.tasks))
 
+    def quiet(self) -> bool:
+        """Few runs in progress here (under a quarter of the capacity): a turn submitted to this
+        Brain now starts in its submit's commit. Busier, it is queued instead, and a claim takes
+        several at once, which costs less per turn than a submit that claims alone (measured in
+        docs/benchmarks/README.md, ninth round)."""
+        return not self.closed and len(self.tasks) < max(1, self.capacity // 4)
+
     def close(self) -> None:
         """Take no more turns (the first step of a stop): claims elsewhere see no free slot."""
         self.closed = True

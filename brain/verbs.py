@@ -12,7 +12,7 @@ from typing import Any
 
 from brain.agents import AgentDefinition
 from brain.store import BrainStore
-from brain.store.turns import MAIN_THREAD, Submit, thread_id
+from brain.store.submits import MAIN_THREAD, Submit, thread_id
 from brain.turn_history import turn_history
 from infra.db import unstorable
 from infra.transport import Topology, Transport

@@ -8,9 +8,10 @@ import asyncio
 from typing import Any
 
 from brain import moves, verbs
+from brain.runs import Scheduler, Wakeups
 from brain.states import TurnPhase, TurnStatus
 from brain.store import BrainStore
-from brain.store.turns import Start, Submit, Submitted
+from brain.store.submits import Start, Submit, Submitted
 from tests.test_brain_store import AGENT, _claim, _facts, _move, _submit, _turn, pg_store, store
 
 __all__ = ["pg_store", "store"]  # the fixtures, used by name
@@ -149,3 +150,16 @@ async def test_a_served_submit_through_verbs_validates_like_any_submit(store):
     )  # fmt: skip
     assert created and [(a.thread_id, a.input_digest) for a in asked] == [("s1/side", asked[0].input_digest)]
     assert (await _turn(store, turn_id)).status is TurnStatus.QUEUED
+
+
+def test_a_brain_starts_turns_at_submit_only_while_few_runs_are_in_progress():
+    scheduler = Scheduler(None, capacity=32, wakeups=Wakeups(), interval=1.0)  # type: ignore[arg-type]
+    assert scheduler.quiet()
+    scheduler.tasks = {f"t{i}": None for i in range(7)}  # type: ignore[misc]
+    assert scheduler.quiet()
+    scheduler.tasks["t7"] = None  # type: ignore[assignment]
+    assert not scheduler.quiet()  # a quarter of the capacity: claims batch better from here
+    scheduler.tasks.clear()
+    scheduler.close()
+    assert not scheduler.quiet()  # a stopping Brain starts nothing
+    assert Scheduler(None, capacity=1, wakeups=Wakeups(), interval=1.0).quiet()  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from brain.api.auth import Caller, Tokens
 from brain.metrics import BrainMetrics
 from brain.previews import Previews
 from brain.store import BrainStore
-from brain.store.turns import Submit
+from brain.store.submits import Submit
 from infra.logging import get_logger
 from infra.transport import Topology
 from protocol import (

@@ -4,7 +4,8 @@
 part (portable base)       what it owns
 =========================  ==================================================================
 ``journal.JournalRows``    the journal: one entry per commit, a per-session seq
-``turns.TurnRows``         submit, claims, leases, the fenced moves of runs
+``submits.SubmitRows``     submits, and a served submit that starts its turn in its commit
+``turns.TurnRows``         claims, leases, the fenced moves of runs
 ``sessions.SessionRows``   sessions and threads as users see them: listing, closing
 ``bindings.BindingRows``   announced tool bindings, threads and agent definitions
 ``steps.StepRows``         a turn's executions as the Brain reads them

@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from brain.store.records import TURN_COLUMNS, Control, TurnRow
+from brain.store.records import TERMINAL_SQL, TURN_COLUMNS, Control, TurnRow
 from brain.store.repairs import UNSETTLED_SQL, RepairRows
-from brain.store.turns import TERMINAL_SQL
 from infra.transport import Topology
 from protocol import CancelBody, CancelControl
 

@@ -18,9 +18,8 @@ from brain import facts
 from brain.applying import Effect, Execution, effect, late_note
 from brain.sequencing import drainable
 from brain.states import TERMINAL_EXECUTION, ExecutionStatus
-from brain.store.records import TURN_COLUMNS, Applied, ClaimBudget, Ended, TurnRow
+from brain.store.records import FINAL_SQL, TURN_COLUMNS, Applied, ClaimBudget, Ended, TurnRow
 from brain.store.steps import StepRows
-from brain.store.turns import FINAL_SQL
 from infra.db import Json
 from infra.logging import get_logger
 from infra.store import as_time

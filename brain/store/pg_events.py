@@ -10,9 +10,8 @@ from typing import Any
 from brain.store.bindings import newest
 from brain.store.executions import NAMED_COLUMNS, Planned, Touched, effect_values
 from brain.store.pg_turns import JOURNAL_ENTRIES
-from brain.store.records import TURN_COLUMNS, Applied, ClaimBudget, TurnRow
+from brain.store.records import FINAL_SQL, TURN_COLUMNS, Applied, ClaimBudget, TurnRow
 from brain.store.repairs import OPEN_SQL, RepairRows
-from brain.store.turns import FINAL_SQL
 from infra.db import Json
 
 _LOCK_NAMED = f"""

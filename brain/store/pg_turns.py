@@ -8,17 +8,8 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 from brain.store.records import TURN_COLUMNS, Claimed, Move, Moved, TurnRow
-from brain.store.turns import (
-    CLAIM_SET,
-    CLAIMABLE_SQL,
-    KNOWN_SQL,
-    Start,
-    Submit,
-    Submitted,
-    TurnRows,
-    check_submit,
-    submit_facts,
-)
+from brain.store.submits import KNOWN_SQL, Start, Submit, Submitted, check_submit, submit_facts
+from brain.store.turns import CLAIM_SET, CLAIMABLE_SQL, TurnRows
 from infra.db import Json
 from protocol import new_id
 

@@ -13,8 +13,7 @@ from typing import Any
 
 from brain import facts
 from brain.store.executions import SETTLED, ExecutionRows
-from brain.store.records import Control, Lease, Settled
-from brain.store.turns import TERMINAL_SQL
+from brain.store.records import TERMINAL_SQL, Control, Lease, Settled
 from infra.store import as_time
 from infra.transport import Topology
 from protocol import CancelBody, CancelControl, encode

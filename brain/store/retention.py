@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from brain.store.turns import TERMINAL_SQL
+from brain.store.records import TERMINAL_SQL
 
 
 class RetentionRows:

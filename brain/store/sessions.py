@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from brain.store.turns import TERMINAL_SQL, TurnRows
+from brain.store.records import TERMINAL_SQL
+from brain.store.turns import TurnRows
 from protocol import IllegalTransitionError, NotFoundError
 
 

@@ -1,48 +1,21 @@
-"""Turn rows: submit, claims under a lease with an epoch, and the fenced moves of runs.
+"""Turn rows: claims under a lease with an epoch, and the fenced moves of runs (submits are
+``brain.store.submits``).
 
-The portable statements, one turn at a time; ``brain.store.postgres`` does the same for many
+The portable statements, one turn at a time; ``brain.store.pg_turns`` does the same for many
 turns per statement.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
 from typing import Any, NoReturn
 
 from brain import facts
-from brain.agents import AgentDefinition
-from brain.facts import accepted
 from brain.states import TurnPhase, TurnStatus, phase_transition, turn_transition
-from brain.store.journal import JournalRows
-from brain.store.records import TURN_COLUMNS, Claimed, Move, Moved, TurnRow
+from brain.store.records import TERMINAL_SQL, TURN_COLUMNS, Claimed, Move, Moved, TurnRow
+from brain.store.submits import SubmitRows
 from infra.store import as_time
-from protocol import ConflictError, IllegalTransitionError, NotFoundError, StaleOwnerError, digest, new_id
-
-TERMINAL_SQL = "('completed', 'failed', 'cancelled')"  # a turn's final statuses
-FINAL_SQL = "('succeeded', 'failed', 'cancelled')"  # an execution's
-
-# One read for what a submit checks: the request id, the agent, the session and the thread ($6).
-# ``thread_open`` and ``thread_bound`` say whether a served submit may start the turn at once.
-KNOWN_SQL = f"""SELECT t.id AS turn_id, t.input_digest, t.thread_id AS turn_thread, a.digest AS agent_digest,
-                      s.namespace AS session_ns, s.closed_at AS session_closed, th.agent_name,
-                      th.agent_version, th.closed_at AS thread_closed,
-                      th.bindings IS NOT NULL AS thread_bound,
-                      (SELECT count(*) FROM turns o
-                        WHERE o.thread_id = $6 AND o.status NOT IN {TERMINAL_SQL}) AS thread_open
-                 FROM (SELECT 1 AS one) AS here
-                 LEFT JOIN turns t ON t.namespace = $1 AND t.session_id = $2 AND t.request_id = $3
-                 LEFT JOIN agents a ON a.name = $4 AND a.version = $5
-                 LEFT JOIN sessions s ON s.id = $2
-                 LEFT JOIN threads th ON th.id = $6"""
-
-
-def thread_id(session_id: str, thread: str) -> str:
-    """A thread's id: its session's own for the main thread, else ``session/name``."""
-    return session_id if thread == MAIN_THREAD else f"{session_id}/{thread}"
-
-
-MAIN_THREAD = "main"
+from protocol import NotFoundError, StaleOwnerError
 
 # Claimable: queued or running, due, not under a live lease, first unfinished in its thread.
 # A lease is live until it runs out; the owner renews it while its run goes on, and the judgement
@@ -94,58 +67,6 @@ MOVE_GUARD = """id = $1 AND lease_owner = $2 AND lease_epoch = $3 AND status = $
                 AND revision = $6"""
 
 
-def check_submit(
-    known: Mapping[str, Any],
-    *,
-    namespace: str,
-    session_id: str,
-    thread: str,
-    request_id: str,
-    input_digest: str,
-    agent: AgentDefinition,
-) -> str | None:
-    """The existing turn of this request, None for a new one; ConflictError when the submit
-    contradicts what is there (another input, thread or agent version, another namespace), and
-    IllegalTransitionError when its thread or session is closed."""
-    where = f"thread {thread!r} of session {session_id!r}"
-    if known["turn_id"] is not None and (
-        known["input_digest"] != input_digest or known["turn_thread"] != thread_id(session_id, thread)
-    ):
-        raise ConflictError(
-            f"request id {request_id!r} in session {session_id!r} was already used "
-            f"for a different input (turn {known['turn_id']})"
-        )
-    pinned = (known["agent_name"], known["agent_version"])
-    if known["session_ns"] == namespace and pinned[0] is not None and pinned != (agent.name, agent.version):
-        raise ConflictError(
-            f"{where} is pinned to agent {pinned[0]} version {pinned[1]}, not "
-            f"{agent.name} version {agent.version}: submit with that agent, or start another thread"
-        )
-    if known["turn_id"] is not None:
-        return str(known["turn_id"])
-    if known["session_closed"] is not None:
-        raise IllegalTransitionError(f"session {session_id!r} is closed: it takes no more turns")
-    if known["thread_closed"] is not None:
-        raise IllegalTransitionError(f"{where} is closed: it takes no more turns")
-    if known["agent_digest"] is not None and known["agent_digest"] != agent.digest:
-        raise ConflictError(
-            f"agent {agent.name} version {agent.version} is already registered with different "
-            "content; give the changed definition a new version"
-        )
-    if known["session_ns"] is not None and known["session_ns"] != namespace:
-        # Session ids are one space for all namespaces: say it is taken, not whose it is.
-        raise ConflictError(f"session id {session_id!r} is taken: choose another")
-    return None
-
-
-def starts_now(known: Mapping[str, Any], start: Start) -> bool:
-    """Whether a new turn's run starts in its submit's commit: its thread has no unfinished turn,
-    and the thread's bindings are frozen, or it is new and every tool was announced."""
-    if known["thread_open"]:
-        return False
-    return bool(known["thread_bound"]) or (known["agent_name"] is None and start.bindings is not None)
-
-
 def move_values(move: Move, lease_seconds: float) -> list[Any]:
     """The parameters of MOVE_GUARD and MOVE_SET, in order."""
     b = move.before
@@ -158,144 +79,7 @@ def move_values(move: Move, lease_seconds: float) -> list[Any]:
     ]  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Submit:
-    """What a submit asks for."""
-
-    namespace: str
-    session_id: str
-    thread: str
-    request_id: str
-    user_input: str
-    input_digest: str
-    agent: AgentDefinition
-    wake_channel: str
-
-    @classmethod
-    def of(
-        cls,
-        *,
-        namespace: str,
-        session_id: str,
-        request_id: str,
-        user_input: str,
-        agent: AgentDefinition,
-        wake_channel: str,
-        thread: str = MAIN_THREAD,
-    ) -> Submit:
-        input_digest = digest({"text": user_input})
-        return cls(namespace, session_id, thread, request_id, user_input, input_digest, agent, wake_channel)
-
-    @property
-    def thread_id(self) -> str:
-        return thread_id(self.session_id, self.thread)
-
-
-@dataclass(frozen=True)
-class Start:
-    """A served submit's offer to start the turn's run in its own commit, for ``owner``: taken when
-    the thread has no unfinished turn and ``bindings`` (what a new thread freezes) or the thread's
-    own are there."""
-
-    owner: str
-    lease_seconds: float
-    bindings: Mapping[str, Any] | None  # None: the thread exists, and its bindings are frozen
-
-
-@dataclass(frozen=True)
-class Submitted:
-    """What a submit did: the turn, whether this call made it, and, when it started the turn's
-    run, the turn as started and its journal entry."""
-
-    turn_id: str
-    created: bool
-    started: TurnRow | None = None
-    seq: int | None = None
-    facts: Sequence[Mapping[str, Any]] = ()
-
-
-def submit_facts(s: Submit, start: Start | None) -> list[dict[str, Any]]:
-    """The journal entry of a submit: the turn accepted, and when it starts now, its first run
-    and its input prepared (what a claim and its prepare would journal)."""
-    said = [accepted(s.request_id, s.user_input)]
-    if start is not None:
-        said += [facts.run_started(1, 1, str(TurnPhase.PREPARE), start.owner), facts.prepared()]
-    return said
-
-
-class TurnRows(JournalRows):
-    # ---- submit ------------------------------------------------------------------------
-
-    async def submit(self, submit: Submit) -> tuple[str, bool]:
-        """Accept a turn durably; returns (turn id, created now). See ``brain.verbs.submit``."""
-
-        async def work(conn: Any) -> Submitted:
-            return await self._submit(conn, submit, None)
-
-        done = await self.transact(work, single_statement=True, read_then_insert=True)
-        return done.turn_id, done.created
-
-    async def lock_thread(self, conn: Any, thread_id: str) -> Mapping[str, Any] | None:
-        """The thread, locked until the caller's transaction ends (None: there is none yet). A
-        served submit holds it so that two of them cannot both find the thread idle."""
-        return await conn.fetchrow(f"SELECT * FROM threads WHERE id = $1{self.FOR_UPDATE}", thread_id)  # type: ignore[no-any-return]
-
-    async def submit_in(self, conn: Any, s: Submit, start: Start | None) -> Submitted:
-        """A submit inside the caller's transaction, which starts the turn's run when ``start``
-        offers it and the thread is idle (see ``brain.claims.submit_and_start``)."""
-        return await self._submit(conn, s, start)
-
-    async def _submit(self, conn: Any, s: Submit, start: Start | None) -> Submitted:
-        agent = s.agent
-        known = await conn.fetchrow(
-            KNOWN_SQL, s.namespace, s.session_id, s.request_id, agent.name, agent.version, s.thread_id
-        )
-        existing = check_submit(
-            known, namespace=s.namespace, session_id=s.session_id, thread=s.thread, request_id=s.request_id,
-            input_digest=s.input_digest, agent=agent,
-        )  # fmt: skip
-        if existing is not None:
-            return Submitted(existing, False)
-        if start is not None and not starts_now(known, start):
-            start = None
-        if known["agent_digest"] is None:
-            await conn.execute(
-                "INSERT INTO agents (name, version, digest, definition) VALUES ($1, $2, $3, $4)"
-                " ON CONFLICT DO NOTHING",
-                agent.name,
-                agent.version,
-                agent.digest,
-                agent.model_dump(mode="json"),
-            )
-        if known["session_ns"] is None:
-            await conn.execute(
-                "INSERT INTO sessions (id, namespace) VALUES ($1, $2)", s.session_id, s.namespace
-            )
-        if known["agent_name"] is None:
-            await conn.execute(
-                "INSERT INTO threads (id, session_id, name, agent_name, agent_version, bindings)"
-                " VALUES ($1, $2, $3, $4, $5, $6)",
-                s.thread_id, s.session_id, s.thread, agent.name, agent.version,
-                start.bindings if start is not None else None,
-            )  # fmt: skip
-        turn_id = f"turn-{new_id()}"
-        status, phase = ("running", "model_request") if start is not None else ("queued", "prepare")
-        await conn.execute(
-            """INSERT INTO turns (id, namespace, session_id, thread_id, request_id, input_digest, status,
-                                 phase, lease_owner, lease_epoch, runs, lease_expires_at)
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, ts_add(now(), $11))""",
-            turn_id, s.namespace, s.session_id, s.thread_id, s.request_id, s.input_digest, status, phase,
-            start.owner if start else None, 1 if start else 0, start.lease_seconds if start else None,
-        )  # fmt: skip
-        said = submit_facts(s, start)
-        seq = await self.append(
-            conn, s.session_id, turn_id, said, thread_id=s.thread_id, status=status, phase=phase
-        )
-        if start is None:
-            await conn.execute("SELECT pg_notify($1, '')", s.wake_channel)
-            return Submitted(turn_id, True)
-        return Submitted(turn_id, True, await self.load(conn, turn_id), seq, said)
-
+class TurnRows(SubmitRows):
     # ---- claims ------------------------------------------------------------------------
 
     async def anything_claimable(self) -> bool:
