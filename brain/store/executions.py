@@ -104,8 +104,8 @@ def outcome_read(row: Any, done: Effect) -> dict[str, Any]:
     """An execution after ``done`` as a read of its row gives what the history tells the model."""
     status, _, _, result, how, _, _, error = effect_values(row, done)
     read = {"id": row["id"], "call_id": row["call_id"], "tool": row["tool"], "status": status, "how": how}
-    json = {"result": result, "error": error}
-    return read | {k: v.value if isinstance(v, Json) else v for k, v in json.items()}
+    values = {"result": result, "error": error}
+    return read | {k: v.value if isinstance(v, Json) else v for k, v in values.items()}
 
 
 def _json(value: Any) -> Any:
