@@ -54,10 +54,7 @@ async def submit(
         problem = unstorable(value)
         if problem is not None:
             raise SchemaError(f"{what} cannot be stored: its text {problem}")
-    submit = Submit.of(
-        namespace=namespace, session_id=session_id, request_id=request_id, user_input=user_input,
-        agent=agent, wake_channel=wake_channel, thread=thread,
-    )  # fmt: skip
+    submit = Submit(namespace, session_id, request_id, user_input, agent, wake_channel, thread)
     return await (served or store.submit)(submit)
 
 

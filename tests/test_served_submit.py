@@ -20,7 +20,7 @@ BINDINGS = {"echo": {"name": "echo"}}
 
 
 def _asked(request_id: str, session: str = "s1", thread: str = "main") -> Submit:
-    return Submit.of(
+    return Submit(
         namespace="ns", session_id=session, request_id=request_id, user_input=f"input {request_id}",
         agent=AGENT, wake_channel="wake", thread=thread,
     )  # fmt: skip

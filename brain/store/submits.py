@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from brain import facts
@@ -99,27 +100,15 @@ class Submit:
 
     namespace: str
     session_id: str
-    thread: str
     request_id: str
     user_input: str
-    input_digest: str
     agent: AgentDefinition
     wake_channel: str
+    thread: str = MAIN_THREAD
 
-    @classmethod
-    def of(
-        cls,
-        *,
-        namespace: str,
-        session_id: str,
-        request_id: str,
-        user_input: str,
-        agent: AgentDefinition,
-        wake_channel: str,
-        thread: str = MAIN_THREAD,
-    ) -> Submit:
-        input_digest = digest({"text": user_input})
-        return cls(namespace, session_id, thread, request_id, user_input, input_digest, agent, wake_channel)
+    @cached_property
+    def input_digest(self) -> str:
+        return digest({"text": self.user_input})
 
     @property
     def thread_id(self) -> str:
