@@ -5,7 +5,9 @@ snapshot-then-follow promise, bearer tokens per namespace on every route, the Py
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from brain.api import hash_token
 from brain.api.routes import MAX_WAIT, seconds
 from brain.client import AsyncClient, Client
 from protocol import SchemaError
-from tests.support import Processes, TendonEnv, free_port, wait_for
+from tests.support import Observer, Processes, TendonEnv, free_port, wait_for
 
 BRAIN = ["-m", "brain", "serve"]
 HANDS_BULK = ["-m", "hands", "serve", "--route", "bulk", "--tools", "tests.brain_e2e_tools"]
@@ -119,6 +121,36 @@ async def test_a_submit_the_brain_serves_starts_its_turn_in_the_same_commit(serv
     ended = next(i for i, e in enumerate(events) if e["turn_id"] == first and e["status"] == "completed")
     began = next(i for i, e in enumerate(events) if e["turn_id"] == second and e["status"] == "running")
     assert began > ended
+
+
+async def test_a_turn_its_brain_started_at_submit_survives_that_brains_death(
+    tendon: TendonEnv, processes: Processes
+) -> None:
+    # Given a Brain that serves the API and dies before its first model call, and a standby
+    tendon.routes.add("bulk")
+    port = free_port()
+    env = {**tendon.env, "TENDON_HTTP": f"127.0.0.1:{port}"}
+    await processes.start_ready("hands", HANDS_BULK, tendon.env)
+    doomed = await processes.start_ready(
+        "brain", BRAIN, {**env, "TENDON_KILL_AT": "brain.before_model_call@1"}
+    )
+    # When it accepts a turn it starts in the same commit (the answer may not make it out)
+    body = {"request_id": "r1", "input": "go", "agent": TOOL_THEN_DONE}
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+        with contextlib.suppress(httpx.TransportError):
+            await http.post("/v1/sessions/s-doomed/turns", json=body)
+    assert await processes.wait_exit(doomed) == -signal.SIGKILL
+    obs = Observer(tendon)
+    turns = "SELECT id, status, lease_owner FROM {brain}.turns WHERE session_id = 's-doomed'"
+    (row,) = await obs.fetch(turns)
+    assert row["status"] == "running" and row["lease_owner"] is not None  # started, held by the dead
+    (first,) = await obs.fetch("SELECT facts FROM {brain}.journal WHERE session_id = 's-doomed'")
+    assert [f["kind"] for f in first["facts"]] == ["turn.accepted", "turn.run_started", "turn.prepared"]
+    # Then the standby takes it over once the death is seen, and the turn completes once
+    await processes.start_ready("brain", BRAIN, tendon.env)
+    await obs.wait_turn(row["id"], "completed", timeout=60)
+    runs = await obs.fetch("SELECT runs FROM {brain}.turns WHERE id = $1", row["id"])
+    assert runs[0]["runs"] >= 2
 
 
 async def test_a_long_wait_never_cancels_the_turn(server: Server) -> None:
