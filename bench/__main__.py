@@ -1,4 +1,5 @@
-"""``python -m bench run [--quick] [--out DIR] [--only a,b] [--submit api|sql]``: run, write the report."""
+"""Run the scenarios, write the report:
+``python -m bench run [--quick] [--out DIR] [--only a,b] [--submit api|sql] [--waiting N]``."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ async def main_async(args: argparse.Namespace) -> int:
     procs = Processes(Path(tempfile.mkdtemp(prefix="tendon-bench-")))  # logs and gate files
     services = Services(submit_over=args.submit)
     only = [s for s in (args.only or ",".join(SCENARIOS)).split(",") if s]
-    ctx = Context(services, procs, args.quick, out)
+    ctx = Context(services, procs, args.quick, out, waiting=args.waiting)
     rows: list[Row] = []
     series: dict = {}
     failed: list[str] = []
@@ -80,7 +81,15 @@ def main() -> int:
         help="submit turns to the Brain's HTTP API (default; it may start a turn in the submit's commit) "
         "or straight into the database",
     )
+    r.add_argument(
+        "--waiting",
+        type=int,
+        metavar="N",
+        help="turns the waiting scenario parks on a tool (default 50 quick, 10000 full)",
+    )
     args = p.parse_args()
+    if args.waiting is not None and args.waiting < 1:
+        p.error("--waiting takes a number of turns, at least 1")
     return asyncio.run(main_async(args))
 
 

@@ -172,7 +172,8 @@ def write(out: Path, rows: list[Row], series: dict[str, Any], notes: list[str], 
         )
     )
     parts = [
-        f"## Results ({meta['mode']} mode, {meta['started']}, {meta['seconds']:.0f} s)\n",
+        f"## Results ({meta['mode']} mode, {meta['started']}, {meta['seconds']:.0f} s, "
+        f"submits over {meta.get('submit', 'api')})\n",
         "Every figure is a median or percentile over the repeats of this run; every ratio is "
         "Tendon divided by the column it names, measured in the same run (lower is better for "
         "times and costs, higher is better for throughput).\n",

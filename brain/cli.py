@@ -10,6 +10,7 @@ from pathlib import Path
 
 import asyncpg
 import httpx
+from pydantic import ValidationError
 
 from brain import commands
 from brain.commands import (
@@ -23,7 +24,7 @@ from brain.commands import (
 from brain.demo import main_demo
 from infra.logging import configure_logging
 from infra.parked import add_parked_command
-from infra.settings import Settings
+from infra.settings import Settings, bad_setting
 from protocol import ConflictError, TendonError
 
 EXIT_CODES = f"""exit codes:
@@ -264,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         settings = Settings()
-    except ValueError as exc:
-        print(f"brain: bad TENDON_* setting: {exc}", file=sys.stderr)
+    except ValidationError as exc:
+        print(f"brain: {bad_setting(exc)}", file=sys.stderr)
         return EXIT_USAGE
     if args.command == "demo":
         # The timeline is the output; logs only for what goes wrong.

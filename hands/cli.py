@@ -36,7 +36,7 @@ from infra.killpoints import KillPoints
 from infra.logging import configure_logging, get_logger
 from infra.parked import add_parked_command, show_parked
 from infra.payloads import PayloadCodec, open_payload_codec
-from infra.settings import Settings
+from infra.settings import Settings, bad_setting
 from protocol import NotFoundError, StaleOwnerError, TendonError, TransientError, batch_bytes, loads
 
 EXIT_ERROR = 2
@@ -131,11 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings()
     except ValidationError as exc:
-        first = exc.errors()[0]
-        print(
-            f"hands: bad setting TENDON_{str(first['loc'][0]).upper()}: {first['msg']}",
-            file=sys.stderr,
-        )
+        print(f"hands: {bad_setting(exc)}", file=sys.stderr)
         return EXIT_ERROR
     configure_logging(settings.log_format, settings.log_level, process="hands")
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _IDENT = r"^[a-z_][a-z0-9_]{0,62}$"
@@ -157,6 +157,13 @@ class Settings(BaseSettings):
     @property
     def ledger_database_url(self) -> str:
         return self.hands_database_url or self.database_url
+
+
+def bad_setting(exc: ValidationError) -> str:
+    """One line for a setting that does not validate: which variable, and what is wrong."""
+    first = exc.errors()[0]
+    where = str(first["loc"][0]).upper() if first["loc"] else "*"
+    return f"bad setting TENDON_{where}: {first['msg']}"
 
 
 def settings_table() -> str:

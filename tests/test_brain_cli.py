@@ -126,3 +126,21 @@ async def test_text_the_database_cannot_store_is_bad_input_with_its_exit_code(
     assert err.startswith("brain: agent notice-sender cannot be stored: its text contains a NUL")
     assert len(err.strip().splitlines()) == 1
     assert await Observer(tendon).fetch("SELECT 1 FROM {brain}.turns") == []
+
+
+@pytest.mark.parametrize("program", ["brain", "hands"])
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("TENDON_CONCURRENCY", "0", "Input should be greater than or equal to 1"),
+        ("TENDON_LOG_FORMAT", "yaml", "Input should be 'auto', 'json' or 'console'"),
+    ],
+)
+async def test_a_bad_setting_is_one_line_naming_the_variable_with_exit_code_2(
+    program: str, variable: str, value: str, said: str
+) -> None:
+    pool = ["--route", "r", "--tools", "examples.email_tools"] if program == "hands" else []
+    args = ["-m", program, "serve", *pool]
+    code, out, err = await run_cli(args, {variable: value})
+    assert (code, out) == (2, "")
+    assert err == f"{program}: bad setting {variable}: {said}\n"

@@ -17,6 +17,7 @@ class Context:
     procs: Processes
     quick: bool
     out: Path
+    waiting: int | None = None  # turns the waiting scenario parks (None: its default)
     notes: list[str] = field(default_factory=list)
 
     def n(self, quick: int, full: int) -> int:
