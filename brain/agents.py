@@ -3,7 +3,7 @@ policy). A thread keeps the version it started with; one name and version is one
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -119,9 +119,29 @@ class FrozenThreads:
     async def get(self, conn: Any, thread_id: str) -> tuple[AgentDefinition, Mapping[str, Any]]:
         thread = self._threads.get(thread_id)
         if thread is None:
-            thread = dict(await self.store.thread(conn, thread_id))
-            if thread["bindings"] is not None:
-                self._keep(self._threads, thread_id, thread)
+            thread = self._read(await self.store.thread(conn, thread_id))
+        return await self._with_agent(conn, thread)
+
+    async def get_many(
+        self, conn: Any, thread_ids: Collection[str]
+    ) -> dict[str, tuple[AgentDefinition, Mapping[str, Any]]]:
+        """``get`` for several threads (the turns of one claim): those not kept here are read in
+        one statement."""
+        wanted = set(thread_ids)
+        unknown = sorted(wanted - self._threads.keys())
+        read = {r["id"]: self._read(r) for r in await self.store.threads(conn, unknown)} if unknown else {}
+        threads = {t: self._threads.get(t) or read[t] for t in wanted}
+        return {t: await self._with_agent(conn, thread) for t, thread in threads.items()}
+
+    def _read(self, row: Any) -> Mapping[str, Any]:
+        thread = dict(row)
+        if thread["bindings"] is not None:
+            self._keep(self._threads, thread["id"], thread)
+        return thread
+
+    async def _with_agent(
+        self, conn: Any, thread: Mapping[str, Any]
+    ) -> tuple[AgentDefinition, Mapping[str, Any]]:
         key = (thread["agent_name"], thread["agent_version"])
         agent = self._agents.get(key)
         if agent is None:

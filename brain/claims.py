@@ -32,6 +32,10 @@ class Claim:
     runs: list[TurnRow] = field(default_factory=list)
     more: bool = False
     threads: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # of turns that freeze bindings
+    # Read ahead for the turns it prepares, one statement each instead of two per turn: their
+    # threads (with agents), and the announced bindings of the tools of threads not frozen yet.
+    read: dict[str, tuple[AgentDefinition, Mapping[str, Any]]] = field(default_factory=dict)
+    announced: dict[str, Any] | None = None
     moved: list[tuple[Move, Moved]] = field(default_factory=list)
     settled: list[Settled] = field(default_factory=list)
 
@@ -43,6 +47,7 @@ async def claim_turns(ctx: BrainContext, limit: int) -> Claim:
         claim = Claim()
         claimed = await ctx.store.claim(conn, ctx.owner, ctx.lease_seconds, limit)
         claim.more = claimed.more
+        await _read_ahead(ctx, conn, [r for r in claimed.rows if r.phase is TurnPhase.PREPARE], claim)
         planned: list[Move] = []
         for row in claimed.rows:
             log.info("run_started", turn_id=row.id, run=row.runs, phase=str(row.phase), epoch=row.lease_epoch)
@@ -84,6 +89,15 @@ async def claim_turns(ctx: BrainContext, limit: int) -> Claim:
     if waiting:
         await _look_again_for_bindings(ctx, waiting)
     return claim
+
+
+async def _read_ahead(ctx: BrainContext, conn: Any, rows: list[TurnRow], claim: Claim) -> None:
+    if len(rows) < 2:  # one turn reads what it needs as it goes: the same statements
+        return
+    claim.read = await ctx.threads.get_many(conn, {r.thread_id for r in rows})
+    tools = {t for agent, thread in claim.read.values() if thread["bindings"] is None for t in agent.tools}
+    if tools:
+        claim.announced = await ctx.store.latest_bindings(conn, sorted(tools))
 
 
 async def _look_again_for_bindings(ctx: BrainContext, rows: list[TurnRow]) -> None:
@@ -182,18 +196,24 @@ async def _phase_move(ctx: BrainContext, conn: Any, row: TurnRow, now: Any, clai
     raise IllegalTransitionError(f"a running turn in phase {phase} has nothing left to do")
 
 
-async def announced(ctx: BrainContext, conn: Any, agent: AgentDefinition) -> tuple[dict[str, Any], list[str]]:
-    """The bindings a new thread of ``agent`` would freeze now, and the tools no pool announced."""
-    found = await ctx.store.latest_bindings(conn, agent.tools)
+async def announced(
+    ctx: BrainContext, conn: Any, agent: AgentDefinition, known: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """The bindings a new thread of ``agent`` would freeze now, and the tools no pool announced
+    (``known``: the latest bindings of its tools, read already)."""
+    if known is None:
+        found = await ctx.store.latest_bindings(conn, agent.tools)
+    else:
+        found = {t: known[t] for t in agent.tools if t in known}
     missing = sorted(set(agent.tools) - set(found))
     return found | {m.name: m.binding() for m in agent.manual_tools}, missing
 
 
 async def _prepare(ctx: BrainContext, conn: Any, row: TurnRow, now: Any, claim: Claim) -> Move:
-    agent, thread = await ctx.threads.get(conn, row.thread_id)
+    agent, thread = claim.read.get(row.thread_id) or await ctx.threads.get(conn, row.thread_id)
     if thread["bindings"] is not None:
         return moves.prepare(row, freeze=None)
-    found, missing = await announced(ctx, conn, agent)
+    found, missing = await announced(ctx, conn, agent, claim.announced)
     if missing:
         waited = (now - row.created_at).total_seconds() if now is not None else 0.0
         if waited >= ctx.binding_wait_seconds:

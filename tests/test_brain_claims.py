@@ -1,9 +1,11 @@
-"""A claim that finds a turn's tools unannounced parks the turn as a row until an announcement
+"""What a claim reads for the new turns it prepares: their threads and the announced bindings,
+once for the whole claim, not once per turn.
+
+A claim that finds a turn's tools unannounced parks the turn as a row until an announcement
 wakes it. An announcement that commits while the claim's transaction is open (after its look at
 the bindings, before its commit) wakes nobody, because the turn does not wait yet; the Brain then
-looks again once the turn waits, instead of letting it sit out its whole binding wait.
-
-PostgreSQL only: the embedded store takes its write lock for the whole claim, so there an
+looks again once the turn waits, instead of letting it sit out its whole binding wait. That race
+is PostgreSQL only: the embedded store takes its write lock for the whole claim, so there an
 announcement cannot commit in between (it waits, then wakes the waiting turn itself)."""
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from infra.localqueue import LocalBroker
 from infra.payloads import PayloadCodec
 from infra.transport import Topology
 from protocol import ReplayPolicy, ToolBinding
-from tests.test_brain_store import _agent, pg_store
+from tests.test_brain_store import _agent, pg_store, store
 
-__all__ = ["pg_store"]  # the fixture, used by name
+__all__ = ["pg_store", "store"]  # the fixtures, used by name
 
 BINDING = ToolBinding.build(
     name="lab_tool",
@@ -32,6 +34,69 @@ BINDING = ToolBinding.build(
     input_schema={"type": "object"},
     replay_policy=ReplayPolicy.SAFE,
 )
+
+
+def _context(store: BrainStore, transport: Any) -> BrainContext:
+    return BrainContext(
+        store=store, codec=PayloadCodec(None, 1 << 20), topology=Topology("t"),
+        killpoints=KillPoints(), commands=CommandRelay(transport),
+        controls=ControlRelay(store, transport, interval=1.0), owner="brain-claims", wake_channel="wake",
+        lease_seconds=30.0, binding_wait_seconds=60.0, first_look=1.0,
+    )  # fmt: skip
+
+
+async def test_a_claim_of_new_turns_reads_their_threads_and_the_announced_bindings_once_for_all(
+    store: BrainStore, tmp_path: Any
+) -> None:
+    # Given three new sessions whose agent's tool is announced, and one whose tool is not
+    await store.transact(lambda c: store.store_bindings(c, [BINDING], "wake"))
+    agents = [_agent(tools=["lab_tool"])] * 3 + [_agent(name="other", tools=["nobody_serves"])]
+    for n, agent in enumerate(agents):
+        await verbs.submit(
+            store, namespace="ns", session_id=f"s{n}", request_id="r", user_input="hi", agent=agent,
+            wake_channel="wake",
+        )  # fmt: skip
+    reads: dict[str, list[Any]] = {"thread": [], "threads": [], "latest_bindings": []}
+    originals = {name: getattr(store, name) for name in reads}
+    inside = False
+
+    def spy(name: str) -> Any:
+        async def read(conn: Any, keys: Any) -> Any:
+            nonlocal inside
+            if inside:  # a backend's ``threads`` may read them one by one: that is one call
+                return await originals[name](conn, keys)
+            reads[name].append(keys)
+            inside = name == "threads"
+            try:
+                return await originals[name](conn, keys)
+            finally:
+                inside = False
+
+        return read
+
+    for name in reads:
+        setattr(store, name, spy(name))
+    try:
+        async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
+            claim = await claim_turns(_context(store, transport), 10)
+    finally:
+        for name in reads:
+            delattr(store, name)
+
+    # Then one read of the four threads and one of the bindings served the whole claim (the
+    # turn left waiting has its thread and tools looked at once more after the commit)
+    assert len(reads["threads"]) == 1 and len(set(reads["threads"][0])) == 4
+    looks = [sorted(tools) for tools in reads["latest_bindings"]]
+    assert looks == [["lab_tool", "nobody_serves"], ["nobody_serves"]]
+    # And each turn went where a look of its own would have taken it: the three froze the
+    # announced binding and call the model; the fourth waits for its tool
+    assert [r.phase for r in claim.runs] == [TurnPhase.MODEL_REQUEST] * 3
+    frozen = await store.read(lambda c: c.fetch("SELECT bindings FROM threads ORDER BY id"))
+    bindings = [r["bindings"] for r in frozen]
+    assert bindings.count(None) == 1
+    assert all(b == {"lab_tool": BINDING.model_dump(mode="json")} for b in bindings if b is not None)
+    (waiting,) = [m.row for _, m in claim.moved if m.row.waiting_for is not None]
+    assert waiting.phase is TurnPhase.PREPARE and reads["thread"] == [waiting.thread_id]
 
 
 async def test_tools_announced_while_a_claim_looks_for_them_wake_the_turn_at_once(
@@ -43,12 +108,7 @@ async def test_tools_announced_while_a_claim_looks_for_them_wake_the_turn_at_onc
         agent=_agent(tools=["lab_tool"]), wake_channel="wake",
     )  # fmt: skip
     async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
-        ctx = BrainContext(
-            store=store, codec=PayloadCodec(None, 1 << 20), topology=Topology("t"),
-            killpoints=KillPoints(), commands=CommandRelay(transport),
-            controls=ControlRelay(store, transport, interval=1.0), owner="brain-claims", wake_channel="wake",
-            lease_seconds=30.0, binding_wait_seconds=60.0, first_look=1.0,
-        )  # fmt: skip
+        ctx = _context(store, transport)
         looked = store.latest_bindings
 
         async def announced_meanwhile(conn: Any, tools: Any) -> dict[str, Any]:

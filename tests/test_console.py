@@ -37,11 +37,11 @@ def chromium() -> str:
     pytest.fail("no Chromium on this machine: install the system package (apt-get install chromium)")
 
 
-async def local_server(processes: Processes, tmp_path: Path) -> str:
+async def local_server(processes: Processes, tmp_path: Path, env: dict[str, str] | None = None) -> str:
     port = free_port()
     args = ["-m", "brain", "serve", "--local", "--data-dir", str(tmp_path / "data")]
     args += ["--tools", "tests.brain_e2e_tools", "--http", f"127.0.0.1:{port}"]
-    await processes.start_ready("local", args, {"TENDON_LOG_FORMAT": "json"})
+    await processes.start_ready("local", args, {"TENDON_LOG_FORMAT": "json", **(env or {})})
     url = f"http://127.0.0.1:{port}"
 
     async def answers() -> bool:

@@ -69,6 +69,11 @@ class BindingRows(SessionRows):
     async def thread(self, conn: Any, thread_id: str) -> Any:
         return await conn.fetchrow("SELECT * FROM threads WHERE id = $1", thread_id)
 
+    async def threads(self, conn: Any, thread_ids: Sequence[str]) -> list[Any]:
+        """The rows of ``thread_ids`` that exist (one statement where the backend can)."""
+        found = [await self.thread(conn, t) for t in thread_ids]
+        return [r for r in found if r is not None]
+
     async def agent_definition(self, conn: Any, name: str, version: str) -> Any:
         return await conn.fetchval(
             "SELECT definition FROM agents WHERE name = $1 AND version = $2", name, version

@@ -134,6 +134,9 @@ class PgExecutionRows(RepairRows):
         )
         return newest(rows)
 
+    async def threads(self, conn: Any, thread_ids: Sequence[str]) -> list[Any]:
+        return await conn.fetch("SELECT * FROM threads WHERE id = ANY($1::text[])", list(thread_ids))
+
     async def bound_routes(self, tools: Sequence[str]) -> list[tuple[str, str]]:
         rows = await self.read(
             lambda c: c.fetch(
