@@ -10,7 +10,6 @@ from pathlib import Path
 
 import asyncpg
 import httpx
-from pydantic import ValidationError
 
 from brain import commands
 from brain.commands import (
@@ -265,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         settings = Settings()
-    except ValidationError as exc:
+    except ValueError as exc:  # pydantic's ValidationError among them
         print(f"brain: {bad_setting(exc)}", file=sys.stderr)
         return EXIT_USAGE
     if args.command == "demo":

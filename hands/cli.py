@@ -24,7 +24,6 @@ from typing import Any
 
 import asyncpg
 from aio_pika import exceptions as amqp
-from pydantic import ValidationError
 
 from hands.app import HandsApp
 from hands.reconcile import reconcile
@@ -130,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = Settings()
-    except ValidationError as exc:
+    except ValueError as exc:  # pydantic's ValidationError among them
         print(f"hands: {bad_setting(exc)}", file=sys.stderr)
         return EXIT_ERROR
     configure_logging(settings.log_format, settings.log_level, process="hands")

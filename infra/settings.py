@@ -159,8 +159,10 @@ class Settings(BaseSettings):
         return self.hands_database_url or self.database_url
 
 
-def bad_setting(exc: ValidationError) -> str:
+def bad_setting(exc: ValueError) -> str:
     """One line for a setting that does not validate: which variable, and what is wrong."""
+    if not isinstance(exc, ValidationError):  # pydantic-settings' own, e.g. a value it cannot parse
+        return "bad TENDON_* setting: " + " ".join(str(exc).split())
     first = exc.errors()[0]
     where = str(first["loc"][0]).upper() if first["loc"] else "*"
     return f"bad setting TENDON_{where}: {first['msg']}"
