@@ -92,7 +92,7 @@ async def claim_turns(ctx: BrainContext, limit: int) -> Claim:
 
 
 async def _read_ahead(ctx: BrainContext, conn: Any, rows: list[TurnRow], claim: Claim) -> None:
-    if len(rows) < 2:  # one turn reads what it needs as it goes: the same statements
+    if not rows:
         return
     claim.read = await ctx.threads.get_many(conn, {r.thread_id for r in rows})
     tools = {t for agent, thread in claim.read.values() if thread["bindings"] is None for t in agent.tools}

@@ -166,7 +166,7 @@ class PgTurnRows(TurnRows):
             )
         )
 
-    async def _submit(self, conn: Any, s: Submit, start: Start | None) -> Submitted:
+    async def submit_in(self, conn: Any, s: Submit, start: Start | None) -> Submitted:
         turn_id = f"turn-{new_id()}"
         agent = s.agent
         known = await conn.fetchrow(

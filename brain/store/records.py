@@ -87,10 +87,10 @@ class TurnRow:
         return Lease(self.id, self.lease_owner, self.lease_epoch)
 
 
-# The columns of ``turns`` a TurnRow is read from, for statements that return turns.
 TERMINAL_SQL = "('completed', 'failed', 'cancelled')"  # a turn's final statuses
 FINAL_SQL = "('succeeded', 'failed', 'cancelled')"  # an execution's
 
+# The columns of ``turns`` a TurnRow is read from, for statements that return turns.
 TURN_COLUMNS = (
     "id, namespace, session_id, thread_id, request_id, status, phase, revision, lease_owner, lease_epoch,"
     " waiting_for, model_calls, tool_step, retries, runs, result, error, created_at, crashes, crash_at,"

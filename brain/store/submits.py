@@ -152,7 +152,7 @@ class SubmitRows(JournalRows):
         """Accept a turn durably; returns (turn id, created now). See ``brain.verbs.submit``."""
 
         async def work(conn: Any) -> Submitted:
-            return await self._submit(conn, submit, None)
+            return await self.submit_in(conn, submit, None)
 
         done = await self.transact(work, single_statement=True, read_then_insert=True)
         return done.turn_id, done.created
@@ -165,9 +165,6 @@ class SubmitRows(JournalRows):
     async def submit_in(self, conn: Any, s: Submit, start: Start | None) -> Submitted:
         """A submit inside the caller's transaction, which starts the turn's run when ``start``
         offers it and the thread is idle (see ``brain.claims.Served``)."""
-        return await self._submit(conn, s, start)
-
-    async def _submit(self, conn: Any, s: Submit, start: Start | None) -> Submitted:
         agent = s.agent
         known = await conn.fetchrow(
             KNOWN_SQL, s.namespace, s.session_id, s.request_id, agent.name, agent.version, s.thread_id
