@@ -23,13 +23,30 @@ async def echo_blob(ctx: ToolContext, blob: str) -> dict[str, object]:
     return {"blob": blob, "length": len(blob)}
 
 
+async def _elapsed(seconds: float, gate: str) -> None:
+    if not gate:
+        await asyncio.sleep(seconds)
+        return
+    # A file the test creates: there is nothing to wait on but time.
+    while not await asyncio.to_thread(os.path.exists, gate):  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+
+
 @tool(route="bulk", version="1", replay="safe")
-async def slow_step(ctx: ToolContext, seconds: float, label: str = "step") -> dict[str, object]:
-    """Take ``seconds`` (or stop as soon as a cancel comes)."""
+async def slow_step(
+    ctx: ToolContext, seconds: float, label: str = "step", gate: str = ""
+) -> dict[str, object]:
+    """Take ``seconds``, or with ``gate`` until that file exists (a test that must act while the
+    step runs, however slow its machine); stop as soon as a cancel comes."""
     _record(f"{label} started {ctx.operation_id}")
+    elapsed = asyncio.ensure_future(_elapsed(seconds, gate))
+    cancelled = asyncio.ensure_future(ctx.cancelled.wait())
     try:
-        await asyncio.wait_for(ctx.cancelled.wait(), timeout=seconds)
-    except TimeoutError:
+        await asyncio.wait({elapsed, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        elapsed.cancel()
+        cancelled.cancel()
+    if not ctx.cancelled.is_set():
         _record(f"{label} finished {ctx.operation_id}")
         return {"label": label, "slept": seconds}
     _record(f"{label} stopped by a cancel {ctx.operation_id}")

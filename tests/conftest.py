@@ -13,9 +13,11 @@ the prefixes and schemas this session recorded.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +35,11 @@ pytest_plugins = ["tests.s3server", "tests.hands_bus"]
 
 PG_URL = os.environ.get("TENDON_TEST_DATABASE_URL", "postgresql://root@127.0.0.1:5432/test")
 AMQP_URL = os.environ.get("TENDON_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+
+# The suite starts a few hundred Brain, Hands and CLI processes. Where the environment forbids
+# bytecode files, each of them compiled every Tendon module from source again (a tenth of its
+# start-up); the children may write them, so only the first one compiles.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def _unavailable(what: str, exc: BaseException) -> None:
@@ -102,6 +109,34 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
     finally:
         _running.remove(procs)
         procs.stop_all()
+
+
+# ---- a test that restarts a service that every test shares -------------------------------
+
+# Under pytest-xdist (``-n``) the workers share the PostgreSQL and RabbitMQ of this machine. A
+# test marked ``restarts_services`` holds the services lock exclusively, the others hold it shared
+# (a file lock, named after the run, so that each run has its own). The turnstile stops new shared
+# holders while an exclusive one waits: without it, two workers' tests could keep it waiting.
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+
+
+@pytest.fixture(autouse=True)
+def _services_lock(request: pytest.FixtureRequest) -> Iterator[None]:
+    if _RUN is None:  # one process: nothing runs beside the test
+        yield
+        return
+    exclusive = request.node.get_closest_marker("restarts_services") is not None
+    base = Path(tempfile.gettempdir()) / f"tendon-tests-{_RUN}"
+    with open(f"{base}.turnstile", "a+b") as turnstile, open(f"{base}.lock", "a+b") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 # ---- a test that timed out ----------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 import pytest
 
 from brain.models import Message, ScriptedModel, make_model
@@ -121,6 +124,17 @@ async def test_the_scripted_model_answers_from_its_script_by_position_in_the_tur
     )
     final = await model.complete(instructions="", history=history, turn_id="T", tools=[])
     assert final.content == 'done:\n- call-1: {"ok": 1}\n- call-2: {"ok": 2}'
+
+
+async def test_a_gated_script_entry_answers_only_once_its_file_exists(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    model = ScriptedModel([{"gate": str(gate), "content": "after the gate"}])
+    history = [Message(role="user", turn_id="T", content={"text": "go"})]
+    call = asyncio.create_task(model.complete(instructions="", history=history, turn_id="T", tools=[]))
+    await asyncio.sleep(0.3)
+    assert not call.done()
+    gate.touch()
+    assert (await asyncio.wait_for(call, 5)).content == "after the gate"
 
 
 def test_an_unknown_model_kind_is_a_clear_error():

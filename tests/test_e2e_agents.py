@@ -202,9 +202,10 @@ async def test_threads_of_a_session_run_in_parallel_each_pinned_and_closed_only_
 ) -> None:
     await processes.start_ready("brain", BRAIN, bulk)
     await processes.start_ready("hands", HANDS_BULK, bulk)
-    # Each CLI call takes a second or two to start: the slow turns outlast the checks below.
-    slow = {"kind": "scripted", "script": [{"tool_calls": [{"tool": "slow_step", "args": {"seconds": 5}}]},
-                                           {"content": "slow done"}]}  # fmt: skip
+    # Each CLI call takes a second or two to start: the slow turns wait for the checks below.
+    gate = tmp_path / "step"
+    step = {"tool": "slow_step", "args": {"seconds": 0, "gate": str(gate)}}
+    slow = {"kind": "scripted", "script": [{"tool_calls": [step]}, {"content": "slow done"}]}
     quick = {"kind": "scripted", "script": [{"content": "quick done"}]}
     a = agent_file(tmp_path, "slow", slow, tools=["slow_step"])
     b = agent_file(tmp_path, "quick", quick)
@@ -231,6 +232,7 @@ async def test_threads_of_a_session_run_in_parallel_each_pinned_and_closed_only_
     # Closing it with turns unfinished is refused; once they are done it closes and takes no more
     code, _, err = await run_cli(["-m", "brain", "close", "s", "--thread", "research"], bulk)
     assert code == EXIT_USAGE and "unfinished turn(s)" in err
+    gate.touch()
     await obs.wait_turn(second, "completed")
     done = [await obs.turn(t) for t in (first, second)]
     assert done[0]["updated_at"] <= done[1]["updated_at"]

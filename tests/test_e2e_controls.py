@@ -97,11 +97,21 @@ def world(tendon: TendonEnv, processes: Processes, tmp_path: Path) -> World:
 SLOW = [{"tool_calls": [{"tool": "slow_step", "args": {"seconds": 3}}]}, {"content": "done"}]
 
 
+def held(gate: Path) -> list[dict[str, Any]]:
+    """SLOW, but its step runs until ``gate`` exists: for a test that acts while it runs through
+    CLI calls, each a process that may take seconds to start on a busy machine."""
+    return [
+        {"tool_calls": [{"tool": "slow_step", "args": {"seconds": 0, "gate": str(gate)}}]},
+        {"content": "done"},
+    ]
+
+
 async def test_a_turn_paused_while_its_tool_runs_takes_the_result_but_goes_on_only_once_resumed(
     world: World,
 ) -> None:
     await world.start()
-    turn = await world.submit(world.agent(SLOW))
+    gate = world.tmp / "step"
+    turn = await world.submit(world.agent(held(gate)))
     await world.execution_status(turn, "running")
 
     # When it is paused while its tool runs
@@ -110,6 +120,7 @@ async def test_a_turn_paused_while_its_tool_runs_takes_the_result_but_goes_on_on
     assert (await world.show(turn))["status"] == "paused"
 
     # Then the tool's result is applied, but the turn does not call the model again
+    gate.touch()
     await world.execution_status(turn, "succeeded")
     shown = await world.show(turn)
     assert shown["status"] == "paused" and len(await world.obs.facts(turn, "turn.model_replied")) == 1
@@ -185,8 +196,9 @@ async def test_a_steer_during_a_model_call_applies_at_the_next_boundary_and_a_wi
     world: World,
 ) -> None:
     await world.start()
+    gate = world.tmp / "reply"  # the first reply waits for the three controls below
     script = [
-        {"delay": 4, "tool_calls": [{"tool": "slow_step", "args": {"seconds": 2}}]},
+        {"gate": str(gate), "tool_calls": [{"tool": "slow_step", "args": {"seconds": 0.5}}]},
         {"content": "ok"},
     ]
     turn = await world.submit(world.agent(script))
@@ -201,6 +213,7 @@ async def test_a_steer_during_a_model_call_applies_at_the_next_boundary_and_a_wi
     code, inject = await world.control("inject", turn, "also cc the boss")
     code, withdrawn = await world.control("withdraw", turn, str(inject["control_id"]))
     assert withdrawn["status"] == "applied", withdrawn
+    gate.touch()
 
     await world.obs.wait_turn(turn, "completed")
     kinds = [f["kind"] for f in await world.obs.facts(turn)]
@@ -220,7 +233,8 @@ async def test_a_steer_during_a_model_call_applies_at_the_next_boundary_and_a_wi
 
 async def test_a_control_whose_turn_ends_before_its_boundary_is_rejected_saying_so(world: World) -> None:
     await world.start(hands=False)
-    turn = await world.submit(world.agent([{"delay": 2, "content": "the only reply"}], tools=[]))
+    gate = world.tmp / "reply"  # the model answers once the steer is in: however slow the CLI is
+    turn = await world.submit(world.agent([{"gate": str(gate), "content": "the only reply"}], tools=[]))
 
     async def in_model_call() -> Any:
         row = await world.obs.turn(turn)
@@ -229,6 +243,7 @@ async def test_a_control_whose_turn_ends_before_its_boundary_is_rejected_saying_
     await wait_for(in_model_call, timeout=20, what="the model call")
     code, steer = await world.control("steer", turn, "too late")
     assert steer["status"] == "received"
+    gate.touch()
     await world.obs.wait_turn(turn, "completed")
 
     async def decided() -> Any:
@@ -244,7 +259,8 @@ async def test_the_same_request_id_gives_the_original_receipt_and_another_contro
     world: World,
 ) -> None:
     await world.start()
-    turn = await world.submit(world.agent(SLOW))
+    gate = world.tmp / "step"
+    turn = await world.submit(world.agent(held(gate)))
     await world.execution_status(turn, "running")
     code, first = await world.control("pause", turn, "--request-id", "p1")
     # the answer was lost: the caller asks again with the same request id
@@ -253,6 +269,7 @@ async def test_the_same_request_id_gives_the_original_receipt_and_another_contro
     code, out, err = await world.brain("cancel", turn, "--request-id", "p1")
     assert code == EXIT_CONFLICT and err.startswith("brain: CONFLICT:") and "'p1'" in err
     assert (await world.show(turn))["status"] == "paused"
+    gate.touch()  # the step ends here, not in the teardown's drain
 
 
 async def test_a_call_that_needs_approval_waits_runs_once_approved_and_a_second_answer_is_rejected(

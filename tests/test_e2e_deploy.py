@@ -159,7 +159,7 @@ async def test_a_login_the_database_refuses_is_not_waited_for(env: dict[str, str
 async def test_a_brain_stopped_mid_model_call_commits_the_reply_before_it_hands_the_turn_over(
     env: dict[str, str], obs: Observer, processes: Processes, tmp_path: Path
 ) -> None:
-    # Given a Brain in the middle of a model call that takes 3 s, and a standby Brain
+    # Given a Brain in the middle of a model call that takes 3 s
     first = await processes.start_ready("brain", BRAIN, env)
     await processes.start_ready("hands", HANDS, env)
     step = {"tool_calls": [{"tool": "slow_step", "args": {"seconds": 0.1}}], "delay": 3}
@@ -169,11 +169,13 @@ async def test_a_brain_stopped_mid_model_call_commits_the_reply_before_it_hands_
         return await obs.facts(turn, "turn.run_started")
 
     await wait_for(run_started, timeout=30, what="the first run")
-    standby = await processes.start_ready("brain", BRAIN, env)
-    ids = [await _worker_id(first), await _worker_id(standby)]  # (the ready file goes at exit)
+    first_id = await _worker_id(first)  # (the ready file goes at exit)
 
-    # When the first Brain is told to stop (SIGTERM) during the call
+    # When it is told to stop (SIGTERM) during the call, and a standby Brain starts meanwhile
+    # (started first, it could have claimed the turn; started later, the call could be over)
     first.send_signal(signal.SIGTERM)
+    standby = await processes.start_ready("brain", BRAIN, env)
+    ids = [first_id, await _worker_id(standby)]
 
     # Then it lets the call finish and commits the reply before it exits, so the model is asked
     # once (not a lost call asked again by the standby), and the standby completes the turn

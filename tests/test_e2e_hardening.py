@@ -358,6 +358,9 @@ def local_postgres(world: TendonEnv) -> None:
         pytest.skip("PostgreSQL is not this machine's: it is not restarted by tests")
 
 
+# It runs alone (``restarts_services``): under -n, it first waits for the other workers' tests.
+@pytest.mark.restarts_services
+@pytest.mark.timeout(600)
 async def test_a_turn_completes_across_a_real_postgresql_restart_in_the_middle_of_its_tool(
     world: TendonEnv, processes: Processes, gates: Path, tmp_path: Path, local_postgres: None
 ) -> None:

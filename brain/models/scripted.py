@@ -8,14 +8,17 @@ The reply for a turn is the script entry at the number of assistant replies alre
 turn's history, so a restarted Brain asks again and gets the same answer. ``{results}`` in
 content is replaced by one line per tool result of the turn. Call ids are ``call-N``,
 numbered across the turn. ``"delay": SECONDS`` in an entry makes that reply take so long, as a
-slow model would (tests of leases and of faults during a model call); ``"error": MESSAGE`` makes
-it fail, retryable unless ``"retryable": false`` (tests of the retry policy).
+slow model would (tests of leases and of faults during a model call); ``"gate": PATH`` makes it
+wait until that file exists (a test that must act during the call, however slow its machine);
+``"error": MESSAGE`` makes it fail, retryable unless ``"retryable": false`` (tests of the retry
+policy).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 from brain.models.base import Message, ModelReply, OnDelta, ToolCall
@@ -44,6 +47,10 @@ class ScriptedModel:
         entry = self.script[replies]
         if entry.get("delay"):
             await asyncio.sleep(float(entry["delay"]))
+        if entry.get("gate"):
+            # A file another process creates: there is nothing to wait on but time.
+            while not await asyncio.to_thread(Path(entry["gate"]).exists):  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
         if "error" in entry:
             raise ModelError(str(entry["error"]), retryable=bool(entry.get("retryable", True)))
         calls_so_far = sum(len(m.content.get("tool_calls", [])) for m in mine if m.role == "assistant")
