@@ -17,7 +17,6 @@ import fcntl
 import os
 import signal
 import subprocess
-import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -113,21 +112,22 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
 
 # ---- a test that restarts a service that every test shares -------------------------------
 
+
 # Under pytest-xdist (``-n``) the workers share the PostgreSQL and RabbitMQ of this machine. A
 # test marked ``restarts_services`` holds the services lock exclusively, the others hold it shared
-# (a file lock, named after the run, so that each run has its own). The turnstile stops new shared
-# holders while an exclusive one waits: without it, two workers' tests could keep it waiting.
-_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-
-
+# (a file lock in the run's own temporary directory, which every worker's is under). The turnstile
+# stops new shared holders while an exclusive one waits: without it, the other worker's tests
+# could keep it waiting.
 @pytest.fixture(autouse=True)
-def _services_lock(request: pytest.FixtureRequest) -> Iterator[None]:
-    if _RUN is None:  # one process: nothing runs beside the test
+def _services_lock(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: nothing runs beside the test
         yield
         return
     exclusive = request.node.get_closest_marker("restarts_services") is not None
-    base = Path(tempfile.gettempdir()) / f"tendon-tests-{_RUN}"
-    with open(f"{base}.turnstile", "a+b") as turnstile, open(f"{base}.lock", "a+b") as lock:
+    run = tmp_path_factory.getbasetemp().parent
+    with open(run / "services.turnstile", "a+b") as turnstile, open(run / "services.lock", "a+b") as lock:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
