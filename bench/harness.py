@@ -328,7 +328,7 @@ class TendonWorld:
 
     async def open(self) -> None:
         """Open the submitting pool in this process (migrates the Brain schema if needed)."""
-        from brain.app import open_store
+        from brain.store import open_store
         from infra.settings import Settings
 
         self.settings = Settings.model_validate(
@@ -346,7 +346,7 @@ class TendonWorld:
         ``session``: a later turn of a conversation); returns the turn id."""
         from brain import verbs
         from brain.agents import AgentDefinition
-        from brain.app import wake_channel
+        from brain.store import wake_channel
 
         assert self.store is not None
         key = json.dumps(definition, sort_keys=True)

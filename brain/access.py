@@ -10,9 +10,8 @@ from typing import Any, Protocol
 
 from brain import controls, verbs
 from brain.agents import AgentDefinition
-from brain.app import open_store, wake_channel
 from brain.client import AsyncClient
-from brain.store import BrainStore
+from brain.store import BrainStore, open_store, wake_channel
 from brain.views import describe
 from infra.settings import Settings
 from infra.transport import Topology

@@ -18,7 +18,7 @@ from brain.metrics import BrainMetrics
 from brain.relay import CommandRelay, ControlRelay
 from brain.runs import Scheduler, Wakeups
 from brain.scanner import RepairScanner
-from brain.store import BrainStore, open_brain_store
+from brain.store import BrainStore, open_store, wake_channel
 from brain.updates import BindingsConsumer, UpdateConsumer
 from hands.store import Ledger, ledger_for
 from infra.broker import Broker
@@ -32,31 +32,10 @@ from infra.payloads import PayloadCodec, open_payload_codec
 from infra.registrations import WorkerRegistration
 from infra.retention import DAY, Horizon, keep_pruned
 from infra.settings import Settings
-from infra.startup import wait_for
 from infra.tracing import open_tracing
 from infra.transport import Topology, Transport
 
 log = get_logger(__name__)
-
-
-def wake_channel(settings: Settings) -> str:
-    return f"{settings.brain_schema}_wake"
-
-
-async def open_store(settings: Settings, *, patience: float = 0.0) -> BrainStore:
-    """The migrated Brain store on PostgreSQL (used by `serve` and the CLI verbs), waiting up to
-    ``patience`` seconds for the database to answer."""
-    pool = await wait_for(
-        partial(create_pool, settings.database_url, settings.brain_schema, max_size=settings.concurrency + 6),
-        service="PostgreSQL",
-        url=settings.database_url,
-        patience=patience,
-    )
-    try:
-        return await open_brain_store(pool, settings.brain_schema)
-    except BaseException:
-        await pool.close()
-        raise
 
 
 @dataclass

@@ -20,7 +20,6 @@ from brain.commands import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
-from brain.demo import main_demo
 from infra.logging import configure_logging
 from infra.parked import add_parked_command
 from infra.settings import Settings, bad_setting
@@ -272,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         configure_logging(
             "console", "WARNING" if "TENDON_LOG_LEVEL" not in os.environ else settings.log_level
         )
+        from brain.demo import main_demo  # it runs a whole system: imported only for it
+
         try:
             return main_demo(
                 settings, args.data_dir, fresh=args.fresh, crash_at=args.crash_at, model=args.model

@@ -15,13 +15,12 @@ from typing import Any
 
 from rich.console import Console
 
-from brain import app, verbs
+from brain import verbs
 from brain.access import Direct, access
 from brain.agents import AgentDefinition
-from brain.app import open_store
 from brain.client import AsyncClient
 from brain.states import TERMINAL_TURN, TurnStatus
-from brain.store import BrainStore
+from brain.store import BrainStore, open_store
 from brain.turn_history import print_history
 from brain.views import print_turn, waiting_line
 from brain.watch import watch as follow
@@ -126,6 +125,9 @@ async def serve(settings: Settings, args: argparse.Namespace) -> int:
         return await serve_local(settings, args, stop)
     if args.data_dir or args.tools:
         raise SchemaError("--data-dir and --tools go with --local")
+    # Imported here: the other commands, a process each, start faster without the server.
+    from brain import app
+
     return await app.serve(settings, KillPoints(settings.kill_at), stop)
 
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from brain.app import Backends, wake_channel
+from brain.app import Backends
 from brain.app import run as run_brain
-from brain.store import BrainStore, open_brain_store
+from brain.store import BrainStore, open_brain_store, wake_channel
 from hands.app import HandsApp, HandsBackends
 from hands.store import Ledger, ledger_for
 from infra.dirstore import DirectoryObjectStore

@@ -20,7 +20,7 @@ import asyncpg
 from bench.harness import TendonWorld, agent
 from brain import verbs
 from brain.agents import AgentDefinition
-from brain.app import wake_channel
+from brain.store import wake_channel
 from chaos.faults import Fault, Injected, Tally, plan, tally
 from chaos.topology import Deployment
 from infra.db import is_transient

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,3 +146,14 @@ async def test_a_bad_setting_is_one_line_naming_the_variable_with_exit_code_2(
     code, out, err = await run_cli(args, {variable: value})
     assert (code, out) == (2, "")
     assert err == f"{program}: bad setting {variable}: {said}\n"
+
+
+def test_the_verbs_start_without_the_server_in_their_process() -> None:
+    # Each `brain submit`, `show` or control is a process of its own: the Brain server, the Hands
+    # and the demo they would import for nothing cost an eighth of its start-up.
+    server = ("brain.app", "brain.demo", "hands.app")
+    loaded = f"import sys, brain.cli; print(sorted(m for m in {server!r} if m in sys.modules))"
+    done = subprocess.run(
+        [sys.executable, "-c", loaded], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]"

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from brain import moves, verbs
-from brain.app import open_store
 from brain.states import TurnPhase, TurnStatus
 from brain.store import (
     BrainStore,
@@ -25,6 +24,7 @@ from brain.store import (
     Moved,
     TurnRow,
     open_brain_store,
+    open_store,
     pg_turns,
 )
 from infra.broker import Broker

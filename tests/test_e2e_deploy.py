@@ -18,7 +18,7 @@ import pytest
 
 from brain import verbs
 from brain.agents import AgentDefinition
-from brain.app import open_store, wake_channel
+from brain.store import open_store, wake_channel
 from chaos.proxy import TcpCutter
 from tests.support import Observer, Processes, TendonEnv, free_port, run_cli, wait_for
 

@@ -25,6 +25,7 @@ asks which one it has. Migrations are versioned SQL files per dialect in ``migra
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,10 @@ from brain.store.records import (
     TurnRow,
 )
 from brain.store.retention import RetentionRows
-from infra.db import dialect, migrate
+from infra.db import create_pool, dialect, migrate
 from infra.parked import ParkedRows
+from infra.settings import Settings
+from infra.startup import wait_for
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
@@ -71,6 +74,8 @@ __all__ = [
     "TurnRow",
     "brain_store",
     "open_brain_store",
+    "open_store",
+    "wake_channel",
 ]
 
 
@@ -91,3 +96,24 @@ async def open_brain_store(pool: Any, schema: str = "brain") -> BrainStore:
     """:func:`brain_store`, with the schema's migrations applied first."""
     await migrate(pool, schema, MIGRATIONS)
     return brain_store(pool)
+
+
+async def open_store(settings: Settings, *, patience: float = 0.0) -> BrainStore:
+    """The migrated Brain store on PostgreSQL (used by `serve` and the CLI verbs), waiting up to
+    ``patience`` seconds for the database to answer."""
+    pool = await wait_for(
+        partial(create_pool, settings.database_url, settings.brain_schema, max_size=settings.concurrency + 6),
+        service="PostgreSQL",
+        url=settings.database_url,
+        patience=patience,
+    )
+    try:
+        return await open_brain_store(pool, settings.brain_schema)
+    except BaseException:
+        await pool.close()
+        raise
+
+
+def wake_channel(settings: Settings) -> str:
+    """The channel a store's commits notify when a turn of the Brain's schema can go on."""
+    return f"{settings.brain_schema}_wake"
