@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import asyncpg
-import httpx
 
 from brain import commands
 from brain.commands import (
@@ -307,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     except TendonError as exc:
         print(f"brain: {exc.message}", file=sys.stderr)
         return EXIT_UNAVAILABLE if exc.retryable else EXIT_USAGE
-    except (OSError, httpx.TransportError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
+    except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
         print(f"brain: cannot reach a service: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     except asyncpg.PostgresError as exc:

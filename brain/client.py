@@ -7,8 +7,14 @@
         done = await tendon.call("s1", "r2", "And now?", agent)   # submit and wait
 
 An error answer raises the same typed error the server raised (``NotFoundError``,
-``ConflictError``...), with its message. ``events`` keeps the id of the last event it gave, and
-reconnects from there when the connection drops: every event once, in order.
+``ConflictError``...), with its message; a Brain it cannot reach raises ``TransientError``.
+``events`` keeps the id of the last event it gave, and reconnects from there when the
+connection drops: every event once, in order.
+
+It speaks HTTP through aiohttp: a request costs its client about a tenth of the CPU httpx
+spends on one (0.2 to 0.4 ms against 1.3 to 3 ms here, 1 to 50 requests in flight; see
+docs/benchmarks/README.md), and a client that submits many turns pays that on each. aiohttp is
+imported when the first request is made, so a CLI verb that never speaks HTTP does not load it.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+if TYPE_CHECKING:
+    import aiohttp
 
 from brain.agents import AgentDefinition
 from protocol import (
@@ -44,15 +51,15 @@ _BY_CODE: dict[str, type[TendonError]] = {
 }
 
 
-def _raise_for(response: httpx.Response) -> None:
-    if response.status_code < 400:
+def _raise_for(status: int, body: bytes) -> None:
+    if status < 400:
         return
     try:
-        error = response.json()["error"]
+        error = json.loads(body)["error"]
         code, message = str(error["code"]), str(error["message"])
     except (ValueError, KeyError, TypeError):
-        code, message = "http_error", f"HTTP {response.status_code}: {response.text[:300]}"
-    if response.status_code >= 500:
+        code, message = "http_error", f"HTTP {status}: {body[:300].decode(errors='replace')}"
+    if status >= 500:
         raise TransientError(f"{code}: {message}")
     kind = _BY_CODE.get(code, TendonError)
     error_obj = kind(message)
@@ -64,12 +71,29 @@ def _agent(agent: AgentDefinition | dict[str, Any]) -> dict[str, Any]:
     return agent.model_dump(mode="json") if isinstance(agent, AgentDefinition) else dict(agent)
 
 
+def _query(params: dict[str, Any]) -> dict[str, str]:
+    """Query parameters as the API reads them (``true``/``false`` for flags)."""
+    return {k: ("true" if v else "false") if isinstance(v, bool) else str(v) for k, v in params.items()}
+
+
+async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """The lines of a body that arrives in chunks (``\n`` or ``\r\n`` ends a line)."""
+    pending = b""
+    async for chunk in chunks:
+        pending += chunk
+        *done, pending = pending.split(b"\n")
+        for line in done:
+            yield line.removesuffix(b"\r").decode()
+
+
 class AsyncClient:
     """The HTTP API of a Tendon Brain, for asyncio code."""
 
     def __init__(self, url: str, token: str | None = None, *, timeout: float = 90.0) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+        self._url = url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout = timeout
+        self._http: aiohttp.ClientSession | None = None  # made in the event loop, at first use
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -78,12 +102,36 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        await self._http.aclose()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = await self._http.request(method, path, **kwargs)
-        _raise_for(response)
-        return response.json()
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            import aiohttp
+
+            self._http = aiohttp.ClientSession(
+                headers=self._headers, timeout=aiohttp.ClientTimeout(total=self._timeout)
+            )
+        return self._http
+
+    def _unreachable(self, exc: BaseException) -> TransientError:
+        return TransientError(f"cannot reach the Brain at {self._url}: {exc or type(exc).__name__}")
+
+    async def _request(
+        self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None
+    ) -> Any:
+        import aiohttp
+
+        try:
+            async with self._session().request(
+                method, self._url + path, params=_query(params or {}), json=body
+            ) as response:
+                status, answer = response.status, await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise self._unreachable(exc) from exc
+        _raise_for(status, answer)
+        return json.loads(answer)
 
     async def submit(
         self,
@@ -103,7 +151,7 @@ class AsyncClient:
     ) -> dict[str, Any]:  # fmt: skip
         """:meth:`submit`, answering ``{"turn_id", "created"}`` (False: that request was known)."""
         body = {"request_id": request_id, "input": text, "agent": _agent(agent), "thread": thread}
-        return await self._request("POST", f"/v1/sessions/{session}/turns", json=body)  # type: ignore[no-any-return]
+        return await self._request("POST", f"/v1/sessions/{session}/turns", body=body)  # type: ignore[no-any-return]
 
     async def turn(self, turn_id: str, *, wait: float = 0) -> dict[str, Any]:
         """The turn as it stands (after waiting up to ``wait`` seconds for it to end)."""
@@ -128,12 +176,12 @@ class AsyncClient:
     ) -> dict[str, Any]:
         """steer (text), inject (text), withdraw (control_id), pause, resume (revision), cancel."""
         body = {"kind": kind, "request_id": request_id, **fields}
-        return await self._request("POST", f"/v1/turns/{turn_id}/controls", json=body)  # type: ignore[no-any-return]
+        return await self._request("POST", f"/v1/turns/{turn_id}/controls", body=body)  # type: ignore[no-any-return]
 
     async def respond(self, turn_id: str, call: str, decision: str, **fields: Any) -> dict[str, Any]:
         """approve, deny (reason) or result (result) for a call that waits for a person."""
         body = {"call": call, "decision": decision, **fields}
-        return await self._request("POST", f"/v1/turns/{turn_id}/respond", json=body)  # type: ignore[no-any-return]
+        return await self._request("POST", f"/v1/turns/{turn_id}/respond", body=body)  # type: ignore[no-any-return]
 
     async def receipts(self, turn_id: str) -> list[dict[str, Any]]:
         """The turn's controls and where each stands."""
@@ -180,18 +228,20 @@ class AsyncClient:
     ) -> AsyncGenerator[dict[str, Any], None]:
         """Follow the session's events from ``cursor`` on, forever; reconnects after a cut from
         the last event it gave. Previews (with ``previews``) come as ``{"preview": ...}``."""
-        params = {**where, "previews": "true" if previews else "false"}
+        import aiohttp
+
+        params = _query({**where, "previews": previews})
+        forever = aiohttp.ClientTimeout(total=None, sock_connect=10)
         last = cursor
         while True:
             try:
-                async with self._http.stream(
-                    "GET", f"/v1/sessions/{session}/stream", params=params,
-                    headers={"Last-Event-ID": str(last)}, timeout=httpx.Timeout(None, connect=10),
+                async with self._session().get(
+                    f"{self._url}/v1/sessions/{session}/stream", params=params,
+                    headers={"Last-Event-ID": str(last)}, timeout=forever,
                 ) as response:  # fmt: skip
-                    if response.status_code >= 400:
-                        await response.aread()
-                        _raise_for(response)
-                    async for kind, data, event_id in _sse(response.aiter_lines()):
+                    if response.status >= 400:
+                        _raise_for(response.status, await response.read())
+                    async for kind, data, event_id in _sse(_lines(response.content.iter_any())):
                         if kind == "entry":
                             last = int(event_id or last)
                             yield json.loads(data)
@@ -200,7 +250,7 @@ class AsyncClient:
                         elif kind == "resync":
                             last = int(json.loads(data)["cursor"])
                             yield {"resync": json.loads(data)}
-            except (httpx.TransportError, httpx.RemoteProtocolError):
+            except (aiohttp.ClientError, TimeoutError):
                 await asyncio.sleep(0.5)  # the connection dropped: follow again from the last event
 
 

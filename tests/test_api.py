@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import signal
 from pathlib import Path
@@ -14,8 +15,10 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 
-from brain.api import hash_token
+from brain.api import console, hash_token, operator, routes, stream
 from brain.api.routes import MAX_WAIT, seconds
 from brain.client import AsyncClient, Client
 from protocol import SchemaError
@@ -399,3 +402,21 @@ def test_a_wait_is_read_as_seconds_capped_at_a_minute_and_anything_else_is_refus
     for bad in ("", "-1", "1m", "30ss", "nan", "1e3"):
         with pytest.raises(SchemaError):
             seconds(bad)
+
+
+def test_no_route_hands_a_request_to_a_worker_thread() -> None:
+    # FastAPI runs a plain-function endpoint or dependency in a worker thread: a hand-over to
+    # another thread and back on every request, for functions that do no blocking I/O.
+    found = []
+
+    def look(dependant: Dependant, where: str) -> None:
+        if dependant.call is not None and not inspect.iscoroutinefunction(dependant.call):
+            found.append(f"{where}: {dependant.call.__name__}")
+        for dependency in dependant.dependencies:
+            look(dependency, where)
+
+    for router in (console.router, operator.router, operator.metrics, routes.router, stream.router):
+        for route in router.routes:
+            assert isinstance(route, APIRoute)
+            look(route.dependant, route.path)
+    assert found == []

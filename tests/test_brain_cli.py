@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from brain.commands import EXIT_UNAVAILABLE
 from infra.broker import Broker
 from infra.transport import Topology
-from tests.support import REPO, Observer, Processes, TendonEnv, run_cli, wait_for
+from tests.support import REPO, Observer, Processes, TendonEnv, free_port, run_cli, wait_for
 
 AGENT = "examples/notice_agent.json"
 BRAIN = ["-m", "brain", "serve"]
@@ -148,10 +149,19 @@ async def test_a_bad_setting_is_one_line_naming_the_variable_with_exit_code_2(
     assert err == f"{program}: bad setting {variable}: {said}\n"
 
 
+async def test_a_brain_url_nobody_answers_is_one_line_with_the_unavailable_exit_code() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    code, out, err = await run_cli(["-m", "brain", "show", "t-1"], {"TENDON_URL": url})
+    assert (code, out) == (EXIT_UNAVAILABLE, "")
+    assert err.startswith(f"brain: cannot reach the Brain at {url}: ")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
 def test_the_verbs_start_without_the_server_in_their_process() -> None:
     # Each `brain submit`, `show` or control is a process of its own: the Brain server, the Hands
-    # and the demo they would import for nothing cost an eighth of its start-up.
-    server = ("brain.app", "brain.demo", "hands.app")
+    # and the demo they would import for nothing cost an eighth of its start-up; the HTTP client
+    # only serves the verbs given a URL.
+    server = ("brain.app", "brain.demo", "hands.app", "aiohttp", "httpx")
     loaded = f"import sys, brain.cli; print(sorted(m for m in {server!r} if m in sys.modules))"
     done = subprocess.run(
         [sys.executable, "-c", loaded], cwd=REPO, capture_output=True, text=True, check=True

@@ -75,7 +75,9 @@ class Api:
     poll: float = 0.25  # seconds between looks at the journal while a stream is idle
 
 
-def caller_of(request: Request) -> Caller:
+async def caller_of(request: Request) -> Caller:
+    # async, though it awaits nothing: FastAPI runs a plain function dependency in a worker
+    # thread, a hand-over to another thread and back on every request.
     api: Api = request.app.state.api
     return api.tokens.caller(request.headers.get("authorization"))
 

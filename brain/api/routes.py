@@ -170,7 +170,7 @@ async def respond(turn_id: str, body: RespondRequest, request: Request, caller: 
 # ---- events --------------------------------------------------------------------------------
 
 
-def event_filter(
+async def event_filter(  # async: see caller_of
     thread: str | None = None,
     turn: str | None = None,
     run: Annotated[int | None, Query(ge=1, le=INT32)] = None,
