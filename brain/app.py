@@ -31,7 +31,7 @@ from infra.parked import ParkedConsumer
 from infra.payloads import PayloadCodec, open_payload_codec
 from infra.registrations import WorkerRegistration
 from infra.retention import DAY, Horizon, keep_pruned
-from infra.settings import Settings
+from infra.settings import Settings, http_address
 from infra.tracing import open_tracing
 from infra.transport import Topology, Transport
 
@@ -106,9 +106,7 @@ async def serve_api(
 ) -> AsyncIterator[str | None]:
     """The HTTP API of this Brain, while the block runs (``TENDON_HTTP``; its address in use is an
     error only when it was asked for); yields where it listens."""
-    from brain.api.server import address
-
-    where = address(settings.http)
+    where = http_address(settings.http)  # off: the API package (FastAPI) is not even imported
     if where is None:
         yield None
         return

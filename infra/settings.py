@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from protocol import SchemaError
+
 _IDENT = r"^[a-z_][a-z0-9_]{0,62}$"
 
 
@@ -157,6 +159,16 @@ class Settings(BaseSettings):
     @property
     def ledger_database_url(self) -> str:
         return self.hands_database_url or self.database_url
+
+
+def http_address(value: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` (or ``off``: None) of ``TENDON_HTTP`` / ``--http``."""
+    if value.strip().lower() in ("off", "", "none"):
+        return None
+    host, _, port = value.strip().rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise SchemaError(f"the HTTP address takes HOST:PORT (or off), not {value!r}")
+    return host.strip("[]"), int(port)
 
 
 def bad_setting(exc: ValueError) -> str:

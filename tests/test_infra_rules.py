@@ -10,9 +10,10 @@ import pytest
 
 from infra.db import TRANSACT_ATTEMPTS, patiently, storable, transact, unstorable
 from infra.parked import reason_of
+from infra.settings import http_address
 from infra.sqlite import open_pool
 from infra.transport import REASON_HEADER
-from protocol import TransientError
+from protocol import SchemaError, TransientError
 
 
 @pytest.mark.parametrize(
@@ -159,3 +160,12 @@ async def test_a_server_waits_for_a_service_not_there_yet_but_not_for_one_that_r
     with pytest.raises(ConnectionRefusedError):
         await wait_for(away, service="RabbitMQ", url="amqp://h:1/", patience=0.5)
     assert asyncio.get_running_loop().time() - started < 5
+
+
+def test_the_http_address_is_host_and_port_or_off() -> None:
+    assert [http_address(v) for v in ("off", " OFF ", "", "none")] == [None] * 4
+    assert http_address("127.0.0.1:8080") == ("127.0.0.1", 8080)
+    assert http_address("[::1]:0") == ("::1", 0)
+    for bad in ("8080", "localhost", "host:", ":80", "host:port", "host:65536", "host:-1"):
+        with pytest.raises(SchemaError):
+            http_address(bad)

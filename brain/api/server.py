@@ -11,19 +11,8 @@ import uvicorn
 
 from brain.api.app import Api, create_app
 from infra.logging import get_logger
-from protocol import SchemaError
 
 log = get_logger(__name__)
-
-
-def address(value: str) -> tuple[str, int] | None:
-    """``HOST:PORT`` (or ``off``: None) of ``TENDON_HTTP`` / ``--http``."""
-    if value.strip().lower() in ("off", "", "none"):
-        return None
-    host, _, port = value.strip().rpartition(":")
-    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise SchemaError(f"the HTTP address takes HOST:PORT (or off), not {value!r}")
-    return host.strip("[]"), int(port)
 
 
 class _Server(uvicorn.Server):
