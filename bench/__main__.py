@@ -71,7 +71,7 @@ def main() -> int:
     p = argparse.ArgumentParser(prog="bench", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the scenarios and write docs/benchmarks/")
-    r.add_argument("--quick", action="store_true", help="small repeats, no extra packages (< 60 s)")
+    r.add_argument("--quick", action="store_true", help="small repeats, no extra packages (< 2 min)")
     r.add_argument("--out", default=str(REPO / "docs" / "benchmarks"), help="output directory")
     r.add_argument("--only", help=f"comma-separated subset of {','.join(SCENARIOS)}")
     r.add_argument(
