@@ -115,9 +115,6 @@ class AsyncClient:
             )
         return self._http
 
-    def _unreachable(self, exc: BaseException) -> TransientError:
-        return TransientError(f"cannot reach the Brain at {self._url}: {exc or type(exc).__name__}")
-
     async def _request(
         self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None
     ) -> Any:
@@ -129,7 +126,8 @@ class AsyncClient:
             ) as response:
                 status, answer = response.status, await response.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise self._unreachable(exc) from exc
+            why = str(exc) or type(exc).__name__
+            raise TransientError(f"cannot reach the Brain at {self._url}: {why}") from exc
         _raise_for(status, answer)
         return json.loads(answer)
 
