@@ -23,6 +23,7 @@ from brain.updates import BindingsConsumer, UpdateConsumer
 from hands.store import Ledger, ledger_for
 from infra.broker import Broker
 from infra.db import create_pool, keep_statistics
+from infra.heap import settle_heap
 from infra.killpoints import KillPoints
 from infra.liveness import Liveness
 from infra.logging import bind_worker, get_logger
@@ -90,7 +91,7 @@ async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event)
     """
     while True:
         async with open_backends(settings) as backends:
-            code = await run(backends, settings, killpoints, stop)
+            code = await run(backends, settings, killpoints, stop, on_ready=settle_heap)
         if code != RESTART or stop.is_set():
             return 0 if code == RESTART else code
         log.warning("starting_over", reason="presumed dead by the other Brains")
@@ -161,8 +162,15 @@ def first_look(settings: Settings) -> float:
     return max(2 * settings.scan_interval, settings.reconnect_grace + settings.scan_interval)
 
 
-async def run(backends: Backends, settings: Settings, killpoints: KillPoints, stop: asyncio.Event) -> int:
+async def run(
+    backends: Backends,
+    settings: Settings,
+    killpoints: KillPoints,
+    stop: asyncio.Event,
+    on_ready: Callable[[], object] | None = None,
+) -> int:
     """Run a Brain on ``backends`` until ``stop`` is set; then stop and close in reverse order.
+    ``on_ready`` is called once it serves (``serve`` settles the heap of the process it owns).
 
     Returns 0 after a requested stop, ``RESTART`` when the others presumed this Brain dead,
     1 when a background task ended on its own (which should never happen: it is logged and the
@@ -241,6 +249,8 @@ async def run(backends: Backends, settings: Settings, killpoints: KillPoints, st
 
         served = Served(ctx, scheduler.quiet, scheduler.adopt)
         http = await stack.enter_async_context(serve_api(backends, settings, ctx, served))
+        if on_ready is not None:
+            on_ready()
         log.info("brain_ready", worker=worker_id, schema=settings.brain_schema, http=http)
         if settings.ready_file:
             ready = Path(settings.ready_file)

@@ -31,6 +31,7 @@ from hands.relay import stored_events
 from hands.store import Execution, Ledger, ledger_for
 from infra.broker import Broker, Topology
 from infra.db import create_pool
+from infra.heap import settle_heap
 from infra.killpoints import KillPoints
 from infra.logging import configure_logging, get_logger
 from infra.parked import add_parked_command, show_parked
@@ -191,6 +192,7 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
             loop.add_signal_handler(sig, stop)
         try:
             async with app:
+                settle_heap()  # started: what it built lives as long as the process
                 await app.serve()
             return 0
         except StaleOwnerError as exc:

@@ -277,12 +277,19 @@ async def test_a_claim_takes_several_turns_in_one_statement_and_says_whether_mor
     two = await _claim(store, "b1", limit=2)
     last = await _claim(store, "b1", limit=2)
     assert len(two.rows) == 2 and two.more and len(last.rows) == 1 and not last.more
+    # (the third was looked at, and locked, by the first claim: it was not taken)
     assert {r.id for r in two.rows + last.rows} == submitted
     assert {(r.status, r.lease_owner, r.lease_epoch, r.runs) for r in two.rows + last.rows} == {
         (TurnStatus.RUNNING, "b1", 1, 1)
     }
     # and a turn under a live lease is never claimed again
     assert (await _claim(store, "b2", limit=5)).rows == []
+
+
+async def test_a_claim_that_takes_every_claimable_turn_says_none_is_left(store):
+    submitted = {await _submit(store, session=f"s{i}") for i in range(2)}
+    every = await _claim(store, "b1", limit=2)
+    assert {r.id for r in every.rows} == submitted and not every.more
 
 
 async def test_a_claim_and_its_prepare_are_one_journal_entry_of_the_run(store):
@@ -858,3 +865,22 @@ async def test_the_store_checks_no_foreign_keys_and_the_orphan_query_sees_what_t
     # ...and the query the tests run after every real run finds exactly that one
     assert found["journal.turn_id"] == 1
     assert sum(found.values()) == 1
+
+
+async def test_an_applied_event_rewrites_its_execution_in_its_page_where_no_index_is_written(pg_store):
+    # Executions keep a quarter of each page free (migration 0012): an apply's new row version
+    # fits beside the old one, a HOT update that writes no index entry. On full pages it moved.
+    async with pg_store.pool.acquire() as conn:
+        await conn.executemany(
+            "INSERT INTO executions (id, turn_id, tool_step, call_id, route, tool, binding_digest,"
+            " replay_policy, request_digest, status)"
+            " VALUES ($1, 't', 0, $1, 'r', 'tool', 'b', 'none', 'd', 'accepted')",
+            [(f"x{i:03}",) for i in range(300)],
+        )
+        page_of = "SELECT (ctid::text::point)[0] FROM executions WHERE id = $1"
+        first = [await conn.fetchval(page_of, f"x{i:03}") for i in (0, 1)]
+        await conn.execute(
+            "UPDATE executions SET status = 'succeeded', last_seq = 3, result = '{\"ok\": true}',"
+            " updated_at = now() WHERE id IN ('x000', 'x001')"
+        )
+        assert [await conn.fetchval(page_of, f"x{i:03}") for i in (0, 1)] == first

@@ -98,6 +98,23 @@ def _at_port(url: str, port: int) -> str:
     return urlunsplit(parts._replace(netloc=f"{userinfo}{at}127.0.0.1:{port}"))
 
 
+# ---- a served process's heap ----------------------------------------------------------------
+
+
+async def test_served_processes_take_what_start_up_built_out_of_the_collector(
+    env: dict[str, str], processes: Processes
+) -> None:
+    # A Brain and a Hands worker, once ready, freeze the objects start-up built (infra.heap):
+    # full collections then walk only what serving made, not the modules and the validators.
+    for name, args in (("brain", BRAIN), ("hands", HANDS)):
+        proc = await processes.start_ready(name, args, env)
+        await _says(processes, proc, "heap_settled")
+        line = next(ln for ln in processes.output(proc).splitlines() if "heap_settled" in ln)
+        settled = json.loads(line)
+        assert settled["frozen_objects"] > 20_000, line
+        assert settled["young_collection_every"] == 10_000, line
+
+
 # ---- containers start in any order ---------------------------------------------------------
 
 

@@ -6,7 +6,9 @@ steer, approvals and manual tools, threads, and the retry policy with a scripted
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +27,8 @@ from tests.support import wait_for
 NS = "default"
 
 
-@pytest.fixture
-async def system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[LocalSystem]:
+@asynccontextmanager
+async def started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[LocalSystem]:
     monkeypatch.setenv("BULK_RUNS_FILE", str(tmp_path / "runs.txt"))
     settings = Settings(scan_interval=0.2, reconnect_grace=0.5, lease_seconds=10, http="off")
     async with run_local(
@@ -35,6 +37,12 @@ async def system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
         pools=[("bulk", "tests.brain_e2e_tools")],
         killpoints=KillPoints(),
     ) as running:
+        yield running
+
+
+@pytest.fixture
+async def system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[LocalSystem]:
+    async with started(tmp_path, monkeypatch) as running:
         yield running
 
 
@@ -157,3 +165,15 @@ async def test_threads_and_the_retry_budget_on_the_embedded_backend(system: Loca
     names = {t["name"]: t for t in await verbs.threads(system.brain, namespace=NS, session_id="s")}
     assert (names["a"]["agent_name"], names["b"]["agent_name"]) == ("failing", "quick")
     assert await verbs.close(system.brain, namespace=NS, session_id="s") is True
+
+
+async def test_the_embedded_mode_leaves_the_collector_of_its_users_process_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The serve commands freeze their start-up heap (infra.heap); a program that embeds Tendon
+    # owns its process, and its collector settings stay as it set them.
+    before = (gc.get_freeze_count(), gc.get_threshold())
+    async with started(tmp_path, monkeypatch) as system:
+        turn = await submit(system, agent("hello", [{"content": "hi"}], tools=[]), "r1")
+        await status(system, turn, "completed")
+    assert (gc.get_freeze_count(), gc.get_threshold()) == before

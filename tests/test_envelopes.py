@@ -452,6 +452,15 @@ def test_decode_goes_through_the_strict_codec():
         decode(raw.replace('"amount":1250', '"amount":9007199254740993'))
 
 
+def test_escaped_text_decodes_to_the_same_text_and_a_lone_surrogate_is_a_schema_error():
+    # decode validates the text it was given (after the strict parse), not a re-encoding of it
+    raw = encode(make("execute")).decode()
+    escaped = raw.replace('"session_id":"', '"session_id":"\\u00e9\\n\\ud83d\\ude00 ', 1)
+    assert decode(escaped).session_id.startswith("\u00e9\n\U0001f600 ")
+    with pytest.raises(SchemaError):  # never a UnicodeError out of the consumer's decode
+        decode(raw.replace('"session_id":"', '"session_id":"\\ud800', 1))
+
+
 # ---- with_body ---------------------------------------------------------------------------
 
 

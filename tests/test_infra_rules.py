@@ -4,11 +4,13 @@ how long a passing fault is waited out, which transactions are tried again."""
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import asyncpg
 import pytest
 
 from infra.db import TRANSACT_ATTEMPTS, patiently, storable, transact, unstorable
+from infra.heap import YOUNG_COLLECTION_EVERY, settle_heap
 from infra.parked import reason_of
 from infra.settings import http_address
 from infra.sqlite import open_pool
@@ -169,3 +171,17 @@ def test_the_http_address_is_host_and_port_or_off() -> None:
     for bad in ("8080", "localhost", "host:", ":80", "host:port", "host:65536", "host:-1"):
         with pytest.raises(SchemaError):
             http_address(bad)
+
+
+def test_settling_the_heap_freezes_what_lives_now_and_spaces_the_young_collections() -> None:
+    before = gc.get_threshold()
+    try:
+        frozen = settle_heap()
+        assert frozen > 10_000  # this process's modules, at least
+        assert not gc.get_objects(generation=2)  # all of it left the collector's walks
+        assert gc.get_threshold() == (YOUNG_COLLECTION_EVERY, *before[1:])
+        later = [0]
+        assert any(o is later for o in gc.get_objects(generation=0))  # new objects are collected as before
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from brain.store.records import TURN_COLUMNS, Claimed, Move, Moved, TurnRow
 from brain.store.submits import KNOWN_SQL, Start, Submit, Submitted, check_submit, submit_facts
-from brain.store.turns import CLAIM_SET, CLAIMABLE_SQL, TurnRows
+from brain.store.turns import CLAIM_SET, CLAIMABLE_FROM, TurnRows
 from infra.db import Json
 from protocol import new_id
 
@@ -56,13 +56,16 @@ SELECT known.*, (SELECT count(*) FROM ok) > 0 AS created, (SELECT count(*) FROM 
        (SELECT seq FROM entry) AS entry_seq, turn.*
   FROM known LEFT JOIN turn ON true"""
 
+# One walk of the claimable turns: one more is locked than is claimed, and finding it says there
+# is more to claim (a second walk to count them read as much again as the claim itself).
 _CLAIM = f"""
-WITH candidate AS ({CLAIMABLE_SQL}
-     ORDER BY t.wake_at, t.seq LIMIT $3 FOR UPDATE OF t SKIP LOCKED),
+WITH candidate AS (SELECT t.id, t.wake_at, t.seq {CLAIMABLE_FROM}
+     ORDER BY t.wake_at, t.seq LIMIT $3 + 1 FOR UPDATE OF t SKIP LOCKED),
+chosen AS (SELECT id FROM candidate ORDER BY wake_at, seq LIMIT $3),
 claimed AS (
-    UPDATE turns SET {CLAIM_SET} FROM candidate WHERE turns.id = candidate.id RETURNING turns.*)
+    UPDATE turns SET {CLAIM_SET} FROM chosen WHERE turns.id = chosen.id RETURNING turns.*)
 SELECT {", ".join(f"claimed.{c.strip()}" for c in TURN_COLUMNS.split(","))}, now() AS now,
-       (SELECT count(*) FROM ({CLAIMABLE_SQL} LIMIT $3 + 1) AS k) AS claimable
+       (SELECT count(*) FROM candidate) AS claimable
   FROM claimed ORDER BY claimed.id"""
 
 # The journal entries of a statement's ``entry`` CTE (turn_id, session_id, thread_id, run, status,

@@ -24,8 +24,8 @@ from protocol import NotFoundError, StaleOwnerError
 # "First": a started turn goes before every queued one, else the earlier seq goes first. Seqs are
 # handed out at insert, so two racing submits to one thread can commit out of seq order, and a
 # served submit starts its turn in its own commit: a queued turn never overtakes a started one.
-CLAIMABLE_SQL = f"""
-    SELECT t.id FROM turns t
+CLAIMABLE_FROM = f"""
+    FROM turns t
     WHERE t.status IN ('queued', 'running') AND t.wake_at <= now()
       AND (t.lease_owner IS NULL OR t.lease_expires_at < now())
       AND NOT EXISTS (
@@ -33,6 +33,7 @@ CLAIMABLE_SQL = f"""
             AND p.status NOT IN {TERMINAL_SQL}
             AND CASE WHEN (p.status = 'queued') = (t.status = 'queued') THEN p.seq < t.seq
                      ELSE p.status <> 'queued' END)"""
+CLAIMABLE_SQL = f"SELECT t.id {CLAIMABLE_FROM}"
 
 # Where in its work a turn is, for the crash-loop limit: a phase of one model call and tool step.
 CRASH_AT = "phase || '#' || model_calls || '#' || tool_step"
