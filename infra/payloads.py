@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from infra.settings import Settings
 from infra.startup import wait_for
-from protocol import ObjectRef, ObjectRefError, body_bytes, decode, dumps, loads, with_body
+from protocol import Encoded, ObjectRef, ObjectRefError, body_bytes, decode, dumps, loads, with_body
 
 _SCOPE = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 # The kind has no '-' so that "<kind>-<seq>" in a key reads back one way only.
@@ -130,10 +130,11 @@ class PayloadCodec:
         """The envelope's wire form, its body offloaded when the whole is over the threshold."""
         return dumps(await self.pack_data(envelope))
 
-    async def pack_data(self, envelope: Any) -> dict[str, Any]:
-        """What :meth:`pack` sends, as JSON data (for a ledger that keeps events to send again)."""
-        data: dict[str, Any] = envelope.model_dump(mode="json")
-        size = len(dumps(data))
+    async def pack_data(self, envelope: Any) -> Encoded:
+        """What :meth:`pack` sends, as JSON data that carries its bytes (for a ledger that keeps
+        events to send again: stored and sent without being encoded again)."""
+        data = Encoded(envelope.model_dump(mode="json"))
+        size = len(data.raw)
         if size <= self.threshold or envelope.body is None or not hasattr(envelope, "scope"):
             return data
         if self.store is None:
@@ -142,10 +143,7 @@ class PayloadCodec:
                 f"({self.threshold}), and no object store is configured (set TENDON_S3_*)"
             )
         ref = await self.store.put(envelope.scope, object_binding(envelope), body_bytes(envelope))
-        offloaded: dict[str, Any] = envelope.model_copy(update={"body": None, "body_ref": ref}).model_dump(
-            mode="json"
-        )
-        return offloaded
+        return Encoded(envelope.model_copy(update={"body": None, "body_ref": ref}).model_dump(mode="json"))
 
     async def unpack(self, raw: bytes) -> Any:
         """Decode one envelope and resolve its body reference, verified. Raises TendonError."""

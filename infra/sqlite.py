@@ -61,6 +61,7 @@ sqlite3.register_converter("json", json.loads)
 sqlite3.register_converter("timestamptz", parse_ts)
 sqlite3.register_converter("boolean", lambda b: b not in (b"0", b""))
 sqlite3.register_adapter(dict, lambda v: codec.dumps(v).decode())
+sqlite3.register_adapter(codec.Encoded, lambda v: v.raw.decode())  # adapters match the exact type
 sqlite3.register_adapter(list, lambda v: codec.dumps(v).decode())
 sqlite3.register_adapter(Json, lambda v: codec.dumps(v.value).decode())
 sqlite3.register_adapter(datetime, format_ts)

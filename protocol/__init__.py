@@ -1,7 +1,7 @@
 """Tendon's wire protocol: envelopes, bindings, the strict codec and the error tree."""
 
 from protocol.bindings import ReplayPolicy, ToolBinding, version_key
-from protocol.codec import digest, dumps, loads
+from protocol.codec import Encoded, digest, dumps, loads
 from protocol.envelopes import (
     PROTOCOL_VERSION,
     TERMINAL_EVENT_KINDS,
@@ -75,6 +75,7 @@ __all__ = [
     "CancelledEvent",
     "ConflictError",
     "DecodeError",
+    "Encoded",
     "Envelope",
     "EventBatch",
     "ExecuteBody",

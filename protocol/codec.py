@@ -85,12 +85,31 @@ def _check_ints(value: Any) -> None:
         raise DecodeError(f"integer {value} is outside ±2^53-1; send it as a string")
 
 
+class Encoded(dict[str, Any]):
+    """A JSON object that carries its canonical bytes: encoded once where it is made (a Hands
+    event, a command), then stored, sized and sent as those bytes. It reads as the dict it is;
+    nothing may change it after it was encoded."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, value: dict[str, Any]) -> None:
+        super().__init__(value)
+        self.raw = dumps(value)
+
+
 def dumps(value: Any) -> bytes:
     """Canonical JSON: sorted keys, compact separators, UTF-8, no NaN.
 
     Refuses what ``loads`` would refuse (big integers), so nothing is sent that the
-    receiver must dead-letter.
+    receiver must dead-letter. An ``Encoded`` value, alone or as an item of a list, is not
+    encoded again.
     """
+    if isinstance(value, Encoded):
+        return value.raw
+    if isinstance(value, list) and any(isinstance(item, Encoded) for item in value):
+        # The same bytes as one encoding of the whole list, with each item's own where it has one
+        # (only then: a long list of plain values is faster as one encoding).
+        return b"[" + b",".join([dumps(item) for item in value]) + b"]"
     _check_ints(value)
     return json.dumps(
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False

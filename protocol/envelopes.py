@@ -352,9 +352,11 @@ def with_body(envelope: Any, body: Any) -> Any:
 def batch_bytes(events: list[dict[str, Any]], message_id: str | None = None) -> bytes:
     """The wire form of an ``EventBatch`` of events already in their JSON form (each one what
     ``encode`` made of an event, or a copy of it kept in a ledger): no model is rebuilt to send
-    them again. The receiver validates the whole batch as usual."""
-    return codec.dumps({"v": PROTOCOL_VERSION, "kind": "events", "message_id": message_id or new_id(),
-                        "events": events})  # fmt: skip
+    them again, nor an event encoded again that carries its bytes (``codec.Encoded``). The
+    receiver validates the whole batch as usual."""
+    rest = codec.dumps({"v": PROTOCOL_VERSION, "kind": "events", "message_id": message_id or new_id()})
+    # Canonical order: "events" sorts first, so it is spliced in ahead of the other keys.
+    return b'{"events":' + codec.dumps(events) + b"," + rest[1:]
 
 
 def body_bytes(envelope: Any) -> bytes:

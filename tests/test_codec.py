@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 
 import pytest
@@ -217,6 +218,40 @@ def test_dumps_does_not_depend_on_key_insertion_order():
 def test_dumps_then_loads_gives_back_the_value():
     value = {"text": 'line\nbreak "quoted" ✓', "n": -MAX_SAFE, "f": 0.1, "l": [None, False]}
     assert protocol.loads(protocol.dumps(value)) == value
+
+
+def canonical(value: object) -> bytes:
+    """One encoding of the whole value, as ``dumps`` made it before values carried their bytes."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def test_an_encoded_value_is_encoded_once_and_sent_as_the_bytes_it_carries():
+    value = codec.Encoded({"b": "é ✓", "a": [1, {"y": None, "x": 0.5}]})
+    assert value == {"a": [1, {"x": 0.5, "y": None}], "b": "é ✓"}  # reads as the dict it is
+    assert value.raw == canonical(dict(value))
+    assert protocol.dumps(value) is value.raw  # not encoded again
+    # Nor as an item of a list, at any depth of lists: what it carries is what goes out.
+    value.raw = b'{"carried":true}'
+    assert protocol.dumps([1, value, [value]]) == b'[1,{"carried":true},[{"carried":true}]]'
+
+
+@pytest.mark.parametrize(
+    "items",
+    [[], [None], ["é", 1, 2.5, True], [{"b": 1, "a": [2, {"d": 3, "c": 4}]}, [], [[{"z": "x"}]]]],
+)
+def test_a_list_is_encoded_item_by_item_to_the_same_bytes_as_one_encoding(items):
+    assert protocol.dumps(items) == canonical(items)
+    mixed = [codec.Encoded(i) if isinstance(i, dict) else i for i in items]
+    assert protocol.dumps(mixed) == canonical(items)
+
+
+def test_a_list_refuses_what_one_encoding_refuses():
+    with pytest.raises(DecodeError):
+        protocol.dumps([1, {"n": MAX_SAFE + 1}])
+    with pytest.raises(DecodeError):
+        codec.Encoded({"n": [MAX_SAFE + 1]})
+    with pytest.raises(ValueError):
+        protocol.dumps([[math.nan]])
 
 
 def test_dumps_refuses_nan_and_infinity():

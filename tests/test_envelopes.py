@@ -192,6 +192,18 @@ def test_an_event_batch_round_trips_with_ranges_of_several_executions():
     assert decode(encode(batch)) == batch
 
 
+@pytest.mark.parametrize("carried", [False, True])
+def test_an_event_batch_is_the_canonical_encoding_of_its_envelope_whether_or_not_its_events_carry_bytes(
+    carried,
+):
+    events = [event("accepted", 1), {**event("succeeded", 2), "body": {"result": {"z": "é ✓", "a": [1]}}}]
+    sent = [protocol.Encoded(e) for e in events] if carried else events
+    raw = protocol.batch_bytes(sent, message_id="m-é")
+    whole = {"v": PROTOCOL_VERSION, "kind": "events", "message_id": "m-é", "events": events}
+    assert raw == json.dumps(whole, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    assert protocol.loads(raw) == whole
+
+
 @pytest.mark.parametrize(
     ("seqs", "why"),
     [((1, 3), "without gaps: #3 follows #1"), ((2, 1), "#1 follows #2"), ((2, 2), "#2 follows #2")],

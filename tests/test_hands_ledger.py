@@ -8,6 +8,7 @@ backend."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict
@@ -17,10 +18,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from hands.relay import stored_events
+from hands.relay import messages, stored_events
 from hands.states import LedgerStatus
 from hands.store import MIGRATIONS, Change, Execution, Ledger, NewExecution, ledger_for
+from hands.store.postgres import PostgresLedger
+from hands.writer import LedgerWriter
 from infra.db import analyze_grown, create_pool, migrate
+from infra.payloads import PayloadCodec
 from infra.registrations import LocalWorkerRegistration, WorkerRegistration
 from infra.sqlite import open_pool
 from protocol import (
@@ -32,6 +36,9 @@ from protocol import (
     StartedEvent,
     SucceededBody,
     SucceededEvent,
+    batch_bytes,
+    codec,
+    loads,
     new_id,
 )
 from tests.support import TendonEnv, crash, wait_for
@@ -377,3 +384,46 @@ async def test_tables_that_grew_from_nothing_are_analyzed_so_a_cached_plan_is_ma
         assert {"output_chunks", "executions"} <= set(await analyze_grown(pg_pool))
         assert await plan() != small
         assert await analyze_grown(pg_pool) == []  # fresh statistics: nothing more to do
+
+
+async def test_an_event_is_encoded_once_then_stored_sized_and_published_as_those_bytes(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a worker's writer and every JSON encoding of anything that holds an event counted
+    encodings: list[Any] = []
+    real_dumps = json.dumps
+
+    def counted(value: Any, **kwargs: Any) -> str:
+        if _holds_event(value):
+            encodings.append(value)
+        return real_dumps(value, **kwargs)
+
+    monkeypatch.setattr(codec.json, "dumps", counted)
+    sent: list[dict[str, Any]] = []
+    writer = LedgerWriter(ledger, PayloadCodec(None, 256 * 1024), sent.extend)
+    execution_id = new_id()
+    new = _new(execution_id, "w1")
+    accepted = await writer.event(execution_id, HEADER, 1, AcceptedBody(worker="w1"))
+    # When it accepts, starts and finishes an execution, and the relay sends what was committed
+    row = await writer.insert(NewExecution(new.values, [accepted]))
+    assert row is not None
+    started = await writer.event(execution_id, HEADER, 2, StartedBody(attempt=1, worker="w1"))
+    row = await writer.change(Change(row, LedgerStatus.RUNNING, [started], attempts=1))
+    assert row is not None
+    done = await writer.event(execution_id, HEADER, 3, SucceededBody(result={"é": [1, 2]}))
+    assert await writer.change(Change(row, LedgerStatus.SUCCEEDED, [done])) is not None
+    wire = [batch_bytes(batch) for batch in messages(sent, 1024 * 1024)]
+    # Then each event was encoded once, when it was made: the ledger's column, the relay's
+    # sizing and the message took the bytes it carries. (The portable backend writes a row's whole
+    # list with each change, and the events it read back from the row are encoded again.)
+    again = [] if isinstance(ledger, PostgresLedger) else [1, 1, 2]
+    assert sorted(e["seq"] for e in encodings) == sorted([1, 2, 3, *again])
+    assert [e["seq"] for e in loads(wire[0])["events"]] == [1, 2, 3] and len(wire) == 1
+    # And what the ledger holds reads back as what was sent
+    assert (await _get(ledger, execution_id)).events == loads(wire[0])["events"]
+
+
+def _holds_event(value: Any) -> bool:
+    if isinstance(value, dict):
+        return "seq" in value or any(_holds_event(v) for v in value.values())
+    return isinstance(value, list) and any(_holds_event(v) for v in value)
