@@ -230,7 +230,7 @@ def test_an_encoded_value_is_encoded_once_and_sent_as_the_bytes_it_carries():
     assert value == {"a": [1, {"x": 0.5, "y": None}], "b": "é ✓"}  # reads as the dict it is
     assert value.raw == canonical(dict(value))
     assert protocol.dumps(value) is value.raw  # not encoded again
-    # Nor as an item of a list, at any depth of lists: what it carries is what goes out.
+    # Nor as an item of a list that holds it (and of such a list inside it): what it carries goes out.
     value.raw = b'{"carried":true}'
     assert protocol.dumps([1, value, [value]]) == b'[1,{"carried":true},[{"carried":true}]]'
 
