@@ -152,7 +152,7 @@ class HandsApp:
 
         self.relay = EventRelay(
             ledger, broker, route=self.route, interval=s.scan_interval, kill=self.kill,
-            max_bytes=max(256 * 1024, s.offload_threshold),
+            max_bytes=max(256 * 1024, s.offload_threshold), linger=s.event_linger,
         )  # fmt: skip
         self.writer = LedgerWriter(ledger, codec, self.relay.send)
         self.executor = Executor(

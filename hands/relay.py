@@ -9,12 +9,19 @@ while this process lives; a crash between a commit and its publish is repaired f
 when the Brain, hearing nothing, asks for a replay (or sends the command again), which any worker
 of the route answers from the row (:meth:`EventRelay.replay`). The Brain drops what it has already
 by seq.
+
+Events that end nothing (accepted, started, an output page) may wait up to ``linger`` seconds for
+company: a quick tool's outcome then takes them along, so its execution costs one message and
+one apply on the Brain instead of two, and the outcome is not queued behind the first apply. An
+ending event goes at once and takes everything pending with it. The wait delays only what a
+watcher sees, never a turn: the turn waits for the outcome.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterable
 from functools import partial
 from typing import Any
@@ -28,6 +35,13 @@ from protocol import OutputPageBody, OutputPageEvent, batch_bytes, dumps, new_id
 log = get_logger(__name__)
 
 MAX_EVENTS = 256  # per message
+ENDING_KINDS = frozenset({"succeeded", "failed", "cancelled", "unknown"})
+
+
+def linger_left(ending: bool, waited: float, linger: float) -> float:
+    """Seconds pending events may still wait for company: 0 when they go now (one of them
+    ends its execution, or the oldest has waited ``linger``)."""
+    return 0.0 if ending else max(0.0, linger - waited)
 
 
 def ranges(events: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -50,16 +64,23 @@ def ranges(events: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 def messages(events: Iterable[dict[str, Any]], max_bytes: int) -> list[list[dict[str, Any]]]:
     """The events in messages of whole ranges, each message at most ``MAX_EVENTS`` events and
-    about ``max_bytes`` (a range longer than that gets messages of its own, in order)."""
+    about ``max_bytes`` (a range longer than that gets messages of its own, in order), and at
+    most one range of an execution (a batch carries one per execution: events the output pages
+    are missing between, as a takeover sends them, go as two)."""
     out: list[list[dict[str, Any]]] = []
     current: list[dict[str, Any]] = []
     size = 0
+    carried: set[str] = set()  # executions with a range in ``current``
     for run in ranges(events):
+        if run[0]["execution_id"] in carried:
+            out.append(current)
+            current, size, carried = [], 0, set()
+        carried.add(run[0]["execution_id"])
         for event in run:
             weight = len(dumps(event))
             if current and (len(current) >= MAX_EVENTS or size + weight > max_bytes):
                 out.append(current)
-                current, size = [], 0
+                current, size, carried = [], 0, {event["execution_id"]}
             current.append(event)
             size += weight
     if current:
@@ -79,6 +100,7 @@ class EventRelay:
         interval: float,
         kill: KillPoints | None = None,
         max_bytes: int = 1024 * 1024,
+        linger: float = 0.0,
     ) -> None:
         self._ledger = ledger
         self._broker = broker
@@ -86,7 +108,10 @@ class EventRelay:
         self._interval = interval
         self._kill = kill or KillPoints()
         self._max_bytes = max_bytes
+        self._linger = linger
         self._pending: list[dict[str, Any]] = []
+        self._since = 0.0  # when the oldest pending event was handed over (monotonic)
+        self._ending = False  # whether a pending event ends its execution
         self._refused = False  # the broker refused some of the last round: pause before the next
         self._wakeup = asyncio.Event()
         self.messages = 0  # published, for tests and the benchmark
@@ -94,13 +119,27 @@ class EventRelay:
 
     def send(self, events: Iterable[dict[str, Any]]) -> None:
         """Publish these committed events (packed envelopes) soon."""
+        first = not self._pending
+        if first:
+            self._since = time.monotonic()
+        size = len(self._pending)
         self._pending.extend(events)
-        self._wakeup.set()
+        ending = self._linger <= 0 or any(e["kind"] in ENDING_KINDS for e in self._pending[size:])
+        self._ending = self._ending or ending
+        if ending or first:  # else the round already waiting for the first one publishes them
+            self._wakeup.set()
+
+    def _wait(self) -> float:
+        """Seconds until the next round: what pending events may still linger, else the sweep's."""
+        if not self._pending:
+            return self._interval
+        return min(self._interval, linger_left(self._ending, time.monotonic() - self._since, self._linger))
 
     async def publish_pending(self) -> int:
         """Publish what is pending; returns how many events were confirmed (what the broker
         refused stays pending for the next round)."""
         pending, self._pending = self._pending, []
+        self._ending = False
         if not pending:
             return 0
         batches = messages(pending, self._max_bytes)
@@ -122,7 +161,7 @@ class EventRelay:
                 continue
             log.warning("event_publish_failed", events=len(batch), error=f"{type(err).__name__}: {err}")
             self._pending.extend(batch)
-            self._refused = True
+            self._ending = self._refused = True  # no lingering: the next round tries them again
         self.events += confirmed
         return confirmed
 
@@ -150,16 +189,18 @@ class EventRelay:
         return await self.publish_pending()
 
     async def run(self) -> None:
-        """Publish on every hand-over; every ``interval``, what could not be published before."""
+        """Publish on every hand-over (after its linger); every ``interval``, what could not be
+        published before."""
         loop = asyncio.get_running_loop()
         next_sweep = 0.0
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout=self._interval)
+                await asyncio.wait_for(self._wakeup.wait(), timeout=self._wait())
             self._wakeup.clear()
             self._refused = False
             try:
-                await self.publish_pending()
+                if self._pending and self._wait() == 0.0:
+                    await self.publish_pending()
                 if loop.time() >= next_sweep:
                     next_sweep = loop.time() + self._interval * 10
                     await self.sweep()

@@ -1,30 +1,40 @@
 """The relays: how the Hands group committed events into messages (pure rules), and that the
 Hands event relay and the Brain command relay publish what they are handed at once, pausing only
-after the broker refused something."""
+after the broker refused something; events that end nothing may linger for an outcome to take
+them along."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
+import pytest
+
 from brain.relay import CommandRelay
-from hands.relay import MAX_EVENTS, EventRelay, messages, ranges
+from hands.relay import MAX_EVENTS, EventRelay, linger_left, messages, ranges
 from infra.transport import Topology
 from protocol import EventBatch, batch_bytes, decode
 from tests.support import wait_for
 
+_BODIES: dict[str, dict[str, Any]] = {
+    "accepted": {"worker": "w"},
+    "started": {"attempt": 1, "worker": "w", "reason": "first_run"},
+    "succeeded": {"result": 1},
+}
 
-def _event(execution_id: str, seq: int) -> dict[str, Any]:
+
+def _event(execution_id: str, seq: int, kind: str = "started") -> dict[str, Any]:
     return {
         "v": 1,
         "message_id": f"m-{execution_id}-{seq}",
-        "kind": "started",
+        "kind": kind,
         "execution_id": execution_id,
         "namespace": "ns",
         "session_id": "s",
         "request_digest": "0" * 64,
         "seq": seq,
-        "body": {"attempt": seq, "worker": "w", "reason": "first_run"},
+        "body": _BODIES[kind],
     }
 
 
@@ -43,6 +53,15 @@ def test_a_message_carries_several_executions_ranges_and_a_long_range_is_split_i
     assert [len(m) for m in out] == [MAX_EVENTS, 3]
     assert [s for m in out for s in _seqs(m)] == [("a", s) for s in range(1, MAX_EVENTS + 3)] + [("b", 1)]
     for m in out:  # each is a valid batch: contiguous ranges, one header per execution
+        assert isinstance(decode(batch_bytes(m)), EventBatch)
+
+
+def test_two_ranges_of_one_execution_never_share_a_message() -> None:
+    # A takeover sends the row's events (output pages left out) and then its new start: a gap.
+    handed = [_event("a", 1), _event("a", 2), _event("b", 1), _event("a", 10), _event("a", 11)]
+    out = messages(handed, max_bytes=1 << 30)
+    assert [_seqs(m) for m in out] == [[("a", 1), ("a", 2)], [("a", 10), ("a", 11), ("b", 1)]]
+    for m in out:
         assert isinstance(decode(batch_bytes(m)), EventBatch)
 
 
@@ -103,20 +122,79 @@ async def test_events_handed_over_while_a_publish_is_in_flight_go_out_at_once_no
         loop.cancel()
 
 
-async def test_events_the_broker_refused_are_published_again_after_a_pause() -> None:
+@pytest.mark.parametrize("linger", [0.0, 60.0])
+async def test_events_the_broker_refused_are_published_again_after_a_pause(linger: float) -> None:
     transport = _GatedTransport()
     transport.gate.set()
     transport.refuse = 1
-    relay = EventRelay(None, transport, route="r", interval=0.2)  # type: ignore[arg-type]
+    relay = EventRelay(None, transport, route="r", interval=0.2, linger=linger)  # type: ignore[arg-type]
     loop = asyncio.create_task(relay.run())
     try:
-        relay.send([_event("a", 1)])
+        relay.send([_event("a", 1, "succeeded")])
 
         async def sent() -> bool:
             return transport.published == [[("a", 1)]]
 
         await wait_for(sent, timeout=5, interval=0.01, what="sent")
         assert relay.events == 1 and relay.messages == 1
+    finally:
+        loop.cancel()
+
+
+@pytest.mark.parametrize(
+    ("ending", "waited", "linger", "left"),
+    [
+        (True, 0.0, 0.02, 0.0),  # an outcome goes at once, and takes the rest along
+        (False, 0.0, 0.02, 0.02),  # accepted, started, output: may wait for company
+        (False, 0.015, 0.02, 0.005),
+        (False, 0.5, 0.02, 0.0),  # waited long enough: a slow tool's start is not held longer
+        (False, 0.0, 0.0, 0.0),  # no linger: at once
+    ],
+)
+def test_what_ends_nothing_lingers_at_most_the_linger(
+    ending: bool, waited: float, linger: float, left: float
+) -> None:
+    assert linger_left(ending, waited, linger) == pytest.approx(left)
+
+
+async def test_a_quick_outcome_takes_its_accepted_and_started_events_along_in_one_message() -> None:
+    transport = _GatedTransport()
+    transport.gate.set()
+    relay = EventRelay(None, transport, route="r", interval=60.0, linger=30.0)  # type: ignore[arg-type]
+    loop = asyncio.create_task(relay.run())
+    try:
+        relay.send([_event("a", 1, "accepted"), _event("a", 2, "started")])
+        relay.send([_event("b", 1, "accepted")])
+        await asyncio.sleep(0.1)
+        assert transport.published == []  # held for company, not published alone
+        relay.send([_event("a", 3, "succeeded")])
+
+        async def sent() -> bool:
+            return bool(transport.published)
+
+        await wait_for(sent, timeout=5, interval=0.01, what="the outcome")
+        # One message: a's whole range, and b's accept that was waiting too.
+        assert transport.published == [[("a", 1), ("a", 2), ("a", 3), ("b", 1)]]
+    finally:
+        loop.cancel()
+
+
+async def test_events_that_end_nothing_go_out_alone_once_they_lingered() -> None:
+    transport = _GatedTransport()
+    transport.gate.set()
+    relay = EventRelay(None, transport, route="r", interval=60.0, linger=0.3)  # type: ignore[arg-type]
+    loop = asyncio.create_task(relay.run())
+    try:
+        start = time.monotonic()
+        relay.send([_event("a", 1, "accepted")])
+        relay.send([_event("a", 2, "started")])  # the linger counts from the oldest pending one
+
+        async def sent() -> bool:
+            return bool(transport.published)
+
+        await wait_for(sent, timeout=5, interval=0.005, what="the lingering events")
+        assert time.monotonic() - start >= 0.3  # not before the linger (and not after the interval)
+        assert transport.published == [[("a", 1), ("a", 2)]]
     finally:
         loop.cancel()
 
