@@ -48,11 +48,14 @@ class Bus:
         self.raw: dict[str, list[Any]] = defaultdict(list)
         self.messages = 0  # how many updates messages arrived (each carries events of one or more)
         self.arrivals: list[Any] = []  # every event, in the order the messages arrived
+        self.batches: list[list[Any]] = []  # the events of each message, in arrival order
 
     async def _on_update(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
         envelope = decode(message.body)
         self.messages += 1
-        for event in envelope.events if isinstance(envelope, EventBatch) else [envelope]:
+        events = envelope.events if isinstance(envelope, EventBatch) else [envelope]
+        self.batches.append(events)
+        for event in events:
             self.raw[event.execution_id].append(event)
             self.arrivals.append(event)
         await message.ack()
@@ -67,6 +70,11 @@ class Bus:
     def events(self, execution_id: str) -> list[Any]:
         """Every event received for ``execution_id``, in arrival order (duplicates included)."""
         return list(self.raw[execution_id])
+
+    def messages_of(self, execution_id: str) -> list[list[int]]:
+        """The seqs of ``execution_id`` each message that carried some of them carried."""
+        carried = ([e.seq for e in batch if e.execution_id == execution_id] for batch in self.batches)
+        return [seqs for seqs in carried if seqs]
 
     def by_seq(self, execution_id: str) -> dict[int, Any]:
         return {e.seq: e for e in self.events(execution_id)}

@@ -65,6 +65,31 @@ async def test_an_echo_command_is_accepted_started_and_succeeded_as_seq_1_to_3(
     assert runs(world) == [("echo", cmd.execution_id, 1)]
 
 
+async def test_a_quick_tools_events_travel_as_one_message_and_a_slow_ones_start_is_not_held_for_its_end(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a pool whose events that end nothing may wait 0.3 s for their execution's outcome
+    await start_worker(processes, world, TENDON_EVENT_LINGER="0.3")
+    quick = command(lab.echo, {"text": "hi"})
+
+    # When a quick tool runs, then its accepted, started and succeeded events come as one message
+    await bus.publish_command(quick)
+    await bus.wait_seqs(quick.execution_id, 3)
+    assert bus.messages_of(quick.execution_id) == [[1, 2, 3]]
+
+    # When a tool runs that ends after 4 s
+    slow = command(lab.wait_cancel, {"seconds": 4.0})
+    await bus.publish_command(slow)
+
+    # Then its acceptance, start and first output page come after the linger, not at its end,
+    # and its outcome in a message of its own
+    await bus.wait_seqs(slow.execution_id, 3)
+    assert [e.kind for e in bus.events(slow.execution_id)] == ["accepted", "started", "output_page"]
+    await bus.wait_kind(slow.execution_id, "succeeded")
+    assert bus.messages_of(slow.execution_id)[-1] == [4]
+    assert sorted(s for m in bus.messages_of(slow.execution_id) for s in m) == [1, 2, 3, 4]
+
+
 async def test_output_pages_are_committed_with_byte_offsets_before_the_terminal_event(
     world: TendonEnv, bus: Bus, processes: Processes
 ) -> None:
