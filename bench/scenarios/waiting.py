@@ -1,8 +1,9 @@
 """Waiting: N turns parked on a tool that has not answered; Brain RSS/CPU, then drain time.
 
 The tool (``wait_gate``) answers once a gate file exists. Brain RSS and CPU time come from
-/proc/<pid>. Drain: seconds from opening the gate until every turn is completed (Hands pool of
-2 at default concurrency, so it includes running the N tool bodies).
+/proc/<pid>. Drain: seconds from opening the gate until every turn is completed, by the
+database's clock (Hands pool of 2 at default concurrency, so it includes running the N tool
+bodies).
 """
 
 from __future__ import annotations
@@ -59,10 +60,13 @@ async def run(ctx: Context) -> Result:
         await asyncio.sleep(2 if ctx.quick else 20)
         cpu_idle = (cpu_seconds(brain.pid) - cpu0) / (time.monotonic() - w0) * 100
         rss1 = rss_mb(brain.pid)
-        t1 = time.monotonic()
+        opened = (await world.fetch("SELECT now() AS t"))[0]["t"]
         world.gate(gate).touch()
         await world.wait_done(ids, timeout=60 if ctx.quick else 3600, interval=0.5)
-        drain = time.monotonic() - t1
+        # From the database's clock before the gate opened to the last completing commit: the
+        # poll above only says when to look (it would add up to its interval).
+        last = (await world.fetch("SELECT max(updated_at) AS t FROM turns WHERE id = ANY($1)", ids))[0]["t"]
+        drain = (last - opened).total_seconds()
     finally:
         await world.cleanup()
     return Result(
