@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from protocol.errors import DecodeError
 
 MAX_SAFE_INTEGER = 2**53 - 1
+# Sixteen digits in a row somewhere in the text (a number's, or a string's): the only texts that
+# may hold an integer beyond MAX_SAFE_INTEGER, so the only ones whose values are walked for one.
+_SIXTEEN_DIGITS = re.compile(rb"[0-9]{16}")
 
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -110,10 +114,12 @@ def dumps(value: Any) -> bytes:
         # The same bytes as one encoding of the whole list, with each item's own where it has one
         # (only then: a long list of plain values is faster as one encoding).
         return b"[" + b",".join([dumps(item) for item in value]) + b"]"
-    _check_ints(value)
-    return json.dumps(
+    raw = json.dumps(
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     ).encode("utf-8")
+    if _SIXTEEN_DIGITS.search(raw):  # an unsafe integer has 16 digits at least: only then look
+        _check_ints(value)
+    return raw
 
 
 def digest(value: Any) -> str:

@@ -131,6 +131,31 @@ def test_integers_beyond_two_to_the_53_minus_one_are_rejected(value):
     assert "precision" in message
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"n": MAX_SAFE + 1},
+        [1, [2, {"deep": [-(MAX_SAFE + 1)]}]],
+        {"digits": "12345678901234567890", "n": 10**17},  # digits in a string and a big number
+        {"f": 0.12345678901234567, "n": [2**64]},
+    ],
+)
+def test_what_is_encoded_holds_no_integer_beyond_two_to_the_53_minus_one_wherever_it_is(value):
+    with pytest.raises(protocol.DecodeError, match="outside"):
+        protocol.dumps(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"n": MAX_SAFE, "m": -MAX_SAFE},  # sixteen digits: looked at, and fine
+        {"digits": "12345678901234567890", "f": 0.12345678901234567, "n": 10**15},
+    ],
+)
+def test_sixteen_digits_that_are_no_unsafe_integer_are_encoded(value):
+    assert protocol.loads(protocol.dumps(value)) == value
+
+
 # ---- decimals ----------------------------------------------------------------------------
 
 
