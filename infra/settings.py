@@ -83,8 +83,8 @@ class Settings(BaseSettings):
     event_linger: float = Field(
         default=0.02,
         ge=0,
-        description="how long a Hands worker may hold an execution's accepted, started and output events "
-        "for its outcome to travel with them (one message and one apply instead of two); 0: at once",
+        description="how long a Hands worker may hold events that end nothing (accepted, started, output "
+        "pages) for an outcome to take them along (fewer messages and applies); 0: at once",
     )
     stall_seconds: float = Field(
         default=10.0, gt=0, description="after this long without progress, re-send or ask for a replay"
