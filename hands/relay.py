@@ -30,12 +30,13 @@ from hands.store import Ledger
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.transport import Transport
-from protocol import OutputPageBody, OutputPageEvent, batch_bytes, dumps, new_id
+from protocol import TERMINAL_EVENT_KINDS, OutputPageBody, OutputPageEvent, batch_bytes, dumps, new_id
 
 log = get_logger(__name__)
 
 MAX_EVENTS = 256  # per message
-ENDING_KINDS = frozenset({"succeeded", "failed", "cancelled", "unknown"})
+# What a turn waits for: an outcome, or UNKNOWN (no worker will say more; a person reconciles it).
+ENDING_KINDS = TERMINAL_EVENT_KINDS | {"unknown"}
 
 
 def linger_left(ending: bool, waited: float, linger: float) -> float:

@@ -46,13 +46,11 @@ class Bus:
         self.broker = broker
         self.topology = broker.topology
         self.raw: dict[str, list[Any]] = defaultdict(list)
-        self.messages = 0  # how many updates messages arrived (each carries events of one or more)
         self.arrivals: list[Any] = []  # every event, in the order the messages arrived
         self.batches: list[list[Any]] = []  # the events of each message, in arrival order
 
     async def _on_update(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
         envelope = decode(message.body)
-        self.messages += 1
         events = envelope.events if isinstance(envelope, EventBatch) else [envelope]
         self.batches.append(events)
         for event in events:
