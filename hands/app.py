@@ -260,7 +260,7 @@ class HandsApp:
         s = self.settings
         patience = s.service_wait_seconds
         pool = await wait_for(
-            partial(create_pool, s.ledger_database_url, s.hands_schema, max_size=self.concurrency + 6),
+            partial(create_pool, s.ledger_database_url, s.hands_schema, max_size=s.db_pool_size),
             service="PostgreSQL",
             url=s.ledger_database_url,
             patience=patience,

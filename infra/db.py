@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import sqlite3
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -177,7 +178,11 @@ async def transact(
         try:
             try:
                 conn = await pool.acquire()
-            except _CONNECTION_LOST as exc:
+            except Exception as exc:
+                # No connection, so nothing began: a server that is away, or one that refuses
+                # another session for now ("too many clients", SQLSTATE 53300), is waited out.
+                if not is_transient(exc):
+                    raise
                 raise _NotStarted(str(exc)) from exc
             try:
                 if single_statement:
@@ -193,10 +198,26 @@ async def transact(
         except retried as exc:
             if attempt == TRANSACT_ATTEMPTS:
                 if isinstance(exc, _NotStarted):
-                    raise TransientError(f"cannot reach the database: {exc}") from exc
+                    raise TransientError(f"the database is unavailable for now: {exc}") from exc
                 raise
             await asyncio.sleep(min(1.0, 0.05 * 2 ** (attempt - 1)) + random.uniform(0, 0.05))
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+@contextlib.asynccontextmanager
+async def reading(pool: Any) -> AsyncIterator[Any]:
+    """A pooled connection for reads outside ``transact``. A passing fault (no connection, the
+    server refusing another session for now, the connection lost) reaches the caller as a
+    ``TransientError``, as from ``transact``: the API answers 503, a loop waits it out."""
+    try:
+        async with pool.acquire() as conn:
+            yield conn
+    except TransientError:
+        raise
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        raise TransientError(f"the database is unavailable for now: {exc}") from exc
 
 
 # How long work that meets a passing database fault waits for the database to come back

@@ -32,6 +32,13 @@ class Settings(BaseSettings):
         default=None, description="the Hands ledger's database; defaults to `TENDON_DATABASE_URL`"
     )
     hands_schema: str = Field(default="tendon_hands", pattern=_IDENT, description="the Hands ledger's schema")
+    db_pool_size: int = Field(
+        default=16,
+        ge=2,
+        description="database connections a Brain or Hands process opens at most (its runs take one "
+        "per transaction, not per turn or execution); size PostgreSQL's `max_connections` for the "
+        "sum over all processes",
+    )
     amqp_url: str = Field(default="amqp://guest:guest@127.0.0.1:5672/", description="RabbitMQ")
     queue_prefix: str = Field(
         default="tendon",

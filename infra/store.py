@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from infra.db import transact
+from infra.db import reading, transact
 from infra.sqlite import parse_ts
 
 T = TypeVar("T")
@@ -49,7 +49,7 @@ class StoreBase:
 
     async def read(self, work: Callable[[Any], Awaitable[T]]) -> T:
         """``work(conn)`` on a pooled connection, outside any transaction (reads only)."""
-        async with self.pool.acquire() as conn:
+        async with reading(self.pool) as conn:
             return await work(conn)
 
     async def close(self) -> None:

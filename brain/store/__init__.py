@@ -102,7 +102,7 @@ async def open_store(settings: Settings, *, patience: float = 0.0) -> BrainStore
     """The migrated Brain store on PostgreSQL (used by `serve` and the CLI verbs), waiting up to
     ``patience`` seconds for the database to answer."""
     pool = await wait_for(
-        partial(create_pool, settings.database_url, settings.brain_schema, max_size=settings.concurrency + 6),
+        partial(create_pool, settings.database_url, settings.brain_schema, max_size=settings.db_pool_size),
         service="PostgreSQL",
         url=settings.database_url,
         patience=patience,

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from brain.store.records import TURN_COLUMNS, Claimed, Move, Moved, TurnRow
 from brain.store.submits import KNOWN_SQL, Start, Submit, Submitted, check_submit, submit_facts
 from brain.store.turns import CLAIM_SET, CLAIMABLE_FROM, TurnRows
-from infra.db import Json
+from infra.db import Json, reading
 from protocol import new_id
 
 T = TypeVar("T")
@@ -195,7 +195,7 @@ class PgTurnRows(TurnRows):
         return Submitted(existing, False)
 
     async def read_consistent(self, work: Callable[[Any], Awaitable[T]]) -> T:
-        async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+        async with reading(self.pool) as conn, conn.transaction(isolation="repeatable_read", readonly=True):
             return await work(conn)
 
     async def claim(self, conn: Any, owner: str, lease_seconds: float, limit: int) -> Claimed:
