@@ -292,7 +292,10 @@ async def run(
         for committer in (ctx.moves, updates.applier):
             log.info("batch_sizes", stats=json.dumps(committer.stats(), sort_keys=True))
         claims = {"committer": "claims", "sizes": dict(scheduler.claimed)}
-        log.info("batch_sizes", stats=json.dumps(claims, sort_keys=True))
+        log.info(
+            "batch_sizes", stats=json.dumps(claims, sort_keys=True),
+            command_messages=commands.messages, commands=commands.published,
+        )  # fmt: skip
     if crashed:
         return 1
     return RESTART if liveness.lost.is_set() and not stop.is_set() else 0

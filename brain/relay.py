@@ -1,7 +1,8 @@
 """What the Brain publishes after a commit: the relays publish what the committing code hands them.
 
 - :class:`CommandRelay` publishes the tool commands a commit of intents produced, from memory,
-  with the broker's confirm: no read before publishing and no mark after. A command that never
+  with the broker's confirm: no read before publishing and no mark after. Commands for one route
+  that are ready together travel as one message (a ``CommandBatch``). A command that never
   got out (the Brain died between its commit and its confirm, or the broker lost it) is still in
   its execution's row, INTENDED: the repair scan sends it again from there (``brain.scanner``),
   and the Hands take a duplicate for what it is (by execution id).
@@ -20,10 +21,42 @@ from collections.abc import Iterable
 from brain.store import BrainStore, Control
 from infra.logging import get_logger
 from infra.transport import Transport
+from protocol import command_batch_bytes, new_id
 
 log = get_logger(__name__)
 
 Message = tuple[str, bytes, str]  # queue, body, message id
+
+# What one message of commands may carry: a batch goes to one Hands worker, which hands on what
+# it has no free slot for (``hands.batches``); and a broker message is best kept small.
+BATCH_COMMANDS = 32
+BATCH_BYTES = 1024 * 1024
+
+
+def bundled(
+    commands: list[Message], *, most: int = BATCH_COMMANDS, max_bytes: int = BATCH_BYTES
+) -> list[tuple[Message, list[Message]]]:
+    """The messages that carry ``commands``, each with the commands it carries: the commands of
+    one queue go together as a ``CommandBatch``, up to ``most`` of them and ``max_bytes``; a
+    command with no company goes as it is."""
+    by_queue: dict[str, list[list[Message]]] = {}
+    for command in commands:
+        groups = by_queue.setdefault(command[0], [[]])
+        group = groups[-1]
+        if group and (len(group) >= most or sum(len(c[1]) for c in group) + len(command[1]) > max_bytes):
+            group = []
+            groups.append(group)
+        group.append(command)
+    messages: list[tuple[Message, list[Message]]] = []
+    for queue, groups in by_queue.items():
+        for group in groups:
+            if len(group) == 1:
+                messages.append((group[0], group))
+            else:
+                message_id = new_id()
+                body = command_batch_bytes([c[1] for c in group], message_id)
+                messages.append(((queue, body, message_id), group))
+    return messages
 
 
 class CommandRelay:
@@ -34,7 +67,8 @@ class CommandRelay:
         self.retry_after = retry_after
         self._pending: list[Message] = []
         self._wake = asyncio.Event()
-        self.published = 0
+        self.published = 0  # commands the broker confirmed
+        self.messages = 0  # the messages that carried them
 
     def send(self, messages: Iterable[Message]) -> None:
         """Publish these soon (call after the commit that made them durable)."""
@@ -56,21 +90,24 @@ class CommandRelay:
         batch, self._pending = self._pending, []
         if not batch:
             return 0
+        messages = bundled(batch)
         try:
-            results = await self.transport.publish_many(batch)
+            results = await self.transport.publish_many([message for message, _ in messages])
         except asyncio.CancelledError:
             # Stopped mid-publish (a Brain shutting down): the batch is pending again, for the
             # flush that follows (the Hands take a command that did get out twice as a duplicate).
             self._pending = batch + self._pending
             raise
         except Exception as exc:  # noqa: BLE001 - kept for the next round
-            results = [exc] * len(batch)
-        failed = [m for m, err in zip(batch, results, strict=True) if err is not None]
-        for (queue, _, message_id), err in zip(batch, results, strict=True):
+            results = [exc] * len(messages)
+        failed: list[Message] = []
+        for ((queue, _, message_id), carried), err in zip(messages, results, strict=True):
             if err is not None:
                 log.warning("command_publish_failed", queue=queue, message_id=message_id, error=repr(err))
+                failed += carried
         self._pending = failed + self._pending
         self.published += len(batch) - len(failed)
+        self.messages += sum(err is None for err in results)
         return -1 if failed else len(batch)
 
     async def flush(self, patience: float = 5.0) -> None:

@@ -1,6 +1,7 @@
 """The command consumer: turns ``execute`` messages into accepted ledger rows, then work.
 
-For each delivery, in this order (invariants 3 and 4):
+For each delivery (each command of a ``CommandBatch`` as if it had come alone: ``hands.parts``),
+in this order (invariants 3 and 4):
 
 1. decode strictly; anything that is not a valid ``execute`` command for this route is
    dead-lettered with a reason (it can never succeed, so redelivery would not help);
@@ -35,13 +36,15 @@ from typing import Any
 
 from structlog.contextvars import bound_contextvars
 
+from hands.checks import short, unstorable_names, unusable
 from hands.executor import Executor
+from hands.parts import Part, settle_as
 from hands.registry import ToolRegistry
 from hands.relay import EventRelay
 from hands.states import OPEN_STATUSES, LedgerStatus
 from hands.store import Execution, NewExecution
 from infra.db import storable, unstorable
-from infra.delivery import handle_patiently
+from infra.delivery import hand_back, handle_patiently
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec
@@ -49,6 +52,7 @@ from infra.retention import may_have_been_pruned
 from infra.transport import Delivery, Transport
 from protocol import (
     AcceptedBody,
+    CommandBatch,
     ConflictError,
     ExecuteCommand,
     FailedBody,
@@ -74,33 +78,6 @@ class _Inserted:
 
     row: Execution
     new: bool
-
-
-def _unstorable_names(command: ExecuteCommand) -> str | None:
-    """Why the ids and names a command carries cannot be stored in the ledger, or None."""
-    names = {
-        "execution_id": command.execution_id,
-        "namespace": command.namespace,
-        "session_id": command.session_id,
-        "request_digest": command.request_digest,
-    }
-    if command.body is not None:
-        body = command.body
-        names |= {
-            "turn_id": body.turn_id,
-            "call_id": body.call_id,
-            "tool": body.tool,
-            "binding_digest": body.binding_digest,
-        }
-    for field, text in names.items():
-        problem = unstorable(text)
-        if problem is not None:
-            return f"the command's {field} {problem}"
-    return None
-
-
-def _short(digest: str) -> str:
-    return f"{digest[:8]}…"
 
 
 class CommandConsumer:
@@ -156,6 +133,9 @@ class CommandConsumer:
         except ProtocolError as exc:
             await self._dead_letter(message, f"{exc.code}: {exc.message}")
             return
+        if isinstance(header, CommandBatch):
+            await self._handle_batch(message, header.commands)
+            return
         if not isinstance(header, ExecuteCommand):
             await self._dead_letter(
                 message,
@@ -163,6 +143,36 @@ class CommandConsumer:
             )
             return
         await self._executor.slots.acquire()
+        await self._in_slot(message, header)
+
+    async def _handle_batch(self, message: Delivery, commands: list[ExecuteCommand]) -> None:
+        """Each command of a batch as if it had come alone (``hands.parts``). The first waits
+        for a slot, as a lone command does; each of the others takes a slot that is free now, or
+        goes back to the queue alone for a worker that has one: a batch never holds work here
+        that another worker could start at once."""
+        parts = [Part(command, message.headers) for command in commands]
+        handling = []
+        for i, part in enumerate(parts):
+            if i and self._executor.slots.locked():
+                await self._broker.publish(self.queue, part.body, message_id=part.message_id)
+                await part.ack()
+                continue
+            await self._executor.slots.acquire()
+            handling.append(asyncio.create_task(self._in_slot(part, part.command)))
+        outcomes = await asyncio.gather(*handling, return_exceptions=True)
+        failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        if failed is not None:
+            raise failed  # the batch comes again: what was done is a duplicate then
+        settle = settle_as(parts)
+        if settle == "ack":
+            first = commands[0].body
+            self._kill.hit("hands.before_batch_ack", first.call_id if first else None)
+            await self._ack(message)
+        elif settle == "hand_back":
+            await hand_back(message)
+
+    async def _in_slot(self, message: Delivery, header: ExecuteCommand) -> None:
+        """Handle one command with the slot its caller took (given back unless it runs)."""
         if self._stopping.is_set():
             self._executor.slots.release()
             return
@@ -181,7 +191,7 @@ class CommandConsumer:
 
     async def _process(self, message: Delivery, header: ExecuteCommand) -> bool:
         """Returns True when the execution was accepted and handed to the executor."""
-        problem = _unstorable_names(header)
+        problem = unstorable_names(header)
         if problem is not None:
             # Not even a rejection can be recorded under such a name: park it, saying why.
             await self._dead_letter(message, f"schema_error: {problem}")
@@ -198,31 +208,16 @@ class CommandConsumer:
             return False
         body = command.body
         assert body is not None
-        problem = _unstorable_names(command)
+        problem = unusable(command, self.route, self.queue)
         if problem is not None:
-            await self._dead_letter(message, f"schema_error: {problem}")
-            return False
-        expected = request_digest(command.execution_id, body)
-        if expected != command.request_digest:
-            await self._dead_letter(
-                message,
-                f"schema_error: request_digest {_short(command.request_digest)} does not match "
-                f"the command (sha256 of the canonical command is {_short(expected)})",
-            )
-            return False
-        if body.route != self.route:
-            await self._dead_letter(
-                message,
-                f"routing_error: command for route {body.route} was delivered to {self.queue} "
-                f"(route {self.route})",
-            )
+            await self._dead_letter(message, problem)
             return False
         try:
             tool = self._registry.resolve(body.tool, body.binding_digest)
             if tool.binding.replay_policy != body.replay_policy:
                 raise RoutingError(
                     f"command says tool {body.tool} is {body.replay_policy} but its binding "
-                    f"{_short(body.binding_digest)} is {tool.binding.replay_policy}"
+                    f"{short(body.binding_digest)} is {tool.binding.replay_policy}"
                 )
             problem = unstorable(body.args)  # first: a validation error would quote that text
             if problem is not None:
@@ -292,8 +287,15 @@ class CommandConsumer:
     async def surface_parked(self, conn: Any, envelope: Any, reason: str) -> str | None:
         """A command parked for good that never made it into the ledger fails as rejected (so the
         Brain hears why, and a copy that comes later never runs); one that is in the ledger is
-        being, or was, handled. Garbage (a digest that does not match) is only logged."""
-        if not isinstance(envelope, ExecuteCommand) or _unstorable_names(envelope) is not None:
+        being, or was, handled. Garbage (a digest that does not match) is only logged. A parked
+        batch is each of its commands parked."""
+        if isinstance(envelope, CommandBatch):
+            said = [await self._surface_command(conn, c, reason) for c in envelope.commands]
+            return "; ".join(filter(None, said)) or None
+        return await self._surface_command(conn, envelope, reason)
+
+    async def _surface_command(self, conn: Any, envelope: Any, reason: str) -> str | None:
+        if not isinstance(envelope, ExecuteCommand) or unstorable_names(envelope) is not None:
             return None
         body = envelope.body
         if body is not None and request_digest(envelope.execution_id, body) != envelope.request_digest:
@@ -339,7 +341,7 @@ class CommandConsumer:
             return True
         conflict = ConflictError(
             f"execution {command.execution_id} is already in the ledger with request digest "
-            f"{_short(row.request_digest)}; this command has {_short(command.request_digest)}"
+            f"{short(row.request_digest)}; this command has {short(command.request_digest)}"
         )
         await self._dead_letter(message, f"{conflict.code}: {conflict.message}")
         return False

@@ -129,9 +129,10 @@ class ParkedConsumer:
 
 
 def _first_execution(envelope: Any) -> str | None:
-    """The execution a batch of events names first (a parked batch is listed under it)."""
-    events = getattr(envelope, "events", None)
-    return events[0].execution_id if events else None
+    """The execution a batch of events or commands names first (a parked batch is listed under
+    it)."""
+    carried = getattr(envelope, "events", None) or getattr(envelope, "commands", None)
+    return carried[0].execution_id if carried else None
 
 
 class ParkedRows:

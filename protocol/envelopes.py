@@ -285,6 +285,30 @@ class EventBatch(_Model):
         return self
 
 
+class CommandBatch(_Model):
+    """Commands for one route in one message: what a Brain sends when several intents committed
+    together. Each is handled as if it had come alone (its own dedup, ack and dead letter); the
+    message is settled once all of them are. One message instead of one per command is what
+    saves the broker's and both processes' work per command."""
+
+    v: Literal[1] = 1
+    message_id: str = Field(default_factory=new_id)
+    kind: Literal["commands"] = "commands"
+    commands: list[ExecuteCommand] = Field(min_length=1)
+
+    @field_validator("v", mode="before")
+    @classmethod
+    def _version_is_an_integer(cls, value: Any) -> Any:
+        return _Envelope._version_is_an_integer(value)
+
+    @model_validator(mode="after")
+    def _one_each(self) -> CommandBatch:
+        ids = [c.execution_id for c in self.commands]
+        if len(set(ids)) != len(ids):
+            raise ValueError("a batch carries each execution's command once")
+        return self
+
+
 Control = CancelControl | ReplayControl
 Envelope = Annotated[
     ExecuteCommand
@@ -298,6 +322,7 @@ Envelope = Annotated[
     | CancelledEvent
     | UnknownEvent
     | EventBatch
+    | CommandBatch
     | BindingsAnnouncement,
     Field(discriminator="kind"),
 ]
@@ -357,6 +382,14 @@ def batch_bytes(events: list[dict[str, Any]], message_id: str | None = None) -> 
     rest = codec.dumps({"v": PROTOCOL_VERSION, "kind": "events", "message_id": message_id or new_id()})
     # Canonical order: "events" sorts first, so it is spliced in ahead of the other keys.
     return b'{"events":' + codec.dumps(events) + b"," + rest[1:]
+
+
+def command_batch_bytes(commands: list[bytes], message_id: str | None = None) -> bytes:
+    """The wire form of a ``CommandBatch`` of commands already encoded (as their execution rows
+    keep them): spliced, not decoded and encoded again. The receiver validates it as usual."""
+    rest = codec.dumps({"v": PROTOCOL_VERSION, "kind": "commands", "message_id": message_id or new_id()})
+    # Canonical order: "commands" sorts first, so it is spliced in ahead of the other keys.
+    return b'{"commands":[' + b",".join(commands) + b"]," + rest[1:]
 
 
 def body_bytes(envelope: Any) -> bytes:

@@ -18,7 +18,16 @@ import pytest
 
 from hands.tools import Tool
 from infra.broker import Broker, Topology
-from protocol import EventBatch, ExecuteBody, ExecuteCommand, decode, encode, new_id, request_digest
+from protocol import (
+    EventBatch,
+    ExecuteBody,
+    ExecuteCommand,
+    command_batch_bytes,
+    decode,
+    encode,
+    new_id,
+    request_digest,
+)
 from tests import hands_test_tools as lab
 from tests.support import Observer, Processes, TendonEnv, wait_for
 
@@ -61,6 +70,15 @@ class Bus:
     async def publish_command(self, command: ExecuteCommand | bytes) -> None:
         body = command if isinstance(command, bytes) else encode(command)
         await self.broker.publish(self.topology.commands("lab"), body, message_id=new_id())
+
+    async def publish_batch(self, commands: list[ExecuteCommand | bytes]) -> str:
+        """Publish commands as one ``CommandBatch`` message, as a Brain's relay does; its id."""
+        message_id = new_id()
+        bodies = [c if isinstance(c, bytes) else encode(c) for c in commands]
+        await self.broker.publish(
+            self.topology.commands("lab"), command_batch_bytes(bodies, message_id), message_id=message_id
+        )
+        return message_id
 
     async def publish_control(self, control: Any) -> None:
         await self.broker.publish(self.topology.controls("lab"), encode(control), message_id=new_id())

@@ -150,7 +150,12 @@ def test_batch_sizes_are_read_from_the_processes_shutdown_lines(tmp_path: Any) -
         )
         + "\n"
         + json.dumps(
-            {"event": "batch_sizes", "stats": json.dumps({"committer": "claims", "sizes": {"0": 5, "2": 1}})}
+            {
+                "event": "batch_sizes",
+                "stats": json.dumps({"committer": "claims", "sizes": {"0": 5, "2": 1}}),
+                "command_messages": 4,
+                "commands": 14,
+            }
         )
         + "\n"
     )
@@ -168,4 +173,7 @@ def test_batch_sizes_are_read_from_the_processes_shutdown_lines(tmp_path: Any) -
     )
     got = summarize(batch_lines([brain, hands]))
     # moves: 10 items in 6 transactions; claims that took nothing are not batches; no updates seen
-    assert got == {"moves": 10 / 6, "claims": 2.0, "ledger": 2.0, "updates": None, "events per message": 2.5}
+    assert got == {
+        "moves": 10 / 6, "claims": 2.0, "ledger": 2.0, "updates": None,
+        "events per message": 2.5, "commands per message": 3.5,
+    }  # fmt: skip

@@ -167,8 +167,8 @@ def schema_error(data: Any) -> str:
 def test_the_samples_cover_every_kind_in_the_envelope_union():
     union = typing.get_args(protocol.Envelope)[0]
     kinds = {model.model_fields["kind"].default for model in typing.get_args(union)}
-    # An event batch has no body of its own: its tests are below ("event batches").
-    assert kinds == set(SAMPLES) | {"events"}
+    # Batches have no body of their own: their tests are below ("event batches", commands).
+    assert kinds == set(SAMPLES) | {"events", "commands"}
     assert TERMINAL_EVENT_KINDS <= kinds
 
 
@@ -225,6 +225,29 @@ def test_an_empty_event_batch_or_one_that_carries_a_command_is_a_schema_error():
         decode(protocol.batch_bytes([]))
     with pytest.raises(SchemaError):
         decode(protocol.batch_bytes([wire("execute")]))
+
+
+def _execute(execution_id: str) -> bytes:
+    return encode(make("execute").model_copy(update={"execution_id": execution_id}))
+
+
+def test_a_command_batch_round_trips_and_is_the_canonical_encoding_of_its_envelope():
+    raw = protocol.command_batch_bytes([_execute("exec-a"), _execute("exec-b")], message_id="m-2")
+    batch = decode(raw)
+    assert isinstance(batch, protocol.CommandBatch) and batch.message_id == "m-2"
+    assert [c.execution_id for c in batch.commands] == ["exec-a", "exec-b"]
+    assert all(isinstance(c, ExecuteCommand) and c.body is not None for c in batch.commands)
+    assert encode(batch) == raw
+
+
+def test_a_command_batch_that_is_empty_repeats_an_execution_or_carries_anything_else_is_a_schema_error():
+    with pytest.raises(SchemaError):
+        decode(protocol.command_batch_bytes([]))
+    with pytest.raises(SchemaError, match="each execution's command once"):
+        decode(protocol.command_batch_bytes([_execute("exec-a"), _execute("exec-a")]))
+    for other in ("cancel", "accepted"):
+        with pytest.raises(SchemaError):
+            decode(protocol.command_batch_bytes([_execute("exec-a"), encode(make(other))]))
 
 
 # ---- round trips -------------------------------------------------------------------------

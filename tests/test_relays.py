@@ -11,10 +11,19 @@ from typing import Any
 
 import pytest
 
-from brain.relay import CommandRelay
+from brain.relay import BATCH_COMMANDS, CommandRelay, bundled
 from hands.relay import MAX_EVENTS, EventRelay, linger_left, messages, ranges
 from infra.transport import Topology
-from protocol import EventBatch, batch_bytes, decode
+from protocol import (
+    CommandBatch,
+    EventBatch,
+    ExecuteBody,
+    ExecuteCommand,
+    batch_bytes,
+    decode,
+    encode,
+    request_digest,
+)
 from tests.support import wait_for
 
 _BODIES: dict[str, dict[str, Any]] = {
@@ -91,6 +100,9 @@ class _GatedTransport:
                 continue
             if body.startswith(b"command"):
                 self.published.append([("command", int(body[7:]))])
+            elif isinstance(envelope := decode(body), (CommandBatch, ExecuteCommand)):
+                commands = envelope.commands if isinstance(envelope, CommandBatch) else [envelope]
+                self.published.append([("command", int(c.execution_id[1:])) for c in commands])
             else:
                 batch = decode(body)
                 self.published.append([(e.execution_id, e.seq) for e in batch.events])
@@ -249,3 +261,69 @@ async def test_a_relay_stopped_mid_publish_keeps_the_batch_for_the_flush_that_fo
     transport.gate.set()
     await relay.flush()
     assert transport.published == [[("command", 1)]] and relay.published == 1
+
+
+def _command(queue: str, n: int, args: Any = None) -> tuple[str, bytes, str]:
+    """A command as the relay is handed it: (queue, its encoded envelope, its message id)."""
+    body = ExecuteBody(
+        turn_id="t", call_id=f"c{n}", route=queue, tool="echo", binding_digest="d" * 64,
+        replay_policy="safe", args=args if args is not None else {"n": n},
+    )  # fmt: skip
+    command = ExecuteCommand(
+        execution_id=f"e{n}",
+        namespace="ns",
+        session_id="s",
+        request_digest=request_digest(f"e{n}", body),
+        body=body,
+    )
+    return queue, encode(command), command.message_id
+
+
+def _carried(message: tuple[str, bytes, str]) -> list[str]:
+    envelope = decode(message[1])
+    return (
+        [c.execution_id for c in envelope.commands]
+        if isinstance(envelope, CommandBatch)
+        else [envelope.execution_id]
+    )
+
+
+def test_commands_for_one_queue_travel_together_and_a_lone_one_as_it_is() -> None:
+    a1, b1, a2, a3 = _command("qa", 1), _command("qb", 2), _command("qa", 3), _command("qa", 4)
+    messages = bundled([a1, b1, a2, a3])
+    assert [(m[0], _carried(m)) for m, _ in messages] == [("qa", ["e1", "e3", "e4"]), ("qb", ["e2"])]
+    (batch, carried), (lone, alone) = messages
+    assert carried == [a1, a2, a3] and alone == [b1]
+    assert lone == b1  # the same bytes and message id as it was handed over
+    decoded = decode(batch[1])
+    assert decoded.message_id == batch[2] and encode(decoded) == batch[1]  # canonical, as if encoded
+
+
+def test_a_batch_stops_at_its_count_and_its_bytes_unless_one_command_alone_is_bigger() -> None:
+    many = [_command("q", n) for n in range(2 * BATCH_COMMANDS + 5)]
+    sizes = [len(carried) for _, carried in bundled(many)]
+    assert sizes == [BATCH_COMMANDS, BATCH_COMMANDS, 5]
+    assert [c for _, carried in bundled(many) for c in carried] == many  # in order, each once
+    big = [_command("q", n, {"text": "x" * 400}) for n in range(5)]
+    budget = 2 * len(big[0][1]) + 10
+    assert [len(carried) for _, carried in bundled(big, max_bytes=budget)] == [2, 2, 1]
+    huge = _command("q", 9, {"text": "x" * 5000})
+    assert [len(c) for _, c in bundled([big[0], huge, big[1]], max_bytes=budget)] == [1, 1, 1]
+
+
+async def test_a_batch_the_broker_refused_keeps_all_its_commands_for_the_next_round() -> None:
+    transport = _GatedTransport()
+    transport.gate.set()
+    transport.refuse = 1
+    relay = CommandRelay(transport, retry_after=0.1)  # type: ignore[arg-type]
+    loop = asyncio.create_task(relay.run())
+    try:
+        relay.send([_command("q", 1), _command("q", 2), _command("q", 3)])
+
+        async def sent() -> bool:
+            return transport.published == [[("command", 1), ("command", 2), ("command", 3)]]
+
+        await wait_for(sent, timeout=5, interval=0.01, what="the batch, once the broker takes it")
+        assert (relay.published, relay.messages) == (3, 1)
+    finally:
+        loop.cancel()

@@ -5,7 +5,8 @@ turns, a Brain and one Hands worker of their own per level), this reads what eac
 of its group committers when it stops (the ``batch_sizes`` log line): the Brain's claims (turns
 per claim), moves (runs' replies, intents and endings per transaction) and update applies
 (event ranges per transaction), the Hands' ledger commits (accepts, starts and outcomes per
-transaction), and the events per message the Hands relay sent. Not timed, and not metered: the
+transaction), the events per message the Hands relay sent and the commands per message the Brain's
+relay sent. Not timed, and not metered: the
 processes log at INFO here, which the throughput scenario's CPU figures must not pay for.
 """
 
@@ -55,7 +56,7 @@ def batch_lines(logs: Iterable[Path]) -> list[dict[str, Any]]:
 def summarize(records: list[dict[str, Any]]) -> dict[str, float | None]:
     """Mean batch size per committer, and events per Hands message, over the given records."""
     sizes: dict[str, dict[str, int]] = {}
-    messages = events = 0
+    messages = events = command_messages = commands = 0
     for record in records:
         stats = json.loads(record["stats"])
         merged = sizes.setdefault(stats["committer"], {})
@@ -63,8 +64,11 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, float | None]:
             merged[size] = merged.get(size, 0) + n
         messages += int(record.get("messages", 0))
         events += int(record.get("events", 0))
+        command_messages += int(record.get("command_messages", 0))
+        commands += int(record.get("commands", 0))
     out: dict[str, float | None] = {name: mean_size(sizes.get(name, {})) for name in COMMITTERS}
     out["events per message"] = events / messages if messages else None
+    out["commands per message"] = commands / command_messages if command_messages else None
     return out
 
 
@@ -87,7 +91,11 @@ async def run(ctx: Context) -> Result:
             by_level[k] = summarize(batch_lines(p.log_path for p in (brain, hands)))  # type: ignore[attr-defined]
         finally:
             await world.cleanup()
-    for key, label in [*COMMITTERS.items(), ("events per message", "Hands: events per message")]:
+    per_message = [
+        ("events per message", "Hands: events per message"),
+        ("commands per message", "Brain: commands per message"),
+    ]
+    for key, label in [*COMMITTERS.items(), *per_message]:
         for k in levels:
             res.rows.append(
                 Row(

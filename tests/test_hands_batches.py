@@ -1,0 +1,115 @@
+"""Commands that travel together (a ``CommandBatch``, what a Brain sends when several intents of a
+route committed at once) against a real Hands pool: each is handled as if it had come alone,
+a bad one is parked alone, the message is settled once, a kill anywhere inside runs nothing
+twice, and what a worker has no free slot for goes to another worker."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import pytest
+
+from tests import hands_test_tools as lab
+from tests.hands_bus import WAIT, Bus, command, runs, start_worker
+from tests.support import Processes, TendonEnv, wait_for
+
+TERMINAL = {"succeeded", "failed", "cancelled", "unknown"}
+
+
+async def ended(bus: Bus, execution_id: str) -> Any:
+    """The event that ended ``execution_id`` (waits for it)."""
+
+    async def found() -> Any:
+        return next((e for e in bus.events(execution_id) if e.kind in TERMINAL), None)
+
+    return await wait_for(found, timeout=WAIT, what=f"the end of {execution_id}")
+
+
+async def nothing_left_in(bus: Bus, processes: Processes, worker: Any) -> None:
+    """Stop ``worker`` (a message it never acked goes back to the queue) and check the queue."""
+    worker.send_signal(signal.SIGTERM)
+    assert await processes.wait_exit(worker) == 0
+    assert await bus.broker.waiting(bus.topology.commands("lab")) == 0
+
+
+async def test_each_command_of_a_batch_runs_once_and_the_message_is_settled_once(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    worker = await start_worker(processes, world)
+    cmds = [
+        command(lab.charge, {"amount": 5}),
+        command(lab.echo, {"text": "a"}),
+        command(lab.echo, {"text": "b"}),
+    ]
+
+    await bus.publish_batch(list(cmds))
+
+    for cmd in cmds:
+        assert (await ended(bus, cmd.execution_id)).kind == "succeeded"
+    assert sorted(e for _, e, _ in runs(world)) == sorted(c.execution_id for c in cmds)
+    await nothing_left_in(bus, processes, worker)
+
+
+async def test_a_bad_command_in_a_batch_is_parked_alone_and_the_others_run(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    worker = await start_worker(processes, world)
+    good, other = command(lab.echo, {"text": "ok"}), command(lab.charge, {"amount": 1})
+    bad = command(lab.echo, {"text": "x"})
+    tampered = bad.model_copy(update={"request_digest": "f" * 64})  # not the digest of its command
+
+    await bus.publish_batch([good, tampered, other])
+
+    for cmd in (good, other):
+        assert (await ended(bus, cmd.execution_id)).kind == "succeeded"
+    (parked,) = await bus.parked(bus.topology.commands("lab"))
+    assert parked["execution_id"] == bad.execution_id and parked["message_id"] == bad.message_id
+    assert "request_digest" in parked["reason"] and parked["kind"] == "execute"
+    assert bus.events(bad.execution_id) == []
+    await nothing_left_in(bus, processes, worker)
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("point", ["hands.after_accept_commit", "hands.before_batch_ack"])
+async def test_a_worker_killed_inside_a_batch_leaves_nothing_lost_and_nothing_run_twice(
+    world: TendonEnv, bus: Bus, processes: Processes, point: str
+) -> None:
+    # Given a batch of unsafe charges, and a worker that dies after accepting the second one (or
+    # once every command was handled, before the message's ack)
+    cmds = [command(lab.charge, {"amount": n}) for n in (1, 2, 3)]
+    tag = cmds[1 if point == "hands.after_accept_commit" else 0].body.call_id
+    doomed = await start_worker(processes, world, TENDON_KILL_AT=f"{point}@{tag}")
+    await bus.publish_batch(list(cmds))
+    assert await processes.wait_exit(doomed, timeout=WAIT) == -9
+
+    # When another worker gets the batch again
+    worker = await start_worker(processes, world)
+
+    # Then every charge ends, none was charged twice, and the message is settled
+    for cmd in cmds:
+        assert (await ended(bus, cmd.execution_id)).kind in ("succeeded", "unknown")
+    ran = [e for _, e, _ in runs(world)]
+    assert all(ran.count(c.execution_id) <= 1 for c in cmds), ran
+    await nothing_left_in(bus, processes, worker)
+
+
+async def test_what_a_worker_has_no_free_slot_for_goes_to_another_worker(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given two workers that each run one execution at a time
+    workers = [await start_worker(processes, world, TENDON_CONCURRENCY="1") for _ in range(2)]
+    cmds = [command(lab.slow, {"pages": 1, "delay": 1.0}) for _ in range(4)]
+
+    # When four slow commands arrive in one message
+    await bus.publish_batch(list(cmds))
+
+    # Then both workers run some: the one that took the batch kept only what it could start
+    ends = [await ended(bus, cmd.execution_id) for cmd in cmds]
+    assert all(e.kind == "succeeded" for e in ends)
+    started = {bus.by_seq(c.execution_id)[1].body.worker for c in cmds}
+    assert len(started) == 2
+    for worker in workers:
+        worker.send_signal(signal.SIGTERM)
+        assert await processes.wait_exit(worker) == 0
+    assert await bus.broker.waiting(bus.topology.commands("lab")) == 0
