@@ -1,11 +1,12 @@
 """One command of a ``CommandBatch`` message, handled as if it had come alone.
 
 A batch is settled as a whole (one broker ack), yet each of its commands is deduplicated,
-accepted, rejected or dead-lettered on its own, by the same code that handles a lone command. A
-:class:`Part` is the delivery that code settles: acking it only marks it; dead-lettering it parks
-the command alone, as its own message, and marks it. The batch message is acked once every part
-is settled, and handed back if any part was (each of its commands is then a duplicate or runs
-anew, by execution id, as for any redelivery).
+accepted, rejected or dead-lettered on its own, by the same code that handles a lone command
+(and a passing fault is waited out per command). A :class:`Part` is the delivery that code
+settles: acking it only marks it; dead-lettering it parks the command alone, as its own message,
+and marks it; handing it back marks that the batch must come again. The batch message is acked
+once every part is settled, and handed back if any part was (each of its commands is then a
+duplicate or runs anew, by execution id, as for any redelivery).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class Part:
         self.command = command
         self.headers: dict[str, Any] = dict(headers or {})
         self.handed_back = False
+        self.holds_slot = False  # a concurrency slot taken for it, not yet handed to its handling
         self._settled = False
 
     @cached_property

@@ -36,7 +36,7 @@ from typing import Any
 
 from structlog.contextvars import bound_contextvars
 
-from hands.checks import short, unstorable_names, unusable
+from hands.commands import row_values, short, unstorable_names, unusable
 from hands.executor import Executor
 from hands.parts import Part, settle_as
 from hands.registry import ToolRegistry
@@ -146,10 +146,11 @@ class CommandConsumer:
         await self._in_slot(message, header)
 
     async def _handle_batch(self, message: Delivery, commands: list[ExecuteCommand]) -> None:
-        """Each command of a batch as if it had come alone (``hands.parts``). The first waits
-        for a slot, as a lone command does; each of the others takes a slot that is free now, or
-        goes back to the queue alone for a worker that has one: a batch never holds work here
-        that another worker could start at once."""
+        """Each command of a batch as if it had come alone (``hands.parts``), a passing fault
+        waited out per command (never the whole batch again). The first waits for a slot, as a
+        lone command does; each of the others takes a slot that is free now, or goes back to the
+        queue alone for a worker that has one: a batch never holds work here that another worker
+        could start at once."""
         parts = [Part(command, message.headers) for command in commands]
         handling = []
         for i, part in enumerate(parts):
@@ -158,18 +159,26 @@ class CommandConsumer:
                 await part.ack()
                 continue
             await self._executor.slots.acquire()
-            handling.append(asyncio.create_task(self._in_slot(part, part.command)))
-        outcomes = await asyncio.gather(*handling, return_exceptions=True)
-        failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
-        if failed is not None:
-            raise failed  # the batch comes again: what was done is a duplicate then
+            part.holds_slot = True
+            handling.append(asyncio.create_task(handle_patiently(part, self._handle_part, what="a command")))
+        await asyncio.gather(*handling)
         settle = settle_as(parts)
         if settle == "ack":
             first = commands[0].body
             self._kill.hit("hands.before_batch_ack", first.call_id if first else None)
             await self._ack(message)
-        elif settle == "hand_back":
-            await hand_back(message)
+        elif settle == "hand_back":  # each part that asked for it paused already
+            await hand_back(message, pause=0.0)
+
+    async def _handle_part(self, part: Delivery) -> None:
+        """One attempt at a part: the first has the slot its batch took for it, a later one
+        (after a passing fault gave that back) takes one of its own."""
+        assert isinstance(part, Part)
+        if part.holds_slot:
+            part.holds_slot = False
+        else:
+            await self._executor.slots.acquire()
+        await self._in_slot(part, part.command)
 
     async def _in_slot(self, message: Delivery, header: ExecuteCommand) -> None:
         """Handle one command with the slot its caller took (given back unless it runs)."""
@@ -238,7 +247,7 @@ class CommandConsumer:
         assert body is not None
         ex = self._executor
         execution_id = command.execution_id
-        values = self._row_values(command, command) | {
+        values = row_values(command, command, self.route, self._executor.worker_id) | {
             "status": LedgerStatus.RUNNING if safe else LedgerStatus.ACCEPTED,
             "replay_policy": str(body.replay_policy),
             "args": body.args,
@@ -304,7 +313,9 @@ class CommandConsumer:
         if await ledger.get(conn, envelope.execution_id) is not None:
             return None
         error = ParkedError(f"the command was parked before it could run: {reason}")
-        values = self._row_values(envelope, envelope if body is not None else None) | {
+        values = row_values(
+            envelope, envelope if body is not None else None, self.route, self._executor.worker_id
+        ) | {
             "status": LedgerStatus.FAILED,
             "error": error.as_dict(),
         }
@@ -346,31 +357,15 @@ class CommandConsumer:
         await self._dead_letter(message, f"{conflict.code}: {conflict.message}")
         return False
 
-    def _row_values(self, header: ExecuteCommand, command: ExecuteCommand | None) -> dict[str, Any]:
-        body = command.body if command is not None else None
-        values: dict[str, Any] = {
-            "execution_id": header.execution_id,
-            "route": self.route,
-            "request_digest": header.request_digest,
-            "namespace": header.namespace,
-            "session_id": header.session_id,
-            "owner": self._executor.worker_id,
-        }
-        if body is not None:
-            values |= {
-                "turn_id": body.turn_id,
-                "call_id": body.call_id,
-                "tool": body.tool,
-                "binding_digest": body.binding_digest,
-            }
-        return values
-
     async def _record_rejection(
         self, header: ExecuteCommand, command: ExecuteCommand | None, exc: TendonError
     ) -> _Inserted:
         """Commit a FAILED row with a ``failed`` (how="rejected") event as its seq 1."""
         error = {"code": exc.code, "message": storable(exc.message)}  # it may quote the input
-        values = self._row_values(header, command) | {"status": LedgerStatus.FAILED, "error": error}
+        values = row_values(header, command, self.route, self._executor.worker_id) | {
+            "status": LedgerStatus.FAILED,
+            "error": error,
+        }
         if command is not None and command.body is not None:
             args = command.body.args
             values |= {

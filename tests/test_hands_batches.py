@@ -6,12 +6,14 @@ twice, and what a worker has no free slot for goes to another worker."""
 from __future__ import annotations
 
 import signal
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from tests import hands_test_tools as lab
 from tests.hands_bus import WAIT, Bus, command, runs, start_worker
+from tests.hands_pg_proxy import CommitCutter
 from tests.support import Processes, TendonEnv, wait_for
 
 TERMINAL = {"succeeded", "failed", "cancelled", "unknown"}
@@ -113,3 +115,35 @@ async def test_what_a_worker_has_no_free_slot_for_goes_to_another_worker(
         worker.send_signal(signal.SIGTERM)
         assert await processes.wait_exit(worker) == 0
     assert await bus.broker.waiting(bus.topology.commands("lab")) == 0
+
+
+@pytest.fixture
+async def proxy(world: TendonEnv) -> AsyncIterator[CommitCutter]:
+    async with CommitCutter(world.database_url) as proxy:
+        yield proxy
+
+
+async def test_a_batch_whose_accept_commit_looked_failed_is_waited_out_and_each_command_runs_once(
+    proxy: CommitCutter, world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a worker whose ledger connection loses the answer to its next COMMIT (the accepts of
+    # the batch's commands, which share it), with a recovery scan too slow to help
+    worker = await start_worker(
+        processes, world, TENDON_HANDS_DATABASE_URL=proxy.dsn, TENDON_SCAN_INTERVAL="30"
+    )
+    proxy.arm(cut=1)
+    cmds = [command(lab.charge, {"amount": n}) for n in (1, 2, 3)]
+
+    # When the batch arrives: its accepts commit, but the worker sees the connection lost
+    await bus.publish_batch(list(cmds))
+
+    # Then each command, tried again, finds its own accepted row and starts it, once
+    for cmd in cmds:
+        events = await bus.wait_seqs(cmd.execution_id, 3)
+        assert [events[s].kind for s in (1, 2, 3)] == ["accepted", "started", "succeeded"]
+        assert (events[2].body.attempt, events[2].body.reason) == (1, "first_run")
+    assert proxy.cuts == 1
+    assert sorted(e for _, e, _ in runs(world)) == sorted(c.execution_id for c in cmds)
+
+    # (Stopped here, while the proxy it talks through still runs in this event loop.)
+    await nothing_left_in(bus, processes, worker)

@@ -1,9 +1,11 @@
-"""What makes a command unusable before anything is recorded of it: names the ledger cannot
-store, a request digest that does not match the command, a route that is not this pool's. Each
-such command is parked with the reason these return; it can never succeed, so redelivery would
-not help."""
+"""Reading a command: what makes it unusable before anything is recorded of it (names the
+ledger cannot store, a request digest that does not match the command, a route that is not this
+pool's: such a command is parked with the reason these return, since redelivery would not help),
+and the ledger row it makes."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from infra.db import unstorable
 from protocol import ExecuteCommand, request_digest
@@ -52,3 +54,26 @@ def unusable(command: ExecuteCommand, route: str, queue: str) -> str | None:
     if body.route != route:
         return f"routing_error: command for route {body.route} was delivered to {queue} (route {route})"
     return None
+
+
+def row_values(
+    header: ExecuteCommand, command: ExecuteCommand | None, route: str, owner: str
+) -> dict[str, Any]:
+    """The ledger row's names for a command (``command``: with its body resolved, when it is)."""
+    body = command.body if command is not None else None
+    values: dict[str, Any] = {
+        "execution_id": header.execution_id,
+        "route": route,
+        "request_digest": header.request_digest,
+        "namespace": header.namespace,
+        "session_id": header.session_id,
+        "owner": owner,
+    }
+    if body is not None:
+        values |= {
+            "turn_id": body.turn_id,
+            "call_id": body.call_id,
+            "tool": body.tool,
+            "binding_digest": body.binding_digest,
+        }
+    return values
