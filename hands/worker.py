@@ -38,13 +38,13 @@ from structlog.contextvars import bound_contextvars
 
 from hands.commands import row_values, short, unstorable_names, unusable
 from hands.executor import Executor
-from hands.parts import Part, settle_as
+from hands.parts import Batches
 from hands.registry import ToolRegistry
 from hands.relay import EventRelay
 from hands.states import OPEN_STATUSES, LedgerStatus
 from hands.store import Execution, NewExecution
 from infra.db import storable, unstorable
-from infra.delivery import hand_back, handle_patiently
+from infra.delivery import handle_patiently
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.payloads import PayloadCodec
@@ -106,6 +106,10 @@ class CommandConsumer:
         self._relay = relay
         self._kill = kill
         self._stopping = asyncio.Event()
+        self._batches = Batches(
+            queue=queue, broker=broker, slots=executor.slots, handle_one=self._in_slot, kill=kill,
+            ack=self._ack,
+        )  # fmt: skip
         self._busy = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -134,7 +138,7 @@ class CommandConsumer:
             await self._dead_letter(message, f"{exc.code}: {exc.message}")
             return
         if isinstance(header, CommandBatch):
-            await self._handle_batch(message, header.commands)
+            await self._batches.handle(message, header.commands)
             return
         if not isinstance(header, ExecuteCommand):
             await self._dead_letter(
@@ -144,41 +148,6 @@ class CommandConsumer:
             return
         await self._executor.slots.acquire()
         await self._in_slot(message, header)
-
-    async def _handle_batch(self, message: Delivery, commands: list[ExecuteCommand]) -> None:
-        """Each command of a batch as if it had come alone (``hands.parts``), a passing fault
-        waited out per command (never the whole batch again). The first waits for a slot, as a
-        lone command does; each of the others takes a slot that is free now, or goes back to the
-        queue alone for a worker that has one: a batch never holds work here that another worker
-        could start at once."""
-        parts = [Part(command, message.headers) for command in commands]
-        handling = []
-        for i, part in enumerate(parts):
-            if i and self._executor.slots.locked():
-                await self._broker.publish(self.queue, part.body, message_id=part.message_id)
-                await part.ack()
-                continue
-            await self._executor.slots.acquire()
-            part.holds_slot = True
-            handling.append(asyncio.create_task(handle_patiently(part, self._handle_part, what="a command")))
-        await asyncio.gather(*handling)
-        settle = settle_as(parts)
-        if settle == "ack":
-            first = commands[0].body
-            self._kill.hit("hands.before_batch_ack", first.call_id if first else None)
-            await self._ack(message)
-        elif settle == "hand_back":  # each part that asked for it paused already
-            await hand_back(message, pause=0.0)
-
-    async def _handle_part(self, part: Delivery) -> None:
-        """One attempt at a part: the first has the slot its batch took for it, a later one
-        (after a passing fault gave that back) takes one of its own."""
-        assert isinstance(part, Part)
-        if part.holds_slot:
-            part.holds_slot = False
-        else:
-            await self._executor.slots.acquire()
-        await self._in_slot(part, part.command)
 
     async def _in_slot(self, message: Delivery, header: ExecuteCommand) -> None:
         """Handle one command with the slot its caller took (given back unless it runs)."""
@@ -296,11 +265,13 @@ class CommandConsumer:
     async def surface_parked(self, conn: Any, envelope: Any, reason: str) -> str | None:
         """A command parked for good that never made it into the ledger fails as rejected (so the
         Brain hears why, and a copy that comes later never runs); one that is in the ledger is
-        being, or was, handled. Garbage (a digest that does not match) is only logged. A parked
-        batch is each of its commands parked."""
+        being, or was, handled. Garbage (a digest that does not match) is only logged.
+
+        A batch is parked when handling it failed as a whole (a worker that died on it, each time):
+        its commands not in the ledger go back to the queue alone, each with its own delivery
+        limit, so that only one that cannot be handled is parked, and the others run."""
         if isinstance(envelope, CommandBatch):
-            said = [await self._surface_command(conn, c, reason) for c in envelope.commands]
-            return "; ".join(filter(None, said)) or None
+            return await self._batches.surface_parked(conn, envelope.commands, self._executor.ledger)
         return await self._surface_command(conn, envelope, reason)
 
     async def _surface_command(self, conn: Any, envelope: Any, reason: str) -> str | None:

@@ -243,10 +243,16 @@ class LocalBroker:
         return [None for _ in items]
 
     async def dead_letter(self, queue: str, message: Delivery, reason: str) -> None:
-        """Move ``message`` to ``queue``'s dead-letter queue with a reason, in one transaction."""
+        """Move ``message`` to ``queue``'s dead-letter queue with a reason, in one transaction
+        (a delivery of another kind, such as one command of a batch, is parked as a copy, then
+        acked, as RabbitMQ's broker does it)."""
         if not isinstance(message, LocalDelivery):
-            raise TypeError(f"not a LocalBroker delivery: {type(message).__name__}")
-        await message._settle("park", {REASON_HEADER: reason[:1000]})  # atomic: no copy left behind
+            headers = {**(message.headers or {}), REASON_HEADER: reason[:1000]}
+            dlq = self.topology.dlq(queue)
+            await self.publish(dlq, message.body, message_id=message.message_id or "", headers=headers)
+            await message.ack()
+        else:
+            await message._settle("park", {REASON_HEADER: reason[:1000]})  # atomic: no copy left behind
         log.warning("dead_lettered", queue=queue, message_id=message.message_id, reason=reason)
 
     async def park(self, queue: str, body: bytes, *, message_id: str, reason: str) -> None:

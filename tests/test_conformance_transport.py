@@ -242,6 +242,24 @@ async def test_dead_letter_parks_the_message_with_its_reason_and_acks_it(backend
     assert inbox.bodies == [b"{}", b"next"]  # acked: not delivered again
 
 
+async def test_dead_letter_parks_one_command_of_a_batch_alone_under_its_own_message_id(
+    backend: Backend,
+) -> None:
+    # A command of a batch message is a delivery of another kind (``hands.parts.Part``): parking it
+    # copies it alone, with the batch's headers and the reason, and settles only that part.
+    from hands.parts import Part
+    from tests.test_envelopes import make
+
+    command = make("execute")
+    part = Part(command, {"k": "v"})  # type: ignore[arg-type]
+    async with backend.open() as transport:
+        await transport.dead_letter(backend.queue, part, "schema_error: bad digest")
+        parked = await backend.dead_letters(transport, backend.queue, 1)
+    assert part.processed and not part.handed_back
+    assert (parked[0].message_id, parked[0].body) == (command.message_id, part.body)
+    assert parked[0].headers[REASON_HEADER] == "schema_error: bad digest" and parked[0].headers["k"] == "v"
+
+
 async def test_publish_many_confirms_every_item_on_every_queue(backend: Backend) -> None:
     items = [(backend.queue if i % 2 else backend.other, f"m{i}".encode(), f"id-{i}") for i in range(6)]
     async with backend.open() as transport:

@@ -5,12 +5,15 @@ twice, and what a worker has no free slot for goes to another worker."""
 
 from __future__ import annotations
 
+import secrets
 import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from infra.transport import REASON_HEADER
+from protocol import command_batch_bytes, encode
 from tests import hands_test_tools as lab
 from tests.hands_bus import WAIT, Bus, command, runs, start_worker
 from tests.hands_pg_proxy import CommitCutter
@@ -70,6 +73,50 @@ async def test_a_bad_command_in_a_batch_is_parked_alone_and_the_others_run(
     assert "request_digest" in parked["reason"] and parked["kind"] == "execute"
     assert bus.events(bad.execution_id) == []
     await nothing_left_in(bus, processes, worker)
+
+
+async def test_a_command_that_fails_for_good_goes_back_alone_and_meets_the_delivery_limit_by_itself(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a command the ledger cannot take (an execution id too long for its index: PostgreSQL
+    # refuses the insert every time, not a passing fault) between two good ones
+    worker = await start_worker(processes, world)
+    good, other = command(lab.echo, {"text": "ok"}), command(lab.charge, {"amount": 2})
+    bad = command(lab.echo, {"text": "x"}, execution_id=secrets.token_hex(3000))  # incompressible
+
+    await bus.publish_batch([good, bad, other])
+
+    # Then the good ones run, and what is parked, once its tries ran out, is that command alone
+    for cmd in (good, other):
+        assert (await ended(bus, cmd.execution_id)).kind == "succeeded"
+    (parked,) = await bus.parked(bus.topology.commands("lab"))
+    assert (parked["kind"], parked["message_id"]) == ("execute", bad.message_id)
+    assert bus.events(bad.execution_id) == []
+    await nothing_left_in(bus, processes, worker)
+
+
+async def test_a_parked_batch_sends_its_commands_not_yet_in_the_ledger_back_alone(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a batch of which one command ran, parked as a whole (as after a worker died on it at
+    # every delivery until the delivery limit)
+    await start_worker(processes, world)
+    done = command(lab.echo, {"text": "ran"})
+    await bus.publish_command(done)
+    await ended(bus, done.execution_id)
+    waiting = [command(lab.charge, {"amount": 4}), command(lab.echo, {"text": "never ran"})]
+    queue = bus.topology.commands("lab")
+    body = command_batch_bytes([encode(c) for c in [done, *waiting]], "parked-batch")
+    await bus.broker.publish(
+        bus.topology.dlq(queue), body, message_id="parked-batch", headers={REASON_HEADER: "delivery limit"}
+    )
+
+    # Then the pool records it, sends the two that never ran back alone, and they run, once
+    (parked,) = await bus.parked(queue)
+    assert (parked["kind"], parked["surfaced"]) == ("commands", "2 of its 3 commands sent again alone")
+    for cmd in waiting:
+        assert (await ended(bus, cmd.execution_id)).kind == "succeeded"
+    assert sorted(e for _, e, _ in runs(world)) == sorted(c.execution_id for c in [done, *waiting])
 
 
 @pytest.mark.chaos
