@@ -23,6 +23,24 @@ def run(command: str) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return output_closed(command)
+    except Exception as exc:
+        if not interrupted(exc):
+            raise
+        print(f"\n{command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Ctrl-C in disguise: pydantic-core reports one that lands while it
+    builds a model's schema (as modules load) as a ``SchemaError`` naming ``KeyboardInterrupt``."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        if type(seen).__name__ == "SchemaError" and "KeyboardInterrupt" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def output_closed(command: str) -> int:

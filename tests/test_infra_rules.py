@@ -185,3 +185,25 @@ def test_settling_the_heap_freezes_what_lives_now_and_spaces_the_young_collectio
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_a_ctrl_c_that_pydantic_reports_as_a_schema_error_is_taken_for_what_it_is() -> None:
+    import pydantic_core
+
+    from infra.entry import interrupted
+
+    # What a Ctrl-C landing while pydantic-core builds a serializer (as modules load) raises
+    disguised = pydantic_core.SchemaError(
+        "Error building `default` serializer:\nSchemaError: Error building `literal` serializer:\n"
+        "KeyboardInterrupt: "
+    )
+    assert interrupted(disguised)
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise RuntimeError("while loading") from exc
+    except RuntimeError as chained:
+        assert interrupted(chained)
+    assert not interrupted(pydantic_core.SchemaError("Error building `literal` serializer: bad value"))
+    assert not interrupted(ValueError("KeyboardInterrupt is only a word here"))
