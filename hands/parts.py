@@ -54,18 +54,12 @@ class Part:
         self._settled = True
 
     async def nack(self, *, requeue: bool = True) -> None:
-        self._settled, self.handed_back = True, requeue
-
-    async def reject(self, *, requeue: bool = False) -> None:
-        # Never dropped with the batch: it comes again, alone, where a reject parks it.
+        # Never dropped with the batch, whatever ``requeue`` says: it comes again, alone, where
+        # the broker's own rules (the delivery limit, the dead-letter queue) apply to it.
         self._settled, self.handed_back = True, True
 
-
-def settle_as(parts: list[Part]) -> str:
-    """What the batch message becomes once its parts are handled: ``settle`` when every part was
-    settled (those that asked to come again go back alone first), ``leave`` when some were not
-    settled at all (the worker is stopping: its channel's close requeues the message)."""
-    return "settle" if all(p.processed for p in parts) else "leave"
+    async def reject(self, *, requeue: bool = False) -> None:
+        await self.nack(requeue=requeue)
 
 
 class Batches:
@@ -112,7 +106,7 @@ class Batches:
                     part.holds_slot = False
                     self._slots.release()
             raise
-        if settle_as(parts) == "leave":
+        if not all(part.processed for part in parts):
             return  # stopping: the channel's close requeues the message
         for part in parts:
             if part.handed_back and not await self._pass_on(part):

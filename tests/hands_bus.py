@@ -1,7 +1,8 @@
 """Pytest plugin: the lab Hands pool's world and a bus to talk to it (route ``lab``).
 
 ``world``: a Tendon world whose lab tools record their runs and charges in files; ``bus``: the
-test's side of the broker, publishing commands and controls and collecting every update. Load
+test's side of the broker, publishing commands and controls and collecting every update;
+``proxy``: the world's PostgreSQL behind a proxy that can lose the answer to a COMMIT. Load
 it with ``pytest_plugins`` (tests/conftest.py does).
 """
 
@@ -29,6 +30,7 @@ from protocol import (
     request_digest,
 )
 from tests import hands_test_tools as lab
+from tests.hands_pg_proxy import CommitCutter
 from tests.support import Observer, Processes, TendonEnv, wait_for
 
 SERVE = ["-m", "hands", "serve", "--route", "lab", "--tools", "tests.hands_test_tools"]
@@ -122,6 +124,13 @@ async def bus(world: TendonEnv) -> AsyncIterator[Bus]:
         bus = Bus(world, broker)
         await broker.consume(broker.topology.updates, bus._on_update, prefetch=100)
         yield bus
+
+
+@pytest.fixture
+async def proxy(world: TendonEnv) -> AsyncIterator[CommitCutter]:
+    """A proxy to the world's PostgreSQL that can lose the answer to a COMMIT (``arm(cut=N)``)."""
+    async with CommitCutter(world.database_url) as proxy:
+        yield proxy
 
 
 def command(

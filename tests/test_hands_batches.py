@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import secrets
 import signal
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -162,12 +161,6 @@ async def test_what_a_worker_has_no_free_slot_for_goes_to_another_worker(
         worker.send_signal(signal.SIGTERM)
         assert await processes.wait_exit(worker) == 0
     assert await bus.broker.waiting(bus.topology.commands("lab")) == 0
-
-
-@pytest.fixture
-async def proxy(world: TendonEnv) -> AsyncIterator[CommitCutter]:
-    async with CommitCutter(world.database_url) as proxy:
-        yield proxy
 
 
 async def test_a_batch_whose_accept_commit_looked_failed_is_waited_out_and_each_command_runs_once(

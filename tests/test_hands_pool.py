@@ -13,7 +13,6 @@ import asyncio
 import hashlib
 import json
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -745,12 +744,6 @@ async def test_a_worker_whose_liveness_session_ends_takes_it_again_and_finishes_
 
 
 # ---- an accept whose commit looked failed -----------------------------------------------
-
-
-@pytest.fixture
-async def proxy(world: TendonEnv) -> AsyncIterator[CommitCutter]:
-    async with CommitCutter(world.database_url) as proxy:
-        yield proxy
 
 
 async def test_a_command_whose_accept_commit_looked_failed_but_landed_is_started_when_it_comes_back(
