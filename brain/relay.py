@@ -28,7 +28,7 @@ log = get_logger(__name__)
 Message = tuple[str, bytes, str]  # queue, body, message id
 
 # What one message of commands may carry: a batch goes to one Hands worker, which hands on what
-# it has no free slot for (``hands.batches``); and a broker message is best kept small.
+# it has no free slot for (``hands.parts``); and a broker message is best kept small.
 BATCH_COMMANDS = 32
 BATCH_BYTES = 1024 * 1024
 
@@ -40,13 +40,15 @@ def bundled(
     one queue go together as a ``CommandBatch``, up to ``most`` of them and ``max_bytes``; a
     command with no company goes as it is."""
     by_queue: dict[str, list[list[Message]]] = {}
+    size: dict[str, int] = {}  # bytes of each queue's last group
     for command in commands:
-        groups = by_queue.setdefault(command[0], [[]])
-        group = groups[-1]
-        if group and (len(group) >= most or sum(len(c[1]) for c in group) + len(command[1]) > max_bytes):
-            group = []
-            groups.append(group)
-        group.append(command)
+        queue, body = command[0], command[1]
+        groups = by_queue.setdefault(queue, [[]])
+        if groups[-1] and (len(groups[-1]) >= most or size[queue] + len(body) > max_bytes):
+            groups.append([])
+            size[queue] = 0
+        groups[-1].append(command)
+        size[queue] = size.get(queue, 0) + len(body)
     messages: list[tuple[Message, list[Message]]] = []
     for queue, groups in by_queue.items():
         for group in groups:

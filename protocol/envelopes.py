@@ -246,7 +246,19 @@ ExecutionEvent = (
 )
 
 
-class EventBatch(_Model):
+class _Batch(_Model):
+    """A message that carries several envelopes: its own version and id, no header or body."""
+
+    v: Literal[1] = 1
+    message_id: str = Field(default_factory=new_id)
+
+    @field_validator("v", mode="before")
+    @classmethod
+    def _version_is_an_integer(cls, value: Any) -> Any:
+        return _Envelope._version_is_an_integer(value)
+
+
+class EventBatch(_Batch):
     """Events of one or more executions in one message: what Hands send on ``updates``.
 
     Each execution's events are a contiguous, ascending seq range (the events of it that were
@@ -254,15 +266,8 @@ class EventBatch(_Model):
     range as a contiguous prefix exactly as it would apply the events one by one (invariant 7).
     """
 
-    v: Literal[1] = 1
-    message_id: str = Field(default_factory=new_id)
     kind: Literal["events"] = "events"
     events: list[Annotated[ExecutionEvent, Field(discriminator="kind")]] = Field(min_length=1)
-
-    @field_validator("v", mode="before")
-    @classmethod
-    def _version_is_an_integer(cls, value: Any) -> Any:
-        return _Envelope._version_is_an_integer(value)
 
     @model_validator(mode="after")
     def _ranges(self) -> EventBatch:
@@ -285,21 +290,14 @@ class EventBatch(_Model):
         return self
 
 
-class CommandBatch(_Model):
+class CommandBatch(_Batch):
     """Commands for one route in one message: what a Brain sends when several intents committed
     together. Each is handled as if it had come alone (its own dedup, ack and dead letter); the
     message is settled once all of them are. One message instead of one per command is what
     saves the broker's and both processes' work per command."""
 
-    v: Literal[1] = 1
-    message_id: str = Field(default_factory=new_id)
     kind: Literal["commands"] = "commands"
     commands: list[ExecuteCommand] = Field(min_length=1)
-
-    @field_validator("v", mode="before")
-    @classmethod
-    def _version_is_an_integer(cls, value: Any) -> Any:
-        return _Envelope._version_is_an_integer(value)
 
     @model_validator(mode="after")
     def _one_each(self) -> CommandBatch:

@@ -164,6 +164,13 @@ async def start_worker(processes: Processes, world: TendonEnv, **env: str) -> An
     return await processes.start_ready("hands", SERVE, {**world.env, **env})
 
 
+async def start_worker_behind(proxy: CommitCutter, processes: Processes, world: TendonEnv) -> Any:
+    """A worker whose ledger connection goes through ``proxy``, and whose recovery scan is too
+    slow to help (so what a lost COMMIT answer leaves is the command handling's to mend)."""
+    env = {"TENDON_HANDS_DATABASE_URL": proxy.dsn, "TENDON_SCAN_INTERVAL": "30"}
+    return await start_worker(processes, world, **env)
+
+
 def runs(world: TendonEnv) -> list[tuple[str, str, int]]:
     return lab.runs(Path(world.extra["LAB_RUNS_FILE"]))
 

@@ -14,7 +14,7 @@ import pytest
 from infra.transport import REASON_HEADER
 from protocol import command_batch_bytes, encode
 from tests import hands_test_tools as lab
-from tests.hands_bus import WAIT, Bus, command, runs, start_worker
+from tests.hands_bus import WAIT, Bus, command, runs, start_worker, start_worker_behind
 from tests.hands_pg_proxy import CommitCutter
 from tests.support import Processes, TendonEnv, wait_for
 
@@ -168,9 +168,7 @@ async def test_a_batch_whose_accept_commit_looked_failed_is_waited_out_and_each_
 ) -> None:
     # Given a worker whose ledger connection loses the answer to its next COMMIT (the accepts of
     # the batch's commands, which share it), with a recovery scan too slow to help
-    worker = await start_worker(
-        processes, world, TENDON_HANDS_DATABASE_URL=proxy.dsn, TENDON_SCAN_INTERVAL="30"
-    )
+    worker = await start_worker_behind(proxy, processes, world)
     proxy.arm(cut=1)
     cmds = [command(lab.charge, {"amount": n}) for n in (1, 2, 3)]
 

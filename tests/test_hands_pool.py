@@ -35,7 +35,7 @@ from protocol import (
     request_digest,
 )
 from tests import hands_test_tools as lab
-from tests.hands_bus import SERVE, WAIT, Bus, command, ledger_fetch, runs, start_worker
+from tests.hands_bus import SERVE, WAIT, Bus, command, ledger_fetch, runs, start_worker, start_worker_behind
 from tests.hands_pg_proxy import CommitCutter
 from tests.support import Observer, Processes, TendonEnv, wait_for
 
@@ -751,9 +751,7 @@ async def test_a_command_whose_accept_commit_looked_failed_but_landed_is_started
 ) -> None:
     # Given a worker whose ledger connection will lose the answer to its next COMMIT, and
     # whose recovery scan is too slow to help (so the redelivery must start the execution)
-    worker = await start_worker(
-        processes, world, TENDON_HANDS_DATABASE_URL=proxy.dsn, TENDON_SCAN_INTERVAL="30"
-    )
+    worker = await start_worker_behind(proxy, processes, world)
     proxy.arm(cut=1)
     cmd = command(lab.charge, {"amount": 9})  # unsafe: its accept leaves it ACCEPTED, not started
 

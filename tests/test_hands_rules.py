@@ -1,4 +1,5 @@
-"""The pure rules of Hands: the ledger state machine and the replay decision (invariant 6)."""
+"""The pure rules of Hands: the ledger state machine, the replay decision (invariant 6), and a
+batch's slots when it is cancelled (no servers)."""
 
 from __future__ import annotations
 
@@ -167,3 +168,44 @@ def test_the_hands_package_exports_exactly_its_public_names() -> None:
     public = {n for n in vars(hands) if not n.startswith("_")}
     modules = {n for n in public if type(getattr(hands, n)).__name__ == "module"}
     assert public - modules == set(hands.__all__)
+
+
+async def test_a_batch_cancelled_before_its_commands_began_gives_their_slots_back() -> None:
+    """A worker's consumer task can be cancelled (its channel closed) just after a batch took
+    slots for its commands and before their handling began: the slots come back, or the worker
+    would run fewer executions at once for good."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from hands.parts import Batches
+    from infra.killpoints import KillPoints
+    from tests.test_envelopes import make
+
+    slots = asyncio.Semaphore(3)
+    began: list[str] = []
+
+    async def handle_one(part: object, command: object) -> None:
+        began.append("began")
+        await asyncio.Event().wait()
+
+    async def never(_: object) -> None:
+        raise AssertionError("a cancelled batch is not acked")
+
+    batches = Batches(
+        queue="q",
+        broker=None,
+        slots=slots,
+        handle_one=handle_one,
+        kill=KillPoints(),
+        ack=never,  # type: ignore[arg-type]
+    )
+    commands = [make("execute").model_copy(update={"execution_id": f"e{i}"}) for i in range(3)]
+    task = asyncio.create_task(batches.handle(SimpleNamespace(headers={}), commands))  # type: ignore[arg-type]
+    await asyncio.sleep(0)  # it took the three slots and made the tasks, which have not run yet
+    assert slots.locked()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert began == [] and not slots.locked()
+    for _ in range(3):
+        await asyncio.wait_for(slots.acquire(), 0.1)  # all three are free again

@@ -230,23 +230,6 @@ async def test_commands_handed_over_while_a_publish_is_in_flight_go_out_at_once(
         loop.cancel()
 
 
-async def test_a_command_the_broker_refused_is_published_again_after_a_pause() -> None:
-    transport = _GatedTransport()
-    transport.gate.set()
-    transport.refuse = 1
-    relay = CommandRelay(transport, retry_after=0.1)  # type: ignore[arg-type]
-    loop = asyncio.create_task(relay.run())
-    try:
-        relay.send([("q", b"command1", "m1")])
-
-        async def sent() -> bool:
-            return transport.published == [[("command", 1)]]
-
-        await wait_for(sent, timeout=5, interval=0.01, what="sent")
-    finally:
-        loop.cancel()
-
-
 async def test_a_relay_stopped_mid_publish_keeps_the_batch_for_the_flush_that_follows() -> None:
     # Given a publish in flight when the Brain stops (its relay task is cancelled)
     transport = _GatedTransport()
@@ -311,19 +294,20 @@ def test_a_batch_stops_at_its_count_and_its_bytes_unless_one_command_alone_is_bi
     assert [len(c) for _, c in bundled([big[0], huge, big[1]], max_bytes=budget)] == [1, 1, 1]
 
 
-async def test_a_batch_the_broker_refused_keeps_all_its_commands_for_the_next_round() -> None:
+@pytest.mark.parametrize("n", [1, 3], ids=["a lone command", "a batch"])
+async def test_commands_the_broker_refused_are_published_again_after_a_pause_all_of_them(n: int) -> None:
     transport = _GatedTransport()
     transport.gate.set()
-    transport.refuse = 1
+    transport.refuse = 1  # the first message: the lone command, or the batch that carries all three
     relay = CommandRelay(transport, retry_after=0.1)  # type: ignore[arg-type]
     loop = asyncio.create_task(relay.run())
     try:
-        relay.send([_command("q", 1), _command("q", 2), _command("q", 3)])
+        relay.send([_command("q", i) for i in range(1, n + 1)])
 
         async def sent() -> bool:
-            return transport.published == [[("command", 1), ("command", 2), ("command", 3)]]
+            return transport.published == [[("command", i) for i in range(1, n + 1)]]
 
-        await wait_for(sent, timeout=5, interval=0.01, what="the batch, once the broker takes it")
-        assert (relay.published, relay.messages) == (3, 1)
+        await wait_for(sent, timeout=5, interval=0.01, what="the commands, once the broker takes them")
+        assert (relay.published, relay.messages) == (n, 1)
     finally:
         loop.cancel()
