@@ -122,6 +122,12 @@ class FrozenThreads:
             thread = self._read(await self.store.thread(conn, thread_id))
         return await self._with_agent(conn, thread)
 
+    def known(self, thread_id: str) -> tuple[AgentDefinition, Mapping[str, Any]] | None:
+        """What ``get`` would return, when it is kept here (no read at all); else None."""
+        thread = self._threads.get(thread_id)
+        agent = None if thread is None else self._agents.get((thread["agent_name"], thread["agent_version"]))
+        return None if thread is None or agent is None else (agent, thread)
+
     async def get_many(
         self, conn: Any, thread_ids: Collection[str]
     ) -> dict[str, tuple[AgentDefinition, Mapping[str, Any]]]:

@@ -15,6 +15,7 @@ from typing import Any
 from brain import facts, moves
 from brain.agents import AgentDefinition
 from brain.context import BrainContext
+from brain.history import ReadAhead
 from brain.states import TurnPhase, TurnStatus
 from brain.store import Move, Moved, Settled, TurnRow
 from brain.store.submits import Start, Submit, Submitted
@@ -36,6 +37,8 @@ class Claim:
     # threads (with agents), and the announced bindings of the tools of threads not frozen yet.
     read: dict[str, tuple[AgentDefinition, Mapping[str, Any]]] = field(default_factory=dict)
     announced: dict[str, Any] | None = None
+    steps: dict[tuple[str, int], list[Any]] = field(default_factory=dict)  # of turns back from tools
+    history: ReadAhead | None = None  # the conversations of its runs, for their model calls
     moved: list[tuple[Move, Moved]] = field(default_factory=list)
     settled: list[Settled] = field(default_factory=list)
 
@@ -47,7 +50,7 @@ async def claim_turns(ctx: BrainContext, limit: int) -> Claim:
         claim = Claim()
         claimed = await ctx.store.claim(conn, ctx.owner, ctx.lease_seconds, limit)
         claim.more = claimed.more
-        await _read_ahead(ctx, conn, [r for r in claimed.rows if r.phase is TurnPhase.PREPARE], claim)
+        await _read_ahead(ctx, conn, claimed.rows, claim)
         planned: list[Move] = []
         for row in claimed.rows:
             log.info("run_started", turn_id=row.id, run=row.runs, phase=str(row.phase), epoch=row.lease_epoch)
@@ -72,6 +75,7 @@ async def claim_turns(ctx: BrainContext, limit: int) -> Claim:
                 TurnPhase.DISPATCH_TOOLS,
             ):
                 claim.runs.append(moved.row)
+        await _read_conversations(ctx, conn, claim)
         return claim
 
     claim = await ctx.store.transact(work)
@@ -79,6 +83,8 @@ async def claim_turns(ctx: BrainContext, limit: int) -> Claim:
         if moved.froze and move.freeze is not None:
             ctx.threads.keep_frozen(claim.threads[move.before.id], move.freeze)
         ctx.history.committed(move.before, moved.row, moved.seq, move.facts)
+    if claim.history is not None:
+        ctx.history.keep(claim.history, claim.runs)
     for settled in claim.settled:
         ctx.failed(settled)
     waiting = [
@@ -92,12 +98,33 @@ async def claim_turns(ctx: BrainContext, limit: int) -> Claim:
 
 
 async def _read_ahead(ctx: BrainContext, conn: Any, rows: list[TurnRow], claim: Claim) -> None:
-    if not rows:
+    back = [(r.id, r.tool_step) for r in rows if r.phase in (TurnPhase.WAIT_TOOLS, TurnPhase.APPLY_RESULTS)]
+    if back:
+        claim.steps = await ctx.store.steps_executions(conn, back)
+    preparing = {r.thread_id for r in rows if r.phase is TurnPhase.PREPARE}
+    if not preparing:
         return
-    claim.read = await ctx.threads.get_many(conn, {r.thread_id for r in rows})
+    claim.read = await ctx.threads.get_many(conn, preparing)
     tools = {t for agent, thread in claim.read.values() if thread["bindings"] is None for t in agent.tools}
     if tools:
         claim.announced = await ctx.store.latest_bindings(conn, sorted(tools))
+
+
+async def _read_conversations(ctx: BrainContext, conn: Any, claim: Claim) -> None:
+    """What the model calls of the claim's runs need, read for all of them here (after their
+    moves, in the same transaction) instead of once per run: the conversations, and the threads
+    of turns not prepared in this claim (those it prepared were read ahead, or froze here and
+    are kept once this commits)."""
+    asking = [r for r in claim.runs if r.phase is TurnPhase.MODEL_REQUEST]
+    if not asking:
+        return
+    await ctx.threads.get_many(conn, {r.thread_id for r in asking} - claim.read.keys() - _frozen_here(claim))
+    known = {e["id"]: e for executions in claim.steps.values() for e in executions}
+    claim.history = await ctx.history.read_ahead(conn, asking, known)
+
+
+def _frozen_here(claim: Claim) -> set[str]:
+    return {t["id"] for t in claim.threads.values()}
 
 
 async def _look_again_for_bindings(ctx: BrainContext, rows: list[TurnRow]) -> None:
@@ -185,7 +212,9 @@ async def _phase_move(ctx: BrainContext, conn: Any, row: TurnRow, now: Any, clai
     if phase is TurnPhase.PREPARE:
         return await _prepare(ctx, conn, row, now, claim)
     if phase in (TurnPhase.WAIT_TOOLS, TurnPhase.APPLY_RESULTS):
-        executions = await ctx.store.step_executions(conn, row.id, row.tool_step)
+        executions = claim.steps.get((row.id, row.tool_step))
+        if executions is None:
+            executions = await ctx.store.step_executions(conn, row.id, row.tool_step)
         if phase is TurnPhase.APPLY_RESULTS:
             return moves.apply_results(row, executions)
         return moves.wait_check(row, executions, first_look=ctx.first_look)

@@ -93,6 +93,16 @@ class ThreadHistory:
             self.messages.append(Message(role=fact["role"], turn_id=turn_id, content=fact["content"]))
 
 
+@dataclass
+class ReadAhead:
+    """The conversations of several turns, read inside the transaction that moved them (a claim):
+    kept by :meth:`HistoryCache.keep` once it committed, as if each turn's run had read its own."""
+
+    after: dict[str, int]  # thread id -> the seq its cached history had when this was read
+    entries: dict[str, list[Entry]]  # session id -> its entries after the least of those seqs
+    executions: dict[str, Any]  # what the tool messages of those entries are made of
+
+
 class HistoryCache:
     """Threads' conversations, kept in this Brain process and brought up to date from the journal.
 
@@ -108,11 +118,7 @@ class HistoryCache:
 
     async def messages(self, conn: Any, row: TurnRow) -> list[Message]:
         """The conversation of ``row``'s thread, with everything committed for ``row`` so far."""
-        history = self._threads.get(row.thread_id)
-        if history is None:
-            if len(self._threads) >= self.limit:
-                self._threads.clear()
-            history = self._threads[row.thread_id] = ThreadHistory()
+        history = self._history(row.thread_id)
         if history.valid_for != (row.id, row.revision):
             entries = await self.store.entries(conn, row.session_id, after=history.seq, limit=100_000)
             needed = needed_executions(entries)
@@ -120,6 +126,61 @@ class HistoryCache:
             history.extend(entries, executions, row.thread_id)
             history.valid_for = (row.id, row.revision)
         return list(history.messages)
+
+    def cached(self, row: TurnRow) -> list[Message] | None:
+        """What ``messages`` would return, when the cached conversation is complete for ``row``
+        (no read at all); else None."""
+        history = self._threads.get(row.thread_id)
+        if history is None or history.valid_for != (row.id, row.revision):
+            return None
+        return list(history.messages)
+
+    def knew(self, row: TurnRow) -> bool:
+        """Whether the cached conversation was complete for ``row`` one revision ago (as the run
+        that made it wait left it): then :meth:`woken` brings it along without a read."""
+        history = self._threads.get(row.thread_id)
+        return history is not None and history.valid_for == (row.id, row.revision - 1)
+
+    async def read_ahead(self, conn: Any, rows: Sequence[TurnRow], known: Mapping[str, Any]) -> ReadAhead:
+        """Read what the conversations of ``rows`` lack, for all of them at once: one statement
+        for their sessions' new entries, one for the executions those name that are not in
+        ``known`` (rows the caller read already). Nothing here changes until :meth:`keep`."""
+        after = {r.thread_id: self._seq(r.thread_id) for r in rows}
+        since: dict[str, int] = {}
+        for r in rows:
+            since[r.session_id] = min(since.get(r.session_id, after[r.thread_id]), after[r.thread_id])
+        entries = await self.store.sessions_entries(conn, since) if since else {}
+        needed = [e for e in needed_executions(e for es in entries.values() for e in es) if e not in known]
+        executions = dict(known)
+        if needed:
+            executions.update(await self.store.executions_by_id(conn, needed))
+        return ReadAhead(after, entries, executions)
+
+    def keep(self, read: ReadAhead, rows: Iterable[TurnRow]) -> None:
+        """The transaction that read ``read`` committed ``rows`` (as they now stand): their
+        threads' conversations are complete for them, unless a thread's cached history moved
+        since the read (then the next read catches up)."""
+        for row in rows:
+            if row.thread_id not in read.after or self._seq(row.thread_id) != read.after[row.thread_id]:
+                continue
+            history = self._history(row.thread_id)
+            new = [e for e in read.entries.get(row.session_id, []) if e.seq > history.seq]
+            history.extend(new, read.executions, row.thread_id)
+            history.valid_for = (row.id, row.revision)
+
+    def _seq(self, thread_id: str) -> int:
+        history = self._threads.get(thread_id)
+        return 0 if history is None else history.seq
+
+    def _history(self, thread_id: str) -> ThreadHistory:
+        history = self._threads.get(thread_id)
+        return self._fresh(thread_id) if history is None else history
+
+    def _fresh(self, thread_id: str) -> ThreadHistory:
+        if len(self._threads) >= self.limit:
+            self._threads.clear()
+        history = self._threads[thread_id] = ThreadHistory()
+        return history
 
     def committed(
         self,
@@ -171,9 +232,7 @@ class HistoryCache:
         session's first entry, the entry is the whole history of its thread."""
         if seq != 1:
             return
-        if len(self._threads) >= self.limit:
-            self._threads.clear()
-        history = self._threads[row.thread_id] = ThreadHistory()
+        history = self._fresh(row.thread_id)
         history.extend([_entry(row, seq, facts)], {}, row.thread_id)
         history.valid_for = (row.id, row.revision)
 

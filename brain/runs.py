@@ -211,7 +211,11 @@ async def model_request(ctx: BrainContext, row: TurnRow) -> TurnRow:
         agent, thread = await ctx.threads.get(conn, row.thread_id)
         return agent, thread, await ctx.history.messages(conn, row)
 
-    agent, thread, history = await ctx.store.read(read)
+    known, history = ctx.threads.known(row.thread_id), ctx.history.cached(row)
+    if known is None or history is None:  # a claim usually read both already: no connection taken
+        agent, thread, history = await ctx.store.read(read)
+    else:
+        agent, thread = known
     if row.model_calls >= agent.limits.max_model_calls:
         raise LimitReachedError(
             f"the agent reached its limit of {agent.limits.max_model_calls} model calls in one turn"

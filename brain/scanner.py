@@ -135,10 +135,15 @@ class RepairScanner:
             await store.wake_stuck(conn, self.ctx.wake_channel)
             await store.wake_due(conn, self.ctx.wake_channel)
             due = await store.due_waiting(conn)
+            looks: dict[str, float] = {}
             for turn_id, group in itertools.groupby(due, key=lambda r: r["turn_id"]):
-                await self._look_at(
-                    conn, turn_id, [e for e in group if e["id"] is not None], lines, updates_line, done
+                later = await self._look_at(
+                    conn, [e for e in group if e["id"] is not None], lines, updates_line, done
                 )
+                if later is not None:
+                    looks[turn_id] = later
+            if looks:
+                await store.look_later(conn, looks)
             return done
 
         done = await store.transact(work)
@@ -149,9 +154,10 @@ class RepairScanner:
         return len(done.messages) + sum(len(s.controls) for s in done.settled)
 
     async def _look_at(
-        self, conn: Any, turn_id: str, open_executions: list[Any], lines: dict[str, tuple[bool, bool]],
+        self, conn: Any, open_executions: list[Any], lines: dict[str, tuple[bool, bool]],
         updates_line: bool, done: Pass,
-    ) -> None:  # fmt: skip
+    ) -> float | None:  # fmt: skip
+        """Nudge what a waiting turn waits for; the seconds until its next look (None: it failed)."""
         later = FAR
         for e in open_executions:
             action = nudge_for(
@@ -159,7 +165,7 @@ class RepairScanner:
             )
             if action is Nudge.GIVE_UP:
                 await self._give_up(conn, e, f"nothing was heard of it since it was {e['status']}", done)
-                return
+                return None
             nudged = False
             if action is Nudge.RESEND:
                 nudged = await self._resend(conn, e, lines, done)
@@ -169,7 +175,7 @@ class RepairScanner:
                 await self._ask_replay(conn, e, max(1, e["last_seq"]), "stalled", done)
                 nudged = True
             later = min(later, next_look(e, stall=self.stall_seconds, nudged=nudged))
-        await self.ctx.store.look_later(conn, turn_id, later)
+        return later
 
     async def _resend(self, conn: Any, e: Any, lines: dict[str, tuple[bool, bool]], done: Pass) -> bool:
         """A command Hands never acknowledged: publish it again, unless it is most likely in a

@@ -19,6 +19,7 @@ from typing import Any
 from structlog.contextvars import bound_contextvars
 
 from brain.context import BrainContext
+from brain.history import ReadAhead
 from brain.runs import Scheduler
 from brain.states import TERMINAL_TURN
 from brain.store import ClaimBudget, TurnRow
@@ -79,12 +80,25 @@ class UpdateConsumer:
         applied = await self.ctx.store.apply_events(
             conn, ranges, wake_channel=self.ctx.wake_channel, budget=budget
         )
+        read = await self._read_ahead(conn, applied.claimed, applied.outcomes)
         results: list[Any] = []
         for events, (refused, claimed) in zip(ranges, applied.by_range(), strict=True):
             mine = dict.fromkeys(e.execution_id for e in events)
             ended = [applied.ended[e] for e in mine if e in applied.ended]
-            results.append(refused if refused is not None else (claimed, ended, applied))
+            results.append(refused if refused is not None else (claimed, ended, applied, read))
         return results
+
+    async def _read_ahead(
+        self, conn: Any, claimed: list[TurnRow], outcomes: dict[str, Any]
+    ) -> ReadAhead | None:
+        """What the model calls of the turns this apply claimed need and this process does not
+        keep (their runs went on elsewhere, or long ago): read here for all of them, not by each
+        run. A conversation kept complete until the apply goes on without a read (``woken``)."""
+        cold = [r for r in claimed if not self.ctx.history.knew(r)]
+        if not cold:
+            return None
+        await self.ctx.threads.get_many(conn, {r.thread_id for r in claimed})
+        return await self.ctx.history.read_ahead(conn, cold, outcomes)
 
     async def handle(self, message: Delivery) -> None:
         """Apply one message; whatever happens, it is acked, parked or requeued."""
@@ -146,12 +160,14 @@ class UpdateConsumer:
                 }
                 await self._fail_turn_of(first, error)
                 raise ObjectRefError(error["message"]) from exc
-            claimed, ended, applied = await self.applier.submit(resolved)
+            claimed, ended, applied, read = await self.applier.submit(resolved)
             for tool in ended:
                 self.ctx.metrics.tool_ended(tool.tool, tool.status, tool.created_at)
             for row in claimed:  # committed: the run goes on from what this apply wrote
                 seq, facts = applied.entries[row.id]
                 self.ctx.history.woken(row, seq, facts, applied.outcomes)
+            if read is not None:
+                self.ctx.history.keep(read, claimed)
             log.debug("update_applied", events=len(resolved), claimed=len(claimed))
             return claimed  # type: ignore[no-any-return]
 

@@ -10,11 +10,13 @@ announcement cannot commit in between (it waits, then wakes the waiting turn its
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from brain import verbs
 from brain.claims import claim_turns
 from brain.context import BrainContext
+from brain.history import HistoryCache
 from brain.relay import CommandRelay, ControlRelay
 from brain.states import TurnPhase
 from brain.store import BrainStore
@@ -23,7 +25,7 @@ from infra.localqueue import LocalBroker
 from infra.payloads import PayloadCodec
 from infra.transport import Topology
 from protocol import ReplayPolicy, ToolBinding
-from tests.test_brain_store import _agent, pg_store, store
+from tests.test_brain_store import _agent, _apply, _events, _submit, _waiting_on, pg_store, store
 
 __all__ = ["pg_store", "store"]  # the fixtures, used by name
 
@@ -132,3 +134,81 @@ async def test_tools_announced_while_a_claim_looks_for_them_wake_the_turn_at_onc
         assert (row["status"], row["waiting_for"], row["due"]) == ("running", None, True)
         second = await claim_turns(ctx, 1)
         assert [r.phase for r in second.runs] == [TurnPhase.MODEL_REQUEST]
+
+
+class Outermost:
+    """The store's reads a piece of code asks for, by name: a backend's batched read that loops
+    over a single one (the portable base) counts once, as what was asked."""
+
+    def __init__(self, store: BrainStore, *names: str) -> None:
+        self.store, self.names, self.asked = store, names, []
+        self._inside = False
+        for name in names:
+            setattr(store, name, self._spy(name, getattr(store, name)))
+
+    def _spy(self, name: str, original: Any) -> Any:
+        async def read(*args: Any, **kwargs: Any) -> Any:
+            if self._inside:
+                return await original(*args, **kwargs)
+            self.asked.append(name)
+            self._inside = True
+            try:
+                return await original(*args, **kwargs)
+            finally:
+                self._inside = False
+
+        return read
+
+    def __enter__(self) -> Outermost:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        for name in self.names:
+            delattr(self.store, name)
+
+
+async def test_a_claim_of_turns_back_from_their_tools_reads_their_steps_and_conversations_once_for_all(
+    store: BrainStore, tmp_path: Any
+) -> None:
+    # Given three sessions whose turns each waited on a tool, the outcomes applied (the turns
+    # woken, none claimed), and a Brain that keeps nothing of their conversations
+    for n in range(3):
+        await _waiting_on(store, await _submit(store, session=f"s{n}"), f"e{n}", freeze={})
+    for n in range(3):
+        await _apply(store, [e.model_copy(update={"session_id": f"s{n}"}) for e in _events(f"e{n}", n)])
+    names = ("step_executions", "steps_executions", "entries", "sessions_entries", "executions_by_id")
+    async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
+        ctx = _context(store, transport)
+        with Outermost(store, *names, "thread", "threads") as reads:
+            claim = await claim_turns(ctx, 10)
+
+    # Then one read of their steps, one of their threads and one of their sessions' journals
+    # served the whole claim (the executions the results name were in the steps read)
+    assert sorted(reads.asked) == ["sessions_entries", "steps_executions", "threads"]
+    # And each run's model call has what it needs without a read, the same as a read gives
+    assert [r.phase for r in claim.runs] == [TurnPhase.MODEL_REQUEST] * 3
+    for row in claim.runs:
+        assert ctx.threads.known(row.thread_id) is not None
+        fresh = await store.read(lambda c, row=row: HistoryCache(store).messages(c, row))
+        assert ctx.history.cached(row) == fresh
+        assert [m.role for m in fresh] == ["user", "assistant", "tool"]
+        assert fresh[-1].content["result"] == int(row.session_id[1:])
+
+
+async def test_a_conversation_that_moved_meanwhile_is_read_again_not_kept_from_the_claim(
+    store: BrainStore, tmp_path: Any
+) -> None:
+    # Given a turn back from its tool, and a claim that read its conversation ahead
+    await _waiting_on(store, await _submit(store), "e1")
+    await _apply(store, list(_events("e1", "done")))
+    async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
+        ctx = _context(store, transport)
+        claim = await store.transact(lambda c: store.claim(c, ctx.owner, 30.0, 1))
+        (row,) = claim.rows
+        read = await store.read(lambda c: ctx.history.read_ahead(c, [row], {}))
+        # When this process's cached history of the thread moves on before the read is kept
+        await store.read(lambda c: ctx.history.messages(c, row))
+        ctx.history.keep(read, [replace(row, revision=row.revision + 1)])
+    # Then it is not taken as complete for the later revision (the next model call reads)
+    assert ctx.history.cached(replace(row, revision=row.revision + 1)) is None
+    assert ctx.history.cached(row) is not None

@@ -147,12 +147,19 @@ def _intent(execution_id: str, route: str = "lab", step: int = 1, call: str = "c
     )  # fmt: skip
 
 
-async def _waiting_on(store: BrainStore, turn_id: str, *execution_ids: str, route: str = "lab") -> TurnRow:
+async def _waiting_on(
+    store: BrainStore,
+    turn_id: str,
+    *execution_ids: str,
+    route: str = "lab",
+    freeze: dict[str, Any] | None = None,
+) -> TurnRow:
     """Take ``turn_id`` to WAIT_TOOLS, its step's executions committed as the given intents (the
-    way a run does: claim, prepare, a reply with tool calls)."""
+    way a run does: claim, prepare (freezing its thread's bindings as ``freeze``), a reply with
+    tool calls)."""
     (row,) = (await _claim(store, "brain-test")).rows
     assert row.id == turn_id
-    prepared = (await _move(store, moves.prepare(row, freeze=None))).row
+    prepared = (await _move(store, moves.prepare(row, freeze=freeze))).row
     calls = [{"call_id": f"call-{i + 1}", "tool": "echo", "args": {}} for i in range(len(execution_ids))]
     intents = [_intent(e, route, call=c["call_id"]) for e, c in zip(execution_ids, calls, strict=True)]
     reply = moves.reply(prepared, {"text": None, "tool_calls": calls}, {}, intents=intents, first_look=60.0)
@@ -794,7 +801,7 @@ async def test_a_waiting_turn_is_looked_at_when_its_time_came_with_its_open_exec
         (turn_id, "e7", "intended", False)  # "brain-test" never registered: not alive
     ]
     assert bytes(due[0]["command"]) == b"{}" and due[0]["command_message_id"] == "m-e7"
-    await store.transact(lambda c: store.look_later(c, turn_id, 60.0))
+    await store.transact(lambda c: store.look_later(c, {turn_id: 60.0}))
     assert await store.transact(lambda c: store.due_waiting(c)) == []
 
 

@@ -5,12 +5,18 @@ an earlier apply), the next model call reads. Both backends."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from brain import moves
 from brain.history import HistoryCache
+from brain.runs import Scheduler, Wakeups
 from brain.store import BrainStore, ClaimBudget, TurnRow
-from tests.test_brain_store import _apply, _claim, _events, _intent, _move, _submit, store
+from brain.updates import UpdateConsumer
+from infra.localqueue import LocalBroker
+from infra.transport import Topology
+from tests.test_brain_claims import Outermost, _context
+from tests.test_brain_store import _apply, _claim, _events, _intent, _move, _submit, _waiting_on, store
 
 __all__ = ["store"]  # the fixture, used by name
 
@@ -81,3 +87,26 @@ async def test_a_result_applied_earlier_makes_the_next_model_call_read_the_journ
     assert counted.reads == 1
     fresh = await store.read(lambda c: HistoryCache(store).messages(c, row))
     assert cached == fresh and [m.content["result"] for m in cached if m.role == "tool"] == [1, 2]
+
+
+async def test_turns_an_apply_claims_without_their_conversation_kept_here_are_read_in_the_apply(
+    store: BrainStore, tmp_path: Any
+) -> None:
+    # Given two turns waiting on a tool each, driven by another Brain (nothing of them kept here)
+    for n in range(2):
+        await _waiting_on(store, await _submit(store, session=f"s{n}"), f"e{n}", freeze={})
+    ranges = [[e.model_copy(update={"session_id": f"s{n}"}) for e in _events(f"e{n}", n)] for n in range(2)]
+    async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
+        ctx = _context(store, transport)
+        consumer = UpdateConsumer(ctx, transport, Scheduler(ctx, 10, Wakeups(), 1.0))
+        # When this Brain's update consumer applies their outcomes (and so claims the turns)
+        with Outermost(store, "entries", "sessions_entries", "thread", "threads") as reads:
+            claimed = [row for rows in await asyncio.gather(*map(consumer._one, ranges)) for row in rows]
+    # Then their conversations and threads were read in the apply, for the turns it claimed
+    # together, not by each run before its model call
+    assert len(claimed) == 2 and "entries" not in reads.asked and "thread" not in reads.asked
+    for row in claimed:
+        assert ctx.threads.known(row.thread_id) is not None
+        fresh = await store.read(lambda c, row=row: HistoryCache(store).messages(c, row))
+        assert ctx.history.cached(row) == fresh
+        assert [m.content.get("result") for m in fresh if m.role == "tool"] == [int(row.session_id[1:])]

@@ -8,6 +8,7 @@ orders a session's entries by commit so that a cursor never skips one that commi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from brain.store.records import Entry
@@ -16,7 +17,7 @@ from infra.store import StoreBase
 _BUMP = "UPDATE sessions SET last_seq = last_seq + 1 WHERE id = $1 RETURNING last_seq"
 _INSERT = """INSERT INTO journal (session_id, seq, thread_id, turn_id, run, status, phase, facts)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"""
-_COLUMNS = "session_id, seq, thread_id, turn_id, run, status, phase, facts, created_at"
+JOURNAL_COLUMNS = "session_id, seq, thread_id, turn_id, run, status, phase, facts, created_at"
 
 
 class JournalRows(StoreBase):
@@ -51,14 +52,15 @@ class JournalRows(StoreBase):
         """A session's entries after seq ``after``, in order (of one turn, with ``turn_id``)."""
         if turn_id is None:
             rows = await conn.fetch(
-                f"SELECT {_COLUMNS} FROM journal WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                f"SELECT {JOURNAL_COLUMNS} FROM journal WHERE session_id = $1 AND seq > $2"
+                " ORDER BY seq LIMIT $3",
                 session_id,
                 after,
                 limit,
             )
         else:
             rows = await conn.fetch(
-                f"SELECT {_COLUMNS} FROM journal WHERE session_id = $1 AND seq > $2 AND turn_id = $3"
+                f"SELECT {JOURNAL_COLUMNS} FROM journal WHERE session_id = $1 AND seq > $2 AND turn_id = $3"
                 " ORDER BY seq LIMIT $4",
                 session_id,
                 after,
@@ -66,6 +68,11 @@ class JournalRows(StoreBase):
                 limit,
             )
         return [Entry.from_record(r) for r in rows]
+
+    async def sessions_entries(self, conn: Any, after: Mapping[str, int]) -> dict[str, list[Entry]]:
+        """Each session's entries after its own seq in ``after``, in order (one statement where
+        the backend can)."""
+        return {s: await self.entries(conn, s, after=seq, limit=100_000) for s, seq in after.items()}
 
     async def events(
         self,
@@ -81,7 +88,7 @@ class JournalRows(StoreBase):
         """A session's entries after seq ``after``, in order, of one thread, turn or run of a turn
         when asked (what observers follow)."""
         rows = await conn.fetch(
-            f"""SELECT {_COLUMNS} FROM journal
+            f"""SELECT {JOURNAL_COLUMNS} FROM journal
                  WHERE session_id = $1 AND seq > $2 AND (CAST($3 AS text) IS NULL OR thread_id = $3)
                    AND (CAST($4 AS text) IS NULL OR turn_id = $4) AND (CAST($5 AS int) IS NULL OR run = $5)
                  ORDER BY seq LIMIT $6""",

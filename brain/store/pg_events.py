@@ -4,13 +4,14 @@ and claims; reads take arrays instead of loops."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from brain.store.bindings import newest
 from brain.store.executions import NAMED_COLUMNS, Planned, Touched, effect_values
+from brain.store.journal import JOURNAL_COLUMNS
 from brain.store.pg_turns import JOURNAL_ENTRIES
-from brain.store.records import FINAL_SQL, TURN_COLUMNS, Applied, ClaimBudget, TurnRow
+from brain.store.records import FINAL_SQL, TURN_COLUMNS, Applied, ClaimBudget, Entry, TurnRow
 from brain.store.repairs import OPEN_SQL, RepairRows
 from infra.db import Json
 
@@ -86,6 +87,18 @@ SELECT due.id AS turn_id, e.id, e.status, e.last_seq, e.route, e.request_digest,
  ORDER BY due.id, e.call_id"""
 
 
+_STEPS_EXECUTIONS = """
+SELECT e.* FROM unnest($1::text[], $2::int[]) AS s(turn_id, tool_step)
+  JOIN executions e ON e.turn_id = s.turn_id AND e.tool_step = s.tool_step
+ ORDER BY e.turn_id, e.tool_step, e.call_id"""
+
+_SESSIONS_ENTRIES = f"""
+SELECT {", ".join(f"j.{c.strip()}" for c in JOURNAL_COLUMNS.split(","))}
+  FROM unnest($1::text[], $2::bigint[]) AS a(session_id, seq)
+  JOIN journal j ON j.session_id = a.session_id AND j.seq > a.seq
+ ORDER BY j.session_id, j.seq"""
+
+
 class PgExecutionRows(RepairRows):
     async def _lock_named(self, conn: Any, execution_ids: Sequence[str]) -> dict[str, Any]:
         return {r["id"]: r for r in await conn.fetch(_LOCK_NAMED, list(execution_ids))}
@@ -127,6 +140,29 @@ class PgExecutionRows(RepairRows):
     async def executions_by_id(self, conn: Any, ids: Sequence[str]) -> dict[str, Any]:
         rows = await conn.fetch("SELECT * FROM executions WHERE id = ANY($1::text[])", list(ids))
         return {r["id"]: r for r in rows}
+
+    async def steps_executions(
+        self, conn: Any, steps: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], list[Any]]:
+        found: dict[tuple[str, int], list[Any]] = {step: [] for step in steps}
+        for r in await conn.fetch(_STEPS_EXECUTIONS, [t for t, _ in found], [s for _, s in found]):
+            found[(r["turn_id"], r["tool_step"])].append(r)
+        return found
+
+    async def sessions_entries(self, conn: Any, after: Mapping[str, int]) -> dict[str, list[Entry]]:
+        found: dict[str, list[Entry]] = {session: [] for session in after}
+        for r in await conn.fetch(_SESSIONS_ENTRIES, list(after), list(after.values())):
+            found[r["session_id"]].append(Entry.from_record(r))
+        return found
+
+    async def look_later(self, conn: Any, looks: Mapping[str, float]) -> None:
+        await conn.execute(
+            """UPDATE turns t SET wake_at = ts_add(now(), l.seconds)
+                 FROM unnest($1::text[], $2::float8[]) AS l(id, seconds)
+                WHERE t.id = l.id AND t.status = 'waiting'""",
+            list(looks),
+            list(looks.values()),
+        )
 
     async def latest_bindings(self, conn: Any, tools: Sequence[str]) -> dict[str, Any]:
         rows = await conn.fetch(

@@ -8,7 +8,7 @@ stays a HOT update) and a turn whose tools answer in time is never looked at.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from brain import facts
@@ -51,13 +51,15 @@ class RepairRows(ExecutionRows):
                 rows.append({"turn_id": t["id"], "id": None})  # nothing open: only a look later
         return [{**dict(r), "now": as_time(r["now"])} if r["id"] is not None else r for r in rows]
 
-    async def look_later(self, conn: Any, turn_id: str, seconds: float) -> None:
-        """When the scan looks at a waiting turn next."""
-        await conn.execute(
-            "UPDATE turns SET wake_at = ts_add(now(), $2) WHERE id = $1 AND status = 'waiting'",
-            turn_id,
-            seconds,
-        )
+    async def look_later(self, conn: Any, looks: Mapping[str, float]) -> None:
+        """When the scan looks at waiting turns next: seconds from now, by turn id (one
+        statement where the backend can)."""
+        for turn_id, seconds in looks.items():
+            await conn.execute(
+                "UPDATE turns SET wake_at = ts_add(now(), $2) WHERE id = $1 AND status = 'waiting'",
+                turn_id,
+                seconds,
+            )
 
     async def mark_nudged(self, conn: Any, execution_id: str) -> None:
         """Record that a command was re-sent or a replay asked for (or that nobody serves its

@@ -28,6 +28,13 @@ class StepRows(BindingRows):
             )
         )
 
+    async def steps_executions(
+        self, conn: Any, steps: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], list[Any]]:
+        """``step_executions`` of several (turn id, tool step) pairs (one statement where the
+        backend can)."""
+        return {step: await self.step_executions(conn, *step) for step in dict.fromkeys(steps)}
+
     async def turn_executions(self, conn: Any, turn_id: str) -> list[Any]:
         """Every execution of a turn, by step and call id."""
         return list(
