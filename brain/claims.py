@@ -282,9 +282,9 @@ class Served:
         async def work(conn: Any) -> Submitted:
             nonlocal start
             start = None
-            thread = await ctx.store.lock_thread(conn, s.thread_id)
+            thread, latest = await ctx.store.lock_thread(conn, s.thread_id, s.agent.tools)
             if thread is None:
-                bindings, missing = await announced(ctx, conn, s.agent)
+                bindings, missing = await announced(ctx, conn, s.agent, latest)
                 if not missing:
                     start = Start(ctx.owner, ctx.lease_seconds, bindings)
             elif thread["bindings"] is not None:

@@ -12,6 +12,7 @@ from brain.runs import Scheduler, Wakeups
 from brain.states import TurnPhase, TurnStatus
 from brain.store import BrainStore
 from brain.store.submits import Start, Submit, Submitted
+from protocol import ReplayPolicy, ToolBinding
 from tests.test_brain_store import AGENT, _claim, _facts, _move, _submit, _turn, pg_store, store
 
 __all__ = ["pg_store", "store"]  # the fixtures, used by name
@@ -40,7 +41,7 @@ async def _served(
     asked = _asked(request_id, session)
 
     async def work(conn: Any) -> Submitted:
-        thread = await store.lock_thread(conn, asked.thread_id)
+        thread, _ = await store.lock_thread(conn, asked.thread_id, AGENT.tools)
         if thread is None:
             start = Start(owner, 30.0, bindings) if bindings is not None else None
         else:
@@ -163,3 +164,25 @@ def test_a_brain_starts_turns_at_submit_only_while_few_runs_are_in_progress():
     scheduler.close()
     assert not scheduler.quiet()  # a stopping Brain starts nothing
     assert Scheduler(None, capacity=1, wakeups=Wakeups(), interval=1.0).quiet()  # type: ignore[arg-type]
+
+
+async def test_locking_a_thread_not_there_yet_brings_the_bindings_it_would_freeze(store):
+    binding = ToolBinding.build(
+        name="lab_tool",
+        version="1",
+        route="lab",
+        input_schema={"type": "object"},
+        replay_policy=ReplayPolicy.SAFE,
+    )
+    await store.transact(lambda c: store.store_bindings(c, [binding], "wake"))
+
+    async def look(tools: list[str]) -> Any:
+        return await store.transact(lambda c: store.lock_thread(c, "s1", tools))
+
+    # A new thread: no row, and the latest binding of each tool some pool announced
+    assert await look(["lab_tool", "nobody_serves"]) == (None, {"lab_tool": binding.model_dump(mode="json")})
+    assert await look(["nobody_serves"]) == (None, {})
+    # Once the thread is there: its row, and no bindings (it has its own, or freezes them later)
+    await _submit(store)
+    thread, latest = await look(["lab_tool"])
+    assert thread is not None and thread["id"] == "s1" and latest is None

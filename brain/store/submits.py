@@ -157,11 +157,6 @@ class SubmitRows(JournalRows):
         done = await self.transact(work, single_statement=True, read_then_insert=True)
         return done.turn_id, done.created
 
-    async def lock_thread(self, conn: Any, thread_id: str) -> Mapping[str, Any] | None:
-        """The thread, locked until the caller's transaction ends (None: there is none yet). A
-        served submit holds it so that two of them cannot both find the thread idle."""
-        return await conn.fetchrow(f"SELECT * FROM threads WHERE id = $1{self.FOR_UPDATE}", thread_id)  # type: ignore[no-any-return]
-
     async def submit_in(self, conn: Any, s: Submit, start: Start | None) -> Submitted:
         """A submit inside the caller's transaction, which starts the turn's run when ``start``
         offers it and the thread is idle (see ``brain.claims.Served``)."""
