@@ -1,5 +1,6 @@
-"""What a claim reads for the new turns it prepares: their threads and the announced bindings,
-once for the whole claim, not once per turn.
+"""What a claim reads for the new turns it prepares (their threads and the announced bindings)
+and for the runs it starts (their steps, threads and conversations), once for the whole claim,
+not once per turn.
 
 A claim that finds a turn's tools unannounced parks the turn as a row until an announcement
 wakes it. An announcement that commits while the claim's transaction is open (after its look at

@@ -1,7 +1,8 @@
 """The conversation a Brain caches for a thread goes on from what its own commits wrote: a turn an
 apply claimed reaches its next model call without reading the journal, and what it sees then is
 what a read of the journal gives; when the apply cannot tell the whole of it (a sibling ended in
-an earlier apply), the next model call reads. Both backends."""
+an earlier apply), the next model call reads; when this Brain keeps nothing of the turns an apply
+claims, the apply reads their conversations for all of them. Both backends."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from brain.runs import Scheduler, Wakeups
 from brain.states import TurnPhase, TurnStatus
 from brain.store import BrainStore
 from brain.store.submits import Start, Submit, Submitted
-from protocol import ReplayPolicy, ToolBinding
+from tests.test_brain_claims import BINDING
 from tests.test_brain_store import AGENT, _claim, _facts, _move, _submit, _turn, pg_store, store
 
 __all__ = ["pg_store", "store"]  # the fixtures, used by name
@@ -167,13 +167,7 @@ def test_a_brain_starts_turns_at_submit_only_while_few_runs_are_in_progress():
 
 
 async def test_locking_a_thread_not_there_yet_brings_the_bindings_it_would_freeze(store):
-    binding = ToolBinding.build(
-        name="lab_tool",
-        version="1",
-        route="lab",
-        input_schema={"type": "object"},
-        replay_policy=ReplayPolicy.SAFE,
-    )
+    binding = BINDING  # the tool ``lab_tool`` on route ``lab``
     await store.transact(lambda c: store.store_bindings(c, [binding], "wake"))
 
     async def look(tools: list[str]) -> Any:
