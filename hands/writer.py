@@ -2,9 +2,10 @@
 together, and what they committed handed to the relay.
 
 Accepts (new rows) and changes (a start, an outcome) from every task of the worker go through one
-group committer: those ready together share a transaction and, on PostgreSQL, one statement per
-kind. A change is guarded by the row as its task last knew it; when the guard refuses it (the row
-moved on: a cancel, a takeover), :meth:`LedgerWriter.save` looks at the row under a lock instead.
+group committer: those ready together share a transaction and, on PostgreSQL, one statement that
+commits on its own. A change is guarded by the row as its task last knew it; when the guard
+refuses it (the row moved on: a cancel, a takeover), :meth:`LedgerWriter.save` looks at the row
+under a lock instead.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class LedgerWriter:
         self.codec = codec
         self.sent = sent
         self.committer: GroupCommit[Op, Execution | None] = GroupCommit(
-            ledger.transact, self._apply, name="ledger", order=_key, single=_one_kind
+            ledger.transact, self._apply, name="ledger", order=_key, single=_one_statement
         )
 
     async def event(self, execution_id: str, header: dict[str, str], seq: int, body: Any) -> dict[str, Any]:
@@ -73,19 +74,16 @@ class LedgerWriter:
         return [await self.event(execution_id, header, first_seq + i, b) for i, b in enumerate(bodies)]
 
     async def _apply(self, conn: Any, ops: list[Op]) -> list[Execution | None]:
-        inserts = [(i, op.new) for i, op in enumerate(ops) if isinstance(op, _Insert)]
-        changes = [(i, op) for i, op in enumerate(ops) if isinstance(op, Change)]
+        inserts = [i for i, op in enumerate(ops) if isinstance(op, _Insert)]
+        changes = [i for i, op in enumerate(ops) if isinstance(op, Change)]
+        inserted, changed = await self.ledger.write(
+            conn,
+            [op.new for op in ops if isinstance(op, _Insert)],
+            [op for op in ops if isinstance(op, Change)],
+        )
         results: list[Execution | None] = [None] * len(ops)
-        if inserts:
-            for (i, _), row in zip(
-                inserts, await self.ledger.insert(conn, [n for _, n in inserts]), strict=True
-            ):
-                results[i] = row
-        if changes:
-            for (i, _), row in zip(
-                changes, await self.ledger.change(conn, [c for _, c in changes]), strict=True
-            ):
-                results[i] = row
+        for i, row in zip(inserts + changes, inserted + changed, strict=True):
+            results[i] = row
         return results
 
     async def insert(self, new: NewExecution) -> Execution | None:
@@ -137,6 +135,6 @@ def _key(op: Op) -> str:
     return op.new.execution_id if isinstance(op, _Insert) else op.before.execution_id
 
 
-def _one_kind(ops: list[Op]) -> bool:
-    """Accepts alone, or changes alone, are one statement each (``ledger.insert``/``change``)."""
-    return len({type(op) for op in ops}) == 1
+def _one_statement(ops: list[Op]) -> bool:
+    """A batch is one statement (``Ledger.write``) where statements commit on their own."""
+    return True

@@ -427,3 +427,50 @@ def _holds_event(value: Any) -> bool:
     if isinstance(value, dict):
         return "seq" in value or any(_holds_event(v) for v in value.values())
     return isinstance(value, list) and any(_holds_event(v) for v in value)
+
+
+class _Counted:
+    """A connection that counts the statements sent through it."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn, self.statements = conn, 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.conn, name)
+        if name not in ("fetch", "fetchrow", "fetchval", "execute", "executemany"):
+            return attr
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.statements += 1
+            return await attr(*args, **kwargs)
+
+        return counted
+
+
+async def test_accepts_and_changes_written_together_are_each_what_it_would_be_alone(ledger: Ledger) -> None:
+    # Given an accepted execution read by its worker, and one already in the ledger
+    running = await _execution(ledger, "w1", LedgerStatus.ACCEPTED)
+    row = await _get(ledger, running)
+    known = await _execution(ledger, "w1", LedgerStatus.ACCEPTED)
+    started = _event(StartedEvent, running, 2, StartedBody(attempt=1, worker="w1"))
+    start = Change(row, LedgerStatus.RUNNING, [started], attempts=1)
+    fresh = new_id()
+    counted: list[_Counted] = []
+
+    async def write(conn: Any) -> Any:
+        counted.append(_Counted(conn))
+        return await ledger.write(counted[-1], [_new(fresh, "w1"), _new(known, "w2")], [start, start])
+
+    # When a new accept, a duplicate one, a start and the same start again commit together (as
+    # the worker's group committer sends them: one statement where statements commit alone)
+    inserted, changed = await ledger.transact(write, single_statement=True)
+
+    # Then the new row is in and the duplicate is not; the start moved the row, its copy did not
+    assert [r.execution_id if r else None for r in inserted] == [fresh, None]
+    assert changed[0] is not None and (changed[0].status, changed[0].last_seq) == (LedgerStatus.RUNNING, 2)
+    assert changed[1] is None
+    assert (await _get(ledger, fresh)).status is LedgerStatus.ACCEPTED
+    assert (await _get(ledger, known)).owner == "w1"
+    assert [e["kind"] for e in (await _get(ledger, running)).events] == ["accepted", "started"]
+    if ledger.ONE_STATEMENT_COMMITS:
+        assert counted[-1].statements == 1

@@ -107,6 +107,17 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
             )
         return row
 
+    async def write(
+        self, conn: Any, rows: Sequence[NewExecution], changes: Sequence[Change]
+    ) -> tuple[list[Execution | None], list[Execution | None]]:
+        """``insert`` and ``change`` together, for executions that are not both new and changed
+        here. A backend whose statements commit on their own (``ONE_STATEMENT_COMMITS``) writes
+        them with one statement: the writer sends no BEGIN and COMMIT around it."""
+        return (
+            await self.insert(conn, rows) if rows else [],
+            await self.change(conn, changes) if changes else [],
+        )
+
     async def change(self, conn: Any, changes: Sequence[Change]) -> list[Execution | None]:
         """Apply guarded changes (see :class:`Change`); None for one whose guard refused it.
         Raises IllegalTransitionError (nothing written) for a move the table forbids."""

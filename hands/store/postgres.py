@@ -19,25 +19,42 @@ _NEW = [
     ("open", "bool"), ("owner", "text"), ("attempts", "int"), ("last_seq", "int"), ("events", "jsonb"),
     ("error", "jsonb"),
 ]  # fmt: skip
-# The marker names the statements that commit on their own (tests/hands_pg_proxy.py cuts them).
-_INSERT = f"""/* ledger commit */
-INSERT INTO executions ({", ".join(c for c, _ in _NEW)})
-SELECT * FROM unnest({", ".join(f"${i}::{t}[]" for i, (_, t) in enumerate(_NEW, start=1))})
-    ON CONFLICT (execution_id) DO NOTHING
-RETURNING {EXECUTION_COLUMNS}"""
 
-_CHANGES = f"""/* ledger commit */
-UPDATE executions e
+
+def _insert_sql(first: int) -> str:
+    """Insert new rows from arrays $first..; a known id is left as it is."""
+    arrays = ", ".join(f"${i}::{t}[]" for i, (_, t) in enumerate(_NEW, start=first))
+    return f"""INSERT INTO executions ({", ".join(c for c, _ in _NEW)})
+SELECT * FROM unnest({arrays})
+    ON CONFLICT (execution_id) DO NOTHING"""
+
+
+def _changes_sql(first: int) -> str:
+    """Guarded changes from arrays $first.. (twelve of them)."""
+    p = [f"${i}" for i in range(first, first + 12)]
+    return f"""UPDATE executions e
    SET status = m.status, open = m.open, attempts = coalesce(m.attempts, e.attempts),
        error = coalesce(m.error, e.error), output_bytes = coalesce(m.output_bytes, e.output_bytes),
        last_seq = m.last_seq, events = e.events || m.events, updated_at = now()
-  FROM unnest($1::text[], $2::text[], $3::bool[], $4::int[], $5::jsonb[], $6::bigint[], $7::int[], $8::text[],
-              $9::text[], $10::int[], $11::bool[], $12::jsonb[])
+  FROM unnest({p[0]}::text[], {p[1]}::text[], {p[2]}::bool[], {p[3]}::int[], {p[4]}::jsonb[],
+              {p[5]}::bigint[], {p[6]}::int[], {p[7]}::text[], {p[8]}::text[], {p[9]}::int[],
+              {p[10]}::bool[], {p[11]}::jsonb[])
        AS m(id, status, open, attempts, error, output_bytes, last_seq, owner, from_status, from_seq,
             unless_cancelled, events)
  WHERE e.execution_id = m.id AND e.owner = m.owner AND e.status = m.from_status AND e.last_seq = m.from_seq
-   AND (NOT m.unless_cancelled OR NOT e.cancel_requested)
-RETURNING {", ".join("e." + c.strip() for c in EXECUTION_COLUMNS.split(","))}"""
+   AND (NOT m.unless_cancelled OR NOT e.cancel_requested)"""
+
+
+_CHANGED_COLUMNS = ", ".join("e." + c.strip() for c in EXECUTION_COLUMNS.split(","))
+# The marker names the statements that commit on their own (tests/hands_pg_proxy.py cuts them).
+_INSERT = f"/* ledger commit */\n{_insert_sql(1)}\nRETURNING {EXECUTION_COLUMNS}"
+_CHANGES = f"/* ledger commit */\n{_changes_sql(1)}\nRETURNING {_CHANGED_COLUMNS}"
+# Accepts and changes of other executions together: a change's row was committed before its task
+# could make the change, so no row is both inserted and changed here (one snapshot serves both).
+_BOTH = f"""/* ledger commit */
+WITH inserted AS ({_insert_sql(1)} RETURNING true AS new, {EXECUTION_COLUMNS}),
+     changed AS ({_changes_sql(len(_NEW) + 1)} RETURNING false AS new, {_CHANGED_COLUMNS})
+SELECT * FROM inserted UNION ALL SELECT * FROM changed"""
 
 
 class PostgresLedger(Ledger):
@@ -53,47 +70,23 @@ class PostgresLedger(Ledger):
         return bool(await self.read(lambda c: c.fetchval("SELECT to_regclass('executions') IS NOT NULL")))
 
     async def insert(self, conn: Any, rows: Sequence[NewExecution]) -> list[Execution | None]:
-        columns: list[list[Any]] = [[] for _ in _NEW]
-        for new in rows:
-            status = LedgerStatus(new.values["status"])
-            values = {
-                **new.values,
-                "status": status.value,
-                "open": status in OPEN_STATUSES,
-                "attempts": new.values.get("attempts", 0),
-                "last_seq": len(new.events),
-                # jsonb[] elements: a list would read as one more array dimension
-                "events": Json(new.events),
-                "args": Json(new.values["args"]) if new.values.get("args") is not None else None,
-                "error": Json(new.values["error"]) if new.values.get("error") is not None else None,
-            }
-            for col, (name, _) in zip(columns, _NEW, strict=True):
-                col.append(values.get(name))
-        recs = await conn.fetch(_INSERT, *columns)
-        inserted = {r["execution_id"]: Execution.from_record(r) for r in recs}
-        # The same id twice in one batch (a command delivered twice at once): the first is the
-        # new row, the other a duplicate, as they would be one after the other.
-        return [inserted.pop(new.execution_id, None) for new in rows]
+        return _inserted(rows, await conn.fetch(_INSERT, *_insert_columns(rows)))
 
     async def change(self, conn: Any, changes: Sequence[Change]) -> list[Execution | None]:
-        columns: list[list[Any]] = [[] for _ in range(12)]
-        # One change per row per statement (an UPDATE applies one of several): a second change of
-        # the same row as the same task knew it would be refused by its guard after the first.
-        first = {c.before.execution_id: i for i, c in reversed(list(enumerate(changes)))}
-        for c in (changes[i] for i in first.values()):
-            transition(c.before.status, c.status)
-            b = c.before
-            values = [
-                b.execution_id, str(c.status), c.open, c.attempts, c.error, c.output_bytes,
-                b.last_seq + len(c.events), b.owner, str(b.status), b.last_seq, c.unless_cancelled,
-                Json(c.events),
-            ]  # fmt: skip
-            for col, value in zip(columns, values, strict=True):
-                col.append(value)
-        recs = await conn.fetch(_CHANGES, *columns)
-        changed = {r["execution_id"]: Execution.from_record(r) for r in recs}
-        return [changed.get(c.before.execution_id) if first[c.before.execution_id] == i else None
-                for i, c in enumerate(changes)]  # fmt: skip
+        columns, first = _change_columns(changes)
+        return _changed(changes, first, await conn.fetch(_CHANGES, *columns))
+
+    async def write(
+        self, conn: Any, rows: Sequence[NewExecution], changes: Sequence[Change]
+    ) -> tuple[list[Execution | None], list[Execution | None]]:
+        if not rows or not changes:
+            return await super().write(conn, rows, changes)
+        columns, first = _change_columns(changes)
+        recs = await conn.fetch(_BOTH, *_insert_columns(rows), *columns)
+        return (
+            _inserted(rows, [r for r in recs if r["new"]]),
+            _changed(changes, first, [r for r in recs if not r["new"]]),
+        )
 
     async def release_owners(self, conn: Any, owners: Sequence[str], died: bool = True) -> int:
         status = await conn.execute(
@@ -102,3 +95,55 @@ class PostgresLedger(Ledger):
             list(owners),
         )
         return int(str(status).split()[-1])
+
+
+def _insert_columns(rows: Sequence[NewExecution]) -> list[list[Any]]:
+    columns: list[list[Any]] = [[] for _ in _NEW]
+    for new in rows:
+        status = LedgerStatus(new.values["status"])
+        values = {
+            **new.values,
+            "status": status.value,
+            "open": status in OPEN_STATUSES,
+            "attempts": new.values.get("attempts", 0),
+            "last_seq": len(new.events),
+            # jsonb[] elements: a list would read as one more array dimension
+            "events": Json(new.events),
+            "args": Json(new.values["args"]) if new.values.get("args") is not None else None,
+            "error": Json(new.values["error"]) if new.values.get("error") is not None else None,
+        }
+        for col, (name, _) in zip(columns, _NEW, strict=True):
+            col.append(values.get(name))
+    return columns
+
+
+def _inserted(rows: Sequence[NewExecution], recs: Sequence[Any]) -> list[Execution | None]:
+    inserted = {r["execution_id"]: Execution.from_record(r) for r in recs}
+    # The same id twice in one batch (a command delivered twice at once): the first is the
+    # new row, the other a duplicate, as they would be one after the other.
+    return [inserted.pop(new.execution_id, None) for new in rows]
+
+
+def _change_columns(changes: Sequence[Change]) -> tuple[list[list[Any]], dict[str, int]]:
+    """The arrays of the changes, and the index of each row's first change: one change per row
+    per statement (an UPDATE applies one of several); a second change of the same row as the
+    same task knew it would be refused by its guard after the first."""
+    columns: list[list[Any]] = [[] for _ in range(12)]
+    first = {c.before.execution_id: i for i, c in reversed(list(enumerate(changes)))}
+    for c in (changes[i] for i in first.values()):
+        transition(c.before.status, c.status)
+        b = c.before
+        values = [
+            b.execution_id, str(c.status), c.open, c.attempts, c.error, c.output_bytes,
+            b.last_seq + len(c.events), b.owner, str(b.status), b.last_seq, c.unless_cancelled,
+            Json(c.events),
+        ]  # fmt: skip
+        for col, value in zip(columns, values, strict=True):
+            col.append(value)
+    return columns, first
+
+
+def _changed(changes: Sequence[Change], first: dict[str, int], recs: Sequence[Any]) -> list[Execution | None]:
+    changed = {r["execution_id"]: Execution.from_record(r) for r in recs}
+    return [changed.get(c.before.execution_id) if first[c.before.execution_id] == i else None
+            for i, c in enumerate(changes)]  # fmt: skip
