@@ -4,8 +4,8 @@ The Brain applies an execution's events as a contiguous prefix (invariant 7; the
 are ``brain.sequencing``). Once the events to apply are known, in order, :func:`effect` says what
 they change: the execution's status (each step checked against the transition table), the
 columns they set, the output pages they carry, the journal facts they record, and whether the
-execution ended (which may wake its turn). Both store paths use it: the one-statement path on
-PostgreSQL for the usual case, and the careful path for everything else.
+execution ended (which may wake its turn). The store's apply (``brain.store.executions``) plans
+each execution's effect with it under the row's lock, on both backends.
 """
 
 from __future__ import annotations
@@ -118,27 +118,6 @@ def effect(start: ExecutionStatus, events: Sequence[Any], execution: Execution) 
     return out
 
 
-def chain_sources(events: Sequence[Any]) -> list[str]:
-    """The statuses from which the whole run of ``events`` is legal, for a guarded UPDATE that
-    applies it without reading the row first (empty: no status allows it)."""
-    found = []
-    for start in ExecutionStatus:
-        status = start
-        try:
-            for event in events:
-                new = EVENT_STATUS[event.kind]
-                if new is not None:
-                    status = execution_transition(status, new)
-        except Exception:  # noqa: BLE001 - IllegalTransitionError: not from this start
-            continue
-        found.append(str(start))
-    return sorted(found)
-
-
-def changes_status(events: Sequence[Any]) -> bool:
-    return any(EVENT_STATUS[e.kind] is not None for e in events)
-
-
 def late_note(status: str, earlier: dict[str, Any] | None, event: Any) -> dict[str, Any] | None:
     """The error a settled (CANCELLED) execution keeps when its Hands report an outcome after
     all: a cancel is only a request, and an operator must see that the tool acted (or did not).
@@ -162,7 +141,6 @@ __all__ = [
     "EXECUTION_TRANSITIONS",
     "Effect",
     "Execution",
-    "chain_sources",
     "effect",
     "journaled",
     "late_note",
