@@ -448,10 +448,9 @@ class _Counted:
 
 
 async def test_accepts_and_changes_written_together_are_each_what_it_would_be_alone(ledger: Ledger) -> None:
-    # Given an accepted execution read by its worker, and one already in the ledger
+    # Given an accepted execution read by its worker
     running = await _execution(ledger, "w1", LedgerStatus.ACCEPTED)
     row = await _get(ledger, running)
-    known = await _execution(ledger, "w1", LedgerStatus.ACCEPTED)
     started = _event(StartedEvent, running, 2, StartedBody(attempt=1, worker="w1"))
     start = Change(row, LedgerStatus.RUNNING, [started], attempts=1)
     fresh = new_id()
@@ -459,10 +458,11 @@ async def test_accepts_and_changes_written_together_are_each_what_it_would_be_al
 
     async def write(conn: Any) -> Any:
         counted.append(_Counted(conn))
-        return await ledger.write(counted[-1], [_new(fresh, "w1"), _new(known, "w2")], [start, start])
+        return await ledger.write(counted[-1], [_new(fresh, "w1"), _new(running, "w2")], [start, start])
 
-    # When a new accept, a duplicate one, a start and the same start again commit together (as
-    # the worker's group committer sends them: one statement where statements commit alone)
+    # When a new accept, a copy of the running one's command, its start and the same start again
+    # commit together (as the worker's group committer sends them: one statement where
+    # statements commit alone)
     inserted, changed = await ledger.transact(write, single_statement=True)
 
     # Then the new row is in and the duplicate is not; the start moved the row, its copy did not
@@ -470,7 +470,7 @@ async def test_accepts_and_changes_written_together_are_each_what_it_would_be_al
     assert changed[0] is not None and (changed[0].status, changed[0].last_seq) == (LedgerStatus.RUNNING, 2)
     assert changed[1] is None
     assert (await _get(ledger, fresh)).status is LedgerStatus.ACCEPTED
-    assert (await _get(ledger, known)).owner == "w1"
-    assert [e["kind"] for e in (await _get(ledger, running)).events] == ["accepted", "started"]
+    after = await _get(ledger, running)
+    assert after.owner == "w1" and [e["kind"] for e in after.events] == ["accepted", "started"]
     if ledger.ONE_STATEMENT_COMMITS:
         assert counted[-1].statements == 1
