@@ -96,9 +96,13 @@ class AgentDefinition(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(map(str, first["loc"])) or "<root>"
-            raise SchemaError(f"agent definition {path} is invalid at {where}: {first['msg']}") from exc
+            raise SchemaError(f"agent definition {path} is {_invalid(exc)}") from exc
+
+
+def _invalid(exc: ValidationError) -> str:
+    """Where a definition is invalid and why, from its first error."""
+    first = exc.errors()[0]
+    return f"invalid at {'.'.join(map(str, first['loc'])) or '<root>'}: {first['msg']}"
 
 
 class FrozenThreads:
@@ -131,13 +135,21 @@ class FrozenThreads:
     async def get_many(
         self, conn: Any, thread_ids: Collection[str]
     ) -> dict[str, tuple[AgentDefinition, Mapping[str, Any]]]:
-        """``get`` for several threads (the turns of one claim): those not kept here are read in
-        one statement."""
-        wanted = set(thread_ids)
-        unknown = sorted(wanted - self._threads.keys())
-        read = {r["id"]: self._read(r) for r in await self.store.threads(conn, unknown)} if unknown else {}
-        threads = {t: self._threads.get(t) or read[t] for t in wanted}
-        return {t: await self._with_agent(conn, thread) for t, thread in threads.items()}
+        """``get`` for several threads (the turns of one claim or apply): those not kept here are
+        read in one statement. A thread that is not there, or whose agent's stored definition does
+        not validate, is left out: one turn's problem does not fail a claim of many."""
+        # Those kept here are taken first: keeping the ones read may start the cache over.
+        threads = {t: self._threads[t] for t in set(thread_ids) if t in self._threads}
+        unknown = sorted(set(thread_ids) - threads.keys())
+        if unknown:
+            threads.update({r["id"]: self._read(r) for r in await self.store.threads(conn, unknown)})
+        found = {}
+        for t, thread in threads.items():
+            try:
+                found[t] = await self._with_agent(conn, thread)
+            except SchemaError:
+                continue  # that turn's own ``get`` meets it, and fails that turn alone
+        return found
 
     def _read(self, row: Any) -> Mapping[str, Any]:
         thread = dict(row)
@@ -151,7 +163,12 @@ class FrozenThreads:
         key = (thread["agent_name"], thread["agent_version"])
         agent = self._agents.get(key)
         if agent is None:
-            agent = AgentDefinition.model_validate(await self.store.agent_definition(conn, *key))
+            try:
+                agent = AgentDefinition.model_validate(await self.store.agent_definition(conn, *key))
+            except ValidationError as exc:  # e.g. stored by a version of Tendon that allowed it
+                raise SchemaError(
+                    f"the stored definition of agent {key[0]} version {key[1]} is {_invalid(exc)}"
+                ) from exc
             self._keep(self._agents, key, agent)
         return agent, thread
 

@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 from brain import moves
-from brain.agents import AgentDefinition
+from brain.agents import AgentDefinition, FrozenThreads
 from brain.calls import refusal
 from brain.claims import crash_loop
 from brain.retry import RetryPolicy
 from brain.states import TurnPhase, TurnStatus
 from brain.store import Intent, TurnRow
-from protocol import digest
+from protocol import SchemaError, digest
 
 BINDINGS = {
     "send_email": {
@@ -217,3 +217,43 @@ def test_a_new_thread_freezes_the_newest_version_of_the_latest_announcement() ->
     # a version announced long before the latest announcement is not chosen (rolled back, say)
     assert newest([row("3", 3600), row("2", 0), row("1", 0)])["greet"]["version"] == "2"
     assert set(newest([row("1", 0), row("1", 0, name="other")])) == {"greet", "other"}
+
+
+class _Threads:
+    """A store as ``FrozenThreads`` reads it: threads and agent definitions by key."""
+
+    def __init__(self, threads: list[str], agents: dict[str, Any]) -> None:
+        self.rows = {t: {"id": t, "agent_name": t, "agent_version": "1", "bindings": {}} for t in threads}
+        self.agents = agents
+
+    async def thread(self, conn: Any, thread_id: str) -> Any:
+        return self.rows.get(thread_id)
+
+    async def threads(self, conn: Any, thread_ids: list[str]) -> list[Any]:
+        return [self.rows[t] for t in thread_ids if t in self.rows]
+
+    async def agent_definition(self, conn: Any, name: str, version: str) -> Any:
+        return self.agents.get(name)
+
+
+def _definition(name: str) -> dict[str, Any]:
+    return {"name": name, "version": "1", "model": {"kind": "scripted", "script": [{"content": "hi"}]}}
+
+
+async def test_threads_read_for_many_turns_all_come_back_when_keeping_them_starts_the_cache_over() -> None:
+    threads = FrozenThreads(_Threads(["a", "b", "c"], {t: _definition(t) for t in "abc"}), limit=2)
+    await threads.get(None, "a")
+    # Keeping "b" fills the cache, keeping "c" starts it over: "a" was kept, and must come back
+    found = await threads.get_many(None, ["a", "b", "c"])
+    assert sorted(found) == ["a", "b", "c"] and found["a"][0].name == "a"
+
+
+async def test_a_thread_whose_stored_agent_does_not_validate_fails_alone() -> None:
+    store = _Threads(["good", "bad", "gone"], {"good": _definition("good"), "bad": {"name": "bad"}})
+    del store.rows["gone"]
+    threads = FrozenThreads(store)
+    # A read for many turns leaves it (and a thread that is not there) out, for the others' sake
+    assert list(await threads.get_many(None, ["good", "bad", "gone"])) == ["good"]
+    # Its own turn meets it as a clear error
+    with pytest.raises(SchemaError, match=r"stored definition of agent bad version 1 is invalid at version"):
+        await threads.get(None, "bad")
