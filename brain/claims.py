@@ -120,7 +120,8 @@ async def _read_conversations(ctx: BrainContext, conn: Any, claim: Claim) -> Non
         return
     await ctx.threads.get_many(conn, {r.thread_id for r in asking} - claim.read.keys() - _frozen_here(claim))
     known = {e["id"]: e for executions in claim.steps.values() for e in executions}
-    claim.history = await ctx.history.read_ahead(conn, asking, known)
+    upto = {m.row.id: m.seq for _, m in claim.moved if m.seq is not None}
+    claim.history = await ctx.history.read_ahead(conn, asking, known, upto)
 
 
 def _frozen_here(claim: Claim) -> set[str]:

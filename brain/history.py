@@ -111,9 +111,13 @@ class HistoryCache:
     call. Bounded: when full, it starts over (a re-read is always correct).
     """
 
-    def __init__(self, store: BrainStore, limit: int = 1024) -> None:
+    def __init__(self, store: BrainStore, limit: int = 1024, read_ahead_entries: int = 1000) -> None:
         self.store = store
         self.limit = limit
+        # A conversation read ahead is read inside a transaction that holds locks: one that many
+        # entries behind (a long session this process never drove) is left to its run instead,
+        # which reads it outside any transaction.
+        self.read_ahead_entries = read_ahead_entries
         self._threads: dict[str, ThreadHistory] = {}
 
     async def messages(self, conn: Any, row: TurnRow) -> list[Message]:
@@ -141,10 +145,15 @@ class HistoryCache:
         history = self._threads.get(row.thread_id)
         return history is not None and history.valid_for == (row.id, row.revision - 1)
 
-    async def read_ahead(self, conn: Any, rows: Sequence[TurnRow], known: Mapping[str, Any]) -> ReadAhead:
+    async def read_ahead(
+        self, conn: Any, rows: Sequence[TurnRow], known: Mapping[str, Any], upto: Mapping[str, int]
+    ) -> ReadAhead:
         """Read what the conversations of ``rows`` lack, for all of them at once: one statement
         for their sessions' new entries, one for the executions those name that are not in
-        ``known`` (rows the caller read already). Nothing here changes until :meth:`keep`."""
+        ``known`` (rows the caller read already). ``upto``: the seq of the entry the caller's
+        transaction wrote for each turn (by turn id); a conversation more than
+        ``read_ahead_entries`` behind it is left out. Nothing here changes until :meth:`keep`."""
+        rows = [r for r in rows if upto.get(r.id, 0) - self._seq(r.thread_id) <= self.read_ahead_entries]
         after = {r.thread_id: self._seq(r.thread_id) for r in rows}
         since: dict[str, int] = {}
         for r in rows:

@@ -22,7 +22,7 @@ from brain.context import BrainContext
 from brain.history import ReadAhead
 from brain.runs import Scheduler
 from brain.states import TERMINAL_TURN
-from brain.store import ClaimBudget, TurnRow
+from brain.store import Applied, ClaimBudget, TurnRow
 from infra.delivery import handle_patiently
 from infra.groupcommit import GroupCommit
 from infra.logging import get_logger
@@ -80,7 +80,7 @@ class UpdateConsumer:
         applied = await self.ctx.store.apply_events(
             conn, ranges, wake_channel=self.ctx.wake_channel, budget=budget
         )
-        read = await self._read_ahead(conn, applied.claimed, applied.outcomes)
+        read = await self._read_ahead(conn, applied)
         results: list[Any] = []
         for events, (refused, claimed) in zip(ranges, applied.by_range(), strict=True):
             mine = dict.fromkeys(e.execution_id for e in events)
@@ -88,17 +88,16 @@ class UpdateConsumer:
             results.append(refused if refused is not None else (claimed, ended, applied, read))
         return results
 
-    async def _read_ahead(
-        self, conn: Any, claimed: list[TurnRow], outcomes: dict[str, Any]
-    ) -> ReadAhead | None:
+    async def _read_ahead(self, conn: Any, applied: Applied) -> ReadAhead | None:
         """What the model calls of the turns this apply claimed need and this process does not
         keep (their runs went on elsewhere, or long ago): read here for all of them, not by each
         run. A conversation kept complete until the apply goes on without a read (``woken``)."""
-        cold = [r for r in claimed if not self.ctx.history.knew(r)]
+        cold = [r for r in applied.claimed if not self.ctx.history.knew(r)]
         if not cold:
             return None
-        await self.ctx.threads.get_many(conn, {r.thread_id for r in claimed})
-        return await self.ctx.history.read_ahead(conn, cold, outcomes)
+        await self.ctx.threads.get_many(conn, {r.thread_id for r in applied.claimed})
+        upto = {turn_id: seq for turn_id, (seq, _) in applied.entries.items()}
+        return await self.ctx.history.read_ahead(conn, cold, applied.outcomes, upto)
 
     async def handle(self, message: Delivery) -> None:
         """Apply one message; whatever happens, it is acked, parked or requeued."""

@@ -206,10 +206,27 @@ async def test_a_conversation_that_moved_meanwhile_is_read_again_not_kept_from_t
         ctx = _context(store, transport)
         claim = await store.transact(lambda c: store.claim(c, ctx.owner, 30.0, 1))
         (row,) = claim.rows
-        read = await store.read(lambda c: ctx.history.read_ahead(c, [row], {}))
+        read = await store.read(lambda c: ctx.history.read_ahead(c, [row], {}, {}))
         # When this process's cached history of the thread moves on before the read is kept
         await store.read(lambda c: ctx.history.messages(c, row))
         ctx.history.keep(read, [replace(row, revision=row.revision + 1)])
     # Then it is not taken as complete for the later revision (the next model call reads)
     assert ctx.history.cached(replace(row, revision=row.revision + 1)) is None
     assert ctx.history.cached(row) is not None
+
+
+async def test_a_conversation_far_behind_is_left_to_its_run_not_read_inside_the_claim(
+    store: BrainStore, tmp_path: Any
+) -> None:
+    # Given a turn back from its tool, and a Brain that keeps nothing of it and reads ahead only
+    # conversations at most one entry behind (a long session, in small)
+    await _waiting_on(store, await _submit(store), "e1", freeze={})
+    await _apply(store, list(_events("e1", "done")))
+    async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
+        ctx = _context(store, transport)
+        ctx.history.read_ahead_entries = 1
+        with Outermost(store, "entries", "sessions_entries") as reads:
+            claim = await claim_turns(ctx, 10)
+    # Then the claim's transaction did not read its journal: its run will, outside any transaction
+    (row,) = claim.runs
+    assert reads.asked == [] and ctx.history.cached(row) is None
