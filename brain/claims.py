@@ -118,14 +118,11 @@ async def _read_conversations(ctx: BrainContext, conn: Any, claim: Claim) -> Non
     asking = [r for r in claim.runs if r.phase is TurnPhase.MODEL_REQUEST]
     if not asking:
         return
-    await ctx.threads.get_many(conn, {r.thread_id for r in asking} - claim.read.keys() - _frozen_here(claim))
+    frozen_here = {t["id"] for t in claim.threads.values()}
+    await ctx.threads.get_many(conn, {r.thread_id for r in asking} - claim.read.keys() - frozen_here)
     known = {e["id"]: e for executions in claim.steps.values() for e in executions}
     upto = {m.row.id: m.seq for _, m in claim.moved if m.seq is not None}
     claim.history = await ctx.history.read_ahead(conn, asking, known, upto)
-
-
-def _frozen_here(claim: Claim) -> set[str]:
-    return {t["id"] for t in claim.threads.values()}
 
 
 async def _look_again_for_bindings(ctx: BrainContext, rows: list[TurnRow]) -> None:
@@ -213,9 +210,7 @@ async def _phase_move(ctx: BrainContext, conn: Any, row: TurnRow, now: Any, clai
     if phase is TurnPhase.PREPARE:
         return await _prepare(ctx, conn, row, now, claim)
     if phase in (TurnPhase.WAIT_TOOLS, TurnPhase.APPLY_RESULTS):
-        executions = claim.steps.get((row.id, row.tool_step))
-        if executions is None:
-            executions = await ctx.store.step_executions(conn, row.id, row.tool_step)
+        executions = claim.steps[(row.id, row.tool_step)]  # read for the whole claim
         if phase is TurnPhase.APPLY_RESULTS:
             return moves.apply_results(row, executions)
         return moves.wait_check(row, executions, first_look=ctx.first_look)

@@ -37,6 +37,17 @@ async def nothing_left_in(bus: Bus, processes: Processes, worker: Any) -> None:
     assert await bus.broker.waiting(bus.topology.commands("lab")) == 0
 
 
+async def _between_two_good_ones(bus: Bus, bad: Any) -> Any:
+    """Publish ``bad`` in a batch between two good commands; both of those succeed, and what is
+    parked is one message, returned."""
+    good, other = command(lab.echo, {"text": "ok"}), command(lab.charge, {"amount": 1})
+    await bus.publish_batch([good, bad, other])
+    for cmd in (good, other):
+        assert (await ended(bus, cmd.execution_id)).kind == "succeeded"
+    (parked,) = await bus.parked(bus.topology.commands("lab"))
+    return parked
+
+
 async def test_each_command_of_a_batch_runs_once_and_the_message_is_settled_once(
     world: TendonEnv, bus: Bus, processes: Processes
 ) -> None:
@@ -59,15 +70,10 @@ async def test_a_bad_command_in_a_batch_is_parked_alone_and_the_others_run(
     world: TendonEnv, bus: Bus, processes: Processes
 ) -> None:
     worker = await start_worker(processes, world)
-    good, other = command(lab.echo, {"text": "ok"}), command(lab.charge, {"amount": 1})
     bad = command(lab.echo, {"text": "x"})
     tampered = bad.model_copy(update={"request_digest": "f" * 64})  # not the digest of its command
 
-    await bus.publish_batch([good, tampered, other])
-
-    for cmd in (good, other):
-        assert (await ended(bus, cmd.execution_id)).kind == "succeeded"
-    (parked,) = await bus.parked(bus.topology.commands("lab"))
+    parked = await _between_two_good_ones(bus, tampered)
     assert parked["execution_id"] == bad.execution_id and parked["message_id"] == bad.message_id
     assert "request_digest" in parked["reason"] and parked["kind"] == "execute"
     assert bus.events(bad.execution_id) == []
@@ -80,15 +86,10 @@ async def test_a_command_that_fails_for_good_goes_back_alone_and_meets_the_deliv
     # Given a command the ledger cannot take (an execution id too long for its index: PostgreSQL
     # refuses the insert every time, not a passing fault) between two good ones
     worker = await start_worker(processes, world)
-    good, other = command(lab.echo, {"text": "ok"}), command(lab.charge, {"amount": 2})
     bad = command(lab.echo, {"text": "x"}, execution_id=secrets.token_hex(3000))  # incompressible
 
-    await bus.publish_batch([good, bad, other])
-
     # Then the good ones run, and what is parked, once its tries ran out, is that command alone
-    for cmd in (good, other):
-        assert (await ended(bus, cmd.execution_id)).kind == "succeeded"
-    (parked,) = await bus.parked(bus.topology.commands("lab"))
+    parked = await _between_two_good_ones(bus, bad)
     assert (parked["kind"], parked["message_id"]) == ("execute", bad.message_id)
     assert bus.events(bad.execution_id) == []
     await nothing_left_in(bus, processes, worker)

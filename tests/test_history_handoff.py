@@ -24,20 +24,6 @@ __all__ = ["store"]  # the fixture, used by name
 CALLS = [{"call_id": "call-1", "tool": "echo", "args": {}}, {"call_id": "call-2", "tool": "echo", "args": {}}]
 
 
-class Counted:
-    """How many times the history read the journal."""
-
-    def __init__(self, store: BrainStore) -> None:
-        self.reads = 0
-        read = store.entries
-
-        async def entries(*args: Any, **kwargs: Any) -> Any:
-            self.reads += 1
-            return await read(*args, **kwargs)
-
-        store.entries = entries  # type: ignore[method-assign]
-
-
 async def _waiting(store: BrainStore, history: HistoryCache) -> TurnRow:
     """A turn driven the way a run does it, the cache kept along: claimed and prepared, its
     history read for the model call, the reply with two tool calls committed."""
@@ -66,11 +52,11 @@ async def test_a_turn_an_apply_claims_goes_on_from_the_history_it_handed_over(st
     row = await _claimed_by(
         store, history, list(_events("e1", result={"n": 1})), list(_events("e2", result="two"))
     )
-    counted = Counted(store)
+    counted = Outermost(store, "entries")
     cached = await store.read(lambda c: history.messages(c, row))
-    assert counted.reads == 0
+    assert counted.asked.count("entries") == 0
     fresh = await store.read(lambda c: HistoryCache(store).messages(c, row))
-    assert counted.reads == 1
+    assert counted.asked.count("entries") == 1
     assert cached == fresh
     assert [(m.role, m.content.get("result")) for m in cached if m.role == "tool"] == [
         ("tool", {"n": 1}),
@@ -83,9 +69,9 @@ async def test_a_result_applied_earlier_makes_the_next_model_call_read_the_journ
     await _waiting(store, history)
     await _apply(store, list(_events("e1", result=1)))  # the sibling, in an apply before
     row = await _claimed_by(store, history, list(_events("e2", result=2)))
-    counted = Counted(store)
+    counted = Outermost(store, "entries")
     cached = await store.read(lambda c: history.messages(c, row))
-    assert counted.reads == 1
+    assert counted.asked.count("entries") == 1
     fresh = await store.read(lambda c: HistoryCache(store).messages(c, row))
     assert cached == fresh and [m.content["result"] for m in cached if m.role == "tool"] == [1, 2]
 
