@@ -390,6 +390,17 @@ class TendonWorld:
 
         await wait_for(done, timeout=timeout, interval=interval, what=f"{len(pending)} turns")
 
+    async def wait_turn(self, turn_id: str, timeout: float) -> None:
+        """Wait until one turn is completed the way a client of the API does (``GET
+        /v1/turns/{id}?wait=``, answered when the turn's end commits), else by looking every
+        2 ms; a failed turn raises."""
+        if self.client is None or self.api_brain is None or self.api_brain.poll() is not None:
+            await self.wait_done([turn_id], timeout=timeout, interval=0.002)
+            return
+        found = await self.client.turn(turn_id, wait=timeout)
+        if found["status"] != "completed":
+            raise RuntimeError(f"turn {turn_id} is {found['status']} after {timeout:g} s")
+
     async def server_latencies(self, ids: list[str]) -> list[float]:
         """Seconds from the submit commit's timestamp to the completing commit's timestamp."""
         rows = await self.fetch(

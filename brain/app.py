@@ -126,6 +126,7 @@ async def serve_api(
         topology=ctx.topology,
         wake_channel=ctx.wake_channel,
         previews=ctx.previews,
+        endings=ctx.endings,
         metrics=ctx.metrics,
         reconciler=reconciler if backends.ledger is not None else None,
         served=served.submit if served is not None else None,

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from brain.agents import FrozenThreads
+from brain.endings import Endings
 from brain.history import HistoryCache
 from brain.metrics import BrainMetrics
 from brain.models import Models
@@ -48,6 +49,7 @@ class BrainContext:
     moves: GroupCommit[Move, Moved] = field(init=False)
     models: Models = field(default_factory=Models)  # the model adapters, made once per spec
     previews: Previews = field(default_factory=Previews)  # streamed pieces of replies in progress
+    endings: Endings = field(default_factory=Endings)  # the API's waiters for turns to end
     metrics: BrainMetrics = field(default_factory=BrainMetrics)
     tracing: Tracing = field(default_factory=lambda: Tracing(None))
 
@@ -72,7 +74,9 @@ class BrainContext:
         return moved
 
     def ended(self, turn_id: str, status: str, created_at: datetime | None) -> None:
-        """A turn ended here: its latency, and its span (recorded once it is whole)."""
+        """A turn ended here (committed): its latency, its span (recorded once it is whole), and
+        whoever waits for it through this Brain's API."""
+        self.endings.ended(turn_id)
         self.metrics.turn_ended(status, created_at)
         self.tracing.turn_ended(turn_id, status, created_at)
 

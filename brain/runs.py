@@ -74,7 +74,8 @@ class Scheduler:
         self.wakeups = wakeups
         self.interval = interval
         self.tasks: dict[str, asyncio.Task[None]] = {}
-        self._slot = asyncio.Event()
+        self._slot = asyncio.Event()  # set when a run ended in a way worth a look
+        self._full = False  # the claim loop waits for a free slot
         self.closed = False  # stopping: nothing more is claimed or driven here
         self.claimed: Counter[int] = Counter()  # claims by how many turns they took (for the bench)
 
@@ -102,13 +103,19 @@ class Scheduler:
 
     async def _drive(self, row: TurnRow) -> None:
         self.ctx.active.add(row.id)
+        last: TurnRow | None = None
         try:
             with bound_contextvars(turn_id=row.id, run=row.runs):
-                await drive(self.ctx, row)
+                last = await drive(self.ctx, row)
         finally:
             self.ctx.active.discard(row.id)
             self.tasks.pop(row.id, None)
-            self._slot.set()
+            # A run that left its turn waiting (for its tools, say) made nothing claimable: its
+            # thread is still taken, and what wakes the turn hints. The claim loop looks again
+            # only when it waits for a free slot, or the run ended otherwise (a turn that ended
+            # frees its thread for the next queued turn, which nothing else hints).
+            if self._full or last is None or last.status is not TurnStatus.WAITING:
+                self._slot.set()
 
     async def run(self) -> None:
         """Claim turns whenever there are free slots and a reason to look; forever.
@@ -121,7 +128,11 @@ class Scheduler:
         while True:
             if self.free == 0:
                 self._slot.clear()
-                await self._slot.wait()
+                self._full = True
+                try:
+                    await self._slot.wait()
+                finally:
+                    self._full = False
                 continue
             try:
                 if claim_now or await self.ctx.store.anything_claimable():
@@ -138,7 +149,8 @@ class Scheduler:
             claim_now = await self._idle()
 
     async def _idle(self) -> bool:
-        """Until a hint (True: claim at once), a run ending (False: look first), or the interval."""
+        """Until a hint (True: claim at once), a run ending that is worth a look (False: look
+        first), or the interval."""
         hinted = asyncio.create_task(self.wakeups.wait(self.interval))
         freed = asyncio.create_task(self._slot.wait())
         done, pending = await asyncio.wait([hinted, freed], return_when=asyncio.FIRST_COMPLETED)
@@ -163,18 +175,19 @@ class Scheduler:
         await asyncio.gather(*pending, return_exceptions=True)
 
 
-async def drive(ctx: BrainContext, row: TurnRow) -> None:
-    """Go on with a turn this run holds until it waits, ends or is lost; failures end it somehow."""
+async def drive(ctx: BrainContext, row: TurnRow) -> TurnRow | None:
+    """Go on with a turn this run holds until it waits, ends or is lost; failures end it somehow.
+    Returns the turn as the run last committed it (None: the run failed or was fenced out)."""
     current = row
     try:
         while current.status is TurnStatus.RUNNING and current.lease_owner == ctx.owner:
             if ctx.draining and current is not row:
-                return  # this Brain is stopping: the phase committed, the retirement hands it back
+                return current  # stopping: the phase committed, the retirement hands it back
             if current.pending:
                 # Controls came during this run's phase: a claim applies them at this boundary.
                 moved = await ctx.move(moves.hand_back(current))
                 ctx.history.committed(current, moved.row, moved.seq, ())
-                return
+                return moved.row
             if current.phase is TurnPhase.MODEL_REQUEST:
                 current = await model_request(ctx, current)
             elif current.phase is TurnPhase.DISPATCH_TOOLS:
@@ -183,10 +196,12 @@ async def drive(ctx: BrainContext, row: TurnRow) -> None:
                 raise IllegalTransitionError(f"a run has nothing to do in phase {current.phase}")
         if current.pending and current.status in TERMINAL_TURN:
             await _reject_leftover_controls(ctx, current)
+        return current
     except StaleOwnerError as exc:
         log.warning("run_fenced_out", reason=str(exc))
     except Exception as exc:  # noqa: BLE001 - every failure ends this run somehow
         await end_run_after(ctx, current, exc)
+    return None
 
 
 async def _reject_leftover_controls(ctx: BrainContext, row: TurnRow) -> None:

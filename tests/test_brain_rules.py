@@ -168,3 +168,64 @@ async def test_a_wake_hint_ends_the_claim_loops_wait_and_one_that_came_meanwhile
     assert await asyncio.wait_for(wakeups.wait(5.0), timeout=0.2) is True
     # and a wait that no hint ends says so
     assert await wakeups.wait(0.01) is False
+
+
+class _Looks:
+    """The store and context a claim loop needs, counting its looks for claimable turns."""
+
+    def __init__(self) -> None:
+        self.looks = 0
+        self.active: set[str] = set()
+        self.store = self
+
+    async def anything_claimable(self) -> bool:
+        self.looks += 1
+        return False
+
+
+@pytest.mark.parametrize(
+    ("left", "capacity", "looks_again"),
+    [
+        (TurnStatus.WAITING, 4, False),  # waits for its tools: nothing new is claimable
+        (TurnStatus.COMPLETED, 4, True),  # its thread is free for the next queued turn
+        (TurnStatus.RUNNING, 4, True),  # handed back (controls came): a claim takes it on
+        (None, 4, True),  # failed or fenced out
+        (TurnStatus.WAITING, 1, True),  # the loop waited for a free slot
+    ],
+)
+async def test_the_claim_loop_looks_again_after_a_run_only_when_that_can_find_something(
+    monkeypatch: pytest.MonkeyPatch, left: TurnStatus | None, capacity: int, looks_again: bool
+) -> None:
+    from brain import runs
+    from tests.test_agent_rules import _row
+
+    go, ended = asyncio.Event(), asyncio.Event()
+
+    async def drive(ctx: object, row: object) -> object:
+        await go.wait()
+        ended.set()
+        return None if left is None else _row(status=left)
+
+    async def claim_turns(ctx: object, free: int) -> object:  # a hint's claim: it takes nothing
+        return type("Claim", (), {"moved": [], "settled": [], "runs": [], "more": False})()
+
+    monkeypatch.setattr(runs, "drive", drive)
+    monkeypatch.setattr(runs, "claim_turns", claim_turns)
+    ctx, wakeups = _Looks(), runs.Wakeups()
+    scheduler = runs.Scheduler(ctx, capacity=capacity, wakeups=wakeups, interval=60.0)  # type: ignore[arg-type]
+    scheduler.adopt(_row(id="t2"))
+    if capacity == 1:
+        wakeups.hint()  # something to claim, and no free slot: the loop waits for one
+    loop = asyncio.create_task(scheduler.run())
+    try:
+        for _ in range(50):
+            await asyncio.sleep(0)
+        before = ctx.looks
+        go.set()
+        await asyncio.wait_for(ended.wait(), 5)
+        for _ in range(50):  # the loop's turn to look, if it will
+            await asyncio.sleep(0)
+        assert (ctx.looks > before) is looks_again
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)

@@ -39,7 +39,7 @@ async def tendon_sequential(
     for _ in range(n):
         t0 = time.perf_counter()
         tid = await world.submit(definition)
-        await world.wait_done([tid], timeout=30, interval=0.002)
+        await world.wait_turn(tid, timeout=30)
         client.append(time.perf_counter() - t0)
         ids.append(tid)
     return await world.server_latencies(ids), client, await world.result_applied_latencies(ids)
@@ -110,7 +110,7 @@ async def run(ctx: Context) -> Result:
                 pct(one_client, q) * ms,
                 pct(floor_client, q) * ms,
                 dbos=pct(dbos_lat, q) * ms if dbos_lat else None,
-                note="includes polling every 2 ms (Tendon) / in-process future (floor)"
+                note="Tendon: submit and wait through the HTTP API; floor: an in-process future"
                 + ("; DBOS: 1-step workflow, start_workflow_async to result, in-process" if dbos_lat else ""),
             )
         )

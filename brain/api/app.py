@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from brain.api.auth import Caller, Tokens
+from brain.endings import Endings
 from brain.metrics import BrainMetrics
 from brain.previews import Previews
 from brain.store import BrainStore
@@ -66,6 +67,7 @@ class Api:
     topology: Topology
     wake_channel: str
     previews: Previews = field(default_factory=Previews)
+    endings: Endings = field(default_factory=Endings)  # wakes a wait for a turn that ends here
     metrics: BrainMetrics = field(default_factory=BrainMetrics)
     # Opens the Hands ledger and payload codec for an operator's reconcile (None: not here).
     reconciler: Callable[..., Awaitable[Any]] | None = None
@@ -73,6 +75,8 @@ class Api:
     # submit, the turn claimed by whichever Brain looks first).
     served: Callable[[Submit], Awaitable[tuple[str, bool]]] | None = None
     poll: float = 0.25  # seconds between looks at the journal while a stream is idle
+    # Seconds between looks at a waited-for turn that does not end here (another Brain runs it).
+    wait_poll: float = 0.2
 
 
 async def caller_of(request: Request) -> Caller:

@@ -25,6 +25,7 @@ from brain.api.models import (
     SubmitRequest,
     Submitted,
 )
+from brain.endings import wake_or_timeout
 from brain.states import TERMINAL_TURN, TurnStatus
 from brain.views import describe
 from protocol import SchemaError, new_id
@@ -114,14 +115,18 @@ async def turn(
     wait: Annotated[str | None, Query(examples=["30s"])] = None,
 ) -> dict[str, Any]:
     """A turn as it stands: with ``wait``, once it ended or that long passed (a wait never
-    cancels it)."""
-    store, namespace = api_of(request).store, caller.tenant()
-    deadline = asyncio.get_running_loop().time() + seconds(wait)
-    while True:
-        found = await describe(store, namespace, turn_id)
-        if TurnStatus(found["status"]) in TERMINAL_TURN or asyncio.get_running_loop().time() >= deadline:
-            return found
-        await asyncio.sleep(0.2)
+    cancels it). A turn that ends in this Brain answers at once."""
+    api, namespace = api_of(request), caller.tenant()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds(wait)
+    with api.endings.watch(turn_id) as ended:
+        while True:
+            ended.clear()
+            found = await describe(api.store, namespace, turn_id)
+            left = deadline - loop.time()
+            if TurnStatus(found["status"]) in TERMINAL_TURN or left <= 0:
+                return found
+            await wake_or_timeout(ended, min(api.wait_poll, left))
 
 
 @router.get("/turns/{turn_id}/history", tags=["turns"])

@@ -1,0 +1,85 @@
+"""`GET /v1/turns/{id}?wait=`: a turn that ends in this Brain answers its waiters as soon as the
+end commits; one that ends elsewhere (another Brain) is seen at the next look."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from brain.api import Api, Tokens
+from brain.api.app import create_app
+from brain.store import BrainStore
+from infra.localqueue import LocalBroker
+from infra.transport import Topology
+from tests.support import wait_for
+from tests.test_brain_claims import _context
+from tests.test_brain_store import AGENT_DEF, pg_store
+
+__all__ = ["pg_store"]  # the fixture, used by name
+
+BODY = {"request_id": "r-1", "input": "hello", "agent": AGENT_DEF}
+
+
+def _api(store: BrainStore, wait_poll: float) -> Api:
+    return Api(
+        store=store, tokens=Tokens("", "", "default"), topology=Topology("t-wait"), wake_channel="w",
+        wait_poll=wait_poll,
+    )  # fmt: skip
+
+
+async def _end(store: BrainStore, turn_id: str) -> None:
+    async with store.pool.acquire() as conn:
+        await conn.execute("UPDATE turns SET status = 'completed' WHERE id = $1", turn_id)
+
+
+async def _waiting(api: Api, turn_id: str) -> None:
+    async def waits() -> bool:
+        return api.endings.waiting(turn_id) > 0
+
+    await wait_for(waits, timeout=10, interval=0.01, what="the wait to start")
+
+
+async def test_a_wait_answers_when_its_turn_ends_here_not_at_its_next_look(pg_store: BrainStore) -> None:
+    # Given an API whose waits look again only once a minute, and a client waiting for a turn
+    api = _api(pg_store, wait_poll=60.0)
+    transport = httpx.ASGITransport(app=create_app(api))
+    async with httpx.AsyncClient(transport=transport, base_url="http://brain") as http:
+        turn = (await http.post("/v1/sessions/s-1/turns", json=BODY)).json()["turn_id"]
+        waiting = asyncio.create_task(http.get(f"/v1/turns/{turn}", params={"wait": "50s"}))
+        await _waiting(api, turn)
+
+        # When the turn ends in this process (its end committed, then announced)
+        await _end(pg_store, turn)
+        api.endings.ended(turn)
+
+        # Then the wait answers now (a missed wake-up would hold it for the rest of its 50 s)
+        found = (await asyncio.wait_for(waiting, 10)).json()
+        assert found["status"] == "completed"
+        assert not api.endings.waiting(turn)  # nothing is kept for a wait that answered
+
+
+async def test_a_wait_for_a_turn_that_ends_elsewhere_sees_it_at_its_next_look(pg_store: BrainStore) -> None:
+    api = _api(pg_store, wait_poll=0.05)
+    transport = httpx.ASGITransport(app=create_app(api))
+    async with httpx.AsyncClient(transport=transport, base_url="http://brain") as http:
+        turn = (await http.post("/v1/sessions/s-2/turns", json=BODY)).json()["turn_id"]
+        waiting = asyncio.create_task(http.get(f"/v1/turns/{turn}", params={"wait": "50s"}))
+        await _waiting(api, turn)
+        await _end(pg_store, turn)  # by another Brain: nobody here hears of it
+        assert (await asyncio.wait_for(waiting, 10)).json()["status"] == "completed"
+        # And a short wait for a turn that goes on answers with the turn as it stands
+        other = (await http.post("/v1/sessions/s-3/turns", json=BODY)).json()["turn_id"]
+        assert (await http.get(f"/v1/turns/{other}", params={"wait": "0.1"})).json()["status"] == "queued"
+
+
+async def test_a_turn_that_ends_in_a_brains_commit_wakes_the_waits_of_that_brains_api(
+    pg_store: BrainStore, tmp_path: Any
+) -> None:
+    async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
+        ctx = _context(pg_store, transport)
+        with ctx.endings.watch("turn-a") as a, ctx.endings.watch("turn-b") as b:
+            ctx.ended("turn-a", "completed", None)
+            assert a.is_set() and not b.is_set()
+        assert not ctx.endings.waiting("turn-a")
