@@ -7,7 +7,9 @@ model step and the finalize included) is reported beside it.
 Tendon's time is ``turns.updated_at - turns.created_at`` of a completed turn: from the
 submit transaction to the completing transaction, both stamped by PostgreSQL. The floor's is
 stamped the same way (intent transaction to the Brain's result transaction). The added cost
-of one tool call is the median of a 2-call turn minus the median of a 1-call turn.
+of one tool call is the median of a 2-call turn minus the median of a 1-call turn. Tendon and the
+floor run in alternating blocks, so that a host whose speed moves meets both alike; Tendon's
+client waits for each turn through the API (``GET /v1/turns/{id}?wait=``), as a client does.
 
 DBOS (full mode, ``bench/peers/dbos_bench.py``): a one-step workflow, from
 ``start_workflow_async`` to its result at the caller, in the client-observed rows. Like for
@@ -25,6 +27,8 @@ from bench.floor import Floor
 from bench.harness import TendonWorld, median, one_call_agent, pct
 from bench.peers import celery_bench, dbos_bench
 from bench.scenarios.base import Context, Result, Row
+
+BLOCKS = 4  # Tendon and the floor alternate in this many blocks each
 
 
 async def tendon_sequential(
@@ -45,24 +49,43 @@ async def tendon_sequential(
     return await world.server_latencies(ids), client, await world.result_applied_latencies(ids)
 
 
+def blocks(n: int, count: int = BLOCKS) -> list[int]:
+    """``n`` split into ``count`` near-equal blocks (none empty)."""
+    count = max(1, min(count, n))
+    return [n // count + (1 if i < n % count else 0) for i in range(count)]
+
+
 async def run(ctx: Context) -> Result:
     n = ctx.n(15, 200)
     world = TendonWorld(ctx.services, ctx.procs)
+    one: list[float] = []
+    one_client: list[float] = []
+    applied: list[float] = []
+    two: list[float] = []
+    fl: list[float] = []
+    fl2: list[float] = []
     try:
         await world.start_brain()
         await world.start_hands()
         await world.open()
         await tendon_sequential(world, 1, ctx.n(3, 30))  # warm up: bindings, caches, connections
-        await world.settle()
-        one, one_client, applied = await tendon_sequential(world, 1, n)
-        two, _, _ = await tendon_sequential(world, 2, n)
+        async with Floor(ctx.services.database_url, ctx.services.amqp_url) as floor:
+            await floor.sequential(5)
+            await world.settle()
+            await floor.settle()
+            # Tendon and the floor take turns, block by block, so that both meet the host as it
+            # is then: its speed moves from minute to minute, and the ratio is what is read.
+            for size in blocks(n):
+                a, c, r = await tendon_sequential(world, 1, size)
+                one, one_client, applied = one + a, one_client + c, applied + r
+                fl += await floor.sequential(size)
+            floor_client = floor.latencies[5 : 5 + n]
+            for size in blocks(n):
+                two += (await tendon_sequential(world, 2, size))[0]
+                pairs = zip(await floor.sequential(size), await floor.sequential(size), strict=True)
+                fl2 += [a + b for a, b in pairs]
     finally:
         await world.cleanup()
-    async with Floor(ctx.services.database_url, ctx.services.amqp_url) as floor:
-        await floor.sequential(5)
-        await floor.settle()
-        fl = await floor.sequential(n)
-        fl2 = [a + b for a, b in zip(await floor.sequential(n), await floor.sequential(n), strict=True)]
     chain: list[float] = []
     if not celery_bench.skipped(ctx):
         try:
@@ -100,7 +123,6 @@ async def run(ctx: Context) -> Result:
                 note="to the turn's completion: also a second model step and the finalize",
             )
         )
-    floor_client = floor.latencies[5 : 5 + n]
     for q in (50, 99):
         res.rows.append(
             Row(

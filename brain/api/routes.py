@@ -120,13 +120,13 @@ async def turn(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds(wait)
     with api.endings.watch(turn_id) as ended:
-        while True:
-            ended.clear()
-            found = await describe(api.store, namespace, turn_id)
-            left = deadline - loop.time()
-            if TurnStatus(found["status"]) in TERMINAL_TURN or left <= 0:
-                return found
-            await wake_or_timeout(ended, min(api.wait_poll, left))
+        # Until then, only the turn's row is looked at (one read, not the three of a description).
+        while not ended.is_set() and loop.time() < deadline:
+            row = await api.store.read(lambda conn: api.store.lock_turn(conn, namespace, turn_id, lock=False))
+            if row is None or row.status in TERMINAL_TURN:
+                break
+            await wake_or_timeout(ended, min(api.wait_poll, deadline - loop.time()))
+    return await describe(api.store, namespace, turn_id)
 
 
 @router.get("/turns/{turn_id}/history", tags=["turns"])
