@@ -3,7 +3,7 @@
 A turn that ends here (its last move committed, or it failed from outside a move) wakes its
 waiters at once, so a client that submits and waits hears the answer as soon as it is committed,
 with no request of its own in between. A turn that ends in another Brain wakes nobody here: the
-waiter looks again every ``poll`` seconds, as before.
+waiter sees it at its next look at the turn's row (every ``Api.wait_poll`` seconds).
 """
 
 from __future__ import annotations
