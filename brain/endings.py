@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 
+from infra.listeners import listening
+
 
 class Endings:
     """The waiters of each turn in this process; ``ended`` wakes them."""
@@ -23,15 +25,8 @@ class Endings:
     def watch(self, turn_id: str) -> Iterator[asyncio.Event]:
         """An event set when ``turn_id`` ends here, for as long as the block runs. Watch before
         the first look at the turn: an end between that look and the wait is not missed."""
-        event = asyncio.Event()
-        self._waiters.setdefault(turn_id, set()).add(event)
-        try:
+        with listening(self._waiters, turn_id, asyncio.Event()) as event:
             yield event
-        finally:
-            waiters = self._waiters.get(turn_id, set())
-            waiters.discard(event)
-            if not waiters:
-                self._waiters.pop(turn_id, None)
 
     def waiting(self, turn_id: str) -> int:
         """How many wait for ``turn_id`` here now."""

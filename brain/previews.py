@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from brain.models import Delta, OnDelta
+from infra.listeners import listening
 
 QUEUE_SIZE = 1024
 
@@ -38,11 +39,5 @@ class Previews:
     def subscribe(self, session_id: str) -> Iterator[asyncio.Queue[tuple[str, Delta]]]:
         """A queue of (turn id, piece) of the session's model calls for as long as the block runs."""
         queue: asyncio.Queue[tuple[str, Delta]] = asyncio.Queue(QUEUE_SIZE)
-        self._subscribers.setdefault(session_id, set()).add(queue)
-        try:
+        with listening(self._subscribers, session_id, queue):
             yield queue
-        finally:
-            listeners = self._subscribers.get(session_id, set())
-            listeners.discard(queue)
-            if not listeners:
-                self._subscribers.pop(session_id, None)

@@ -60,7 +60,11 @@ class LedgerWriter:
         self.codec = codec
         self.sent = sent
         self.committer: GroupCommit[Op, Execution | None] = GroupCommit(
-            ledger.transact, self._apply, name="ledger", order=_key, single=_one_statement
+            ledger.transact,
+            self._apply,
+            name="ledger",
+            order=_key,
+            single=lambda ops: True,  # Ledger.write: one statement, where statements commit alone
         )
 
     async def event(self, execution_id: str, header: dict[str, str], seq: int, body: Any) -> dict[str, Any]:
@@ -133,8 +137,3 @@ class LedgerWriter:
 
 def _key(op: Op) -> str:
     return op.new.execution_id if isinstance(op, _Insert) else op.before.execution_id
-
-
-def _one_statement(ops: list[Op]) -> bool:
-    """A batch is one statement (``Ledger.write``) where statements commit on their own."""
-    return True
