@@ -18,7 +18,7 @@ from brain.context import BrainContext
 from brain.history import ReadAhead
 from brain.states import TurnPhase, TurnStatus
 from brain.store import Move, Moved, Settled, TurnRow
-from brain.store.submits import Start, Submit, Submitted
+from brain.store.submits import Start, Submit
 from infra.logging import get_logger
 from protocol import IllegalTransitionError, LimitReachedError, RoutingError, StaleOwnerError, TendonError
 
@@ -268,37 +268,32 @@ class Served:
     quiet: Callable[[], bool]
     adopt: Callable[[TurnRow], None]
 
+    async def _offer(self, s: Submit) -> Start:
+        """What the submit may start the turn with: a thread kept here with its bindings frozen
+        needs nothing more; any other may be new, and then freezes the bindings announced now (read
+        before the submit: the submit itself finds out whether the thread is there)."""
+        ctx = self.ctx
+        kept = ctx.threads.known(s.thread_id)
+        if kept is not None and kept[1]["bindings"] is not None:
+            return Start(ctx.owner, ctx.lease_seconds, None)
+        found, missing = await ctx.store.read(lambda conn: announced(ctx, conn, s.agent))
+        return Start(ctx.owner, ctx.lease_seconds, None if missing else found)
+
     async def submit(self, s: Submit) -> tuple[str, bool]:
         ctx = self.ctx
         if not self.quiet():
             return await ctx.store.submit(s)
-
-        start: Start | None = None
-
-        async def work(conn: Any) -> Submitted:
-            nonlocal start
-            start = None
-            thread, latest = await ctx.store.lock_thread(conn, s.thread_id, s.agent.tools)
-            if thread is None:
-                bindings, missing = await announced(ctx, conn, s.agent, latest)
-                if not missing:
-                    start = Start(ctx.owner, ctx.lease_seconds, bindings)
-            elif thread["bindings"] is not None:
-                start = Start(ctx.owner, ctx.lease_seconds, None)
-            return await ctx.store.submit_in(conn, s, start)
-
-        done = await ctx.store.transact(work, read_then_insert=True)
+        done = await ctx.store.submit_served(s, await self._offer(s))
         row = done.started
         if row is not None:
-            assert done.seq is not None and start is not None
+            assert done.seq is not None
             log.info("run_started", turn_id=row.id, run=row.runs, phase="prepare", epoch=row.lease_epoch)
-            frozen = start.bindings
-            if frozen is not None:  # a new thread, as its row now stands
+            if done.froze is not None:  # a new thread, as its row now stands
                 thread = {
                     "id": row.thread_id, "session_id": row.session_id, "name": s.thread,
                     "agent_name": s.agent.name, "agent_version": s.agent.version, "closed_at": None,
                 }  # fmt: skip
-                ctx.threads.keep_frozen(thread, frozen)
+                ctx.threads.keep_frozen(thread, done.froze)
             ctx.history.started(row, done.seq, done.facts)
             self.adopt(row)
         return done.turn_id, done.created

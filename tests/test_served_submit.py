@@ -12,7 +12,6 @@ from brain.runs import Scheduler, Wakeups
 from brain.states import TurnPhase, TurnStatus
 from brain.store import BrainStore
 from brain.store.submits import Start, Submit, Submitted
-from tests.test_brain_claims import BINDING
 from tests.test_brain_store import AGENT, _claim, _facts, _move, _submit, _turn, pg_store, store
 
 __all__ = ["pg_store", "store"]  # the fixtures, used by name
@@ -35,17 +34,16 @@ async def _served(
     session: str = "s1",
     hold: float = 0.0,
 ) -> Submitted:
-    """A served submit as ``brain.claims.Served`` makes it: the thread locked, then the submit,
-    offering to start (a new thread freezes ``bindings``; an existing one must have its own);
-    ``hold``: seconds its transaction stays open after the submit."""
-    asked = _asked(request_id, session)
+    """A served submit as ``brain.claims.Served`` makes it, offering to start the turn (a new
+    thread freezes ``bindings``; an existing one must have its own). ``hold``: seconds its
+    transaction stays open after the submit (the submit then runs inside a transaction, as one
+    that another submit waits for)."""
+    asked, start = _asked(request_id, session), Start(owner, 30.0, bindings)
+    if not hold:
+        return await store.submit_served(asked, start)
 
     async def work(conn: Any) -> Submitted:
-        thread, _ = await store.lock_thread(conn, asked.thread_id, AGENT.tools)
-        if thread is None:
-            start = Start(owner, 30.0, bindings) if bindings is not None else None
-        else:
-            start = Start(owner, 30.0, None) if thread["bindings"] is not None else None
+        await store.lock_thread(conn, asked.thread_id)
         done = await store.submit_in(conn, asked, start)
         await asyncio.sleep(hold)
         return done
@@ -166,17 +164,16 @@ def test_a_brain_starts_turns_at_submit_only_while_few_runs_are_in_progress():
     assert Scheduler(None, capacity=1, wakeups=Wakeups(), interval=1.0).quiet()  # type: ignore[arg-type]
 
 
-async def test_locking_a_thread_not_there_yet_brings_the_bindings_it_would_freeze(store):
-    binding = BINDING  # the tool ``lab_tool`` on route ``lab``
-    await store.transact(lambda c: store.store_bindings(c, [binding], "wake"))
-
-    async def look(tools: list[str]) -> Any:
-        return await store.transact(lambda c: store.lock_thread(c, "s1", tools))
-
-    # A new thread: no row, and the latest binding of each tool some pool announced
-    assert await look(["lab_tool", "nobody_serves"]) == (None, {"lab_tool": binding.model_dump(mode="json")})
-    assert await look(["nobody_serves"]) == (None, {})
-    # Once the thread is there: its row, and no bindings (it has its own, or freezes them later)
-    await _submit(store)
-    thread, latest = await look(["lab_tool"])
-    assert thread is not None and thread["id"] == "s1" and latest is None
+async def test_the_bindings_a_served_submit_offers_are_frozen_only_by_a_thread_it_makes(store):
+    # A new thread freezes the offered bindings, and says so (the Brain keeps them)
+    first = await _served(store, "r1")
+    assert first.froze == BINDINGS
+    await _finish(store, first.turn_id)
+    # An existing thread keeps its own: other bindings offered (announced since) change nothing
+    second = await _served(store, "r2", bindings={"echo": {"name": "echo", "version": "2"}})
+    assert second.started is not None and second.froze is None
+    assert (await store.read(lambda c: store.thread(c, "s1")))["bindings"] == BINDINGS
+    # A new thread offered none (a tool nobody announced yet) queues its turn, frozen by no one
+    other = await _served(store, "r3", bindings=None, session="s2")
+    assert (other.started, other.froze) == (None, None)
+    assert (await store.read(lambda c: store.thread(c, "s2")))["bindings"] is None

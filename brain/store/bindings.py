@@ -3,7 +3,7 @@ agent definitions a run reads before it calls the model."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from brain.store.sessions import SessionRows
@@ -65,16 +65,6 @@ class BindingRows(SessionRows):
             return sorted(pairs)
 
         return await self.read(work)
-
-    async def lock_thread(
-        self, conn: Any, thread_id: str, tools: Sequence[str]
-    ) -> tuple[Mapping[str, Any] | None, dict[str, Any] | None]:
-        """The thread, locked until the caller's transaction ends, or None when there is none
-        yet, and then the latest bindings of ``tools`` (the ones it would freeze; None when the
-        thread exists). A served submit holds the lock so that two of them cannot both find the
-        thread idle."""
-        thread = await conn.fetchrow(f"SELECT * FROM threads WHERE id = $1{self.FOR_UPDATE}", thread_id)
-        return thread, None if thread is not None else await self.latest_bindings(conn, tools)
 
     async def thread(self, conn: Any, thread_id: str) -> Any:
         return await conn.fetchrow("SELECT * FROM threads WHERE id = $1", thread_id)

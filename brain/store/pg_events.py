@@ -100,16 +100,6 @@ SELECT {", ".join(f"j.{c.strip()}" for c in JOURNAL_COLUMNS.split(","))}
  ORDER BY j.session_id, j.seq"""
 
 
-# The thread locked, or (none yet) the bindings of the tools it would freeze: one round trip for
-# a served submit's two looks. Always one row at least (all NULL: no thread, nothing announced).
-_LOCK_THREAD = """
-WITH th AS (SELECT * FROM threads WHERE id = $1 FOR UPDATE)
-SELECT th.*, b.name AS binding_name, b.binding, b.announced_at AS binding_announced_at
-  FROM (SELECT) AS one
-  LEFT JOIN th ON true
-  LEFT JOIN bindings b ON th.id IS NULL AND b.name = ANY($2::text[])"""
-
-
 class PgExecutionRows(RepairRows):
     async def _lock_named(self, conn: Any, execution_ids: Sequence[str]) -> dict[str, Any]:
         return {r["id"]: r for r in await conn.fetch(_LOCK_NAMED, list(execution_ids))}
@@ -180,19 +170,6 @@ class PgExecutionRows(RepairRows):
             "SELECT name, binding, announced_at FROM bindings WHERE name = ANY($1::text[])", list(tools)
         )
         return newest(rows)
-
-    async def lock_thread(
-        self, conn: Any, thread_id: str, tools: Sequence[str]
-    ) -> tuple[Mapping[str, Any] | None, dict[str, Any] | None]:
-        rows = await conn.fetch(_LOCK_THREAD, thread_id, list(tools))
-        if rows[0]["id"] is not None:
-            return rows[0], None
-        announced = [
-            {"name": r["binding_name"], "binding": r["binding"], "announced_at": r["binding_announced_at"]}
-            for r in rows
-            if r["binding_name"] is not None
-        ]
-        return None, newest(announced)
 
     async def threads(self, conn: Any, thread_ids: Sequence[str]) -> list[Any]:
         return await conn.fetch("SELECT * FROM threads WHERE id = ANY($1::text[])", list(thread_ids))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
 
-from brain.store.records import TURN_COLUMNS, Claimed, Move, Moved, TurnRow
+from brain.store.records import TERMINAL_SQL, TURN_COLUMNS, Claimed, Move, Moved, TurnRow
 from brain.store.submits import KNOWN_SQL, Start, Submit, Submitted, check_submit, submit_facts
 from brain.store.turns import CLAIM_SET, CLAIMABLE_FROM, TurnRows
 from infra.db import Json, reading
@@ -18,9 +18,21 @@ T = TypeVar("T")
 # The submit in one statement: the checks' read, and (when nothing conflicts and the turn is new)
 # the agent, a new session, a new thread, the turn, its journal entry and the wake-up hint. With
 # an owner ($14) it starts the turn's run when ``starts_now`` says so (the same rule, in SQL):
-# the turn goes in claimed and prepared, a new thread with the bindings it freezes ($15).
+# the turn goes in claimed and prepared, a new thread with the bindings it freezes ($15). Then an
+# existing thread is locked first, and what the rule reads of it is read after the lock: its row
+# as the lock found it, its unfinished turns by a function that sees what committed meanwhile
+# (migration 0013), so that of two served submits racing on an idle thread only one starts.
 _SUBMIT = f"""
-WITH known AS ({KNOWN_SQL}),
+WITH locked AS (SELECT id, closed_at, bindings IS NOT NULL AS bound FROM threads
+                 WHERE id = $6 AND $14::text IS NOT NULL FOR UPDATE),
+known AS (
+    SELECT k.turn_id, k.input_digest, k.turn_thread, k.agent_digest, k.session_ns, k.session_closed,
+           k.agent_name, k.agent_version,
+           CASE WHEN l.id IS NULL THEN k.thread_closed ELSE l.closed_at END AS thread_closed,
+           coalesce(l.bound, k.thread_bound) AS thread_bound,
+           CASE WHEN l.id IS NULL THEN k.thread_open
+                ELSE thread_open_turns($6, ARRAY[{TERMINAL_SQL[1:-1]}]) END AS thread_open
+      FROM ({KNOWN_SQL}) AS k LEFT JOIN locked l ON true),
 ok AS (
     SELECT *, $14::text IS NOT NULL AND thread_open = 0
               AND (thread_bound OR (agent_name IS NULL AND $15::jsonb IS NOT NULL)) AS starts
@@ -183,7 +195,8 @@ class PgTurnRows(TurnRows):
             if known["status"] == "running":
                 assert start is not None
                 row = TurnRow.from_record(known)
-                return Submitted(turn_id, True, row, known["entry_seq"], submit_facts(s, start))
+                froze = start.bindings if known["agent_name"] is None else None
+                return Submitted(turn_id, True, row, known["entry_seq"], submit_facts(s, start), froze)
             return Submitted(turn_id, True)
         existing = check_submit(
             known, namespace=s.namespace, session_id=s.session_id, thread=s.thread, request_id=s.request_id,
@@ -193,6 +206,11 @@ class PgTurnRows(TurnRows):
         # which fails the statement (unique violation) and is tried again by ``transact``.
         assert existing is not None, f"submit of {s.request_id!r} neither found nor created a turn"
         return Submitted(existing, False)
+
+    async def submit_served(self, s: Submit, start: Start) -> Submitted:
+        return await self.transact(
+            lambda conn: self.submit_in(conn, s, start), single_statement=True, read_then_insert=True
+        )
 
     async def read_consistent(self, work: Callable[[Any], Awaitable[T]]) -> T:
         async with reading(self.pool) as conn, conn.transaction(isolation="repeatable_read", readonly=True):

@@ -123,7 +123,7 @@ class Start:
 
     owner: str
     lease_seconds: float
-    bindings: Mapping[str, Any] | None  # None: the thread exists, and its bindings are frozen
+    bindings: Mapping[str, Any] | None  # None: only an existing thread, with its bindings, starts
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,7 @@ class Submitted:
     started: TurnRow | None = None
     seq: int | None = None
     facts: Sequence[Mapping[str, Any]] = ()
+    froze: Mapping[str, Any] | None = None  # the bindings of the thread it made (a started turn's)
 
 
 def submit_facts(s: Submit, start: Start | None) -> list[dict[str, Any]]:
@@ -157,9 +158,25 @@ class SubmitRows(JournalRows):
         done = await self.transact(work, single_statement=True, read_then_insert=True)
         return done.turn_id, done.created
 
+    async def submit_served(self, s: Submit, start: Start) -> Submitted:
+        """A submit that starts the turn's run at once when its thread is idle (``start``; see
+        ``brain.claims.Served``). The thread is locked first, so that two of them cannot both find
+        it idle."""
+
+        async def work(conn: Any) -> Submitted:
+            await self.lock_thread(conn, s.thread_id)
+            return await self.submit_in(conn, s, start)
+
+        return await self.transact(work, read_then_insert=True)
+
+    async def lock_thread(self, conn: Any, thread_id: str) -> None:
+        """Lock the thread (if it is there) until the caller's transaction ends (on SQLite, which
+        runs one write transaction at a time, the transaction is the lock)."""
+        await conn.fetchrow(f"SELECT id FROM threads WHERE id = $1{self.FOR_UPDATE}", thread_id)
+
     async def submit_in(self, conn: Any, s: Submit, start: Start | None) -> Submitted:
         """A submit inside the caller's transaction, which starts the turn's run when ``start``
-        offers it and the thread is idle (see ``brain.claims.Served``)."""
+        offers it and the thread is idle (what ``submit_served`` does, given the thread's lock)."""
         agent = s.agent
         known = await conn.fetchrow(
             KNOWN_SQL, s.namespace, s.session_id, s.request_id, agent.name, agent.version, s.thread_id
@@ -209,4 +226,5 @@ class SubmitRows(JournalRows):
             await conn.execute("SELECT pg_notify($1, '')", s.wake_channel)
             return Submitted(turn_id, True)
         row = await conn.fetchrow(f"SELECT {TURN_COLUMNS} FROM turns WHERE id = $1", turn_id)
-        return Submitted(turn_id, True, TurnRow.from_record(row), seq, said)
+        froze = start.bindings if known["agent_name"] is None else None
+        return Submitted(turn_id, True, TurnRow.from_record(row), seq, said, froze)
