@@ -126,7 +126,31 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     every release is skipped."""
 
 
-async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+# No Tendon transaction waits on anything but its own statements (model calls and tool bodies run
+# outside them), so one left idle this long belongs to a process that stopped (SIGSTOP, a frozen
+# VM) between two of its statements: the server ends that session, and the row locks it held no
+# longer keep the others from declaring it dead and taking its work over (invariant 10). A
+# process that was only slow finds its connection gone: a passing fault, ridden out.
+IDLE_IN_TRANSACTION = 10.0  # seconds
+
+
+def session_settings(schema: str, idle_in_transaction: float = IDLE_IN_TRANSACTION) -> dict[str, str]:
+    """What every session of Tendon's sets on the server: its schema, and how long it may leave a
+    transaction idle."""
+    return {
+        "search_path": schema,
+        "idle_in_transaction_session_timeout": str(max(1, round(idle_in_transaction * 1000))),
+    }
+
+
+async def create_pool(
+    dsn: str,
+    schema: str,
+    *,
+    min_size: int = 1,
+    max_size: int = 10,
+    idle_in_transaction: float = IDLE_IN_TRANSACTION,
+) -> asyncpg.Pool:
     """A pool whose connections work inside ``schema`` and speak JSON for json/jsonb."""
     pool = await asyncpg.create_pool(
         dsn,
@@ -135,7 +159,7 @@ async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int
         init=init_connection,
         reset=_keep_session,
         server_settings={
-            "search_path": schema,
+            **session_settings(schema, idle_in_transaction),
             "application_name": f"tendon:{schema}",
             # Tendon's statements are prepared once per connection and run with arrays and ids
             # whose values do not change the best plan: planning each execution anew (what

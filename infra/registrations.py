@@ -16,7 +16,7 @@ from typing import Any
 
 import asyncpg
 
-from infra.db import init_connection, lock_class
+from infra.db import init_connection, lock_class, session_settings
 from infra.liveness import REGISTER_SQL, Liveness, lock_held_sql
 from infra.logging import get_logger
 
@@ -40,7 +40,10 @@ class WorkerRegistration(Liveness):
         conn = await asyncpg.connect(
             self._dsn,
             timeout=10,
-            server_settings={"search_path": self._schema, "application_name": f"tendon:{self.kind}:liveness"},
+            server_settings={
+                **session_settings(self._schema),
+                "application_name": f"tendon:{self.kind}:liveness",
+            },
         )
         await init_connection(conn)  # a death it records hands work back, journal entries included
         # A lost session is taken again at once: the grace is the others' patience, not ours.

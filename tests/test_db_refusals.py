@@ -21,7 +21,7 @@ from brain.agents import AgentDefinition
 from brain.api import Api, Tokens, create_app
 from brain.store import open_brain_store, open_store
 from brain.store.submits import Submit
-from infra.db import create_pool, transact
+from infra.db import create_pool, session_settings, transact
 from infra.settings import Settings
 from infra.transport import Topology
 from protocol import TransientError
@@ -151,3 +151,36 @@ async def test_a_brain_that_drives_many_turns_keeps_to_its_pool_size(limited: Li
         assert sessions <= 2 and store.pool.get_max_size() == 2
     finally:
         await store.close()
+
+
+async def test_a_transaction_left_idle_by_a_stopped_process_loses_its_locks(tendon):
+    """A process stopped (SIGSTOP) between two statements of a transaction would hold that
+    transaction's row locks until it wakes: the others could neither declare it dead nor take its
+    work over (invariant 10). The server ends such a session after ``idle_in_transaction``."""
+    schema = f"idle_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(tendon.database_url)
+    await admin.execute(f'CREATE SCHEMA "{schema}"; CREATE TABLE "{schema}".rows (id int PRIMARY KEY, n int)')
+    await admin.execute(f'INSERT INTO "{schema}".rows VALUES (1, 0)')
+    stopped = await asyncpg.connect(tendon.database_url, server_settings=session_settings(schema, 0.5))
+    ended = asyncio.Event()
+    stopped.add_termination_listener(lambda _: ended.set())
+    try:
+        await stopped.execute("BEGIN; UPDATE rows SET n = 1 WHERE id = 1")  # and then nothing more
+        # Another process's write of the same row waits only until the session is ended
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await admin.execute(f'UPDATE "{schema}".rows SET n = 2 WHERE id = 1', timeout=8)
+        assert loop.time() - started < 5
+        assert await admin.fetchval(f'SELECT n FROM "{schema}".rows WHERE id = 1') == 2
+        # and the stopped one, when it wakes, finds its session gone (a passing fault)
+        await asyncio.wait_for(ended.wait(), 5)
+        assert stopped.is_closed()
+        # Every pool's sessions have that limit
+        pool = await create_pool(tendon.database_url, schema, max_size=1)
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SHOW idle_in_transaction_session_timeout") == "10s"
+        await pool.close()
+    finally:
+        stopped.terminate()
+        await admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        await admin.close()
