@@ -135,8 +135,8 @@ IDLE_IN_TRANSACTION = 10.0  # seconds
 
 
 def session_settings(schema: str, idle_in_transaction: float = IDLE_IN_TRANSACTION) -> dict[str, str]:
-    """What every session of Tendon's sets on the server: its schema, and how long it may leave a
-    transaction idle."""
+    """What every session that runs Tendon's transactions (the pools, the liveness connection)
+    sets on the server: its schema, and how long it may leave a transaction idle."""
     return {
         "search_path": schema,
         "idle_in_transaction_session_timeout": str(max(1, round(idle_in_transaction * 1000))),

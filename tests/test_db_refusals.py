@@ -2,7 +2,8 @@
 is a passing fault like a restart: a transaction that could not begin is tried again and goes
 on once a session is free, and what cannot wait (an API request) gets a 503 in one line, not an
 internal error. Against the real server, with a role whose connection limit is reached (a
-superuser is exempt from such limits, so the test makes a role of its own)."""
+superuser is exempt from such limits, so the test makes a role of its own). And a session that a
+stopped process left inside a transaction is ended by the server, its locks with it."""
 
 from __future__ import annotations
 
