@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from brain import moves, verbs
 from brain.runs import Scheduler, Wakeups
 from brain.states import TurnPhase, TurnStatus
 from brain.store import BrainStore
 from brain.store.submits import Start, Submit, Submitted
+from protocol import IllegalTransitionError
 from tests.test_brain_store import AGENT, _claim, _facts, _move, _submit, _turn, pg_store, store
 
 __all__ = ["pg_store", "store"]  # the fixtures, used by name
@@ -134,6 +137,26 @@ async def test_racing_served_submits_to_one_idle_thread_start_one_turn(pg_store)
     assert len(started) == 1, [(d.turn_id, d.started) for d in done]
     statuses = {d.turn_id: (await _turn(store, d.turn_id)).status for d in done}
     assert sorted(statuses.values()) == sorted([TurnStatus.RUNNING] + [TurnStatus.QUEUED] * 5)
+
+
+@pytest.mark.parametrize("closing", ["thread", "session"])
+async def test_a_close_that_waited_for_a_served_submit_sees_the_turn_it_started(pg_store, closing):
+    store = pg_store
+    first = await _served(store, "r0")
+    await _finish(store, first.turn_id)
+    # A served submit holds the thread (and the session's row) while a close of either waits
+    holding = asyncio.create_task(_served(store, "r1", hold=0.5))
+    await asyncio.sleep(0.2)
+
+    async def close(conn: Any) -> bool:
+        if closing == "thread":
+            return await store.close_thread(conn, "s1", "thread 'main'")
+        return await store.close_session(conn, "s1")
+
+    # Then the close, counting after the lock, finds the turn that submit started, and refuses
+    with pytest.raises(IllegalTransitionError, match="1 unfinished turn"):
+        await store.transact(close)
+    assert (await holding).started is not None
 
 
 async def test_a_served_submit_through_verbs_validates_like_any_submit(store):

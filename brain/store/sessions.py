@@ -58,19 +58,19 @@ class SessionRows(TurnRows):
     async def close_thread(self, conn: Any, thread_id: str, what: str) -> bool:
         """Close a thread (True), or say that it was closed already (False); refused while a turn
         of it is unfinished."""
-        row = await conn.fetchrow(
-            f"""SELECT th.closed_at, (SELECT count(*) FROM turns t WHERE t.thread_id = th.id
-                                          AND t.status NOT IN {TERMINAL_SQL}) AS unfinished
-                  FROM threads th WHERE th.id = $1{self.FOR_UPDATE}""",
-            thread_id,
-        )
+        row = await conn.fetchrow(f"SELECT closed_at FROM threads WHERE id = $1{self.FOR_UPDATE}", thread_id)
         if row is None:
             raise NotFoundError(f"there is no {what}")
         if row["closed_at"] is not None:
             return False
-        if row["unfinished"]:
+        # Counted after the lock, by a statement of its own: one that took the lock first (a
+        # served submit) may have started a turn, which the locking statement's snapshot misses.
+        unfinished = await conn.fetchval(
+            f"SELECT count(*) FROM turns WHERE thread_id = $1 AND status NOT IN {TERMINAL_SQL}", thread_id
+        )
+        if unfinished:
             raise IllegalTransitionError(
-                f"{what} has {row['unfinished']} unfinished turn(s): wait for them or cancel them first"
+                f"{what} has {unfinished} unfinished turn(s): wait for them or cancel them first"
             )
         await conn.execute("UPDATE threads SET closed_at = now() WHERE id = $1", thread_id)
         return True
@@ -79,18 +79,19 @@ class SessionRows(TurnRows):
         """Close a session and every thread of it (True), or say it was closed already (False);
         refused while a turn of it is unfinished."""
         row = await conn.fetchrow(
-            f"""SELECT s.closed_at, (SELECT count(*) FROM turns t WHERE t.session_id = s.id
-                                         AND t.status NOT IN {TERMINAL_SQL}) AS unfinished
-                  FROM sessions s WHERE s.id = $1{self.FOR_UPDATE}""",
-            session_id,
+            f"SELECT closed_at FROM sessions WHERE id = $1{self.FOR_UPDATE}", session_id
         )
         if row is None:
             raise NotFoundError(f"there is no session {session_id!r}")
         if row["closed_at"] is not None:
             return False
-        if row["unfinished"]:
+        # After the lock, as for a thread: a submit holding it may have added a turn.
+        unfinished = await conn.fetchval(
+            f"SELECT count(*) FROM turns WHERE session_id = $1 AND status NOT IN {TERMINAL_SQL}", session_id
+        )
+        if unfinished:
             raise IllegalTransitionError(
-                f"session {session_id!r} has {row['unfinished']} unfinished turn(s): wait for them or "
+                f"session {session_id!r} has {unfinished} unfinished turn(s): wait for them or "
                 "cancel them first"
             )
         await conn.execute("UPDATE sessions SET closed_at = now() WHERE id = $1", session_id)
