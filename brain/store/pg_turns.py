@@ -95,7 +95,8 @@ written AS (
 
 # Many moves at once, each whole or not at all: the guarded turn updates, then only for the
 # turns that moved their journal entries (seqs handed out by their sessions, in turn order),
-# their executions and their threads' frozen bindings.
+# their executions and their threads' frozen bindings. It returns the turns' columns, not the
+# facts and bindings the caller sent (decoding them again cost the Brain for nothing).
 _MOVES = f"""
 WITH m AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::text[], $5::text[], $6::int[], $7::text[],
@@ -128,7 +129,8 @@ frozen AS (
     UPDATE threads th SET bindings = moved.freeze_to
       FROM moved WHERE moved.freeze_to IS NOT NULL AND th.id = moved.thread_id AND th.bindings IS NULL
  RETURNING th.id)
-SELECT moved.*, w.seq, moved.thread_id IN (SELECT id FROM frozen) AS froze
+SELECT {", ".join(f"moved.{c.strip()}" for c in TURN_COLUMNS.split(","))}, w.seq,
+       moved.thread_id IN (SELECT id FROM frozen) AS froze
   FROM moved LEFT JOIN written w ON w.turn_id = moved.id"""
 _INTENT = """intent AS (
     INSERT INTO executions (id, turn_id, tool_step, call_id, route, tool, binding_digest, replay_policy,
