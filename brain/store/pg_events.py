@@ -1,7 +1,7 @@
 """The PostgreSQL backend of the execution and repair parts: one statement locks and reads every
 execution a batch of events names, one more writes all their effects, journal entries, wake-ups
 and claims; reads take arrays instead of loops (also those a claim makes for many turns: steps,
-threads, journal entries), and a served submit's lock and bindings read are one statement."""
+threads, journal entries)."""
 
 from __future__ import annotations
 
