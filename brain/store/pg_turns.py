@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 from brain.store.records import TERMINAL_SQL, TURN_COLUMNS, Claimed, Move, Moved, TurnRow
-from brain.store.submits import KNOWN_SQL, Start, Submit, Submitted, check_submit, submit_facts
+from brain.store.submits import KNOWN_SQL, Start, Submit, Submitted, check_submit, frozen_by, submit_facts
 from brain.store.turns import CLAIM_SET, CLAIMABLE_FROM, TurnRows
 from infra.db import Json, reading
 from protocol import new_id
@@ -197,8 +197,8 @@ class PgTurnRows(TurnRows):
             if known["status"] == "running":
                 assert start is not None
                 row = TurnRow.from_record(known)
-                froze = start.bindings if known["agent_name"] is None else None
-                return Submitted(turn_id, True, row, known["entry_seq"], submit_facts(s, start), froze)
+                facts = submit_facts(s, start)
+                return Submitted(turn_id, True, row, known["entry_seq"], facts, frozen_by(known, start))
             return Submitted(turn_id, True)
         existing = check_submit(
             known, namespace=s.namespace, session_id=s.session_id, thread=s.thread, request_id=s.request_id,

@@ -94,6 +94,12 @@ def starts_now(known: Mapping[str, Any], start: Start) -> bool:
     return bool(known["thread_bound"]) or (known["agent_name"] is None and start.bindings is not None)
 
 
+def frozen_by(known: Mapping[str, Any], start: Start) -> Mapping[str, Any] | None:
+    """The bindings a submit that started its turn froze: those it offered, when it made the thread
+    (``known``: what it found before; an existing thread keeps its own)."""
+    return start.bindings if known["agent_name"] is None else None
+
+
 @dataclass(frozen=True)
 class Submit:
     """What a submit asks for."""
@@ -226,5 +232,4 @@ class SubmitRows(JournalRows):
             await conn.execute("SELECT pg_notify($1, '')", s.wake_channel)
             return Submitted(turn_id, True)
         row = await conn.fetchrow(f"SELECT {TURN_COLUMNS} FROM turns WHERE id = $1", turn_id)
-        froze = start.bindings if known["agent_name"] is None else None
-        return Submitted(turn_id, True, TurnRow.from_record(row), seq, said, froze)
+        return Submitted(turn_id, True, TurnRow.from_record(row), seq, said, frozen_by(known, start))
