@@ -367,6 +367,21 @@ class TendonWorld:
         )
         return str(turn_id)
 
+    async def call(self, definition: dict[str, Any], timeout: float) -> str:
+        """Submit one turn and wait until it completed, the way a client that wants the answer
+        does: through the API, one request (``POST ...turns?wait=``, answered when the turn's end
+        commits), else as :meth:`submit` and :meth:`wait_turn`; a turn not completed raises.
+        Returns the turn id."""
+        if self.client is None or self.api_brain is None or self.api_brain.poll() is not None:
+            turn_id = await self.submit(definition)
+            await self.wait_turn(turn_id, timeout=timeout)
+            return turn_id
+        self._n += 1
+        found = await self.client.call(f"s-{self._n}", f"r-{self._n}", "go", definition, within=timeout)
+        if found["status"] != "completed":
+            raise RuntimeError(f"turn {found['turn_id']} is {found['status']} after {timeout:g} s")
+        return str(found["turn_id"])
+
     async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         assert self.pool is not None
         async with self.pool.acquire() as conn:

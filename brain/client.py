@@ -145,11 +145,15 @@ class AsyncClient:
 
     async def submitted(
         self, session: str, request_id: str, text: str, agent: AgentDefinition | dict[str, Any], *,
-        thread: str = "main",
+        thread: str = "main", wait: float = 0,
     ) -> dict[str, Any]:  # fmt: skip
-        """:meth:`submit`, answering ``{"turn_id", "created"}`` (False: that request was known)."""
+        """:meth:`submit`, answering ``{"turn_id", "created"}`` (False: that request was known);
+        with ``wait``, once the turn ended or that many seconds passed, with the turn as it
+        stands under ``"turn"``."""
         body = {"request_id": request_id, "input": text, "agent": _agent(agent), "thread": thread}
-        return await self._request("POST", f"/v1/sessions/{session}/turns", body=body)  # type: ignore[no-any-return]
+        params = {"wait": f"{wait:g}s"} if wait else {}
+        path = f"/v1/sessions/{session}/turns"
+        return await self._request("POST", path, params=params, body=body)  # type: ignore[no-any-return]
 
     async def turn(self, turn_id: str, *, wait: float = 0) -> dict[str, Any]:
         """The turn as it stands (after waiting up to ``wait`` seconds for it to end)."""
@@ -160,14 +164,18 @@ class AsyncClient:
         self, session: str, request_id: str, text: str, agent: AgentDefinition | dict[str, Any], *,
         thread: str = "main", within: float = 600,
     ) -> dict[str, Any]:  # fmt: skip
-        """Submit and wait until the turn ended (or ``within`` seconds passed: the turn goes on)."""
-        turn_id = await self.submit(session, request_id, text, agent, thread=thread)
+        """Submit and wait until the turn ended (or ``within`` seconds passed: the turn goes on).
+        One request when the turn ends within its first wait (30 s at most)."""
         deadline = asyncio.get_running_loop().time() + within
+        submitted = await self.submitted(
+            session, request_id, text, agent, thread=thread, wait=max(0.001, min(30.0, within))
+        )
+        found: dict[str, Any] = submitted["turn"]
         while True:
             left = deadline - asyncio.get_running_loop().time()
-            found = await self.turn(turn_id, wait=max(0.0, min(30.0, left)))
             if found["status"] in ("completed", "failed", "cancelled") or left <= 0:
                 return found
+            found = await self.turn(submitted["turn_id"], wait=min(30.0, left))
 
     async def control(
         self, turn_id: str, kind: str, *, request_id: str | None = None, **fields: Any

@@ -1,5 +1,6 @@
-"""`GET /v1/turns/{id}?wait=`: a turn that ends in this Brain answers its waiters as soon as the
-end commits; one that ends elsewhere (another Brain) is seen at the next look."""
+"""`GET /v1/turns/{id}?wait=` and `POST /v1/sessions/{id}/turns?wait=` (submit and wait, one
+request): a turn that ends in this Brain answers its waiters as soon as the end commits; one that
+ends elsewhere (another Brain) is seen at the next look; a wait never cancels its turn."""
 
 from __future__ import annotations
 
@@ -92,3 +93,83 @@ async def test_a_turn_that_ends_in_a_brains_commit_wakes_the_waits_of_that_brain
             ctx.ended("turn-a", "completed", None)
             assert a.is_set() and not b.is_set()
         assert not ctx.endings.waiting("turn-a")
+
+
+async def _turn_of(store: BrainStore, request_id: str) -> str:
+    """The id of the turn a request made, once its submit committed."""
+    found: list[str] = []
+
+    async def made() -> bool:
+        async with store.pool.acquire() as conn:
+            rows = await conn.fetch("SELECT id FROM turns WHERE request_id = $1", request_id)
+        found[:] = [r["id"] for r in rows]
+        return bool(found)
+
+    await wait_for(made, timeout=10, interval=0.01, what="the submit to commit")
+    return found[0]
+
+
+async def test_a_submit_that_waits_answers_with_its_turn_once_the_turn_ends_here(
+    pg_store: BrainStore,
+) -> None:
+    # Given an API whose waits look again only once a minute
+    api = _api(pg_store, wait_poll=60.0)
+    transport = httpx.ASGITransport(app=create_app(api))
+    async with httpx.AsyncClient(transport=transport, base_url="http://brain") as http:
+        # When a client submits a turn and waits for it in the same request
+        asking = asyncio.create_task(http.post("/v1/sessions/s-4/turns", json=BODY, params={"wait": "50s"}))
+        turn = await _turn_of(pg_store, "r-1")
+        await _waiting(api, turn)
+        assert not asking.done()  # accepted, and waiting: not answered while the turn goes on
+
+        # And the turn ends in this process
+        await _end(pg_store, turn)
+        api.endings.ended(turn)
+
+        # Then that request answers now, with the turn as it ended
+        answer = await asyncio.wait_for(asking, 10)
+        assert answer.status_code == 201
+        body = answer.json()
+        assert (body["turn_id"], body["created"]) == (turn, True)
+        assert body["turn"]["turn_id"] == turn and body["turn"]["status"] == "completed"
+        assert body["turn"] == (await http.get(f"/v1/turns/{turn}")).json()  # as GET describes it
+        assert not api.endings.waiting(turn)
+
+        # And the same request again (a client that lost the answer) looks at the turn first:
+        # answered at once (not after its 50 s, nor at a look a minute away), the original turn
+        repeat = http.post("/v1/sessions/s-4/turns", json=BODY, params={"wait": "50s"})
+        again = await asyncio.wait_for(repeat, 10)
+        assert again.status_code == 200
+        assert (again.json()["turn_id"], again.json()["created"]) == (turn, False)
+        assert again.json()["turn"]["status"] == "completed"
+
+
+async def test_a_submit_whose_wait_runs_out_answers_with_the_turn_as_it_stands_and_the_turn_goes_on(
+    pg_store: BrainStore,
+) -> None:
+    api = _api(pg_store, wait_poll=0.05)
+    transport = httpx.ASGITransport(app=create_app(api))
+    async with httpx.AsyncClient(transport=transport, base_url="http://brain") as http:
+        # A turn that nothing runs here (no Brain claims it): the wait runs out
+        answer = await http.post("/v1/sessions/s-5/turns", json=BODY, params={"wait": "0.2s"})
+        assert answer.status_code == 201
+        turn = answer.json()["turn_id"]
+        assert answer.json()["turn"]["status"] == "queued"
+        # Observers never change work: the turn is still there, queued, not cancelled
+        assert (await http.get(f"/v1/turns/{turn}")).json()["status"] == "queued"
+        # And without wait, the answer is as it always was: no turn in it
+        plain = (await http.post("/v1/sessions/s-6/turns", json=BODY)).json()
+        assert plain["created"] and plain.get("turn") is None
+
+
+async def test_a_submit_with_a_wait_that_is_not_seconds_is_refused_and_accepts_nothing(
+    pg_store: BrainStore,
+) -> None:
+    api = _api(pg_store, wait_poll=0.05)
+    transport = httpx.ASGITransport(app=create_app(api))
+    async with httpx.AsyncClient(transport=transport, base_url="http://brain") as http:
+        bad = await http.post("/v1/sessions/s-7/turns", json=BODY, params={"wait": "1m"})
+        assert bad.status_code == 422 and bad.json()["error"]["code"] == "schema_error"
+        assert "wait takes seconds" in bad.json()["error"]["message"]
+        # Nothing was accepted: the same request id makes its turn now
+        assert (await http.post("/v1/sessions/s-7/turns", json=BODY)).json()["created"] is True

@@ -9,7 +9,9 @@ submit transaction to the completing transaction, both stamped by PostgreSQL. Th
 stamped the same way (intent transaction to the Brain's result transaction). The added cost
 of one tool call is the median of a 2-call turn minus the median of a 1-call turn. Tendon and the
 floor run in alternating blocks, so that a host whose speed moves meets both alike; Tendon's
-client waits for each turn through the API (``GET /v1/turns/{id}?wait=``), as a client does.
+client submits each turn and waits for it through the API in one request (``POST
+/v1/sessions/{id}/turns?wait=``, what ``AsyncClient.call`` does), as a client that wants the
+answer does.
 
 DBOS (full mode, ``bench/peers/dbos_bench.py``): a one-step workflow, from
 ``start_workflow_async`` to its result at the caller, in the client-observed rows. Like for
@@ -42,8 +44,7 @@ async def tendon_sequential(
     ids, client = [], []
     for _ in range(n):
         t0 = time.perf_counter()
-        tid = await world.submit(definition)
-        await world.wait_turn(tid, timeout=30)
+        tid = await world.call(definition, timeout=30)
         client.append(time.perf_counter() - t0)
         ids.append(tid)
     return await world.server_latencies(ids), client, await world.result_applied_latencies(ids)

@@ -39,6 +39,11 @@ class SubmitRequest(BaseModel):
 class Submitted(BaseModel):
     turn_id: str
     created: bool = Field(description="false when the request id had made this turn already")
+    turn: dict[str, Any] | None = Field(
+        default=None,
+        description="with `wait`: the turn as it stands once it ended or the wait ran out (as `GET "
+        "/v1/turns/{turn_id}` answers it); without `wait`, absent",
+    )
 
 
 class ControlRequest(BaseModel):

@@ -55,20 +55,54 @@ def seconds(wait: str | None) -> float:
 # ---- sessions and threads ------------------------------------------------------------------
 
 
-@router.post("/sessions/{session_id}/turns", response_model=Submitted, status_code=201, tags=["turns"])
+async def until_ended(api: Api, namespace: str, turn_id: str, wait: float, *, look: bool = True) -> None:
+    """Return once the turn ended or ``wait`` seconds passed, whichever comes first (a wait never
+    cancels a turn). A turn that ends in this Brain wakes the wait at once; one that ends
+    elsewhere is seen at the next look at its row, every ``api.wait_poll`` seconds. ``look``:
+    whether to look before the first wait (False for a turn this request has just created)."""
+    loop, store = asyncio.get_running_loop(), api.store
+    deadline = loop.time() + wait
+    with api.endings.watch(turn_id) as ended:
+        # Until then, only the turn's row is looked at (one read, not the three of a description).
+        while not ended.is_set() and loop.time() < deadline:
+            if look:
+                row = await store.read(lambda conn: store.lock_turn(conn, namespace, turn_id, lock=False))
+                if row is None or row.status in TERMINAL_TURN:
+                    return
+            look = True
+            await wake_or_timeout(ended, min(api.wait_poll, deadline - loop.time()))
+
+
+@router.post(
+    "/sessions/{session_id}/turns", response_model=Submitted, response_model_exclude_none=True,
+    status_code=201, tags=["turns"],
+)  # fmt: skip
 async def submit(
-    session_id: str, body: SubmitRequest, request: Request, response: Response, caller: CallerDep
+    session_id: str,
+    body: SubmitRequest,
+    request: Request,
+    response: Response,
+    caller: CallerDep,
+    wait: Annotated[str | None, Query(examples=["30s"])] = None,
 ) -> Any:
-    """Accept a turn durably: answered once it is committed."""
-    api = api_of(request)
+    """Accept a turn durably: answered once it is committed. With ``wait``, answered once the turn
+    ended or that long passed, with the turn as it stands in ``turn``: a client that wants the
+    result makes one request, not two (the turn is accepted either way; a wait never cancels it)."""
+    api, namespace = api_of(request), caller.tenant()
+    limit = seconds(wait)  # a bad value is refused before anything is accepted
     turn_id, created = await verbs.submit(
-        api.store, namespace=caller.tenant(), session_id=session_id, request_id=body.request_id,
+        api.store, namespace=namespace, session_id=session_id, request_id=body.request_id,
         user_input=body.input, agent=body.agent, wake_channel=api.wake_channel, thread=body.thread,
         served=api.served,
     )  # fmt: skip
     if not created:
         response.status_code = 200
-    return Submitted(turn_id=turn_id, created=created)
+    if wait is None:
+        return Submitted(turn_id=turn_id, created=created)
+    # A turn made just now has not ended (its run, if here, starts once this yields): no look
+    # first. A known request's turn may have ended long ago: looked at first.
+    await until_ended(api, namespace, turn_id, limit, look=not created)
+    return Submitted(turn_id=turn_id, created=created, turn=await describe(api.store, namespace, turn_id))
 
 
 @router.get("/sessions/{session_id}/threads", tags=["sessions"])
@@ -117,15 +151,7 @@ async def turn(
     """A turn as it stands: with ``wait``, once it ended or that long passed (a wait never
     cancels it). A turn that ends in this Brain answers at once."""
     api, namespace = api_of(request), caller.tenant()
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds(wait)
-    with api.endings.watch(turn_id) as ended:
-        # Until then, only the turn's row is looked at (one read, not the three of a description).
-        while not ended.is_set() and loop.time() < deadline:
-            row = await api.store.read(lambda conn: api.store.lock_turn(conn, namespace, turn_id, lock=False))
-            if row is None or row.status in TERMINAL_TURN:
-                break
-            await wake_or_timeout(ended, min(api.wait_poll, deadline - loop.time()))
+    await until_ended(api, namespace, turn_id, seconds(wait))
     return await describe(api.store, namespace, turn_id)
 
 
