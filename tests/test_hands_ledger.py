@@ -30,6 +30,8 @@ from infra.sqlite import open_pool
 from protocol import (
     AcceptedBody,
     AcceptedEvent,
+    FailedBody,
+    FailedEvent,
     IllegalTransitionError,
     StaleOwnerError,
     StartedBody,
@@ -182,6 +184,7 @@ async def test_a_change_appends_its_events_and_one_from_a_row_that_moved_on_chan
     assert stale is None
     after = await _get(ledger, execution_id)
     assert [(e["seq"], e["kind"]) for e in after.events] == [(1, "accepted"), (2, "started")]
+    assert moved == after  # the row the change returned is the row as stored, column for column
     # A start asked not to run after a cancel is refused once one is asked for
     other = await _execution(ledger, "w1", LedgerStatus.ACCEPTED)
     await ledger.transact(lambda conn: ledger.request_cancel(conn, other))
@@ -193,6 +196,33 @@ async def test_a_change_appends_its_events_and_one_from_a_row_that_moved_on_chan
         )
     )
     assert refused == [None] and (await _get(ledger, other)).status is LedgerStatus.ACCEPTED
+
+
+async def test_the_row_a_change_returns_is_the_row_as_stored(ledger: Ledger) -> None:
+    # The PostgreSQL backend returns only what the worker lacks (when it was stamped, whether a
+    # cancel was asked for) and makes the rest from the change: both must be the stored row.
+    execution_id = await _execution(ledger, "w1", LedgerStatus.ACCEPTED)
+    row = await _get(ledger, execution_id)
+    started = _event(StartedEvent, execution_id, 2, StartedBody(attempt=1, worker="w1"))
+    (running,) = await ledger.transact(
+        lambda conn: ledger.change(conn, [Change(row, LedgerStatus.RUNNING, [started], attempts=1)])
+    )
+    assert running == await _get(ledger, execution_id)
+    # Output written (its page moves the row's seq and bytes: the owner reads the row again, as it
+    # does after a page), then a cancel asked for after that read (it moves neither)
+    await ledger.transact(lambda conn: ledger.add_output(conn, running, "hello"))
+    fresh = await _get(ledger, execution_id)
+    await ledger.transact(lambda conn: ledger.request_cancel(conn, execution_id))
+    assert not fresh.cancel_requested and fresh.output_bytes == 5 and fresh.last_seq == 3
+    error = {"code": "tool_error", "message": "boom"}
+    failed = _event(FailedEvent, execution_id, 4, FailedBody(error=error))
+    change = Change(fresh, LedgerStatus.FAILED, [failed], error=error, output_bytes=5)
+    (ended,) = await ledger.transact(lambda conn: ledger.change(conn, [change]))
+    stored = await _get(ledger, execution_id)
+    assert ended == stored
+    assert (stored.status, stored.error, stored.cancel_requested, stored.attempts) == (
+        LedgerStatus.FAILED, error, True, 1,
+    )  # fmt: skip
 
 
 async def test_the_events_read_back_are_those_committed_with_the_output_pages_in_their_place(
@@ -471,6 +501,7 @@ async def test_accepts_and_changes_written_together_are_each_what_it_would_be_al
     assert changed[1] is None
     assert (await _get(ledger, fresh)).status is LedgerStatus.ACCEPTED
     after = await _get(ledger, running)
+    assert changed[0] == after and inserted[0] == await _get(ledger, fresh)  # as stored
     assert after.owner == "w1" and [e["kind"] for e in after.events] == ["accepted", "started"]
     if ledger.ONE_STATEMENT_COMMITS:
         assert counted[-1].statements == 1

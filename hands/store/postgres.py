@@ -48,7 +48,11 @@ def _changes_sql(first: int) -> str:
 _CHANGED_COLUMNS = ", ".join("e." + c.strip() for c in EXECUTION_COLUMNS.split(","))
 # The marker names the statements that commit on their own (tests/hands_pg_proxy.py cuts them).
 _INSERT = f"/* ledger commit */\n{_insert_sql(1)}\nRETURNING {EXECUTION_COLUMNS}"
-_CHANGES = f"/* ledger commit */\n{_changes_sql(1)}\nRETURNING {_CHANGED_COLUMNS}"
+# A change returns only what its caller does not hold (``Change.after`` makes the rest): not the
+# row's events, arguments and error again, which asyncpg would decode for nothing.
+_CHANGES = f"""/* ledger commit */
+{_changes_sql(1)}
+RETURNING e.execution_id, e.updated_at, e.cancel_requested"""
 # Accepts and changes of other executions together: a change's row was committed before its task
 # could make the change, so no row is both inserted and changed here (one snapshot serves both).
 _BOTH = f"""/* ledger commit */
@@ -144,6 +148,9 @@ def _change_columns(changes: Sequence[Change]) -> tuple[list[list[Any]], dict[st
 
 
 def _changed(changes: Sequence[Change], first: dict[str, int], recs: Sequence[Any]) -> list[Execution | None]:
-    changed = {r["execution_id"]: Execution.from_record(r) for r in recs}
-    return [changed.get(c.before.execution_id) if first[c.before.execution_id] == i else None
-            for i, c in enumerate(changes)]  # fmt: skip
+    changed = {r["execution_id"]: r for r in recs}
+    out: list[Execution | None] = []
+    for i, c in enumerate(changes):
+        rec = changed.get(c.before.execution_id) if first[c.before.execution_id] == i else None
+        out.append(c.after(rec["updated_at"], rec["cancel_requested"]) if rec is not None else None)
+    return out

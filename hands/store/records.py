@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any
 
@@ -110,3 +110,22 @@ class Change:
     @property
     def open(self) -> bool:
         return self.status in OPEN_STATUSES
+
+    def after(self, updated_at: datetime, cancel_requested: bool) -> Execution:
+        """The row as this change, once applied, left it: what the store stamped (``updated_at``)
+        and what others may set beside the guard (``cancel_requested``) come from the row; the
+        rest is ``before`` moved on, since the guard that let the change through (owner, status
+        and last seq as ``before`` has them) proves the stored row was ``before``: every other
+        write of these columns moves the status or the last seq too."""
+        b = self.before
+        return replace(
+            b,
+            status=self.status,
+            attempts=b.attempts if self.attempts is None else self.attempts,
+            error=b.error if self.error is None else self.error,
+            output_bytes=b.output_bytes if self.output_bytes is None else self.output_bytes,
+            last_seq=b.last_seq + len(self.events),
+            events=[*b.events, *self.events],
+            cancel_requested=cancel_requested,
+            updated_at=updated_at,
+        )
