@@ -5,6 +5,8 @@ ends elsewhere (another Brain) is seen at the next look; a wait never cancels it
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -30,6 +32,14 @@ def _api(store: BrainStore, wait_poll: float) -> Api:
     )  # fmt: skip
 
 
+@contextlib.asynccontextmanager
+async def _http(api: Api) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of ``api``'s app, in this process."""
+    transport = httpx.ASGITransport(app=create_app(api))
+    async with httpx.AsyncClient(transport=transport, base_url="http://brain") as http:
+        yield http
+
+
 async def _end(store: BrainStore, turn_id: str) -> None:
     async with store.pool.acquire() as conn:
         await conn.execute("UPDATE turns SET status = 'completed' WHERE id = $1", turn_id)
@@ -53,8 +63,7 @@ async def test_a_wait_answers_when_its_turn_ends_here_not_at_its_next_look(pg_st
         return await entries(conn, session_id, **options)
 
     pg_store.entries = spy  # type: ignore[method-assign]
-    transport = httpx.ASGITransport(app=create_app(api))
-    async with httpx.AsyncClient(transport=transport, base_url="http://brain") as http:
+    async with _http(api) as http:
         turn = (await http.post("/v1/sessions/s-1/turns", json=BODY)).json()["turn_id"]
         waiting = asyncio.create_task(http.get(f"/v1/turns/{turn}", params={"wait": "50s"}))
         await _waiting(api, turn)
@@ -72,8 +81,7 @@ async def test_a_wait_answers_when_its_turn_ends_here_not_at_its_next_look(pg_st
 
 async def test_a_wait_for_a_turn_that_ends_elsewhere_sees_it_at_its_next_look(pg_store: BrainStore) -> None:
     api = _api(pg_store, wait_poll=0.05)
-    transport = httpx.ASGITransport(app=create_app(api))
-    async with httpx.AsyncClient(transport=transport, base_url="http://brain") as http:
+    async with _http(api) as http:
         turn = (await http.post("/v1/sessions/s-2/turns", json=BODY)).json()["turn_id"]
         waiting = asyncio.create_task(http.get(f"/v1/turns/{turn}", params={"wait": "50s"}))
         await _waiting(api, turn)
@@ -114,8 +122,7 @@ async def test_a_submit_that_waits_answers_with_its_turn_once_the_turn_ends_here
 ) -> None:
     # Given an API whose waits look again only once a minute
     api = _api(pg_store, wait_poll=60.0)
-    transport = httpx.ASGITransport(app=create_app(api))
-    async with httpx.AsyncClient(transport=transport, base_url="http://brain") as http:
+    async with _http(api) as http:
         # When a client submits a turn and waits for it in the same request
         asking = asyncio.create_task(http.post("/v1/sessions/s-4/turns", json=BODY, params={"wait": "50s"}))
         turn = await _turn_of(pg_store, "r-1")
@@ -148,8 +155,7 @@ async def test_a_submit_whose_wait_runs_out_answers_with_the_turn_as_it_stands_a
     pg_store: BrainStore,
 ) -> None:
     api = _api(pg_store, wait_poll=0.05)
-    transport = httpx.ASGITransport(app=create_app(api))
-    async with httpx.AsyncClient(transport=transport, base_url="http://brain") as http:
+    async with _http(api) as http:
         # A turn that nothing runs here (no Brain claims it): the wait runs out
         answer = await http.post("/v1/sessions/s-5/turns", json=BODY, params={"wait": "0.2s"})
         assert answer.status_code == 201
@@ -166,8 +172,7 @@ async def test_a_submit_with_a_wait_that_is_not_seconds_is_refused_and_accepts_n
     pg_store: BrainStore,
 ) -> None:
     api = _api(pg_store, wait_poll=0.05)
-    transport = httpx.ASGITransport(app=create_app(api))
-    async with httpx.AsyncClient(transport=transport, base_url="http://brain") as http:
+    async with _http(api) as http:
         bad = await http.post("/v1/sessions/s-7/turns", json=BODY, params={"wait": "1m"})
         assert bad.status_code == 422 and bad.json()["error"]["code"] == "schema_error"
         assert "wait takes seconds" in bad.json()["error"]["message"]
