@@ -143,14 +143,7 @@ def session_settings(schema: str, idle_in_transaction: float = IDLE_IN_TRANSACTI
     }
 
 
-async def create_pool(
-    dsn: str,
-    schema: str,
-    *,
-    min_size: int = 1,
-    max_size: int = 10,
-    idle_in_transaction: float = IDLE_IN_TRANSACTION,
-) -> asyncpg.Pool:
+async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
     """A pool whose connections work inside ``schema`` and speak JSON for json/jsonb."""
     pool = await asyncpg.create_pool(
         dsn,
@@ -159,7 +152,7 @@ async def create_pool(
         init=init_connection,
         reset=_keep_session,
         server_settings={
-            **session_settings(schema, idle_in_transaction),
+            **session_settings(schema),
             "application_name": f"tendon:{schema}",
             # Tendon's statements are prepared once per connection and run with arrays and ids
             # whose values do not change the best plan: planning each execution anew (what

@@ -26,6 +26,7 @@ from infra.db import create_pool, session_settings, transact
 from infra.settings import Settings
 from infra.transport import Topology
 from protocol import TransientError
+from tests.support import TendonEnv
 
 LIMIT = 3  # sessions the role may hold at once
 AGENT = {"name": "a", "version": "1", "model": {"kind": "scripted", "script": [{"content": "hi"}]}}
@@ -154,7 +155,7 @@ async def test_a_brain_that_drives_many_turns_keeps_to_its_pool_size(limited: Li
         await store.close()
 
 
-async def test_a_transaction_left_idle_by_a_stopped_process_loses_its_locks(tendon):
+async def test_a_transaction_left_idle_by_a_stopped_process_loses_its_locks(tendon: TendonEnv) -> None:
     """A process stopped (SIGSTOP) between two statements of a transaction would hold that
     transaction's row locks until it wakes: the others could neither declare it dead nor take its
     work over (invariant 10). The server ends such a session after ``idle_in_transaction``."""

@@ -63,11 +63,7 @@ class SessionRows(TurnRows):
             raise NotFoundError(f"there is no {what}")
         if row["closed_at"] is not None:
             return False
-        # Counted after the lock, by a statement of its own: one that took the lock first (a
-        # served submit) may have started a turn, which the locking statement's snapshot misses.
-        unfinished = await conn.fetchval(
-            f"SELECT count(*) FROM turns WHERE thread_id = $1 AND status NOT IN {TERMINAL_SQL}", thread_id
-        )
+        unfinished = await _unfinished(conn, "thread_id", thread_id)
         if unfinished:
             raise IllegalTransitionError(
                 f"{what} has {unfinished} unfinished turn(s): wait for them or cancel them first"
@@ -85,10 +81,7 @@ class SessionRows(TurnRows):
             raise NotFoundError(f"there is no session {session_id!r}")
         if row["closed_at"] is not None:
             return False
-        # After the lock, as for a thread: a submit holding it may have added a turn.
-        unfinished = await conn.fetchval(
-            f"SELECT count(*) FROM turns WHERE session_id = $1 AND status NOT IN {TERMINAL_SQL}", session_id
-        )
+        unfinished = await _unfinished(conn, "session_id", session_id)
         if unfinished:
             raise IllegalTransitionError(
                 f"session {session_id!r} has {unfinished} unfinished turn(s): wait for them or "
@@ -99,3 +92,15 @@ class SessionRows(TurnRows):
             "UPDATE threads SET closed_at = now() WHERE session_id = $1 AND closed_at IS NULL", session_id
         )
         return True
+
+
+async def _unfinished(conn: Any, column: str, value: str) -> int:
+    """How many turns of the thread or session (``column``: thread_id or session_id) are
+    unfinished. Counted by a statement of its own, after the caller locked that row: a statement
+    that took the lock first (a served submit) may have started a turn, which the locking
+    statement's own snapshot would miss."""
+    return int(
+        await conn.fetchval(
+            f"SELECT count(*) FROM turns WHERE {column} = $1 AND status NOT IN {TERMINAL_SQL}", value
+        )
+    )
