@@ -1,6 +1,7 @@
 """A submit a Brain serves starts the turn's run in the submit's own commit when the turn can start
 at once, on both backends; and whatever order racing submits commit in, one thread's turns never
-run side by side: a queued turn never overtakes a started one."""
+run side by side: a queued turn never overtakes a started one. A submit and a close of its thread
+or session, whichever commits first, are seen by the other: no turn lands in a closed thread."""
 
 from __future__ import annotations
 
@@ -157,6 +158,42 @@ async def test_a_close_that_waited_for_a_served_submit_sees_the_turn_it_started(
     with pytest.raises(IllegalTransitionError, match="1 unfinished turn"):
         await store.transact(close)
     assert (await holding).started is not None
+
+
+@pytest.mark.parametrize(
+    ("closing", "thread", "served"),
+    [("thread", "main", False), ("thread", "main", True), ("session", "main", False),
+     ("session", "main", True), ("session", "side", False), ("session", "side", True)],
+)  # fmt: skip
+async def test_a_submit_that_waited_for_a_close_finds_it_closed_and_adds_no_turn(
+    pg_store, closing, thread, served
+):
+    store = pg_store
+    first = await _served(store, "r0")
+    await _finish(store, first.turn_id)
+    # A close holds its locks, its count of unfinished turns made (none), when a submit comes
+    conn = await store.pool.acquire()
+    try:
+        closing_tx = conn.transaction()
+        await closing_tx.start()
+        if closing == "thread":
+            assert await store.close_thread(conn, "s1", "thread 'main'")
+        else:
+            assert await store.close_session(conn, "s1")
+        asked = _asked("r1", thread=thread)
+        submitting = asyncio.create_task(
+            store.submit_served(asked, Start("b1", 30.0, BINDINGS)) if served else store.submit(asked)
+        )
+        await asyncio.sleep(0.3)
+        assert not submitting.done(), "the submit went ahead of the close it should wait for"
+        await closing_tx.commit()
+    finally:
+        await store.pool.release(conn)
+    # Then the submit reads the thread or session as the close left it, and is refused
+    with pytest.raises(IllegalTransitionError, match="is closed"):
+        await submitting
+    turns = await store.read(lambda c: c.fetch("SELECT id FROM turns WHERE session_id = 's1'"))
+    assert [r["id"] for r in turns] == [first.turn_id]
 
 
 async def test_a_served_submit_through_verbs_validates_like_any_submit(store):

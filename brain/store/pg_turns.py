@@ -18,21 +18,28 @@ T = TypeVar("T")
 # The submit in one statement: the checks' read, and (when nothing conflicts and the turn is new)
 # the agent, a new session, a new thread, the turn, its journal entry and the wake-up hint. With
 # an owner ($14) it starts the turn's run when ``starts_now`` says so (the same rule, in SQL):
-# the turn goes in claimed and prepared, a new thread with the bindings it freezes ($15). Then an
-# existing thread is locked first, and what the rule reads of it is read after the lock: its row
-# as the lock found it, its unfinished turns by a function that sees what committed meanwhile
-# (migration 0013), so that of two served submits racing on an idle thread only one starts.
+# the turn goes in claimed and prepared, a new thread with the bindings it freezes ($15).
+#
+# An existing session and thread are locked first, the session before the thread (the order a
+# session's close takes them: no deadlock between the two), and whether they are closed is read
+# from the rows as the locks found them: a close that committed while this statement waited for
+# its lock refuses this turn, and a close that waits for this statement counts it (``sessions``
+# counts after its lock). With an owner, the thread's unfinished turns are counted by a function
+# that sees what committed meanwhile (migration 0013), so that of two served submits racing on an
+# idle thread only one starts.
 _SUBMIT = f"""
-WITH locked AS (SELECT id, closed_at, bindings IS NOT NULL AS bound FROM threads
-                 WHERE id = $6 AND $14::text IS NOT NULL FOR UPDATE),
+WITH session_lock AS (SELECT id, closed_at FROM sessions WHERE id = $2 FOR UPDATE),
+locked AS (SELECT th.id, th.closed_at, th.bindings IS NOT NULL AS bound, sl.closed_at AS session_closed
+             FROM threads th LEFT JOIN session_lock sl ON true WHERE th.id = $6 FOR UPDATE OF th),
 known AS (
-    SELECT k.turn_id, k.input_digest, k.turn_thread, k.agent_digest, k.session_ns, k.session_closed,
+    SELECT k.turn_id, k.input_digest, k.turn_thread, k.agent_digest, k.session_ns,
+           CASE WHEN sl.id IS NULL THEN k.session_closed ELSE sl.closed_at END AS session_closed,
            k.agent_name, k.agent_version,
            CASE WHEN l.id IS NULL THEN k.thread_closed ELSE l.closed_at END AS thread_closed,
            coalesce(l.bound, k.thread_bound) AS thread_bound,
-           CASE WHEN l.id IS NULL THEN k.thread_open
+           CASE WHEN l.id IS NULL OR $14::text IS NULL THEN k.thread_open
                 ELSE thread_open_turns($6, ARRAY[{TERMINAL_SQL[1:-1]}]) END AS thread_open
-      FROM ({KNOWN_SQL}) AS k LEFT JOIN locked l ON true),
+      FROM ({KNOWN_SQL}) AS k LEFT JOIN session_lock sl ON true LEFT JOIN locked l ON true),
 ok AS (
     SELECT *, $14::text IS NOT NULL AND thread_open = 0
               AND (thread_bound OR (agent_name IS NULL AND $15::jsonb IS NOT NULL)) AS starts
