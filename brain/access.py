@@ -4,6 +4,7 @@ returns what the verbs return), so each command prints the same either way."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
@@ -11,11 +12,14 @@ from typing import Any, Protocol
 from brain import controls, verbs
 from brain.agents import AgentDefinition
 from brain.client import AsyncClient
+from brain.states import TERMINAL_TURN, TurnStatus
 from brain.store import BrainStore, open_store, wake_channel
 from brain.views import describe
 from infra.settings import Settings
 from infra.transport import Topology
 from protocol import new_id
+
+DIRECT_LOOK = 0.2  # seconds between looks at a turn's row when waiting without a Brain's API
 
 
 class Access(Protocol):
@@ -23,6 +27,7 @@ class Access(Protocol):
         self, session: str, request_id: str, text: str, agent: AgentDefinition, thread: str
     ) -> tuple[str, bool]: ...
     async def describe(self, turn_id: str) -> dict[str, Any]: ...
+    async def until_ended(self, turn_id: str, seconds: float) -> dict[str, Any]: ...
     async def history(self, turn_id: str) -> dict[str, Any]: ...
     async def threads(self, session: str) -> list[dict[str, Any]]: ...
     async def turns(
@@ -53,6 +58,18 @@ class Direct:
 
     async def describe(self, turn_id: str) -> dict[str, Any]:
         return await describe(self.store, self.namespace, turn_id)
+
+    async def until_ended(self, turn_id: str, seconds: float) -> dict[str, Any]:
+        """The turn once it ended or ``seconds`` passed. A turn's end wakes only the Brain that
+        committed it, so from outside the database is looked at again, every ``DIRECT_LOOK``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while True:
+            found = await self.describe(turn_id)
+            left = deadline - loop.time()
+            if TurnStatus(found["status"]) in TERMINAL_TURN or left <= 0:
+                return found
+            await asyncio.sleep(min(DIRECT_LOOK, left))
 
     async def history(self, turn_id: str) -> dict[str, Any]:
         return await verbs.history(self.store, namespace=self.namespace, turn_id=turn_id)
@@ -106,6 +123,10 @@ class Remote:
 
     async def describe(self, turn_id: str) -> dict[str, Any]:
         return await self.client.turn(turn_id)
+
+    async def until_ended(self, turn_id: str, seconds: float) -> dict[str, Any]:
+        """One request, answered when the turn ends (``GET /v1/turns/{id}?wait=``)."""
+        return await self.client.turn(turn_id, wait=seconds)
 
     async def history(self, turn_id: str) -> dict[str, Any]:
         return await self.client.history(turn_id)

@@ -71,6 +71,11 @@ def _agent(agent: AgentDefinition | dict[str, Any]) -> dict[str, Any]:
     return agent.model_dump(mode="json") if isinstance(agent, AgentDefinition) else dict(agent)
 
 
+def _seconds(wait: float) -> str:
+    """A wait as the API reads it: ``1.5s``, never ``1e-05s`` (milliseconds are the finest)."""
+    return f"{wait:.3f}".rstrip("0").rstrip(".") + "s"
+
+
 def _query(params: dict[str, Any]) -> dict[str, str]:
     """Query parameters as the API reads them (``true``/``false`` for flags)."""
     return {k: ("true" if v else "false") if isinstance(v, bool) else str(v) for k, v in params.items()}
@@ -151,13 +156,13 @@ class AsyncClient:
         with ``wait``, once the turn ended or that many seconds passed, with the turn as it
         stands under ``"turn"``."""
         body = {"request_id": request_id, "input": text, "agent": _agent(agent), "thread": thread}
-        params = {"wait": f"{wait:g}s"} if wait else {}
+        params = {"wait": _seconds(wait)} if wait else {}
         path = f"/v1/sessions/{session}/turns"
         return await self._request("POST", path, params=params, body=body)  # type: ignore[no-any-return]
 
     async def turn(self, turn_id: str, *, wait: float = 0) -> dict[str, Any]:
         """The turn as it stands (after waiting up to ``wait`` seconds for it to end)."""
-        params = {"wait": f"{wait:g}s"} if wait else {}
+        params = {"wait": _seconds(wait)} if wait else {}
         return await self._request("GET", f"/v1/turns/{turn_id}", params=params)  # type: ignore[no-any-return]
 
     async def call(

@@ -80,12 +80,18 @@ async def show(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+# A waiting turn is asked about again this often, to say in time what it waits for.
+SAY_WAITING_WITHIN = 2.0
+
+
 async def wait(settings: Settings, args: argparse.Namespace) -> int:
     async with access(settings, args.url) as brain:
         deadline = time.monotonic() + args.timeout
         said: str | None = None
         while True:
-            d = await brain.describe(args.turn_id)
+            # The end is heard at once over a Brain's API, within a look on the database.
+            left = deadline - time.monotonic()
+            d = await brain.until_ended(args.turn_id, max(0.0, min(SAY_WAITING_WITHIN, left)))
             if d["status"] == TurnStatus.WAITING and d["waiting_for"] != said:
                 # Said once per thing it waits for: a wait can last (a reconcile by a person).
                 said = d["waiting_for"]
@@ -102,7 +108,6 @@ async def wait(settings: Settings, args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return EXIT_TIMEOUT
-            await asyncio.sleep(0.2)
 
 
 async def parked(settings: Settings, args: argparse.Namespace) -> int:

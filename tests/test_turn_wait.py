@@ -4,6 +4,7 @@ ends elsewhere (another Brain) is seen at the next look; a wait never cancels it
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
@@ -11,10 +12,14 @@ from typing import Any
 
 import httpx
 
+from brain import commands
 from brain.api import Api, Tokens
 from brain.api.app import create_app
+from brain.api.server import serving
+from brain.client import AsyncClient
 from brain.store import BrainStore
 from infra.localqueue import LocalBroker
+from infra.settings import Settings
 from infra.transport import Topology
 from tests.support import wait_for
 from tests.test_brain_claims import _context
@@ -178,3 +183,25 @@ async def test_a_submit_with_a_wait_that_is_not_seconds_is_refused_and_accepts_n
         assert "wait takes seconds" in bad.json()["error"]["message"]
         # Nothing was accepted: the same request id makes its turn now
         assert (await http.post("/v1/sessions/s-7/turns", json=BODY)).json()["created"] is True
+
+
+async def test_brain_wait_over_an_api_waits_there_and_hears_the_end_at_once(
+    pg_store: BrainStore, capsys: Any
+) -> None:
+    # Given a Brain's API whose waits look again only once a minute, and `brain wait --url`
+    api = _api(pg_store, wait_poll=60.0)
+    async with serving(api, ("127.0.0.1", 0), required=True) as port, _http(api) as http:
+        turn = (await http.post("/v1/sessions/s-1/turns", json=BODY)).json()["turn_id"]
+        args = argparse.Namespace(turn_id=turn, url=f"http://127.0.0.1:{port}", timeout=60.0, json=True)
+        waiting = asyncio.create_task(commands.wait(Settings(), args))
+        # Then it waits in the Brain (a request that asks at once, again and again, never does)
+        await _waiting(api, turn)
+
+        # and when the turn ends there, it answers with it, done
+        await _end(pg_store, turn)
+        api.endings.ended(turn)
+        assert await asyncio.wait_for(waiting, 10) == 0
+        # (a wait too short to write in seconds is a wait of none, not a refused request)
+        async with AsyncClient(args.url) as client:
+            assert (await client.turn(turn, wait=1e-5))["status"] == "completed"
+    assert '"status": "completed"' in capsys.readouterr().out
