@@ -23,8 +23,8 @@ T = TypeVar("T")
 # An existing session and thread are locked first, the session before the thread (the order a
 # session's close takes them: no deadlock between the two), and whether they are closed is read
 # from the rows as the locks found them: a close that committed while this statement waited for
-# its lock refuses this turn, and a close that waits for this statement counts it (``sessions``
-# counts after its lock). With an owner, the thread's unfinished turns are counted by a function
+# its lock refuses this turn, and a close that waits for this statement counts it (a close counts
+# after its lock: brain/store/sessions.py). With an owner, the thread's unfinished turns are counted by a function
 # that sees what committed meanwhile (migration 0013), so that of two served submits racing on an
 # idle thread only one starts.
 _SUBMIT = f"""
