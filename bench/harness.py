@@ -82,10 +82,12 @@ def free_port() -> int:
 
 
 class Processes:
-    """Child processes of one benchmark run; each is ended by its own PID."""
+    """Child processes of one benchmark run; each is ended by its own PID. ``tree``: the work
+    tree whose code they run (this one by default; ``bench.ab`` compares two)."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, tree: Path = REPO) -> None:
         self.log_dir = log_dir
+        self.tree = tree
         log_dir.mkdir(parents=True, exist_ok=True)
         self.children: list[subprocess.Popen[bytes]] = []
 
@@ -94,7 +96,7 @@ class Processes:
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 args,
-                cwd=REPO,
+                cwd=self.tree,  # ``python -m`` imports the tree it runs in first
                 env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -65,3 +65,26 @@ def test_quick_benchmark_writes_the_table(pg_url: str, amqp_url: str, tmp_path: 
         assert "Celery: whole worker SIGKILL, body again in a 2nd worker p50" in table
         safe = next(line for line in table.splitlines() if "Hands kill, safe: re-run p50" in line)
         assert "(Celery " in safe, safe
+
+
+def test_the_ab_tool_compares_two_deployments_turn_by_turn(pg_url: str, amqp_url: str) -> None:
+    # One tree twice, B with a setting of its own: the tool runs both and prints their medians
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.ab", ".", ".", "--turns", "2", "--b-env", "TENDON_CONCURRENCY=8"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "BENCH_DATABASE_URL": pg_url, "BENCH_AMQP_URL": amqp_url},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["ms", "(p50)", "A", "B", "B", "-", "A"], lines
+    for key, line in zip(("span", "turn", "client"), lines[1:4], strict=True):
+        name, *values = line.split()
+        assert name == key and len(values) == 3 and all(float(v) > 0 for v in values[:2]), line
+    # and a tree that is not Tendon's is one line and exit 2, before anything starts
+    bad = subprocess.run(
+        [sys.executable, "-m", "bench.ab", "/nonexistent", "."], cwd=REPO, capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0, bad.stderr

@@ -24,9 +24,9 @@ T = TypeVar("T")
 # session's close takes them: no deadlock between the two), and whether they are closed is read
 # from the rows as the locks found them: a close that committed while this statement waited for
 # its lock refuses this turn, and a close that waits for this statement counts it (a close counts
-# after its lock: brain/store/sessions.py). With an owner, the thread's unfinished turns are counted by a function
-# that sees what committed meanwhile (migration 0013), so that of two served submits racing on an
-# idle thread only one starts.
+# after its lock: brain/store/sessions.py). With an owner, the thread's unfinished turns are
+# counted by a function that sees what committed meanwhile (migration 0013), so that of two
+# served submits racing on an idle thread only one starts.
 _SUBMIT = f"""
 WITH session_lock AS (SELECT id, closed_at FROM sessions WHERE id = $2 FOR UPDATE),
 locked AS (SELECT th.id, th.closed_at, th.bindings IS NOT NULL AS bound, sl.closed_at AS session_closed
