@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as dt
 import importlib
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 from bench import report
 from bench.harness import REPO, Processes, Services
 from bench.scenarios.base import Context, Row
+from infra.entry import run_async
 
 SCENARIOS = ["latency", "throughput", "batches", "cost", "recovery", "payload", "waiting"]
 
@@ -90,7 +90,7 @@ def main() -> int:
     args = p.parse_args()
     if args.waiting is not None and args.waiting < 1:
         p.error("--waiting takes a number of turns, at least 1")
-    return asyncio.run(main_async(args))
+    return run_async(main_async(args))  # the floor runs here: on the loop Tendon runs on
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from brain.commands import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
+from infra.entry import run_async
 from infra.logging import configure_logging
 from infra.parked import add_parked_command
 from infra.settings import Settings, bad_setting
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         **{kind: commands.control for kind in ("steer", "inject", "withdraw", "pause", "resume", "cancel")},
     }[args.command]
     try:
-        return asyncio.run(command(settings, args))
+        return run_async(command(settings, args))
     except ConflictError as exc:
         print(f"brain: CONFLICT: {exc.message}", file=sys.stderr)
         return EXIT_CONFLICT

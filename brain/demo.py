@@ -27,6 +27,7 @@ from brain.demo_agents import default_data_dir, demo_agent
 from brain.embedded import DataDir, LocalSystem, exclusive, run_local
 from brain.states import TERMINAL_TURN
 from brain.store import BrainStore, Entry
+from infra.entry import run_async
 from infra.killpoints import KillPoints
 from infra.settings import Settings
 from protocol import TendonError
@@ -356,9 +357,7 @@ def main_demo(
     try:
         if fresh:
             reset(data)
-        return asyncio.run(
-            run_demo(demo_settings(base), data, crash_at=crash_at, out=sys.stdout, model=model)
-        )
+        return run_async(run_demo(demo_settings(base), data, crash_at=crash_at, out=sys.stdout, model=model))
     except KeyboardInterrupt:
         print("\nbrain: interrupted: run the same command again to resume", file=sys.stderr)
         return 130

@@ -31,6 +31,7 @@ from hands.relay import stored_events
 from hands.store import Execution, Ledger, ledger_for
 from infra.broker import Broker, Topology
 from infra.db import create_pool
+from infra.entry import run_async
 from infra.heap import settle_heap
 from infra.killpoints import KillPoints
 from infra.logging import configure_logging, get_logger
@@ -135,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     configure_logging(settings.log_format, settings.log_level, process="hands")
     try:
-        return int(asyncio.run(args.func(args, settings)))
+        return int(run_async(args.func(args, settings)))
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
