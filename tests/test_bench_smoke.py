@@ -19,15 +19,20 @@ REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_quick_benchmark_writes_the_table(pg_url: str, amqp_url: str, tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench", "run", "--quick", "--out", str(tmp_path)],
+def _bench(args: list[str], pg_url: str, amqp_url: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m <args>`` in this tree, on the test's services."""
+    return subprocess.run(
+        [sys.executable, "-m", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=timeout,
         env={**os.environ, "BENCH_DATABASE_URL": pg_url, "BENCH_AMQP_URL": amqp_url},
     )
+
+
+def test_quick_benchmark_writes_the_table(pg_url: str, amqp_url: str, tmp_path: Path) -> None:
+    proc = _bench(["bench", "run", "--quick", "--out", str(tmp_path)], pg_url, amqp_url, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = (tmp_path / "RESULTS.md").read_text()
     for metric in (
@@ -69,14 +74,8 @@ def test_quick_benchmark_writes_the_table(pg_url: str, amqp_url: str, tmp_path: 
 
 def test_the_ab_tool_compares_two_deployments_turn_by_turn(pg_url: str, amqp_url: str) -> None:
     # One tree twice, B with a setting of its own: the tool runs both and prints their medians
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.ab", ".", ".", "--turns", "2", "--b-env", "TENDON_CONCURRENCY=8"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "BENCH_DATABASE_URL": pg_url, "BENCH_AMQP_URL": amqp_url},
-    )
+    ab = ["bench.ab", ".", ".", "--turns", "2", "--b-env", "TENDON_CONCURRENCY=8"]
+    proc = _bench(ab, pg_url, amqp_url, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert lines[0].split() == ["ms", "(p50)", "A", "B", "B", "-", "A"], lines
@@ -84,7 +83,5 @@ def test_the_ab_tool_compares_two_deployments_turn_by_turn(pg_url: str, amqp_url
         name, *values = line.split()
         assert name == key and len(values) == 3 and all(float(v) > 0 for v in values[:2]), line
     # and a tree that is not Tendon's is one line and exit 2, before anything starts
-    bad = subprocess.run(
-        [sys.executable, "-m", "bench.ab", "/nonexistent", "."], cwd=REPO, capture_output=True, text=True
-    )
+    bad = _bench(["bench.ab", "/nonexistent", "."], pg_url, amqp_url, timeout=60)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0, bad.stderr
