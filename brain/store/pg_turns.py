@@ -29,6 +29,8 @@ T = TypeVar("T")
 # served submits racing on an idle thread only one starts.
 _SUBMIT = f"""
 WITH session_lock AS (SELECT id, closed_at FROM sessions WHERE id = $2 FOR UPDATE),
+-- The thread's row lock is taken above its join with the session's lock, so always after it
+-- (a column of that join is named only to keep the join in the plan).
 locked AS (SELECT th.id, th.closed_at, th.bindings IS NOT NULL AS bound, sl.closed_at AS session_closed
              FROM threads th LEFT JOIN session_lock sl ON true WHERE th.id = $6 FOR UPDATE OF th),
 known AS (
