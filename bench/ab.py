@@ -3,6 +3,10 @@
 settings for B) serve alternate lone 1-call turns, and the latency headline's span (submit to
 result applied) is compared, with the whole turn and the client-observed time beside it.
 
+With ``--load K`` it compares throughput instead: each deployment gets a second Hands process (as
+the throughput scenario's), and the two take turns keeping K calls in flight for a few seconds
+at a time; it prints the median calls/s and CPU ms per call by process over those windows.
+
 Why turn by turn: this host's speed moves from second to second. One tree's median over 250 lone
 turns moved from 6.1 to 7.3 ms between two runs of the same code, and from 5.8 to 7.8 ms between
 the quarters of one run, so runs one after another (even alternating, as the latency scenario's
@@ -21,26 +25,43 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.cpu import CpuMeter
 from bench.harness import Processes, Services, TendonWorld, one_call_agent
+from bench.scenarios.throughput import tendon_closed_loop
 
 WARM_UP = 30  # turns per deployment before the measured ones: bindings, caches, connections
+LOAD_SECONDS = 6.0  # a --load window: long enough for batches to settle, short enough to alternate
 
 
-async def _world(tree: Path, services: Services, extra: dict[str, str]) -> TendonWorld:
+async def _world(tree: Path, services: Services, extra: dict[str, str], hands: int) -> TendonWorld:
     world = TendonWorld(services, Processes(Path(tempfile.mkdtemp(prefix="tendon-ab-")), tree), extra)
     await world.start_brain()
-    await world.start_hands()
+    for _ in range(hands):
+        await world.start_hands()
     await world.open()
     return world
 
 
-async def compare(trees: tuple[Path, Path], turns: int, extra_b: dict[str, str]) -> list[dict[str, float]]:
-    """Medians in ms (span, turn, client) for A and B, over ``turns`` turns each."""
+async def compare(
+    trees: tuple[Path, Path],
+    extra_b: dict[str, str],
+    turns: int,
+    load: int = 0,
+    windows: tuple[int, float] = (0, LOAD_SECONDS),
+) -> list[dict[str, float]]:
+    """Medians for A and B: in ms (span, turn, client) over ``turns`` lone turns each, or with
+    ``load``, calls/s and CPU ms per call by process over ``windows`` (how many, seconds) each."""
     services = Services()
     await services.create_database()
     worlds: list[TendonWorld] = []
     try:
-        worlds = [await _world(trees[0], services, {}), await _world(trees[1], services, extra_b)]
+        hands = 2 if load else 1
+        worlds = [
+            await _world(trees[0], services, {}, hands),
+            await _world(trees[1], services, extra_b, hands),
+        ]
+        if load:
+            return await _loaded(worlds, load, windows)
         agent = one_call_agent("noop", calls=1)
         for world in worlds:
             for _ in range(WARM_UP):
@@ -72,6 +93,21 @@ async def compare(trees: tuple[Path, Path], turns: int, extra_b: dict[str, str])
         await services.drop_database()
 
 
+async def _loaded(worlds: list[TendonWorld], load: int, windows: tuple[int, float]) -> list[dict[str, float]]:
+    for world in worlds:
+        await tendon_closed_loop(world, 4, 1.0)  # warm up
+        await world.settle()
+    found: list[dict[str, list[float]]] = [{}, {}]
+    count, seconds = windows
+    for i in range(count):
+        for side in (0, 1) if i % 2 == 0 else (1, 0):
+            meter = CpuMeter(worlds[side].roles)
+            level = await tendon_closed_loop(worlds[side], load, seconds, meter=meter)
+            for key, value in {"calls/s": level.rate, **level.cpu}.items():
+                found[side].setdefault(key, []).append(value)
+    return [{key: statistics.median(values) for key, values in side.items()} for side in found]
+
+
 def _setting(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
     if not sep or not name:
@@ -88,19 +124,34 @@ def main() -> int:
         "--b-env", type=_setting, action="append", default=[], metavar="NAME=VALUE",
         help="an environment setting for B's processes only (repeatable), e.g. TENDON_CONCURRENCY=8",
     )  # fmt: skip
+    p.add_argument("--load", type=int, default=0, metavar="K", help="compare throughput at K calls in flight")
+    p.add_argument("--windows", type=int, default=6, help="with --load: windows each (default 6)")
+    p.add_argument(
+        "--seconds", type=float, default=LOAD_SECONDS, help="with --load: how long a window lasts (default 6)"
+    )
     args = p.parse_args()
     for tree in (args.a, args.b):
         if not (tree / "brain" / "__main__.py").is_file():
             print(f"bench.ab: {tree} is not a Tendon work tree (no brain/__main__.py)", file=sys.stderr)
             return 2
-    if args.turns < 1:
-        print("bench.ab: --turns must be at least 1", file=sys.stderr)
+    for flag in ("turns", "windows", "seconds"):
+        if getattr(args, flag) <= 0:
+            print(f"bench.ab: --{flag} must be more than 0", file=sys.stderr)
+            return 2
+    if args.load < 0:
+        print("bench.ab: --load must be more than 0 (or left out)", file=sys.stderr)
         return 2
-    a, b = asyncio.run(compare((args.a.resolve(), args.b.resolve()), args.turns, dict(args.b_env)))
-    print(f"{'ms (p50)':<10}{'A':>9}{'B':>9}{'B - A':>9}")
-    for key in ("span", "turn", "client"):
-        print(f"{key:<10}{a[key]:>9.3f}{b[key]:>9.3f}{b[key] - a[key]:>+9.3f}")
-    print(f"{args.turns} lone 1-call turns each, alternating; span: submit to result applied")
+    trees = (args.a.resolve(), args.b.resolve())
+    windows = (args.windows, args.seconds)
+    a, b = asyncio.run(compare(trees, dict(args.b_env), args.turns, args.load, windows))
+    width = max(map(len, a)) + 2
+    print(f"{'p50':<{width}}{'A':>9}{'B':>9}{'B - A':>9}")
+    for key in a:
+        print(f"{key:<{width}}{a[key]:>9.3f}{b.get(key, 0.0):>9.3f}{b.get(key, 0.0) - a[key]:>+9.3f}")
+    if args.load:
+        print(f"{args.windows} windows of {args.load} calls in flight each, alternating; CPU: ms per call")
+    else:
+        print(f"{args.turns} lone 1-call turns each, alternating; ms; span: submit to result applied")
     return 0
 
 
