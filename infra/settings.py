@@ -61,11 +61,14 @@ class Settings(BaseSettings):
     )
 
     namespace: str = Field(default="default", description="the tenant `brain submit` submits into")
+    # 128: a backlog drains in bigger batches than at 32 (10,000 turns: about 1,040 against 880
+    # turns/s, docs/benchmarks twenty-first round); a tool body that waits on I/O costs a task.
     concurrency: int = Field(
-        default=32,
+        default=128,
         ge=1,
         description="turns a Brain drives, or executions a Hands worker runs, at once (more in flight "
-        "lets their commits and messages share batches)",
+        "lets their commits and messages share batches; lower it for tools that each need much "
+        "memory or CPU, or an API that allows few calls at once)",
     )
     lease_seconds: float = Field(
         default=30.0,
