@@ -52,7 +52,11 @@ async def serving(api: Api, where: tuple[str, int], *, required: bool) -> AsyncI
         log.warning("http_api_not_served", address=f"{where[0]}:{where[1]}", error=str(exc))
         yield None
         return
-    config = uvicorn.Config(create_app(api), log_config=None, access_log=False, lifespan="off")
+    # httptools, not h11 (pure Python): about a tenth of the Brain's CPU per call at 50 turns in
+    # flight, each submitted over HTTP (docs/benchmarks, twenty-first round).
+    config = uvicorn.Config(
+        create_app(api), http="httptools", log_config=None, access_log=False, lifespan="off"
+    )
     server = _Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]), name="http-api")
     port = sock.getsockname()[1]
