@@ -72,7 +72,7 @@ def test_quick_benchmark_writes_the_table(pg_url: str, amqp_url: str, tmp_path: 
         assert "(Celery " in safe, safe
 
 
-def test_the_ab_tool_compares_two_deployments_turn_by_turn(pg_url: str, amqp_url: str) -> None:
+def test_the_ab_tool_compares_two_deployments_turn_by_turn_and_under_load(pg_url: str, amqp_url: str) -> None:
     # One tree twice, B with a setting of its own: the tool runs both and prints their medians
     ab = ["bench.ab", ".", ".", "--turns", "2", "--b-env", "TENDON_CONCURRENCY=8"]
     proc = _bench(ab, pg_url, amqp_url, timeout=120)

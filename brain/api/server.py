@@ -57,6 +57,7 @@ async def serving(api: Api, where: tuple[str, int], *, required: bool) -> AsyncI
     config = uvicorn.Config(
         create_app(api), http="httptools", log_config=None, access_log=False, lifespan="off"
     )
+    config.load()  # here, so that a missing parser fails the start, not the server's task unseen
     server = _Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]), name="http-api")
     port = sock.getsockname()[1]
