@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from brain import controls, verbs
 from brain.agents import AgentDefinition
 from brain.client import AsyncClient
-from brain.states import TERMINAL_TURN, TurnStatus
+from brain.states import TERMINAL_TURN
 from brain.store import BrainStore, open_store, wake_channel
 from brain.views import describe
 from infra.settings import Settings
@@ -61,14 +61,15 @@ class Direct:
 
     async def until_ended(self, turn_id: str, seconds: float) -> dict[str, Any]:
         """The turn once it ended or ``seconds`` passed. A turn's end wakes only the Brain that
-        committed it, so from outside the database is looked at again, every ``DIRECT_LOOK``."""
-        loop = asyncio.get_running_loop()
+        committed it, so from outside its row is looked at again, every ``DIRECT_LOOK`` (one
+        read, as the API's wait does), and the whole description read once at the end."""
+        store, loop = self.store, asyncio.get_running_loop()
         deadline = loop.time() + seconds
         while True:
-            found = await self.describe(turn_id)
+            row = await store.read(lambda conn: store.lock_turn(conn, self.namespace, turn_id, lock=False))
             left = deadline - loop.time()
-            if TurnStatus(found["status"]) in TERMINAL_TURN or left <= 0:
-                return found
+            if row is None or row.status in TERMINAL_TURN or left <= 0:
+                return await self.describe(turn_id)  # a turn that is not there: NotFoundError
             await asyncio.sleep(min(DIRECT_LOOK, left))
 
     async def history(self, turn_id: str) -> dict[str, Any]:
