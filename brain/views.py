@@ -17,15 +17,10 @@ RECONCILE_HINT = (
 async def describe(store: BrainStore, namespace: str, turn_id: str) -> dict[str, Any]:
     """Everything `show` prints, as plain data: the turn's row, its executions, and what its
     journal entries say (its conversation, and how many runs it took)."""
-
-    async def read(conn: Any) -> Any:
-        turn = await store.lock_turn(conn, namespace, turn_id, lock=False)
-        if turn is None:
-            raise NotFoundError(f"there is no turn {turn_id!r}")
-        entries = await store.entries(conn, turn.session_id, turn_id=turn_id, limit=100_000)
-        return turn, entries, await store.turn_executions(conn, turn_id)
-
-    t, entries, exes = await store.read(read)
+    view = await store.read(lambda conn: store.turn_view(conn, namespace, turn_id))
+    if view is None:
+        raise NotFoundError(f"there is no turn {turn_id!r}")
+    t, entries, exes = view.turn, view.entries, view.executions
     history = ThreadHistory()
     history.extend(entries, {e["id"]: e for e in exes}, t.thread_id)
     runs = sum(1 for entry in entries for fact in entry.facts if fact.get("kind") == "turn.run_started")

@@ -27,6 +27,7 @@ from brain.store import (
     open_store,
     pg_turns,
 )
+from brain.store.controls import ControlRows
 from infra.broker import Broker
 from infra.db import dialect, lock_class
 from infra.liveness import Liveness
@@ -752,6 +753,27 @@ async def test_a_result_of_any_json_type_reads_back_as_it_was_sent(store, result
         await _apply(store, [SucceededEvent(seq=3, body=SucceededBody(result=None), **h)])
     row = await store.pool.fetchrow("SELECT result FROM executions WHERE id = 'e4'")
     assert row["result"] == result and type(row["result"]) is type(result)
+
+
+@pytest.mark.parametrize("result", ["plain text", 42, [1, "two"], {"ok": True, "n": 1.5}])
+async def test_a_turns_view_reads_its_row_entries_and_executions_as_the_portable_reads_do(store, result):
+    # Given a turn whose tool succeeded with a result of some JSON type
+    turn_id = await _submit(store)
+    await _waiting_on(store, turn_id, "e6")
+    await _apply(store, list(_events("e6", result=result)))
+
+    # When it is read as a description reads it (one statement on PostgreSQL)
+    view = await store.read(lambda c: store.turn_view(c, "ns", turn_id))
+
+    # Then it is what the backend-neutral reads (three statements) find, typed alike
+    portable = await store.read(lambda c: ControlRows.turn_view(store, c, "ns", turn_id))
+    assert view == portable and view is not None
+    assert view.turn.id == turn_id and view.turn.status is TurnStatus.RUNNING
+    assert [e.seq for e in view.entries] == [seq for seq, _ in await _facts(store)]
+    assert [(x["id"], x["status"], x["result"]) for x in view.executions] == [("e6", "succeeded", result)]
+    assert view.entries[0].facts[0]["kind"] == "turn.accepted"
+    # and another namespace's caller finds no such turn
+    assert await store.read(lambda c: store.turn_view(c, "other", turn_id)) is None
 
 
 # ---- failing a turn, repairs ----------------------------------------------------------

@@ -61,13 +61,13 @@ async def test_a_wait_answers_when_its_turn_ends_here_not_at_its_next_look(pg_st
     # Given an API whose waits look again only once a minute, and a client waiting for a turn
     api = _api(pg_store, wait_poll=60.0)
     described: list[str] = []
-    entries = pg_store.entries
+    view = pg_store.turn_view
 
-    async def spy(conn: Any, session_id: str, **options: Any) -> Any:
-        described.append(session_id)  # a description reads the turn's journal; a look does not
-        return await entries(conn, session_id, **options)
+    async def spy(conn: Any, namespace: str, turn_id: str) -> Any:
+        described.append(turn_id)  # a description reads the turn's view; a look, its row only
+        return await view(conn, namespace, turn_id)
 
-    pg_store.entries = spy  # type: ignore[method-assign]
+    pg_store.turn_view = spy  # type: ignore[method-assign]
     async with _http(api) as http:
         turn = (await http.post("/v1/sessions/s-1/turns", json=BODY)).json()["turn_id"]
         waiting = asyncio.create_task(http.get(f"/v1/turns/{turn}", params={"wait": "50s"}))
@@ -81,7 +81,7 @@ async def test_a_wait_answers_when_its_turn_ends_here_not_at_its_next_look(pg_st
         found = (await asyncio.wait_for(waiting, 10)).json()
         assert found["status"] == "completed"
         assert not api.endings.waiting(turn)  # nothing is kept for a wait that answered
-        assert described == ["s-1"]  # described once, as it answered; the looks read the row
+        assert described == [turn]  # described once, as it answered; the looks read the row
 
 
 async def test_a_wait_for_a_turn_that_ends_elsewhere_sees_it_at_its_next_look(pg_store: BrainStore) -> None:

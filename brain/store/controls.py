@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from brain.store.records import TERMINAL_SQL, TURN_COLUMNS, Control, TurnRow
+from brain.store.records import TERMINAL_SQL, TURN_COLUMNS, VIEW_EXECUTION_COLUMNS, Control, TurnRow, TurnView
 from brain.store.repairs import UNSETTLED_SQL, RepairRows
 from infra.transport import Topology
 from protocol import CancelBody, CancelControl
@@ -30,6 +30,19 @@ class ControlRows(RepairRows):
             f"SELECT {TURN_COLUMNS} FROM turns WHERE id = $1 AND namespace = $2{locked}", turn_id, namespace
         )
         return TurnRow.from_record(rec) if rec is not None else None
+
+    async def turn_view(self, conn: Any, namespace: str, turn_id: str) -> TurnView | None:
+        """The turn (if it is ``namespace``'s) with its journal entries and executions: one
+        statement, and so one moment, where the backend can."""
+        turn = await self.lock_turn(conn, namespace, turn_id, lock=False)
+        if turn is None:
+            return None
+        entries = await self.entries(conn, turn.session_id, turn_id=turn_id, limit=100_000)
+        rows = await conn.fetch(
+            f"SELECT {VIEW_EXECUTION_COLUMNS} FROM executions WHERE turn_id = $1 ORDER BY tool_step, call_id",
+            turn_id,
+        )
+        return TurnView(turn, entries, [dict(r) for r in rows])
 
     async def status_of(self, conn: Any, turn_id: str) -> str:
         return str(await conn.fetchval("SELECT status FROM turns WHERE id = $1", turn_id))

@@ -5,6 +5,7 @@ threads, journal entries)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -12,7 +13,16 @@ from brain.store.bindings import newest
 from brain.store.executions import NAMED_COLUMNS, Planned, Touched, effect_values
 from brain.store.journal import JOURNAL_COLUMNS
 from brain.store.pg_turns import JOURNAL_ENTRIES
-from brain.store.records import FINAL_SQL, TURN_COLUMNS, Applied, ClaimBudget, Entry, TurnRow
+from brain.store.records import (
+    FINAL_SQL,
+    TURN_COLUMNS,
+    VIEW_EXECUTION_COLUMNS,
+    Applied,
+    ClaimBudget,
+    Entry,
+    TurnRow,
+    TurnView,
+)
 from brain.store.repairs import OPEN_SQL, RepairRows
 from infra.db import Json
 
@@ -100,7 +110,48 @@ SELECT {", ".join(f"j.{c.strip()}" for c in JOURNAL_COLUMNS.split(","))}
  ORDER BY j.session_id, j.seq"""
 
 
+_JSONB = {"facts", "result", "error"}  # the jsonb columns of a turn's view
+
+
+def _qualified(alias: str, columns: str) -> list[str]:
+    return [f"{alias}.{c.strip()}" for c in columns.split(",")]
+
+
+def _row_of(alias: str, columns: str) -> str:
+    """``ROW(...)`` of ``columns``, its jsonb ones as text: asyncpg decodes the fields of an
+    anonymous row in binary, which the pool's JSON codec (text) does not read."""
+    fields = [f"{c}::text" if c.split(".")[1] in _JSONB else c for c in _qualified(alias, columns)]
+    return f"ROW({', '.join(fields)})"
+
+
+_ENTRY_FIELDS = [c.strip() for c in JOURNAL_COLUMNS.split(",")]
+_VIEW_FIELDS = [c.strip() for c in VIEW_EXECUTION_COLUMNS.split(",")]
+# A turn's description in one statement (one round trip, one snapshot): its entries and
+# executions as arrays of anonymous rows, which asyncpg gives as tuples.
+_TURN_VIEW = f"""
+SELECT {", ".join(_qualified("t", TURN_COLUMNS))},
+       ARRAY(SELECT {_row_of("j", JOURNAL_COLUMNS)} FROM journal j
+              WHERE j.session_id = t.session_id AND j.turn_id = t.id ORDER BY j.seq) AS view_entries,
+       ARRAY(SELECT {_row_of("e", VIEW_EXECUTION_COLUMNS)} FROM executions e
+              WHERE e.turn_id = t.id ORDER BY e.tool_step, e.call_id) AS view_executions
+  FROM turns t WHERE t.id = $1 AND t.namespace = $2"""
+
+
+def _fields(names: list[str], row: tuple[Any, ...]) -> dict[str, Any]:
+    return {k: json.loads(v) if k in _JSONB and v is not None else v for k, v in zip(names, row, strict=True)}
+
+
 class PgExecutionRows(RepairRows):
+    async def turn_view(self, conn: Any, namespace: str, turn_id: str) -> TurnView | None:
+        rec = await conn.fetchrow(_TURN_VIEW, turn_id, namespace)
+        if rec is None:
+            return None
+        return TurnView(
+            TurnRow.from_record(rec),
+            [Entry(**_fields(_ENTRY_FIELDS, row)) for row in rec["view_entries"]],
+            [_fields(_VIEW_FIELDS, row) for row in rec["view_executions"]],
+        )
+
     async def _lock_named(self, conn: Any, execution_ids: Sequence[str]) -> dict[str, Any]:
         return {r["id"]: r for r in await conn.fetch(_LOCK_NAMED, list(execution_ids))}
 

@@ -215,6 +215,20 @@ class Entry:
         return cls(**{k: rec[k] for k in cls.__dataclass_fields__})
 
 
+# What a turn's description shows of each of its executions (and its conversation's tool messages).
+VIEW_EXECUTION_COLUMNS = "id, call_id, tool, route, status, attempts, how, evidence, result, error, last_seq"
+
+
+@dataclass(frozen=True)
+class TurnView:
+    """A turn as it is described: its row, its journal entries in order, and its executions by
+    step and call id (``VIEW_EXECUTION_COLUMNS`` of each)."""
+
+    turn: TurnRow
+    entries: list[Entry]
+    executions: list[dict[str, Any]]
+
+
 @dataclass
 class Control:
     """A control message (cancel) committed in the outbox, to publish after the commit."""
