@@ -18,7 +18,7 @@ from brain.context import BrainContext
 from brain.history import ReadAhead
 from brain.states import TurnPhase, TurnStatus
 from brain.store import Move, Moved, Settled, TurnRow
-from brain.store.submits import Start, Submit
+from brain.store.submits import Mark, Start, Submit
 from infra.logging import get_logger
 from protocol import IllegalTransitionError, LimitReachedError, RoutingError, StaleOwnerError, TendonError
 
@@ -253,6 +253,9 @@ async def _prepare(ctx: BrainContext, conn: Any, row: TurnRow, now: Any, claim: 
     return moves.prepare(row, freeze=found)
 
 
+MAX_CHOSEN = 256  # tool sets whose chosen bindings a Brain keeps for its served submits
+
+
 @dataclass
 class Served:
     """Submits this Brain serves (its HTTP API). While few runs are in progress here (``quiet``),
@@ -267,23 +270,39 @@ class Served:
     ctx: BrainContext
     quiet: Callable[[], bool]
     adopt: Callable[[TurnRow], None]
+    # For each set of tools, the bindings a new thread would freeze and the mark of the
+    # announcements they were chosen from: offered again without a read until a submit finds
+    # that the announcements changed (it then queues its turn, and the next one reads again).
+    chosen: dict[tuple[str, ...], tuple[dict[str, Any], Mark]] = field(default_factory=dict)
 
     async def _offer(self, s: Submit) -> Start:
         """What the submit may start the turn with: a thread kept here with its bindings frozen
-        needs nothing more; any other may be new, and then freezes the bindings announced now (read
-        before the submit: the submit itself finds out whether the thread is there)."""
+        needs nothing more; any other may be new, and then freezes the bindings announced now
+        (chosen before the submit, which finds out whether the thread is there, and checks that
+        the announcements are still those it was chosen from)."""
         ctx = self.ctx
         kept = ctx.threads.known(s.thread_id)
         if kept is not None and kept[1]["bindings"] is not None:
             return Start(ctx.owner, ctx.lease_seconds, None)
-        found, missing = await ctx.store.read(lambda conn: announced(ctx, conn, s.agent))
-        return Start(ctx.owner, ctx.lease_seconds, None if missing else found)
+        tools = tuple(s.agent.tools)
+        chosen = self.chosen.get(tools)
+        if chosen is None:
+            chosen = await ctx.store.read(lambda conn: ctx.store.marked_bindings(conn, tools))
+        found, missing = await announced(ctx, None, s.agent, chosen[0])
+        if missing:  # not kept: an announcement may come at any moment, and nothing would say
+            return Start(ctx.owner, ctx.lease_seconds, None)
+        if tools not in self.chosen and len(self.chosen) >= MAX_CHOSEN:
+            self.chosen.clear()  # agents with that many tool sets: a read each again, for a while
+        self.chosen[tools] = chosen
+        return Start(ctx.owner, ctx.lease_seconds, found, (tools, chosen[1]))
 
     async def submit(self, s: Submit) -> tuple[str, bool]:
         ctx = self.ctx
         if not self.quiet():
             return await ctx.store.submit(s)
         done = await ctx.store.submit_served(s, await self._offer(s))
+        if done.stale:
+            self.chosen.pop(tuple(s.agent.tools), None)
         row = done.started
         if row is not None:
             assert done.seq is not None

@@ -11,12 +11,16 @@ from typing import Any
 import pytest
 
 from brain import moves, verbs
+from brain.claims import Served
 from brain.runs import Scheduler, Wakeups
 from brain.states import TurnPhase, TurnStatus
 from brain.store import BrainStore
 from brain.store.submits import Start, Submit, Submitted
+from infra.localqueue import LocalBroker
+from infra.transport import Topology
 from protocol import IllegalTransitionError
-from tests.test_brain_store import AGENT, _claim, _facts, _move, _submit, _turn, pg_store, store
+from tests.test_brain_claims import BINDING, _context
+from tests.test_brain_store import AGENT, _agent, _claim, _facts, _move, _submit, _turn, pg_store, store
 
 __all__ = ["pg_store", "store"]  # the fixtures, used by name
 
@@ -237,3 +241,47 @@ async def test_the_bindings_a_served_submit_offers_are_frozen_only_by_a_thread_i
     other = await _served(store, "r3", bindings=None, session="s2")
     assert (other.started, other.froze) == (None, None)
     assert (await store.read(lambda c: store.thread(c, "s2")))["bindings"] is None
+
+
+async def test_served_submits_reuse_the_bindings_they_chose_until_the_announcements_change(
+    store: BrainStore, tmp_path: Any
+) -> None:
+    # Given a pool that announced version 1 of a tool, and a Brain serving submits of new sessions
+    await store.transact(lambda c: store.store_bindings(c, [BINDING], "wake"))
+    agent = _agent(tools=["lab_tool"])
+    reads: list[Any] = []
+    marked = store.marked_bindings
+
+    async def spy(conn: Any, tools: Any) -> Any:
+        reads.append(tools)
+        return await marked(conn, tools)
+
+    store.marked_bindings = spy  # type: ignore[method-assign]
+
+    def asked(session: str) -> Submit:
+        return Submit(namespace="ns", session_id=session, request_id="r", user_input="hi", agent=agent,
+                      wake_channel="wake")  # fmt: skip
+
+    async def frozen(session: str) -> Any:
+        return (await store.read(lambda c: store.thread(c, session)))["bindings"]
+
+    async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
+        served = Served(_context(store, transport), quiet=lambda: True, adopt=lambda row: None)
+        # When two new threads start: the announcements are read for the first only
+        first, _ = await served.submit(asked("s1"))
+        second, _ = await served.submit(asked("s2"))
+        assert len(reads) == 1
+        for session, turn in (("s1", first), ("s2", second)):
+            assert (await _turn(store, turn)).status is TurnStatus.RUNNING
+            assert (await frozen(session))["lab_tool"]["version"] == "1"
+
+        # When the pool then announces version 2: the next new thread does not freeze what was
+        # chosen before it (its turn is queued: its claim chooses), and the one after reads again
+        v2 = BINDING.model_copy(update={"version": "2", "digest": "2" * 64})
+        await store.transact(lambda c: store.store_bindings(c, [v2], "wake"))
+        third, _ = await served.submit(asked("s3"))
+        assert (await _turn(store, third)).status is TurnStatus.QUEUED and await frozen("s3") is None
+        fourth, _ = await served.submit(asked("s4"))
+        assert len(reads) == 2
+        assert (await _turn(store, fourth)).status is TurnStatus.RUNNING
+        assert (await frozen("s4"))["lab_tool"]["version"] == "2"

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from brain.store.sessions import SessionRows
+from brain.store.submits import Mark, mark_of
 from infra.store import as_time
 from protocol import version_key
 
@@ -49,10 +50,12 @@ class BindingRows(SessionRows):
 
     async def latest_bindings(self, conn: Any, tools: Sequence[str]) -> dict[str, Any]:
         """The binding of each tool a new thread freezes (see :func:`newest`)."""
-        rows = []
-        for name in tools:
-            rows += await conn.fetch("SELECT name, binding, announced_at FROM bindings WHERE name = $1", name)
-        return newest(rows)
+        return newest(await self.binding_rows(conn, tools))
+
+    async def marked_bindings(self, conn: Any, tools: Sequence[str]) -> tuple[dict[str, Any], Mark]:
+        """``latest_bindings``, with the mark of the announcements they were chosen from."""
+        rows = await self.binding_rows(conn, tools)
+        return newest(rows), mark_of(rows)
 
     async def bound_routes(self, tools: Sequence[str]) -> list[tuple[str, str]]:
         """(tool, route) of every announced binding of ``tools``."""

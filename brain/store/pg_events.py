@@ -9,7 +9,6 @@ import json
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from brain.store.bindings import newest
 from brain.store.executions import NAMED_COLUMNS, Planned, Touched, effect_values
 from brain.store.journal import JOURNAL_COLUMNS
 from brain.store.pg_turns import JOURNAL_ENTRIES
@@ -216,11 +215,12 @@ class PgExecutionRows(RepairRows):
             list(looks.values()),
         )
 
-    async def latest_bindings(self, conn: Any, tools: Sequence[str]) -> dict[str, Any]:
-        rows = await conn.fetch(
-            "SELECT name, binding, announced_at FROM bindings WHERE name = ANY($1::text[])", list(tools)
+    async def binding_rows(self, conn: Any, tools: Sequence[str]) -> list[Any]:
+        return list(
+            await conn.fetch(
+                "SELECT name, binding, announced_at FROM bindings WHERE name = ANY($1::text[])", list(tools)
+            )
         )
-        return newest(rows)
 
     async def threads(self, conn: Any, thread_ids: Sequence[str]) -> list[Any]:
         return await conn.fetch("SELECT * FROM threads WHERE id = ANY($1::text[])", list(thread_ids))

@@ -42,9 +42,16 @@ known AS (
            CASE WHEN l.id IS NULL OR $14::text IS NULL THEN k.thread_open
                 ELSE thread_open_turns($6, ARRAY[{TERMINAL_SQL[1:-1]}]) END AS thread_open
       FROM ({KNOWN_SQL}) AS k LEFT JOIN session_lock sl ON true LEFT JOIN locked l ON true),
+-- Whether the announcements the offered bindings were chosen from ($18 the tools, $19 how many
+-- rows, $20 the latest time) are still those: else a new thread does not freeze them.
+mark AS (
+    SELECT $18::text[] IS NULL
+           OR (count(*) = $19::bigint AND max(announced_at) IS NOT DISTINCT FROM $20::timestamptz) AS fresh
+      FROM bindings WHERE name = ANY($18::text[])),
 ok AS (
     SELECT *, $14::text IS NOT NULL AND thread_open = 0
-              AND (thread_bound OR (agent_name IS NULL AND $15::jsonb IS NOT NULL)) AS starts
+              AND (thread_bound OR (agent_name IS NULL AND $15::jsonb IS NOT NULL
+                                    AND (SELECT fresh FROM mark))) AS starts
       FROM known
      WHERE turn_id IS NULL AND (agent_digest IS NULL OR agent_digest = $7)
        AND (session_ns IS NULL OR (session_ns = $1 AND session_closed IS NULL))
@@ -74,7 +81,7 @@ entry AS (
       FROM turn RETURNING seq),
 hint AS (SELECT pg_notify($12, '') FROM ok WHERE NOT ok.starts)
 SELECT known.*, (SELECT count(*) FROM ok) > 0 AS created, (SELECT count(*) FROM hint) AS hinted,
-       (SELECT seq FROM entry) AS entry_seq, turn.*
+       (SELECT seq FROM entry) AS entry_seq, (SELECT fresh FROM mark) AS bindings_fresh, turn.*
   FROM known LEFT JOIN turn ON true"""
 
 # One walk of the claimable turns: one more is locked than is claimed, and finding it says there
@@ -195,12 +202,13 @@ class PgTurnRows(TurnRows):
     async def submit_in(self, conn: Any, s: Submit, start: Start | None) -> Submitted:
         turn_id = f"turn-{new_id()}"
         agent = s.agent
+        tools, mark = start.announced if start and start.announced else (None, (None, None))
         known = await conn.fetchrow(
             _SUBMIT, s.namespace, s.session_id, s.request_id, agent.name, agent.version, s.thread_id,
             agent.digest, agent.model_dump(mode="json"), turn_id, s.input_digest, submit_facts(s, None),
             s.wake_channel, s.thread, start.owner if start else None,
             start.bindings if start else None, start.lease_seconds if start else None,
-            submit_facts(s, start) if start else None,
+            submit_facts(s, start) if start else None, list(tools) if tools is not None else None, *mark,
         )  # fmt: skip
         if known["created"]:
             if known["status"] == "running":
@@ -208,7 +216,7 @@ class PgTurnRows(TurnRows):
                 row = TurnRow.from_record(known)
                 facts = submit_facts(s, start)
                 return Submitted(turn_id, True, row, known["entry_seq"], facts, frozen_by(known, start))
-            return Submitted(turn_id, True)
+            return Submitted(turn_id, True, stale=known["agent_name"] is None and not known["bindings_fresh"])
         existing = check_submit(
             known, namespace=s.namespace, session_id=s.session_id, thread=s.thread, request_id=s.request_id,
             input_digest=s.input_digest, agent=agent,

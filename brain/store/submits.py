@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import cached_property
 from typing import Any
 
@@ -17,7 +18,18 @@ from brain.facts import accepted
 from brain.states import TurnPhase
 from brain.store.journal import JournalRows
 from brain.store.records import TERMINAL_SQL, TURN_COLUMNS, TurnRow
+from infra.store import as_time
 from protocol import ConflictError, IllegalTransitionError, digest, new_id
+
+# What the announcements of some tools were when bindings were chosen from them: how many rows,
+# and the latest time one was announced (a new row adds one; an announcement again moves it on).
+Mark = tuple[int, datetime | None]
+
+
+def mark_of(rows: Sequence[Mapping[str, Any]]) -> Mark:
+    """The mark of announcement rows (``announced_at`` of each)."""
+    return len(rows), max((as_time(r["announced_at"]) for r in rows), default=None)
+
 
 MAIN_THREAD = "main"
 
@@ -130,6 +142,9 @@ class Start:
     owner: str
     lease_seconds: float
     bindings: Mapping[str, Any] | None  # None: only an existing thread, with its bindings, starts
+    # The announcements ``bindings`` were chosen from (their tools and mark): a new thread freezes
+    # them only if the announcements are still those; else the turn is queued (its claim chooses).
+    announced: tuple[Sequence[str], Mark] | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +158,7 @@ class Submitted:
     seq: int | None = None
     facts: Sequence[Mapping[str, Any]] = ()
     froze: Mapping[str, Any] | None = None  # the bindings of the thread it made (a started turn's)
+    stale: bool = False  # the offered bindings' announcements had changed: they were not used
 
 
 def submit_facts(s: Submit, start: Start | None) -> list[dict[str, Any]]:
@@ -180,6 +196,22 @@ class SubmitRows(JournalRows):
         runs one write transaction at a time, the transaction is the lock)."""
         await conn.fetchrow(f"SELECT id FROM threads WHERE id = $1{self.FOR_UPDATE}", thread_id)
 
+    async def binding_rows(self, conn: Any, tools: Sequence[str]) -> list[Any]:
+        """The announcements of ``tools`` (``name``, ``binding``, ``announced_at``: a row per pool
+        and version; one statement where the backend can)."""
+        rows = []
+        for name in tools:
+            rows += await conn.fetch("SELECT name, binding, announced_at FROM bindings WHERE name = $1", name)
+        return rows
+
+    async def _still_announced(self, conn: Any, known: Mapping[str, Any], start: Start) -> bool:
+        """Whether the announcements a new thread's offered bindings were chosen from are still
+        those (an existing thread keeps its own: nothing to check)."""
+        if start.announced is None or known["agent_name"] is not None:
+            return True
+        tools, mark = start.announced
+        return mark_of(await self.binding_rows(conn, tools)) == mark
+
     async def submit_in(self, conn: Any, s: Submit, start: Start | None) -> Submitted:
         """A submit inside the caller's transaction, which starts the turn's run when ``start``
         offers it and the thread is idle (what ``submit_served`` does, given the thread's lock)."""
@@ -193,7 +225,8 @@ class SubmitRows(JournalRows):
         )  # fmt: skip
         if existing is not None:
             return Submitted(existing, False)
-        if start is not None and not starts_now(known, start):
+        stale = start is not None and not await self._still_announced(conn, known, start)
+        if start is not None and (stale or not starts_now(known, start)):
             start = None
         if known["agent_digest"] is None:
             await conn.execute(
@@ -230,6 +263,6 @@ class SubmitRows(JournalRows):
         )
         if start is None:
             await conn.execute("SELECT pg_notify($1, '')", s.wake_channel)
-            return Submitted(turn_id, True)
+            return Submitted(turn_id, True, stale=stale)
         row = await conn.fetchrow(f"SELECT {TURN_COLUMNS} FROM turns WHERE id = $1", turn_id)
         return Submitted(turn_id, True, TurnRow.from_record(row), seq, said, frozen_by(known, start))
