@@ -11,7 +11,8 @@ part (portable base)       what it owns
 ``steps.StepRows``         a turn's executions as the Brain reads them
 ``executions...Rows``      applying Hands' events (waking or claiming their turns)
 ``repairs.RepairRows``     what the repair scan looks at, failing a turn, the controls outbox
-``controls.ControlRows``   controls (steer, pause, cancel...): their receipts and what they do
+``controls.ControlRows``   controls (steer, pause, cancel...): their receipts and what they do;
+                           a turn as its description reads it (``turn_view``)
 ``gauges.GaugeRows``       what the metrics count when scraped (turns and executions by state)
 ``retention.RetentionRows`` what retention prunes (the journal of long-closed sessions)
 ``infra.parked``           the parked messages (``ParkedRows``)
