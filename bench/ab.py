@@ -13,6 +13,9 @@ the quarters of one run, so runs one after another (even alternating, as the lat
 blocks do) resolve only large differences. Served turn by turn, A and B meet the host alike: a
 tree against itself differed by 0.14 ms over 400 turns each. Not a test and not the benchmark:
 a tool for deciding whether a change to the hot path is worth keeping.
+
+Exit status: 0 with the table; 2 for bad arguments; 1 when a deployment did not start (one line
+says which, why and where its logs are; nothing of either deployment is left running).
 """
 
 from __future__ import annotations
@@ -33,12 +36,26 @@ WARM_UP = 30  # turns per deployment before the measured ones: bindings, caches,
 LOAD_SECONDS = 6.0  # a --load window: long enough for batches to settle, short enough to alternate
 
 
-async def _world(tree: Path, services: Services, extra: dict[str, str], hands: int) -> TendonWorld:
+class NotStarted(Exception):
+    """A deployment did not start (a Brain or Hands process exited, or was not ready in time)."""
+
+
+async def _world(
+    label: str, tree: Path, services: Services, extra: dict[str, str], hands: int
+) -> TendonWorld:
+    """A deployment of ``tree``; one that does not start is stopped and cleaned up at once (no
+    process of it is left running) and raises ``NotStarted`` with the last line of the reason."""
     world = TendonWorld(services, Processes(Path(tempfile.mkdtemp(prefix="tendon-ab-")), tree), extra)
-    await world.start_brain()
-    for _ in range(hands):
-        await world.start_hands()
-    await world.open()
+    try:
+        await world.start_brain()
+        for _ in range(hands):
+            await world.start_hands()
+        await world.open()
+    except Exception as exc:
+        world.procs.stop_all()
+        await world.cleanup()
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+        raise NotStarted(f"{label} did not start: {why} (its logs: {world.procs.log_dir})") from exc
     return world
 
 
@@ -56,10 +73,8 @@ async def compare(
     worlds: list[TendonWorld] = []
     try:
         hands = 2 if load else 1
-        worlds = [
-            await _world(trees[0], services, {}, hands),
-            await _world(trees[1], services, extra_b, hands),
-        ]
+        worlds.append(await _world("A", trees[0], services, {}, hands))  # cleaned up below if B fails
+        worlds.append(await _world("B", trees[1], services, extra_b, hands))
         if load:
             return await _loaded(worlds, load, windows)
         agent = one_call_agent("noop", calls=1)
@@ -144,7 +159,11 @@ def main() -> int:
         return 2
     trees = (args.a.resolve(), args.b.resolve())
     windows = (args.windows, args.seconds)
-    a, b = asyncio.run(compare(trees, dict(args.b_env), args.turns, args.load, windows))
+    try:
+        a, b = asyncio.run(compare(trees, dict(args.b_env), args.turns, args.load, windows))
+    except NotStarted as exc:
+        print(f"bench.ab: {exc}", file=sys.stderr)
+        return 1
     width = max(map(len, a)) + 2
     print(f"{'p50':<{width}}{'A':>9}{'B':>9}{'B - A':>9}")
     for key in a:

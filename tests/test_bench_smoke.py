@@ -92,3 +92,22 @@ def test_the_ab_tool_compares_two_deployments_turn_by_turn_and_under_load(pg_url
     # and a tree that is not Tendon's is one line and exit 2, before anything starts
     bad = _bench(["bench.ab", "/nonexistent", "."], pg_url, amqp_url, timeout=60)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0, bad.stderr
+    # and a B whose Brain refuses to start is one line and exit 1, with nothing of A left running
+    refused = ["bench.ab", ".", ".", "--turns", "2", "--b-env", "TENDON_CONCURRENCY=0"]
+    broken = _bench(refused, pg_url, amqp_url, timeout=120)
+    assert broken.returncode == 1 and broken.stderr.strip().count("\n") == 0, broken.stderr
+    assert broken.stderr.startswith("bench.ab: B did not start: "), broken.stderr
+    assert _ab_processes() == [], "a deployment of bench.ab outlived it"
+
+
+def _ab_processes() -> list[int]:
+    """The processes that bench.ab started (their ready files are in its ``tendon-ab-`` dirs)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            text = environ.read_bytes()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if b"TENDON_READY_FILE=" in text and b"/tendon-ab-" in text:
+            found.append(int(environ.parent.name))
+    return found
