@@ -132,7 +132,9 @@ def _setting(text: str) -> tuple[str, str]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench.ab", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[-1]
+    )
     p.add_argument("a", type=Path, help="the work tree of A (the baseline)")
     p.add_argument("b", type=Path, help="the work tree of B (may be A's, with --b-env)")
     p.add_argument("--turns", type=int, default=400, help="measured turns for each (default 400)")
