@@ -226,10 +226,13 @@ async def announced(
 ) -> tuple[dict[str, Any], list[str]]:
     """The bindings a new thread of ``agent`` would freeze now, and the tools no pool announced
     (``known``: the latest bindings of its tools, read already)."""
-    if known is None:
-        found = await ctx.store.latest_bindings(conn, agent.tools)
-    else:
-        found = {t: known[t] for t in agent.tools if t in known}
+    return offered(agent, known if known is not None else await ctx.store.latest_bindings(conn, agent.tools))
+
+
+def offered(agent: AgentDefinition, latest: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """What a new thread of ``agent`` freezes given the ``latest`` announced bindings (its manual
+    tools' included), and the tools no pool announced."""
+    found = {t: latest[t] for t in agent.tools if t in latest}
     missing = sorted(set(agent.tools) - set(found))
     return found | {m.name: m.binding() for m in agent.manual_tools}, missing
 
@@ -288,7 +291,7 @@ class Served:
         chosen = self.chosen.get(tools)
         if chosen is None:
             chosen = await ctx.store.read(lambda conn: ctx.store.marked_bindings(conn, tools))
-        found, missing = await announced(ctx, None, s.agent, chosen[0])
+        found, missing = offered(s.agent, chosen[0])
         if missing:  # not kept: an announcement may come at any moment, and nothing would say
             return Start(ctx.owner, ctx.lease_seconds, None)
         if tools not in self.chosen and len(self.chosen) >= MAX_CHOSEN:

@@ -21,6 +21,8 @@ from brain.store.records import (
     Entry,
     TurnRow,
     TurnView,
+    column_names,
+    qualified,
 )
 from brain.store.repairs import OPEN_SQL, RepairRows
 from infra.db import Json
@@ -31,7 +33,7 @@ SELECT {NAMED_COLUMNS}, t.namespace, t.session_id, t.thread_id, t.status AS turn
   FROM executions e JOIN turns t ON t.id = e.turn_id
  WHERE e.id = ANY($1::text[]) ORDER BY t.id, e.id FOR UPDATE OF t, e"""
 
-_TURN_COLS = ", ".join(f"t.{c.strip()}" for c in TURN_COLUMNS.split(","))
+_TURN_COLS = qualified("t", TURN_COLUMNS)
 
 # Effects, wake-ups (a claim for this Brain where ``f.claim``), journal entries and the hint, in
 # one statement. Its snapshot is taken after the turns were locked, so a sibling execution that
@@ -103,7 +105,7 @@ SELECT e.* FROM unnest($1::text[], $2::int[]) AS s(turn_id, tool_step)
  ORDER BY e.turn_id, e.tool_step, e.call_id"""
 
 _SESSIONS_ENTRIES = f"""
-SELECT {", ".join(f"j.{c.strip()}" for c in JOURNAL_COLUMNS.split(","))}
+SELECT {qualified("j", JOURNAL_COLUMNS)}
   FROM unnest($1::text[], $2::bigint[]) AS a(session_id, seq)
   JOIN journal j ON j.session_id = a.session_id AND j.seq > a.seq
  ORDER BY j.session_id, j.seq"""
@@ -112,23 +114,19 @@ SELECT {", ".join(f"j.{c.strip()}" for c in JOURNAL_COLUMNS.split(","))}
 _JSONB = {"facts", "result", "error"}  # the jsonb columns of a turn's view
 
 
-def _qualified(alias: str, columns: str) -> list[str]:
-    return [f"{alias}.{c.strip()}" for c in columns.split(",")]
-
-
 def _row_of(alias: str, columns: str) -> str:
     """``ROW(...)`` of ``columns``, its jsonb ones as text: asyncpg decodes the fields of an
     anonymous row in binary, which the pool's JSON codec (text) does not read."""
-    fields = [f"{c}::text" if c.split(".")[1] in _JSONB else c for c in _qualified(alias, columns)]
+    fields = [f"{alias}.{c}::text" if c in _JSONB else f"{alias}.{c}" for c in column_names(columns)]
     return f"ROW({', '.join(fields)})"
 
 
-_ENTRY_FIELDS = [c.strip() for c in JOURNAL_COLUMNS.split(",")]
-_VIEW_FIELDS = [c.strip() for c in VIEW_EXECUTION_COLUMNS.split(",")]
+_ENTRY_FIELDS = column_names(JOURNAL_COLUMNS)
+_VIEW_FIELDS = column_names(VIEW_EXECUTION_COLUMNS)
 # A turn's description in one statement (one round trip, one snapshot): its entries and
 # executions as arrays of anonymous rows, which asyncpg gives as tuples.
 _TURN_VIEW = f"""
-SELECT {", ".join(_qualified("t", TURN_COLUMNS))},
+SELECT {_TURN_COLS},
        ARRAY(SELECT {_row_of("j", JOURNAL_COLUMNS)} FROM journal j
               WHERE j.session_id = t.session_id AND j.turn_id = t.id ORDER BY j.seq) AS view_entries,
        ARRAY(SELECT {_row_of("e", VIEW_EXECUTION_COLUMNS)} FROM executions e

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
 
-from brain.store.records import TERMINAL_SQL, TURN_COLUMNS, Claimed, Move, Moved, TurnRow
+from brain.store.records import TERMINAL_SQL, TURN_COLUMNS, Claimed, Move, Moved, TurnRow, qualified
 from brain.store.submits import KNOWN_SQL, Start, Submit, Submitted, check_submit, frozen_by, submit_facts
 from brain.store.turns import CLAIM_SET, CLAIMABLE_FROM, TurnRows
 from infra.db import Json, reading
@@ -92,7 +92,7 @@ WITH candidate AS (SELECT t.id, t.wake_at, t.seq {CLAIMABLE_FROM}
 chosen AS (SELECT id FROM candidate ORDER BY wake_at, seq LIMIT $3),
 claimed AS (
     UPDATE turns SET {CLAIM_SET} FROM chosen WHERE turns.id = chosen.id RETURNING turns.*)
-SELECT {", ".join(f"claimed.{c.strip()}" for c in TURN_COLUMNS.split(","))}, now() AS now,
+SELECT {qualified("claimed", TURN_COLUMNS)}, now() AS now,
        (SELECT count(*) FROM candidate) AS claimable
   FROM claimed ORDER BY claimed.id"""
 
@@ -132,7 +132,7 @@ moved AS (
       FROM m
      WHERE t.id = m.id AND t.lease_owner = m.owner AND t.lease_epoch = m.epoch AND t.status = m.from_status
        AND t.phase = m.from_phase AND t.revision = m.from_revision
- RETURNING {", ".join(f"t.{c.strip()}" for c in TURN_COLUMNS.split(","))}, m.facts,
+ RETURNING {qualified("t", TURN_COLUMNS)}, m.facts,
            m.bindings AS freeze_to, m.epoch AS run),
 entry AS (
     SELECT id AS turn_id, session_id, thread_id, run, status, phase, facts,
@@ -145,7 +145,7 @@ frozen AS (
     UPDATE threads th SET bindings = moved.freeze_to
       FROM moved WHERE moved.freeze_to IS NOT NULL AND th.id = moved.thread_id AND th.bindings IS NULL
  RETURNING th.id)
-SELECT {", ".join(f"moved.{c.strip()}" for c in TURN_COLUMNS.split(","))}, w.seq,
+SELECT {qualified("moved", TURN_COLUMNS)}, w.seq,
        moved.thread_id IN (SELECT id FROM frozen) AS froze
   FROM moved LEFT JOIN written w ON w.turn_id = moved.id"""
 _INTENT = """intent AS (

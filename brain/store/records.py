@@ -215,6 +215,16 @@ class Entry:
         return cls(**{k: rec[k] for k in cls.__dataclass_fields__})
 
 
+def column_names(columns: str) -> list[str]:
+    """The names in a comma-separated column list (``TURN_COLUMNS``...)."""
+    return [c.strip() for c in columns.split(",")]
+
+
+def qualified(alias: str, columns: str) -> str:
+    """A comma-separated column list with each name as ``alias.name``."""
+    return ", ".join(f"{alias}.{c}" for c in column_names(columns))
+
+
 # What a turn's description shows of each of its executions (and its conversation's tool messages).
 VIEW_EXECUTION_COLUMNS = "id, call_id, tool, route, status, attempts, how, evidence, result, error, last_seq"
 
