@@ -95,8 +95,9 @@ class ThreadHistory:
 
 @dataclass
 class ReadAhead:
-    """The conversations of several turns, read inside the transaction that moved them (a claim):
-    kept by :meth:`HistoryCache.keep` once it committed, as if each turn's run had read its own."""
+    """The conversations of several turns, read inside the transaction that moved them (a claim)
+    or after it committed (an apply), up to the entries it wrote: kept by
+    :meth:`HistoryCache.keep` once it committed, as if each turn's run had read its own."""
 
     after: dict[str, int]  # thread id -> the seq its cached history had when this was read
     entries: dict[str, list[Entry]]  # session id -> its entries after the least of those seqs
@@ -151,14 +152,16 @@ class HistoryCache:
         """Read what the conversations of ``rows`` lack, for all of them at once: one statement
         for their sessions' new entries, one for the executions those name that are not in
         ``known`` (rows the caller read already). ``upto``: the seq of the entry the caller's
-        transaction wrote for each turn (by turn id); a conversation more than
-        ``read_ahead_entries`` behind it is left out. Nothing here changes until :meth:`keep`."""
+        transaction wrote for each turn (by turn id); later entries are left out, and so is a
+        conversation more than ``read_ahead_entries`` behind it. Nothing here changes until :meth:`keep`."""
         rows = [r for r in rows if upto.get(r.id, 0) - self._seq(r.thread_id) <= self.read_ahead_entries]
         after = {r.thread_id: self._seq(r.thread_id) for r in rows}
         since: dict[str, int] = {}
         for r in rows:
             since[r.session_id] = min(since.get(r.session_id, after[r.thread_id]), after[r.thread_id])
         entries = await self.store.sessions_entries(conn, since) if since else {}
+        for session_id, bound in _bounds(rows, upto).items():
+            entries[session_id] = [e for e in entries.get(session_id, []) if e.seq <= bound]
         needed = [e for e in needed_executions(e for es in entries.values() for e in es) if e not in known]
         executions = dict(known)
         if needed:
@@ -244,6 +247,21 @@ class HistoryCache:
         history = self._fresh(row.thread_id)
         history.extend([_entry(row, seq, facts)], {}, row.thread_id)
         history.valid_for = (row.id, row.revision)
+
+
+def _bounds(rows: Sequence[TurnRow], upto: Mapping[str, int]) -> dict[str, int]:
+    """The last seq a read ahead keeps per session: that of the latest entry the transaction
+    that moved its turns wrote. Entries up to it are committed with that transaction (a session's
+    seqs are handed out under its row's lock), so a read after the commit keeps what a read inside
+    it saw; a session with a turn the caller wrote no entry for is not bounded."""
+    bounds: dict[str, int] = {}
+    open_: set[str] = set()
+    for r in rows:
+        if r.id not in upto:
+            open_.add(r.session_id)
+        else:
+            bounds[r.session_id] = max(bounds.get(r.session_id, 0), upto[r.id])
+    return {s: b for s, b in bounds.items() if s not in open_}
 
 
 def _entry(row: TurnRow, seq: int, facts: Sequence[Mapping[str, Any]]) -> Entry:

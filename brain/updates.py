@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from structlog.contextvars import bound_contextvars
@@ -80,7 +80,7 @@ class UpdateConsumer:
         applied = await self.ctx.store.apply_events(
             conn, ranges, wake_channel=self.ctx.wake_channel, budget=budget
         )
-        read = await self._read_ahead(conn, applied)
+        read = self._read_ahead(applied)
         results: list[Any] = []
         for events, (refused, claimed) in zip(ranges, applied.by_range(), strict=True):
             mine = dict.fromkeys(e.execution_id for e in events)
@@ -88,16 +88,24 @@ class UpdateConsumer:
             results.append(refused if refused is not None else (claimed, ended, applied, read))
         return results
 
-    async def _read_ahead(self, conn: Any, applied: Applied) -> ReadAhead | None:
+    def _read_ahead(self, applied: Applied) -> SharedRead | None:
         """What the model calls of the turns this apply claimed need and this process does not
-        keep (their runs went on elsewhere, or long ago): read here for all of them, not by each
-        run. A conversation kept complete until the apply goes on without a read (``woken``)."""
+        keep (their runs went on elsewhere, or long ago): read for all of them, not by each run,
+        once the apply committed, on a connection of its own, while the next apply goes on (read
+        inside it, the read held the applied turns' locks and the next batch for 10-40 ms). A
+        conversation kept complete until the apply goes on without a read (``woken``)."""
         cold = [r for r in applied.claimed if not self.ctx.history.knew(r)]
         if not cold:
             return None
-        await self.ctx.threads.get_many(conn, {r.thread_id for r in applied.claimed})
+        threads = {r.thread_id for r in applied.claimed}
         upto = {turn_id: seq for turn_id, (seq, _) in applied.entries.items()}
-        return await self.ctx.history.read_ahead(conn, cold, applied.outcomes, upto)
+        outcomes = applied.outcomes
+
+        async def read(conn: Any) -> ReadAhead:
+            await self.ctx.threads.get_many(conn, threads)
+            return await self.ctx.history.read_ahead(conn, cold, outcomes, upto)
+
+        return SharedRead(lambda: self.ctx.store.read(read))
 
     async def handle(self, message: Delivery) -> None:
         """Apply one message; whatever happens, it is acked, parked or requeued."""
@@ -165,8 +173,10 @@ class UpdateConsumer:
             for row in claimed:  # committed: the run goes on from what this apply wrote
                 seq, facts = applied.entries[row.id]
                 self.ctx.history.woken(row, seq, facts, applied.outcomes)
-            if read is not None:
-                self.ctx.history.keep(read, claimed)
+            if read is not None and claimed:
+                conversations = await read.result()
+                if conversations is not None:
+                    self.ctx.history.keep(conversations, claimed)
             log.debug("update_applied", events=len(resolved), claimed=len(claimed))
             return claimed  # type: ignore[no-any-return]
 
@@ -236,6 +246,28 @@ class BindingsConsumer:
         await store.transact(lambda conn: store.store_bindings(conn, bindings, self.ctx.wake_channel))
         log.info("bindings_announced", route=announcement.body.route, tools=[b.name for b in bindings])
         await message.ack()
+
+
+class SharedRead:
+    """A read that the callers of one committed batch share: the first to ask starts it (after
+    the commit: it reads what the batch wrote), the others wait for the same result. One that
+    fails gives None: the runs then read their own conversations."""
+
+    def __init__(self, start: Callable[[], Awaitable[ReadAhead]]) -> None:
+        self._start = start
+        self._task: asyncio.Task[ReadAhead | None] | None = None
+
+    async def result(self) -> ReadAhead | None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._read(), name="read-ahead")
+        return await asyncio.shield(self._task)  # one caller's cancel is not the others'
+
+    async def _read(self) -> ReadAhead | None:
+        try:
+            return await self._start()
+        except Exception as exc:  # noqa: BLE001 - the runs read for themselves
+            log.warning("read_ahead_failed", error=str(exc))
+            return None
 
 
 def _check_digest(binding: ToolBinding) -> None:

@@ -20,7 +20,7 @@ from brain.context import BrainContext
 from brain.history import HistoryCache
 from brain.relay import CommandRelay, ControlRelay
 from brain.states import TurnPhase
-from brain.store import BrainStore
+from brain.store import BrainStore, ClaimBudget
 from infra.killpoints import KillPoints
 from infra.localqueue import LocalBroker
 from infra.payloads import PayloadCodec
@@ -230,3 +230,21 @@ async def test_a_conversation_far_behind_is_left_to_its_run_not_read_inside_the_
     # Then the claim's transaction did not read its journal: its run will, outside any transaction
     (row,) = claim.runs
     assert reads.asked == [] and ctx.history.cached(row) is None
+
+
+async def test_a_read_ahead_keeps_no_entry_after_the_one_its_transaction_wrote(store: BrainStore) -> None:
+    # Given a turn back from its tool whose apply wrote entry ``upto``, and a later entry of its
+    # session (another turn submitted) committed before the conversation is read
+    await _waiting_on(store, await _submit(store), "e1", freeze={})
+    applied = await _apply(store, list(_events("e1", "done")), budget=ClaimBudget("me", 30.0, 1))
+    (row,) = applied.claimed
+    upto, _ = applied.entries[row.id]
+    await _submit(store, request_id="r2", text="later")
+    history = HistoryCache(store)
+    # When the conversation is read ahead up to that entry
+    read = await store.read(lambda c: history.read_ahead(c, [row], applied.outcomes, {row.id: upto}))
+    # Then it ends there, as a read inside the apply's transaction would have
+    assert [e.seq for e in read.entries[row.session_id]] == list(range(1, upto + 1))
+    # And without a bound it does not
+    unbounded = await store.read(lambda c: history.read_ahead(c, [row], applied.outcomes, {}))
+    assert unbounded.entries[row.session_id][-1].seq == upto + 1

@@ -2,7 +2,8 @@
 apply claimed reaches its next model call without reading the journal, and what it sees then is
 what a read of the journal gives; when the apply cannot tell the whole of it (a sibling ended in
 an earlier apply), the next model call reads; when this Brain keeps nothing of the turns an apply
-claims, the apply reads their conversations for all of them. Both backends."""
+claims, their conversations are read for all of them once the apply committed, while the next
+apply goes on. Both backends."""
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ async def test_a_result_applied_earlier_makes_the_next_model_call_read_the_journ
     assert cached == fresh and [m.content["result"] for m in cached if m.role == "tool"] == [1, 2]
 
 
-async def test_turns_an_apply_claims_without_their_conversation_kept_here_are_read_in_the_apply(
+async def test_turns_an_apply_claims_without_their_conversation_kept_here_are_read_for_all_of_them(
     store: BrainStore, tmp_path: Any
 ) -> None:
     # Given two turns waiting on a tool each, driven by another Brain (nothing of them kept here)
@@ -89,11 +90,71 @@ async def test_turns_an_apply_claims_without_their_conversation_kept_here_are_re
         # When this Brain's update consumer applies their outcomes (and so claims the turns)
         with Outermost(store, "entries", "sessions_entries", "thread", "threads") as reads:
             claimed = [row for rows in await asyncio.gather(*map(consumer._one, ranges)) for row in rows]
-    # Then their conversations and threads were read in the apply, for the turns it claimed
-    # together, not by each run before its model call
+    # Then their conversations and threads were read once for the turns the apply claimed
+    # together (what it committed included), not by each run before its model call
     assert len(claimed) == 2 and "entries" not in reads.asked and "thread" not in reads.asked
     for row in claimed:
         assert ctx.threads.known(row.thread_id) is not None
         fresh = await store.read(lambda c, row=row: HistoryCache(store).messages(c, row))
         assert ctx.history.cached(row) == fresh
         assert [m.content.get("result") for m in fresh if m.role == "tool"] == [int(row.session_id[1:])]
+
+
+async def test_the_read_of_the_conversations_an_apply_claimed_holds_up_no_other_apply(
+    store: BrainStore, tmp_path: Any, monkeypatch: Any
+) -> None:
+    # Given two turns waiting on a tool each, driven by another Brain, and a read of the
+    # conversations that does not get its connection until let through
+    for n in range(2):
+        await _waiting_on(store, await _submit(store, session=f"s{n}"), f"e{n}", freeze={})
+    ranges = [[e.model_copy(update={"session_id": f"s{n}"}) for e in _events(f"e{n}", n)] for n in range(2)]
+    gate, reading = asyncio.Event(), asyncio.Event()
+    read = store.read
+
+    async def held(work: Any) -> Any:
+        if not reading.is_set():
+            reading.set()
+            await gate.wait()
+        return await read(work)
+
+    monkeypatch.setattr(store, "read", held)
+    async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
+        ctx = _context(store, transport)
+        consumer = UpdateConsumer(ctx, transport, Scheduler(ctx, 10, Wakeups(), 1.0))
+        # When the first turn's outcome is applied and its conversation's read is held up
+        first = asyncio.create_task(consumer._one(ranges[0]))
+        await asyncio.wait_for(reading.wait(), 10)
+        # Then the second turn's outcome is applied meanwhile (the read holds no transaction and
+        # no place in the committer), and its turn claimed
+        (second,) = await asyncio.wait_for(consumer._one(ranges[1]), 10)
+        assert not first.done()
+        gate.set()
+        (row,) = await asyncio.wait_for(first, 10)
+    # And the read, made after the commit, gave each run the conversation a read of the journal gives
+    for claimed in (row, second):
+        fresh = await read(lambda c, claimed=claimed: HistoryCache(store).messages(c, claimed))
+        assert ctx.history.cached(claimed) == fresh
+        assert [m.content.get("result") for m in fresh if m.role == "tool"] == [int(claimed.session_id[1:])]
+
+
+async def test_a_failed_read_after_the_apply_leaves_the_run_to_read_its_own_conversation(
+    store: BrainStore, tmp_path: Any, monkeypatch: Any
+) -> None:
+    # Given a turn waiting on a tool, driven by another Brain, and reads that fail for a while
+    await _waiting_on(store, await _submit(store), "e1", freeze={})
+    read = store.read
+
+    async def away(work: Any) -> Any:
+        raise ConnectionResetError("the database went away")
+
+    monkeypatch.setattr(store, "read", away)
+    async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
+        ctx = _context(store, transport)
+        consumer = UpdateConsumer(ctx, transport, Scheduler(ctx, 10, Wakeups(), 1.0))
+        # When its outcome is applied (the turn claimed) and the read of its conversation fails
+        (row,) = await consumer._one(list(_events("e1", "done")))
+    # Then the claim stands and nothing was kept: its run reads the conversation itself
+    assert row.lease_owner == ctx.owner and ctx.history.cached(row) is None
+    monkeypatch.setattr(store, "read", read)
+    messages = await store.read(lambda c: ctx.history.messages(c, row))
+    assert [m.content.get("result") for m in messages if m.role == "tool"] == ["done"]
