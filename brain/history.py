@@ -115,9 +115,9 @@ class HistoryCache:
     def __init__(self, store: BrainStore, limit: int = 1024, read_ahead_entries: int = 1000) -> None:
         self.store = store
         self.limit = limit
-        # A conversation read ahead is read inside a transaction that holds locks: one that many
-        # entries behind (a long session this process never drove) is left to its run instead,
-        # which reads it outside any transaction.
+        # A conversation read ahead is read for many turns at once, by a claim inside its
+        # transaction: one that many entries behind (a long session this process never drove) is
+        # left to its run instead, which reads it alone.
         self.read_ahead_entries = read_ahead_entries
         self._threads: dict[str, ThreadHistory] = {}
 
@@ -153,7 +153,8 @@ class HistoryCache:
         for their sessions' new entries, one for the executions those name that are not in
         ``known`` (rows the caller read already). ``upto``: the seq of the entry the caller's
         transaction wrote for each turn (by turn id); later entries are left out, and so is a
-        conversation more than ``read_ahead_entries`` behind it. Nothing here changes until :meth:`keep`."""
+        conversation more than ``read_ahead_entries`` behind it. Nothing here changes until
+        :meth:`keep`."""
         rows = [r for r in rows if upto.get(r.id, 0) - self._seq(r.thread_id) <= self.read_ahead_entries]
         after = {r.thread_id: self._seq(r.thread_id) for r in rows}
         since: dict[str, int] = {}
@@ -251,17 +252,15 @@ class HistoryCache:
 
 def _bounds(rows: Sequence[TurnRow], upto: Mapping[str, int]) -> dict[str, int]:
     """The last seq a read ahead keeps per session: that of the latest entry the transaction
-    that moved its turns wrote. Entries up to it are committed with that transaction (a session's
-    seqs are handed out under its row's lock), so a read after the commit keeps what a read inside
-    it saw; a session with a turn the caller wrote no entry for is not bounded."""
+    wrote there. A transaction that wrote a session's entry held its row's lock until it
+    committed (the seqs are handed out under it), so every entry up to that one is committed with
+    it and none after it was visible inside it: a read after the commit keeps what a read inside
+    it saw. A session it wrote nothing in is not bounded."""
     bounds: dict[str, int] = {}
-    open_: set[str] = set()
     for r in rows:
-        if r.id not in upto:
-            open_.add(r.session_id)
-        else:
+        if r.id in upto:
             bounds[r.session_id] = max(bounds.get(r.session_id, 0), upto[r.id])
-    return {s: b for s, b in bounds.items() if s not in open_}
+    return bounds
 
 
 def _entry(row: TurnRow, seq: int, facts: Sequence[Mapping[str, Any]]) -> Entry:
