@@ -8,11 +8,14 @@ machine's speed. No timed assertions: benchmarks are not tests.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from typing import Any
 
 import pytest
 
-from bench.cpu import HARNESS, CpuMeter
+from bench.cpu import HARNESS, CpuMeter, per_call
 from bench.scenarios.base import Row
 from bench.scenarios.throughput import WIDE_NAME, Level, cpu_rows, median_cpu, tendon_closed_loop
 
@@ -177,3 +180,28 @@ def test_batch_sizes_are_read_from_the_processes_shutdown_lines(tmp_path: Any) -
         "moves": 10 / 6, "claims": 2.0, "ledger": 2.0, "updates": None,
         "events per message": 2.5, "commands per message": 3.5,
     }  # fmt: skip
+
+
+def test_a_process_that_exits_between_two_readings_never_makes_its_role_use_less_cpu() -> None:
+    # Given a process of a role that has used some CPU (a backend of a service, say)
+    burn = (
+        "import time\nend = time.process_time() + 0.1\nwhile time.process_time() < end: pass\ntime.sleep(60)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", burn])
+    try:
+        meter = CpuMeter(lambda: {"backend": [child.pid]})
+        deadline = time.monotonic() + 30
+        while meter.read().get("backend", 0.0) < 0.05 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        before = meter.read()
+        # When it exits before the next reading
+        child.kill()
+        child.wait()
+        after = meter.read()
+    finally:
+        child.kill()
+        child.wait()
+    # Then the role keeps what it had used: no share goes below zero
+    assert before["backend"] >= 0.05
+    assert after["backend"] == before["backend"]
+    assert all(ms >= 0 for ms in per_call(before, after, 1).values())
