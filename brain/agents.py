@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from brain.retry import RetryPolicy
 from protocol import SchemaError, digest, loads
+from protocol.codec import Encoded
 
 
 class ManualTool(BaseModel):
@@ -51,10 +52,48 @@ _LATER_DEFAULTS: dict[str, Any] = {
 _LATER_LIMITS: dict[str, Any] = {"max_tool_calls": 200, "max_crashes": 3}
 
 
+def _digest(content: dict[str, Any]) -> str:
+    content = {**content, "limits": dict(content["limits"])}
+    for key, default in _LATER_DEFAULTS.items():
+        if content[key] == default:
+            del content[key]
+    for key, default in _LATER_LIMITS.items():
+        if content["limits"][key] == default:
+            del content["limits"][key]
+    return digest(content)
+
+
+class _Forms:
+    """A definition's digest and stored form, kept by its JSON (pydantic's, 9 us to make): a
+    client sends the same definition with every turn, and making them again took 130 us of a
+    submit (a slow host's figure; the JSON form and its encoding, twice)."""
+
+    LIMIT = 256
+
+    def __init__(self) -> None:
+        self.kept: dict[str, tuple[str, Encoded]] = {}
+
+    def of(self, agent: AgentDefinition) -> tuple[str, Encoded]:
+        key = agent.model_dump_json()
+        found = self.kept.get(key)
+        if found is None:
+            content = agent.model_dump(mode="json")
+            found = (_digest(content), Encoded(content))
+            if len(self.kept) >= self.LIMIT:
+                self.kept.clear()
+            self.kept[key] = found
+        return found
+
+
+_FORMS = _Forms()
+
+
 class AgentDefinition(BaseModel):
     """One version of an agent. A thread keeps the version it started with."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Its JSON is the key of its digest (_Forms): an infinity in its free-form settings (the
+    # model's, a manual tool's schema) must not read there as the null another one may hold.
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
 
     name: str = Field(min_length=1)
     version: str = Field(min_length=1)
@@ -77,14 +116,12 @@ class AgentDefinition(BaseModel):
 
     @property
     def digest(self) -> str:
-        content = self.model_dump(mode="json")
-        for key, default in _LATER_DEFAULTS.items():
-            if content[key] == default:
-                del content[key]
-        for key, default in _LATER_LIMITS.items():
-            if content["limits"][key] == default:
-                del content["limits"][key]
-        return digest(content)
+        return _FORMS.of(self)[0]
+
+    @property
+    def stored(self) -> Encoded:
+        """The definition as the record stores it: its JSON form, encoded once."""
+        return _FORMS.of(self)[1]
 
     @classmethod
     def from_file(cls, path: str | Path) -> AgentDefinition:

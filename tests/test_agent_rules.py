@@ -92,6 +92,30 @@ def test_a_definition_written_before_the_new_fields_keeps_its_digest() -> None:
     assert changed.digest != digest(old)
 
 
+def test_a_definitions_digest_and_stored_form_are_made_once_for_its_content_and_only_for_it() -> None:
+    spec = {"name": "kept", "version": "1", "model": {"kind": "scripted", "t": 0.5}, "tools": ["t"]}
+    first, again = AgentDefinition.model_validate(spec), AgentDefinition.model_validate(spec)
+    assert first.stored == first.model_dump(mode="json") and first.stored is again.stored
+    assert first.digest == again.digest
+    # Any other content is another definition, however its JSON reads: an infinity is not the
+    # null of another (the stored form refuses it, as before)
+    other = AgentDefinition.model_validate({**spec, "model": {"kind": "scripted", "t": 0.25}})
+    assert other.digest != first.digest and other.stored["model"]["t"] == 0.25
+    for where in ("model", "manual_tools"):
+        assert AgentDefinition.model_validate(_with(spec, where, None)).digest
+        with pytest.raises(ValueError, match="Out of range float"):
+            AgentDefinition.model_validate(_with(spec, where, float("inf"))).digest  # noqa: B018
+    with pytest.raises(ValueError, match="Out of range float"):
+        AgentDefinition.model_validate({**spec, "retry": {"maximum": float("inf")}}).digest  # noqa: B018
+
+
+def _with(spec: dict[str, Any], where: str, value: Any) -> dict[str, Any]:
+    """``spec`` with ``value`` in a place of its model settings or of a manual tool's schema."""
+    if where == "model":
+        return {**spec, "model": {"kind": "scripted", "t": value}}
+    return {**spec, "manual_tools": [{"name": "m", "input_schema": {"x": value}}]}
+
+
 def _row(**values: Any) -> TurnRow:
     fields: dict[str, Any] = dict(
         id="t1", namespace="n", session_id="s", thread_id="s", request_id="r", status=TurnStatus.RUNNING,

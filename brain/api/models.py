@@ -3,11 +3,15 @@ from these)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from brain.agents import AgentDefinition
+
+M = TypeVar("M", bound=BaseModel)
+JSON = "application/json"
 
 # What the record's integer columns hold: a larger number in a request is refused (422).
 INT32 = 2**31 - 1
@@ -97,3 +101,35 @@ class ReconcileRequest(BaseModel):
 class EventPage(BaseModel):
     events: list[dict[str, Any]]
     cursor: int = Field(description="ask from here next (past every entry looked at)")
+
+
+def parsed(model: type[M], body: bytes) -> M:
+    """A request's body read as ``model`` by a route that reads its own (the submit): a body that
+    is not one is refused as a declared body is, with the error's place under ``body``."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors) from None
+
+
+def inlined(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON Schema with its definitions written in place, for the OpenAPI entry of a
+    route that reads its own body: FastAPI adds to the document's components only the models of
+    declared bodies and answers, so a reference to another would point at nothing."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def resolve(node: Any, seen: tuple[str, ...]) -> Any:
+        if isinstance(node, list):
+            return [resolve(item, seen) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node:
+            name = node["$ref"].rsplit("/", 1)[-1]
+            if name in seen:
+                raise TypeError(f"{model.__name__} refers to itself through {name}: it cannot be inlined")
+            return resolve(definitions[name], (*seen, name))
+        return {key: resolve(value, seen) for key, value in node.items()}
+
+    return resolve(schema, ())  # type: ignore[no-any-return]

@@ -17,6 +17,7 @@ from brain.api.auth import Caller
 from brain.api.models import (
     INT32,
     INT64,
+    JSON,
     ControlRequest,
     ErrorBody,
     EventPage,
@@ -24,6 +25,8 @@ from brain.api.models import (
     RespondRequest,
     SubmitRequest,
     Submitted,
+    inlined,
+    parsed,
 )
 from brain.endings import wake_or_timeout
 from brain.states import TERMINAL_TURN, TurnStatus
@@ -73,36 +76,51 @@ async def until_ended(api: Api, namespace: str, turn_id: str, wait: float, *, lo
             await wake_or_timeout(ended, min(api.wait_poll, deadline - loop.time()))
 
 
+# The submit starts every turn, so it is the API's hot path: it reads its own arguments from the
+# request, where FastAPI's general machinery for them (the path, the query, the body, the
+# caller's dependency, the answer's model) cost about 0.17 ms a request, the database work left
+# out (416 against 246 us, FastAPI 0.165): a tenth of the Brain's CPU per call at 50 turns in
+# flight. Its OpenAPI entry says what a declared signature would have said (``SUBMIT_DOC``).
+SUBMIT_DOC: dict[str, Any] = {
+    "parameters": [
+        {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}},
+        {
+            "name": "wait", "in": "query", "required": False, "example": "30s",
+            "schema": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "description": "seconds to wait for the turn to end (`30` or `30s`, at most a minute)",
+        },
+    ],
+    "requestBody": {"required": True, "content": {"application/json": {"schema": inlined(SubmitRequest)}}},
+}  # fmt: skip
+
+
 @router.post(
-    "/sessions/{session_id}/turns", response_model=Submitted, response_model_exclude_none=True,
-    status_code=201, tags=["turns"],
+    "/sessions/{session_id}/turns", response_model=Submitted, status_code=201, tags=["turns"],
+    openapi_extra=SUBMIT_DOC, responses={200: {"model": Submitted, "description": "the request id's turn"}},
 )  # fmt: skip
-async def submit(
-    session_id: str,
-    body: SubmitRequest,
-    request: Request,
-    response: Response,
-    caller: CallerDep,
-    wait: Annotated[str | None, Query(examples=["30s"])] = None,
-) -> Any:
+async def submit(request: Request) -> Response:
     """Accept a turn durably: answered once it is committed. With ``wait``, answered once the turn
     ended or that long passed, with the turn as it stands in ``turn``: a client that wants the
     result makes one request, not two (the turn is accepted either way; a wait never cancels it)."""
-    api, namespace = api_of(request), caller.tenant()
+    caller = await caller_of(request)
+    wait = request.query_params.get("wait")
     limit = seconds(wait)  # a bad value is refused before anything is accepted
+    body = parsed(SubmitRequest, await request.body())
+    api, namespace = api_of(request), caller.tenant()
     turn_id, created = await verbs.submit(
-        api.store, namespace=namespace, session_id=session_id, request_id=body.request_id,
-        user_input=body.input, agent=body.agent, wake_channel=api.wake_channel, thread=body.thread,
-        served=api.served,
+        api.store, namespace=namespace, session_id=request.path_params["session_id"],
+        request_id=body.request_id, user_input=body.input, agent=body.agent, wake_channel=api.wake_channel,
+        thread=body.thread, served=api.served,
     )  # fmt: skip
-    if not created:
-        response.status_code = 200
-    if wait is None:
-        return Submitted(turn_id=turn_id, created=created)
-    # A turn made just now has not ended (its run, if here, starts once this yields): no look
-    # first. A known request's turn may have ended long ago: looked at first.
-    await until_ended(api, namespace, turn_id, limit, look=not created)
-    return Submitted(turn_id=turn_id, created=created, turn=await describe(api.store, namespace, turn_id))
+    answer = Submitted(turn_id=turn_id, created=created)
+    if wait is not None:
+        # A turn made just now has not ended (its run, if here, starts once this yields): no look
+        # first. A known request's turn may have ended long ago: looked at first.
+        await until_ended(api, namespace, turn_id, limit, look=not created)
+        answer.turn = await describe(api.store, namespace, turn_id)
+    return Response(
+        answer.model_dump_json(exclude_none=True), status_code=201 if created else 200, media_type=JSON
+    )
 
 
 @router.get("/sessions/{session_id}/threads", tags=["sessions"])

@@ -8,7 +8,16 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 from brain.store.records import TERMINAL_SQL, TURN_COLUMNS, Claimed, Move, Moved, TurnRow, qualified
-from brain.store.submits import KNOWN_SQL, Start, Submit, Submitted, check_submit, frozen_by, submit_facts
+from brain.store.submits import (
+    KNOWN_SQL,
+    Start,
+    Submit,
+    Submitted,
+    check_submit,
+    frozen_by,
+    started_facts,
+    submit_facts,
+)
 from brain.store.turns import CLAIM_SET, CLAIMABLE_FROM, TurnRows
 from infra.db import Json, reading
 from protocol import new_id
@@ -18,7 +27,8 @@ T = TypeVar("T")
 # The submit in one statement: the checks' read, and (when nothing conflicts and the turn is new)
 # the agent, a new session, a new thread, the turn, its journal entry and the wake-up hint. With
 # an owner ($14) it starts the turn's run when ``starts_now`` says so (the same rule, in SQL):
-# the turn goes in claimed and prepared, a new thread with the bindings it freezes ($15).
+# the turn goes in claimed and prepared, a new thread with the bindings it freezes ($15). Its
+# journal entry is the accepted fact ($11), and what a started run adds ($17) when it starts.
 #
 # An existing session and thread are locked first, the session before the thread (the order a
 # session's close takes them: no deadlock between the two), and whether they are closed is read
@@ -77,7 +87,7 @@ turn AS (
 entry AS (
     INSERT INTO journal (session_id, seq, thread_id, turn_id, status, phase, facts)
     SELECT $2, coalesce((SELECT last_seq FROM bump), 1), $6, $9, turn.status, turn.phase,
-           CASE WHEN turn.status = 'running' THEN $17::jsonb ELSE $11::jsonb END
+           CASE WHEN turn.status = 'running' THEN $11::jsonb || $17::jsonb ELSE $11::jsonb END
       FROM turn RETURNING seq),
 hint AS (SELECT pg_notify($12, '') FROM ok WHERE NOT ok.starts)
 SELECT known.*, (SELECT count(*) FROM ok) > 0 AS created, (SELECT count(*) FROM hint) AS hinted,
@@ -205,10 +215,10 @@ class PgTurnRows(TurnRows):
         tools, mark = start.announced if start and start.announced else (None, (None, None))
         known = await conn.fetchrow(
             _SUBMIT, s.namespace, s.session_id, s.request_id, agent.name, agent.version, s.thread_id,
-            agent.digest, agent.model_dump(mode="json"), turn_id, s.input_digest, submit_facts(s, None),
+            agent.digest, agent.stored, turn_id, s.input_digest, submit_facts(s, None),
             s.wake_channel, s.thread, start.owner if start else None,
             start.bindings if start else None, start.lease_seconds if start else None,
-            submit_facts(s, start) if start else None, list(tools) if tools is not None else None, *mark,
+            started_facts(start) if start else None, list(tools) if tools is not None else None, *mark,
         )  # fmt: skip
         if known["created"]:
             if known["status"] == "running":

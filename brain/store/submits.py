@@ -164,10 +164,12 @@ class Submitted:
 def submit_facts(s: Submit, start: Start | None) -> list[dict[str, Any]]:
     """The journal entry of a submit: the turn accepted, and when it starts now, its first run
     and its input prepared (what a claim and its prepare would journal)."""
-    said = [accepted(s.request_id, s.user_input)]
-    if start is not None:
-        said += [facts.run_started(1, 1, str(TurnPhase.PREPARE), start.owner), facts.prepared()]
-    return said
+    return [accepted(s.request_id, s.user_input), *(started_facts(start) if start is not None else ())]
+
+
+def started_facts(start: Start) -> list[dict[str, Any]]:
+    """What a submit that starts its turn's run adds to its journal entry."""
+    return [facts.run_started(1, 1, str(TurnPhase.PREPARE), start.owner), facts.prepared()]
 
 
 class SubmitRows(JournalRows):
@@ -235,7 +237,7 @@ class SubmitRows(JournalRows):
                 agent.name,
                 agent.version,
                 agent.digest,
-                agent.model_dump(mode="json"),
+                agent.stored,
             )
         if known["session_ns"] is None:
             await conn.execute(
