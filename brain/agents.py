@@ -66,7 +66,8 @@ def _digest(content: dict[str, Any]) -> str:
 class _Forms:
     """A definition's digest and stored form, kept by its JSON (pydantic's, 9 us to make): a
     client sends the same definition with every turn, and making them again took 130 us of a
-    submit (a slow host's figure; the JSON form and its encoding, twice)."""
+    submit (a slow host's figure; the JSON form and its encoding, twice). A memo of what the
+    definition's content alone decides, so one per process serves every store and Brain in it."""
 
     LIMIT = 256
 
