@@ -4,12 +4,15 @@ policy). A thread keeps the version it started with; one name and version is one
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from brain.retry import RetryPolicy
+from infra.db import unstorable
 from protocol import SchemaError, digest, loads
 from protocol.codec import Encoded
 
@@ -63,23 +66,36 @@ def _digest(content: dict[str, Any]) -> str:
     return digest(content)
 
 
+@dataclass(frozen=True)
+class _Form:
+    problem: str | None  # why the record cannot store it (infra.db.unstorable), else None
+    digest: str
+    stored: Encoded | None
+
+
 class _Forms:
     """A definition's digest and stored form, kept by its JSON (pydantic's, 9 us to make): a
     client sends the same definition with every turn, and making them again took 130 us of a
-    submit (a slow host's figure; the JSON form and its encoding, twice). A memo of what the
-    definition's content alone decides, so one per process serves every store and Brain in it."""
+    submit (a slow host's figure; the JSON form and its encoding, twice), and the walk for text
+    the record cannot store 35 more. A memo of what the definition's content alone decides, so
+    one per process serves every store and Brain in it."""
 
     LIMIT = 256
 
     def __init__(self) -> None:
-        self.kept: dict[str, tuple[str, Encoded]] = {}
+        self.kept: dict[str, _Form] = {}
 
-    def of(self, agent: AgentDefinition) -> tuple[str, Encoded]:
-        key = agent.model_dump_json()
+    def of(self, agent: AgentDefinition) -> _Form:
+        try:
+            key = agent.model_dump_json()
+        except PydanticSerializationError:  # text that is no Unicode (a lone surrogate): not kept
+            return _Form(unstorable(agent.model_dump(mode="json")) or "is not valid Unicode", "", None)
         found = self.kept.get(key)
         if found is None:
             content = agent.model_dump(mode="json")
-            found = (_digest(content), Encoded(content))
+            problem = unstorable(content)
+            # Text the record cannot store has no stored form (a lone surrogate does not even encode).
+            found = _Form(problem, "", None) if problem else _Form(None, _digest(content), Encoded(content))
             if len(self.kept) >= self.LIMIT:
                 self.kept.clear()
             self.kept[key] = found
@@ -116,13 +132,26 @@ class AgentDefinition(BaseModel):
     )
 
     @property
+    def unstorable(self) -> str | None:
+        """Why the record cannot store this definition (text with a NUL, say), or None."""
+        return _FORMS.of(self).problem
+
+    @property
     def digest(self) -> str:
-        return _FORMS.of(self)[0]
+        return self._storable().digest
 
     @property
     def stored(self) -> Encoded:
         """The definition as the record stores it: its JSON form, encoded once."""
-        return _FORMS.of(self)[1]
+        stored = self._storable().stored
+        assert stored is not None
+        return stored
+
+    def _storable(self) -> _Form:
+        form = _FORMS.of(self)
+        if form.problem:
+            raise SchemaError(f"agent {self.name} cannot be stored: its text {form.problem}")
+        return form
 
     @classmethod
     def from_file(cls, path: str | Path) -> AgentDefinition:

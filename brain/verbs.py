@@ -50,8 +50,7 @@ async def submit(
     said so before anything is written.
     """
     check_thread_name(thread)
-    for what, value in (("the input", user_input), (f"agent {agent.name}", agent.model_dump(mode="json"))):
-        problem = unstorable(value)
+    for what, problem in (("the input", unstorable(user_input)), (f"agent {agent.name}", agent.unstorable)):
         if problem is not None:
             raise SchemaError(f"{what} cannot be stored: its text {problem}")
     submit = Submit(namespace, session_id, request_id, user_input, agent, wake_channel, thread)

@@ -109,6 +109,17 @@ def test_a_definitions_digest_and_stored_form_are_made_once_for_its_content_and_
         AgentDefinition.model_validate({**spec, "retry": {"maximum": float("inf")}}).digest  # noqa: B018
 
 
+def test_a_definition_the_record_cannot_store_says_why_and_has_no_stored_form() -> None:
+    spec = {"name": "odd", "version": "1", "model": {"kind": "scripted"}}
+    assert AgentDefinition.model_validate(spec).unstorable is None
+    for text, why in (("a\x00b", "NUL"), ("a\ud800b", "lone surrogate")):
+        odd = AgentDefinition.model_validate({**spec, "instructions": text})
+        assert odd.unstorable is not None and why in odd.unstorable
+        for form in ("digest", "stored"):
+            with pytest.raises(SchemaError, match="agent odd cannot be stored"):
+                getattr(odd, form)
+
+
 def _with(spec: dict[str, Any], where: str, value: Any) -> dict[str, Any]:
     """``spec`` with ``value`` in a place of its model settings or of a manual tool's schema."""
     if where == "model":

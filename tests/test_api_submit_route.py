@@ -112,3 +112,12 @@ def test_a_schema_is_inlined_whole_and_a_model_that_refers_to_itself_is_refused(
     assert schema["properties"]["agent"]["properties"]["name"]["type"] == "string"
     with pytest.raises(TypeError, match="refers to itself"):
         inlined(Node)
+
+
+@pytest.mark.parametrize("text", ["a\\u0000b", "a\\ud800b"])
+async def test_a_definition_with_text_the_record_cannot_store_is_refused_before_the_store(text: str) -> None:
+    agent = json.dumps({**TOOL_THEN_DONE, "instructions": "PLACE"}).replace("PLACE", text)
+    raw = f'{{"request_id": "r1", "input": "go", "agent": {agent}}}'
+    async with app_client(authorization="Bearer secret") as http:
+        answer = await http.post(PATH, content=raw, headers={"content-type": "application/json"})
+    assert answer.status_code == 422 and answer.json()["error"]["code"] == "schema_error", answer.text
