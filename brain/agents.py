@@ -94,7 +94,7 @@ class _Forms:
         if found is None:
             content = agent.model_dump(mode="json")
             problem = unstorable(content)
-            # Text the record cannot store has no stored form (a lone surrogate does not even encode).
+            # What the record cannot store has no digest or stored form: nothing may be written with it.
             found = _Form(problem, "", None) if problem else _Form(None, _digest(content), Encoded(content))
             if len(self.kept) >= self.LIMIT:
                 self.kept.clear()
