@@ -90,7 +90,7 @@ SUBMIT_DOC: dict[str, Any] = {
             "description": "seconds to wait for the turn to end (`30` or `30s`, at most a minute)",
         },
     ],
-    "requestBody": {"required": True, "content": {"application/json": {"schema": inlined(SubmitRequest)}}},
+    "requestBody": {"required": True, "content": {JSON: {"schema": inlined(SubmitRequest)}}},
 }  # fmt: skip
 
 
