@@ -1,7 +1,8 @@
 """``python -m bench.ab A B``: does change B make a lone turn faster than A? Two deployments
 (a Brain and a Hands process each, from work trees A and B, or from one tree twice with other
 settings for B) serve alternate lone 1-call turns, and the latency headline's span (submit to
-result applied) is compared, with the whole turn and the client-observed time beside it.
+result applied) is compared, cut into its stretches (from one transaction on the span to the next),
+with the whole turn and the client-observed time beside it.
 
 With ``--load K`` it compares throughput instead: each deployment gets a second Hands process (as
 the throughput scenario's), and the two take turns keeping K calls in flight for a few seconds
@@ -93,9 +94,11 @@ async def compare(
         for side, world in enumerate(worlds):
             span = await world.result_applied_latencies(ids[side])
             whole = await world.server_latencies(ids[side])
+            cuts = await world.stretches(ids[side])
             found.append(
                 {
                     "span": 1000 * statistics.median(span),
+                    **{f"  {key}": 1000 * statistics.median(values) for key, values in cuts.items()},
                     "turn": 1000 * statistics.median(whole),
                     "client": 1000 * statistics.median(client[side]),
                 }
@@ -173,7 +176,9 @@ def main() -> int:
     if args.load:
         print(f"{args.windows} windows of {args.load} calls in flight each, alternating; CPU: ms per call")
     else:
-        print(f"{args.turns} lone 1-call turns each, alternating; ms; span: submit to result applied")
+        print(f"{args.turns} lone 1-call turns each, alternating; ms; span: submit to result applied,")
+        print("cut where the reply, the Hands' accept, their outcome and the apply start (each from")
+        print("its transaction's now(); the medians of the stretches need not add up to the span's)")
     return 0
 
 

@@ -10,6 +10,8 @@ asyncpg and aio-pika only, no framework: per call
 
 That is 4 commits and 2 confirmed publishes per call. Brain and Hands halves run in one
 process here (on separate connections and channels); Tendon runs them in separate processes.
+The ledger stamps its accept and outcome (``created_at``, ``updated_at``), as Tendon's does, so
+that the latency scenario cuts both spans at the same commits (``stretches``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ SCHEMA_SQL = """
 CREATE TABLE {s}.intents (id text PRIMARY KEY, args jsonb NOT NULL, status text NOT NULL,
     result jsonb, created_at timestamptz NOT NULL DEFAULT now(), updated_at timestamptz);
 CREATE TABLE {s}.outbox (id bigserial PRIMARY KEY, message_id text NOT NULL, payload bytea NOT NULL);
-CREATE TABLE {s}.ledger (id text PRIMARY KEY, status text NOT NULL, result jsonb);
+CREATE TABLE {s}.ledger (id text PRIMARY KEY, status text NOT NULL, result jsonb,
+    created_at timestamptz NOT NULL DEFAULT now(), updated_at timestamptz);
 CREATE TABLE {s}.events (id bigserial PRIMARY KEY, execution_id text NOT NULL, seq int NOT NULL,
     payload bytea NOT NULL);
 """
@@ -108,7 +111,9 @@ class Floor:
         event = json.dumps({"id": cmd["id"], "seq": 1, "result": json.loads(result)}).encode()
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute(
-                f"UPDATE {s}.ledger SET status = 'succeeded', result = $2 WHERE id = $1", cmd["id"], result
+                f"UPDATE {s}.ledger SET status = 'succeeded', result = $2, updated_at = now() WHERE id = $1",
+                cmd["id"],
+                result,
             )
             await conn.execute(
                 f"INSERT INTO {s}.events (execution_id, seq, payload) VALUES ($1, 1, $2)", cmd["id"], event
@@ -158,6 +163,19 @@ class Floor:
         from bench.harness import settle
 
         await settle(self.database_url, [self.schema])
+
+    async def stretches(self) -> dict[str, list[float]]:
+        """The span of every call so far cut where the Hands' accept and outcome start, seconds
+        (as ``TendonWorld.stretches`` cuts Tendon's; the floor's span starts at its intent)."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                f"SELECT extract(epoch FROM l.created_at - i.created_at)::float8 AS reply,"
+                f" extract(epoch FROM l.updated_at - l.created_at)::float8 AS accept,"
+                f" extract(epoch FROM i.updated_at - l.updated_at)::float8 AS outcome"
+                f" FROM {self.schema}.intents i JOIN {self.schema}.ledger l USING (id)"
+                f" WHERE i.status = 'succeeded'"
+            )
+        return {key: [float(r[key]) for r in rows] for key in ("reply", "accept", "outcome")}
 
     async def sequential(self, n: int) -> list[float]:
         """``n`` calls one after another; returns the server-side seconds of each."""

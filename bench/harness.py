@@ -259,6 +259,10 @@ BRAIN = ["-m", "brain", "serve"]
 HANDS = ["-m", "hands", "serve", "--route", "bench", "--tools", "bench.tools"]
 
 
+# Where ``TendonWorld.stretches`` cuts a turn's span (submit to result applied), and ``rest``.
+STRETCHES = ("submit", "reply", "accept", "outcome", "rest")
+
+
 class TendonWorld:
     """One isolated Tendon deployment: its own schemas and queue prefix, real processes."""
 
@@ -440,6 +444,30 @@ class TendonWorld:
             ids,
         )
         return [float(r["s"]) for r in rows]
+
+    async def stretches(self, ids: list[str]) -> dict[str, list[float]]:
+        """The span cut at each commit on it, seconds, one value per turn and stretch.
+
+        Each stamp is its transaction's ``now()`` (its start): the submit (the turn's row), the
+        reply with its intent (the Brain's execution row), the Hands' accept (their ledger row),
+        their last change, the outcome (the ledger row's ``updated_at``), and the apply (the
+        Brain's execution row's ``updated_at``). A stretch is the statement that opens it, its
+        commit, and what runs until the next transaction starts. ``rest`` is the span less the
+        submit's stretch: from the reply, the floor's span's counterpart, to the apply. For turns
+        of one tool call (a turn with more has a row per call).
+        """
+        rows = await self.fetch(
+            "SELECT extract(epoch FROM b.created_at - t.created_at)::float8 AS submit,"
+            " extract(epoch FROM h.created_at - b.created_at)::float8 AS reply,"
+            " extract(epoch FROM h.updated_at - h.created_at)::float8 AS accept,"
+            " extract(epoch FROM b.updated_at - h.updated_at)::float8 AS outcome,"
+            " extract(epoch FROM b.updated_at - b.created_at)::float8 AS rest"
+            " FROM turns t JOIN executions b ON b.turn_id = t.id"
+            f' JOIN "{self.hands_schema}".executions h ON h.execution_id = b.id'
+            " WHERE t.id = ANY($1::text[]) AND b.status = 'succeeded'",
+            ids,
+        )
+        return {key: [float(r[key]) for r in rows] for key in STRETCHES}
 
     async def settle(self) -> None:
         """Analyze this world's tables after a warm-up (see :func:`settle`)."""

@@ -17,6 +17,7 @@ import pytest
 
 from bench.cpu import HARNESS, CpuMeter, per_call
 from bench.scenarios.base import Row
+from bench.scenarios.latency import stretch_rows
 from bench.scenarios.throughput import WIDE_NAME, Level, cpu_rows, median_cpu, tendon_closed_loop
 
 ROLES = ("Brain", "Hands", "PostgreSQL", "RabbitMQ", HARNESS)
@@ -205,3 +206,27 @@ def test_a_process_that_exits_between_two_readings_never_makes_its_role_use_less
     assert before["backend"] >= 0.05
     assert after["backend"] == before["backend"]
     assert all(ms >= 0 for ms in per_call(before, after, 1).values())
+
+
+def test_the_span_is_cut_into_a_row_per_stretch_with_the_floor_beside_it_where_it_has_one() -> None:
+    cuts = {
+        "submit": [0.001, 0.003, 0.002],
+        "reply": [0.002],
+        "accept": [0.001],
+        "outcome": [0.002],
+        "rest": [0.005],
+    }
+    floor = {"reply": [0.0015], "accept": [0.0005], "outcome": [0.0015], "rest": [0.004]}
+    rows = {r.metric.rsplit(": ", 1)[-1]: r for r in stretch_rows(cuts, floor)}
+
+    assert list(rows) == ["submit", "reply", "accept", "outcome", "rest"]
+    assert rows["submit"].tendon == pytest.approx(2.0) and rows["submit"].floor is None
+    assert rows["rest"].tendon == pytest.approx(5.0) and rows["rest"].floor == pytest.approx(4.0)
+    assert "no submit" not in rows["reply"].note and "has none" in rows["submit"].note
+
+
+def test_a_stretch_without_figures_has_no_row() -> None:
+    rows = stretch_rows({"reply": [0.002]}, {})
+
+    assert [r.metric for r in rows] == ["submit to result applied p50, stretch: reply"]
+    assert rows[0].floor is None

@@ -53,10 +53,21 @@ def test_quick_benchmark_writes_the_table(pg_url: str, amqp_url: str, tmp_path: 
         "WAL records per tool call",
         "Brain: run moves per transaction (replies, intents, endings), 50 in flight",
         "Hands: events per message, 50 in flight",
+        "submit to result applied p50, stretch: submit",
+        "submit to result applied p50, stretch: rest",
     ):
         assert metric in table, metric
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["meta"]["failed"] == []
+    # The span's stretches were read off both sides' stamps (not a timing: each turn's rest is
+    # its span less its submit's stretch, so their medians cannot be the other way round).
+    latency = {r["metric"]: r for r in results["rows"] if r["scenario"] == "latency"}
+    rest = latency["submit to result applied p50, stretch: rest"]
+    assert 0 < rest["tendon"] < latency["submit to result applied p50"]["tendon"], rest
+    for key in ("reply", "accept", "outcome"):
+        row = latency[f"submit to result applied p50, stretch: {key}"]
+        assert row["tendon"] > 0 and row["floor"] > 0, row
+    assert latency["submit to result applied p50, stretch: submit"]["floor"] is None
     # The CPU meter found the processes of each role it reports (not a timing: just non-zero).
     cpu = {r["metric"]: r for r in results["rows"] if r["scenario"] == "cpu"}
     for role in ("the Brain", "the Hands (both processes)", "PostgreSQL", "RabbitMQ"):
@@ -79,9 +90,11 @@ def test_the_ab_tool_compares_two_deployments_turn_by_turn_and_under_load(pg_url
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert lines[0].split() == ["p50", "A", "B", "B", "-", "A"], lines
-    for key, line in zip(("span", "turn", "client"), lines[1:4], strict=True):
-        name, *values = line.split()
-        assert name == key and len(values) == 3 and all(float(v) > 0 for v in values[:2]), line
+    medians = [line.split() for line in lines[1:9]]
+    expected = ["span", "submit", "reply", "accept", "outcome", "rest", "turn", "client"]
+    assert [name for name, *_ in medians] == expected, lines  # the span, cut at its commits
+    for name, *values in medians:
+        assert len(values) == 3 and all(float(v) > 0 for v in values[:2]), (name, values)
     # under load: calls/s and CPU per call of each process, A's and B's windows alternating
     loaded = ["bench.ab", ".", ".", "--load", "4", "--windows", "1", "--seconds", "1"]
     proc = _bench(loaded, pg_url, amqp_url, timeout=120)

@@ -35,10 +35,11 @@ BLOCKS = 4  # Tendon and the floor alternate in this many blocks each
 
 async def tendon_sequential(
     world: TendonWorld, calls: int, n: int
-) -> tuple[list[float], list[float], list[float]]:
+) -> tuple[list[float], list[float], list[float], list[str]]:
     """Run ``n`` turns of ``calls`` sequential tool calls one at a time.
 
-    Returns (submit to completed, client-observed, submit to first result applied), seconds.
+    Returns (submit to completed, client-observed, submit to first result applied), seconds,
+    and the turns' ids.
     """
     definition = one_call_agent("noop", calls=calls)
     ids, client = [], []
@@ -47,7 +48,7 @@ async def tendon_sequential(
         tid = await world.call(definition, timeout=30)
         client.append(time.perf_counter() - t0)
         ids.append(tid)
-    return await world.server_latencies(ids), client, await world.result_applied_latencies(ids)
+    return await world.server_latencies(ids), client, await world.result_applied_latencies(ids), ids
 
 
 def blocks(n: int, count: int = BLOCKS) -> list[int]:
@@ -65,6 +66,9 @@ async def run(ctx: Context) -> Result:
     two: list[float] = []
     fl: list[float] = []
     fl2: list[float] = []
+    ones: list[str] = []  # the 1-call turns' ids
+    cuts: dict[str, list[float]] = {}
+    floor_cuts: dict[str, list[float]] = {}
     try:
         await world.start_brain()
         await world.start_hands()
@@ -77,10 +81,11 @@ async def run(ctx: Context) -> Result:
             # Tendon and the floor take turns, block by block, so that both meet the host as it
             # is then: its speed moves from minute to minute, and the ratio is what is read.
             for size in blocks(n):
-                a, c, r = await tendon_sequential(world, 1, size)
-                one, one_client, applied = one + a, one_client + c, applied + r
+                a, c, r, i = await tendon_sequential(world, 1, size)
+                one, one_client, applied, ones = one + a, one_client + c, applied + r, ones + i
                 fl += await floor.sequential(size)
             floor_client = floor.latencies[5 : 5 + n]
+            cuts, floor_cuts = await world.stretches(ones), await floor.stretches()
             for size in blocks(n):
                 two += (await tendon_sequential(world, 2, size))[0]
                 pairs = zip(await floor.sequential(size), await floor.sequential(size), strict=True)
@@ -152,6 +157,7 @@ async def run(ctx: Context) -> Result:
                 "via rpc://; DBOS: 3 steps, start_workflow_async to result, in-process",
             )
         )
+    res.rows += stretch_rows(cuts, {**floor_cuts, "rest": fl})
     res.rows.append(Row("latency", "2-call turn p50", "ms", median(two) * ms, median(fl2) * ms))
     res.rows.append(
         Row(
@@ -169,3 +175,37 @@ async def run(ctx: Context) -> Result:
     if chain:
         res.series["latency"]["celery_chain"] = chain
     return res
+
+
+# What each stretch of the span holds: it runs from one transaction's start on it to the next's.
+STRETCH_NOTES = {
+    "submit": "the submit's statement and commit, the first model step, to the reply's start; "
+    "the floor has none (its span starts at its intent, the reply's counterpart)",
+    "reply": "the reply's statement with its intent, its commit, the command's publish and delivery, "
+    "to the Hands' accept (floor: its intent's transaction onwards)",
+    "accept": "the accept's statement and commit, the ack, the tool, to the outcome's start",
+    "outcome": "the outcome's statement and commit, the events' publish and delivery, to the apply's start",
+    "rest": "the span less the submit's stretch (floor: its whole span)",
+}
+
+
+def stretch_rows(cuts: dict[str, list[float]], floor_cuts: dict[str, list[float]]) -> list[Row]:
+    """The latency headline's span cut at each commit on it, p50 of each stretch, beside the
+    floor's (which has no submit, and whose whole span stands against Tendon's rest)."""
+    rows = []
+    for key, note in STRETCH_NOTES.items():
+        mine = cuts.get(key) or []
+        floor = floor_cuts.get(key) or []
+        if not mine:
+            continue
+        rows.append(
+            Row(
+                "latency",
+                f"submit to result applied p50, stretch: {key}",
+                "ms",
+                median(mine) * 1000.0,
+                median(floor) * 1000.0 if floor else None,
+                note=note,
+            )
+        )
+    return rows
