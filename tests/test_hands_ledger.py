@@ -225,6 +225,23 @@ async def test_the_row_a_change_returns_is_the_row_as_stored(ledger: Ledger) -> 
     )  # fmt: skip
 
 
+async def test_the_row_an_insert_returns_is_the_row_as_stored(ledger: Ledger) -> None:
+    # The PostgreSQL backend asks back only what the store made of a new row (its stamps, and the
+    # columns a new row takes from their defaults unless given) and keeps the rest as given
+    plain = _new(new_id(), "w1")
+    started = _new(new_id(), "w1", LedgerStatus.RUNNING, events=2)
+    started.values["attempts"] = 1
+    error = {"code": "routing_error", "message": "no such tool"}
+    rejected = _new(new_id(), "w1", LedgerStatus.FAILED)
+    rejected.values.update(error=error, args=None, tool=None)
+    rows = await ledger.transact(lambda conn: ledger.insert(conn, [plain, started, rejected]))
+    for new, row in zip((plain, started, rejected), rows, strict=True):
+        assert row is not None and row == await _get(ledger, new.execution_id)
+    assert [(r.attempts, r.last_seq, r.error, r.output_bytes) for r in rows if r is not None] == [
+        (0, 1, None, 0), (1, 2, None, 0), (0, 1, error, 0),
+    ]  # fmt: skip
+
+
 async def test_the_events_read_back_are_those_committed_with_the_output_pages_in_their_place(
     ledger: Ledger,
 ) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from hands.states import OPEN_STATUSES, LedgerStatus, transition
 from hands.store.ledger import Ledger
-from hands.store.records import EXECUTION_COLUMNS, Change, Execution, NewExecution
+from hands.store.records import STAMPED_COLUMNS, Change, Execution, NewExecution
 from infra.db import Json
 
 # Every column a new row may set, and its array type.
@@ -45,19 +45,20 @@ def _changes_sql(first: int) -> str:
    AND (NOT m.unless_cancelled OR NOT e.cancel_requested)"""
 
 
-_CHANGED_COLUMNS = ", ".join("e." + c.strip() for c in EXECUTION_COLUMNS.split(","))
-# The marker names the statements that commit on their own (tests/hands_pg_proxy.py cuts them).
-_INSERT = f"/* ledger commit */\n{_insert_sql(1)}\nRETURNING {EXECUTION_COLUMNS}"
-# A change returns only what its caller does not hold (``Change.after`` makes the rest): not the
-# row's events, arguments and error again, which asyncpg would decode for nothing.
+# An insert and a change return only what their caller does not hold (``NewExecution.inserted``
+# and ``Change.after`` make the rest): not the row's events, arguments and error again, which
+# asyncpg would decode for nothing. The marker names the statements that commit on their own
+# (tests/hands_pg_proxy.py cuts them).
+_INSERT = f"/* ledger commit */\n{_insert_sql(1)}\nRETURNING {STAMPED_COLUMNS}"
 _CHANGES = f"""/* ledger commit */
 {_changes_sql(1)}
 RETURNING e.execution_id, e.updated_at, e.cancel_requested"""
+_STAMPED_E = ", ".join("e." + c.strip() for c in STAMPED_COLUMNS.split(","))
 # Accepts and changes of other executions together: a change's row was committed before its task
 # could make the change, so no row is both inserted and changed here (one snapshot serves both).
 _BOTH = f"""/* ledger commit */
-WITH inserted AS ({_insert_sql(1)} RETURNING true AS new, {EXECUTION_COLUMNS}),
-     changed AS ({_changes_sql(len(_NEW) + 1)} RETURNING false AS new, {_CHANGED_COLUMNS})
+WITH inserted AS ({_insert_sql(1)} RETURNING true AS new, {STAMPED_COLUMNS}),
+     changed AS ({_changes_sql(len(_NEW) + 1)} RETURNING false AS new, {_STAMPED_E})
 SELECT * FROM inserted UNION ALL SELECT * FROM changed"""
 
 
@@ -122,10 +123,14 @@ def _insert_columns(rows: Sequence[NewExecution]) -> list[list[Any]]:
 
 
 def _inserted(rows: Sequence[NewExecution], recs: Sequence[Any]) -> list[Execution | None]:
-    inserted = {r["execution_id"]: Execution.from_record(r) for r in recs}
+    inserted = {r["execution_id"]: r for r in recs}
     # The same id twice in one batch (a command delivered twice at once): the first is the
     # new row, the other a duplicate, as they would be one after the other.
-    return [inserted.pop(new.execution_id, None) for new in rows]
+    out: list[Execution | None] = []
+    for new in rows:
+        rec = inserted.pop(new.execution_id, None)
+        out.append(new.inserted(rec) if rec is not None else None)
+    return out
 
 
 def _change_columns(changes: Sequence[Change]) -> tuple[list[list[Any]], dict[str, int]]:
