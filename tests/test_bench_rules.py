@@ -222,7 +222,7 @@ def test_the_span_is_cut_into_a_row_per_stretch_with_the_floor_beside_it_where_i
     assert list(rows) == ["submit", "reply", "accept", "outcome", "rest"]
     assert rows["submit"].tendon == pytest.approx(2.0) and rows["submit"].floor is None
     assert rows["rest"].tendon == pytest.approx(5.0) and rows["rest"].floor == pytest.approx(4.0)
-    assert "no submit" not in rows["reply"].note and "has none" in rows["submit"].note
+    assert "has none" in rows["submit"].note and "whole span" in rows["rest"].note
 
 
 def test_a_stretch_without_figures_has_no_row() -> None:
