@@ -8,7 +8,7 @@ from typing import Any
 
 from hands.states import OPEN_STATUSES, LedgerStatus, transition
 from hands.store.ledger import Ledger
-from hands.store.records import STAMPED_COLUMNS, Change, Execution, NewExecution
+from hands.store.records import STAMPED, Change, Execution, NewExecution
 from infra.db import Json
 
 # Every column a new row may set, and its array type.
@@ -49,16 +49,17 @@ def _changes_sql(first: int) -> str:
 # and ``Change.after`` make the rest): not the row's events, arguments and error again, which
 # asyncpg would decode for nothing. The marker names the statements that commit on their own
 # (tests/hands_pg_proxy.py cuts them).
-_INSERT = f"/* ledger commit */\n{_insert_sql(1)}\nRETURNING {STAMPED_COLUMNS}"
+_STAMPED = ", ".join(STAMPED)
+_STAMPED_OF_E = ", ".join(f"e.{c}" for c in STAMPED)
+_INSERT = f"/* ledger commit */\n{_insert_sql(1)}\nRETURNING {_STAMPED}"
 _CHANGES = f"""/* ledger commit */
 {_changes_sql(1)}
 RETURNING e.execution_id, e.updated_at, e.cancel_requested"""
-_STAMPED_E = ", ".join("e." + c.strip() for c in STAMPED_COLUMNS.split(","))
 # Accepts and changes of other executions together: a change's row was committed before its task
 # could make the change, so no row is both inserted and changed here (one snapshot serves both).
 _BOTH = f"""/* ledger commit */
-WITH inserted AS ({_insert_sql(1)} RETURNING true AS new, {STAMPED_COLUMNS}),
-     changed AS ({_changes_sql(len(_NEW) + 1)} RETURNING false AS new, {_STAMPED_E})
+WITH inserted AS ({_insert_sql(1)} RETURNING true AS new, {_STAMPED}),
+     changed AS ({_changes_sql(len(_NEW) + 1)} RETURNING false AS new, {_STAMPED_OF_E})
 SELECT * FROM inserted UNION ALL SELECT * FROM changed"""
 
 

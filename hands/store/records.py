@@ -77,9 +77,8 @@ class Execution:
 # The columns an Execution is read from.
 EXECUTION_COLUMNS = ", ".join(f.name for f in fields(Execution))
 # What an insert asks back (``NewExecution.inserted``); a new row has every other column as given.
-_STAMPED = ("execution_id", "attempts", "output_bytes", "cancel_requested", "created_at", "updated_at")
-STAMPED_COLUMNS = ", ".join(_STAMPED)
-_GIVEN = tuple(f.name for f in fields(Execution) if f.name not in (*_STAMPED, "status", "last_seq", "events"))
+STAMPED = ("execution_id", "attempts", "output_bytes", "cancel_requested", "created_at", "updated_at")
+_GIVEN = tuple(f.name for f in fields(Execution) if f.name not in (*STAMPED, "status", "last_seq", "events"))
 
 
 @dataclass(frozen=True)
@@ -94,11 +93,11 @@ class NewExecution:
         return str(self.values["execution_id"])
 
     def inserted(self, stamped: Mapping[str, Any]) -> Execution:
-        """The row this insert wrote: what the store made of it (``STAMPED_COLUMNS``: its stamps
+        """The row this insert wrote: what the store made of it (``STAMPED``: its stamps
         and the columns a new row takes from their defaults unless given) from ``stamped``, the
         rest as given here."""
         data: dict[str, Any] = {name: self.values.get(name) for name in _GIVEN}
-        data |= {name: stamped[name] for name in _STAMPED}
+        data |= {name: stamped[name] for name in STAMPED}
         data |= {"status": LedgerStatus(self.values["status"]), "last_seq": len(self.events)}
         return Execution(**data, events=list(self.events))
 
