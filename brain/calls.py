@@ -19,6 +19,24 @@ from brain.context import BrainContext
 from brain.store import Intent, TurnRow
 from protocol import ExecuteBody, ExecuteCommand, new_timed_id, request_digest
 
+# Compiled schema checkers by binding digest (which covers the schema: a binding's digest is
+# checked against its fields when announced): compiling one took longer than the rest of a call's
+# intent. Bounded: emptied when full, then filled again by the bindings in use.
+_CHECKERS: dict[str, jsonschema.Draft202012Validator] = {}
+MAX_CHECKERS = 512
+
+
+def _checker(binding: Mapping[str, Any]) -> jsonschema.Draft202012Validator:
+    digest = binding.get("digest")
+    checker = _CHECKERS.get(digest) if isinstance(digest, str) else None
+    if checker is None:
+        checker = jsonschema.Draft202012Validator(binding["input_schema"])
+        if isinstance(digest, str):
+            if len(_CHECKERS) >= MAX_CHECKERS:
+                _CHECKERS.clear()
+            _CHECKERS[digest] = checker
+    return checker
+
 
 def refusal(call: Mapping[str, Any], bindings: Mapping[str, Any]) -> str | None:
     """Why the Brain refuses a tool call as the model made it, or None (a pure rule)."""
@@ -29,9 +47,7 @@ def refusal(call: Mapping[str, Any], bindings: Mapping[str, Any]) -> str | None:
         bound = ", ".join(sorted(bindings)) or "none"
         return f"there is no tool named {call['tool']!r} (the tools are: {bound})"
     try:
-        error = jsonschema.exceptions.best_match(
-            jsonschema.Draft202012Validator(binding["input_schema"]).iter_errors(call["args"])
-        )
+        error = jsonschema.exceptions.best_match(_checker(binding).iter_errors(call["args"]))
     except jsonschema.exceptions.SchemaError as exc:
         return f"the tool's schema cannot be checked: {exc.message}"
     if error is None:

@@ -84,6 +84,9 @@ class BrainMetrics:
             "tendon_model_call_seconds", "Model calls, by whether they answered", ["outcome"], buckets=_SLOW,
             registry=r,
         )  # fmt: skip
+        # Labelled once: a lookup by label on every model call cost more than the observation.
+        self.model_replied = self.model_seconds.labels("replied")
+        self.model_failed = self.model_seconds.labels("failed")
         self.apply_seconds = Histogram(
             "tendon_update_apply_seconds",
             "From a Hands update's arrival at this Brain to the commit that applies it", buckets=_FAST,

@@ -240,9 +240,7 @@ async def model_request(ctx: BrainContext, row: TurnRow) -> TurnRow:
     ctx.killpoints.hit("brain.before_model_call", str(row.model_calls + 1))
     started = time.perf_counter()
     attributes: dict[str, str | int] = {"tendon.turn_id": row.id, "tendon.model_call": row.model_calls + 1}
-    with ctx.tracing.tracer.start_as_current_span(
-        "model call", context=ctx.tracing.under_turn(row.id), attributes=attributes
-    ) as span:
+    with ctx.tracing.span("model call", attributes, turn=row.id) as span:
         try:
             reply = await model.complete(
                 instructions=agent.instructions,
@@ -252,10 +250,10 @@ async def model_request(ctx: BrainContext, row: TurnRow) -> TurnRow:
                 on_delta=ctx.previews.sink(row.session_id, row.id),
             )
         except Exception:
-            ctx.metrics.model_seconds.labels("failed").observe(time.perf_counter() - started)
+            ctx.metrics.model_failed.observe(time.perf_counter() - started)
             raise
     elapsed = time.perf_counter() - started
-    ctx.metrics.model_seconds.labels("replied").observe(elapsed)
+    ctx.metrics.model_replied.observe(elapsed)
     call: dict[str, Any] = {"number": row.model_calls + 1, "latency_ms": round(elapsed * 1000, 1)}
     if reply.model:
         call["model"] = reply.model

@@ -292,3 +292,16 @@ async def test_a_thread_whose_stored_agent_does_not_validate_fails_alone() -> No
     # Its own turn meets it as a clear error
     with pytest.raises(SchemaError, match=r"stored definition of agent bad version 1 is invalid at version"):
         await threads.get(None, "bad")
+
+
+def test_each_binding_is_checked_by_its_own_schema_compiled_once() -> None:
+    from brain.calls import _CHECKERS
+
+    strict = BINDINGS["send_email"] | {"digest": "a" * 64}
+    loose = strict | {"digest": "b" * 64, "input_schema": {"type": "object"}}
+    bad = call(args={"to": 5})
+    assert "not of type 'string'" in (refusal(bad, {"send_email": strict}) or "")
+    assert refusal(bad, {"send_email": loose}) is None  # not the other version's checker
+    checker = _CHECKERS["a" * 64]
+    assert "not of type 'string'" in (refusal(bad, {"send_email": strict}) or "")
+    assert _CHECKERS["a" * 64] is checker  # compiled once, not for every call

@@ -207,3 +207,45 @@ def test_a_ctrl_c_that_pydantic_reports_as_a_schema_error_is_taken_for_what_it_i
         assert interrupted(chained)
     assert not interrupted(pydantic_core.SchemaError("Error building `literal` serializer: bad value"))
     assert not interrupted(ValueError("KeyboardInterrupt is only a word here"))
+
+
+def test_a_span_when_not_tracing_is_nothing_and_attaches_no_context(monkeypatch) -> None:
+    from opentelemetry import context, trace
+
+    from infra.tracing import Tracing
+
+    def attach(*_: object) -> None:
+        raise AssertionError("a context was attached while not tracing")
+
+    monkeypatch.setattr(context, "attach", attach)
+    tracing = Tracing(None)
+    with tracing.span("model call", {"tendon.turn_id": "turn-1"}, turn="turn-1") as span:
+        assert span is trace.INVALID_SPAN and trace.get_current_span() is trace.INVALID_SPAN
+        assert tracing.carried(span) is None  # nothing goes to the Hands
+    with tracing.span("execute t", {}, traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01") as span:
+        assert span is trace.INVALID_SPAN
+
+
+def test_a_span_when_tracing_is_the_child_of_its_turn_or_of_the_span_its_envelope_names() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from infra.tracing import Tracing, turn_ids
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = Tracing(provider)
+    with tracing.span("model call", {"tendon.turn_id": "turn-1"}, turn="turn-1") as call:
+        carried = tracing.carried(call)
+    with tracing.span("execute t", {}, traceparent=carried):
+        pass
+    with tracing.span("execute t", {}):  # a re-run after a crash: a trace of its own
+        pass
+    made, ran, rerun = exporter.get_finished_spans()
+    trace_id, span_id = turn_ids("turn-1")
+    assert (made.context.trace_id, made.parent.span_id) == (trace_id, span_id)
+    assert made.attributes["tendon.turn_id"] == "turn-1"
+    assert (ran.context.trace_id, ran.parent.span_id) == (trace_id, made.context.span_id)
+    assert rerun.parent is None and rerun.context.trace_id != trace_id
