@@ -63,12 +63,13 @@ class Executor(Outcomes):
 
     async def run(
         self, execution_id: str, reason: StartReason = "first_run", row: Execution | None = None,
-        trace: str | None = None,
+        trace: str | None = None, args: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
         """Start (or re-start) the body of an execution this worker owns and save its outcome.
         ``row``: the ledger row as the caller just committed it (RUNNING already: a safe tool
         accepted and started in one commit). ``trace``: the span of the Brain's that asked for it
-        (a re-run after a crash starts a trace of its own)."""
+        (a re-run after a crash starts a trace of its own). ``args``: the row's arguments as the
+        tool validated them when the command was accepted (else they are validated here)."""
         row = row or await self._row(execution_id)
         self._rows[execution_id] = row  # as committed just now: the next change can go by it
         with bound_contextvars(execution_id=execution_id, turn_id=row.turn_id, tool=row.tool):
@@ -99,10 +100,8 @@ class Executor(Outcomes):
                 "tendon.execution_id": execution_id,
                 "tendon.attempt": attempt,
             }
-            with self.tracing.tracer.start_as_current_span(
-                f"execute {row.tool}", context=self.tracing.parent(trace), attributes=attributes
-            ):
-                await self._body(row, tool, attempt)
+            with self.tracing.span(f"execute {row.tool}", attributes, traceparent=trace):
+                await self._body(row, tool, attempt, args)
 
     async def _start(self, execution_id: str, reason: StartReason, *, cancel_asked: bool) -> int | None:
         """Start the body (the attempt's number), or, if a cancel was asked for (here, in the row
@@ -142,12 +141,15 @@ class Executor(Outcomes):
             ctx.output = LedgerOutput(self, execution_id)
         return ctx
 
-    async def _body(self, row: Execution, tool: Tool, attempt: int) -> None:
+    async def _body(
+        self, row: Execution, tool: Tool, attempt: int, args: dict[str, Any] | None = None
+    ) -> None:
         execution_id = row.execution_id
         self.kill.hit("hands.before_tool_body", row.call_id)
         ctx = self._context(execution_id, attempt, output=True)
         try:
-            args = tool.validate_args(row.args or {})
+            if args is None:
+                args = tool.validate_args(row.args or {})
             result = _jsonable(await tool.fn(ctx, **args))
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()

@@ -200,7 +200,7 @@ class CommandConsumer:
             problem = unstorable(body.args)  # first: a validation error would quote that text
             if problem is not None:
                 raise SchemaError(f"the arguments of {body.tool} cannot be stored: their text {problem}")
-            tool.validate_args(body.args)
+            args = tool.validate_args(body.args)
         except (RoutingError, SchemaError) as exc:
             outcome = await self._record_rejection(command, command, exc)
             if outcome.new:
@@ -209,9 +209,15 @@ class CommandConsumer:
                 await self._tell_again(command.execution_id)
                 await message.ack()
             return False
-        return await self._accept(message, command, safe=tool.binding.replay_policy == ReplayPolicy.SAFE)
+        return await self._accept(
+            message, command, args, safe=tool.binding.replay_policy == ReplayPolicy.SAFE
+        )
 
-    async def _accept(self, message: Delivery, command: ExecuteCommand, safe: bool) -> bool:
+    async def _accept(
+        self, message: Delivery, command: ExecuteCommand, args: dict[str, Any], safe: bool
+    ) -> bool:
+        """``args``: the command's arguments as its tool validated them (its first run takes
+        them so, instead of validating them again)."""
         body = command.body
         assert body is not None
         ex = self._executor
@@ -243,7 +249,8 @@ class CommandConsumer:
                 await self._ack(message)
                 if reserved and outcome.row.status in OPEN_STATUSES:
                     ex.launch(
-                        execution_id, partial(ex.run, execution_id, row=outcome.row, trace=command.trace)
+                        execution_id,
+                        partial(ex.run, execution_id, row=outcome.row, trace=command.trace, args=args),
                     )
                     launched = True
                 return launched
