@@ -69,7 +69,7 @@ class Tracing:
         """``name``'s span, current while the block runs: a child of the turn ``turn``'s span, or
         of the span an envelope's ``traceparent`` names (else a root). When not tracing, nothing:
         no parent is worked out and no context attached (this is on every model call's and tool
-        run's path, where the no-op tracer's context handling cost 30-70 us a call, cold)."""
+        run's path, where the no-op tracer's context handling was a sixth of their Python)."""
         if self.provider is None:
             return nullcontext(INVALID_SPAN)
         context = self.under_turn(turn) if turn is not None else self.parent(traceparent)
