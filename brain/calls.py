@@ -28,13 +28,13 @@ MAX_CHECKERS = 512
 
 def _checker(binding: Mapping[str, Any]) -> jsonschema.Draft202012Validator:
     digest = binding.get("digest")
-    checker = _CHECKERS.get(digest) if isinstance(digest, str) else None
+    if not isinstance(digest, str):  # nothing to know its schema by: compiled for this call
+        return jsonschema.Draft202012Validator(binding["input_schema"])
+    checker = _CHECKERS.get(digest)
     if checker is None:
-        checker = jsonschema.Draft202012Validator(binding["input_schema"])
-        if isinstance(digest, str):
-            if len(_CHECKERS) >= MAX_CHECKERS:
-                _CHECKERS.clear()
-            _CHECKERS[digest] = checker
+        if len(_CHECKERS) >= MAX_CHECKERS:
+            _CHECKERS.clear()
+        checker = _CHECKERS[digest] = jsonschema.Draft202012Validator(binding["input_schema"])
     return checker
 
 
