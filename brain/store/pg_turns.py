@@ -20,6 +20,7 @@ from brain.store.submits import (
 )
 from brain.store.turns import CLAIM_SET, CLAIMABLE_FROM, TurnRows
 from infra.db import Json, reading
+from infra.param_rows import row_args, rows_from
 from protocol import new_id
 
 T = TypeVar("T")
@@ -119,24 +120,27 @@ written AS (
       FROM entry e JOIN bump b ON b.id = e.session_id
  RETURNING turn_id, seq)"""
 
+# The columns of a move: the guard (the turn as its run knew it) and what it becomes.
+_MOVE = [
+    ("id", "text"), ("owner", "text"), ("epoch", "int"), ("from_status", "text"), ("from_phase", "text"),
+    ("from_revision", "int"), ("status", "text"), ("phase", "text"), ("waiting_for", "text"),
+    ("model_calls", "int"), ("tool_step", "int"), ("retries", "int"), ("result", "jsonb"), ("error", "jsonb"),
+    ("release", "bool"), ("wake_in", "float8"), ("facts", "jsonb"), ("bindings", "jsonb"),
+]  # fmt: skip
+
 # Many moves at once, each whole or not at all: the guarded turn updates, then only for the
 # turns that moved their journal entries (seqs handed out by their sessions, in turn order),
 # their executions and their threads' frozen bindings. It returns the turns' columns, not the
-# facts and bindings the caller sent (decoding them again cost the Brain for nothing).
+# facts and bindings the caller sent (decoding them again cost the Brain for nothing). $1 is the
+# lease, the moves' columns follow (``infra.param_rows``: a lone move as a row of values).
 _MOVES = f"""
-WITH m AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::text[], $5::text[], $6::int[], $7::text[],
-                         $8::text[], $9::text[], $10::int[], $11::int[], $12::int[], $13::jsonb[],
-                         $14::jsonb[],
-                         $15::bool[], $17::float8[], $18::jsonb[], $19::jsonb[])
-        AS m(id, owner, epoch, from_status, from_phase, from_revision, status, phase, waiting_for,
-             model_calls, tool_step, retries, result, error, release, wake_in, facts, bindings)),
+WITH m AS (SELECT * FROM {{rows}}),
 moved AS (
     UPDATE turns t
        SET status = m.status, phase = m.phase, waiting_for = m.waiting_for, model_calls = m.model_calls,
            tool_step = m.tool_step, retries = m.retries, result = m.result, error = m.error,
            lease_owner = CASE WHEN m.release THEN NULL ELSE t.lease_owner END,
-           lease_expires_at = CASE WHEN m.release THEN NULL ELSE ts_add(now(), $16) END,
+           lease_expires_at = CASE WHEN m.release THEN NULL ELSE ts_add(now(), $1) END,
            wake_at = CASE WHEN m.wake_in IS NULL THEN t.wake_at ELSE ts_add(now(), m.wake_in) END,
            revision = t.revision + 1, updated_at = now()
       FROM m
@@ -171,9 +175,15 @@ _INTENT = """intent AS (
                 message_id, command, detail, status, error, how)
       JOIN moved ON moved.id = i.turn_id),"""
 # A batch without intents does not name ``executions`` at all: a statement locks every table it
-# names, even where it writes nothing, and these moves have no business with that table.
-_MOVES_WITH_INTENTS = _MOVES.replace("{intent}", _INTENT)
-_MOVES_ONLY = _MOVES.replace("{intent}", "")
+# names, even where it writes nothing, and these moves have no business with that table. By
+# (whether it has intents, whether it is one move).
+_MOVE_STATEMENTS = {
+    (intents, one): _MOVES.replace("{rows}", rows_from("m", _MOVE, 2, one=one)).replace(
+        "{intent}", _INTENT if intents else ""
+    )
+    for intents in (False, True)
+    for one in (False, True)
+}
 
 _APPEND = """
 WITH bump AS (UPDATE sessions SET last_seq = last_seq + 1 WHERE id = $1 RETURNING last_seq)
@@ -259,7 +269,7 @@ class PgTurnRows(TurnRows):
         owners = {m.before.lease_owner for m in moves}
         assert len(owners) == 1, "one batch of moves comes from one Brain"
         ordered = sorted(moves, key=lambda m: m.before.id)
-        cols: list[list[Any]] = [[] for _ in range(18)]
+        cols: list[list[Any]] = [[] for _ in _MOVE]
         intents: list[list[Any]] = [[] for _ in range(15)]
         for m in ordered:
             b = m.before
@@ -279,11 +289,12 @@ class PgTurnRows(TurnRows):
                 ]  # fmt: skip
                 for col, value in zip(intents, row, strict=True):
                     col.append(value)
-        args = [*cols[:15], float(lease_seconds), *cols[15:]]
+        one = len(ordered) == 1
+        args = [float(lease_seconds), *row_args(cols, one=one)]
         if intents[0]:
-            recs = await conn.fetch(_MOVES_WITH_INTENTS, *args, owners.pop(), *intents)
+            recs = await conn.fetch(_MOVE_STATEMENTS[True, one], *args, owners.pop(), *intents)
         else:
-            recs = await conn.fetch(_MOVES_ONLY, *args)
+            recs = await conn.fetch(_MOVE_STATEMENTS[False, one], *args)
         done = {r["id"]: Moved(TurnRow.from_record(r), r["seq"], bool(r["froze"])) for r in recs}
         return [done.get(m.before.id) for m in moves]
 

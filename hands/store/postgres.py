@@ -10,6 +10,7 @@ from hands.states import OPEN_STATUSES, LedgerStatus, transition
 from hands.store.ledger import Ledger
 from hands.store.records import STAMPED, Change, Execution, NewExecution
 from infra.db import Json
+from infra.param_rows import row_args, rows_from
 
 # Every column a new row may set, and its array type.
 _NEW = [
@@ -29,18 +30,22 @@ SELECT * FROM unnest({arrays})
     ON CONFLICT (execution_id) DO NOTHING"""
 
 
-def _changes_sql(first: int) -> str:
-    """Guarded changes from arrays $first.. (twelve of them)."""
-    p = [f"${i}" for i in range(first, first + 12)]
+# The columns of a guarded change (one per row per statement) and their types.
+_CHANGE = [
+    ("id", "text"), ("status", "text"), ("open", "bool"), ("attempts", "int"), ("error", "jsonb"),
+    ("output_bytes", "bigint"), ("last_seq", "int"), ("owner", "text"), ("from_status", "text"),
+    ("from_seq", "int"), ("unless_cancelled", "bool"), ("events", "jsonb"),
+]  # fmt: skip
+
+
+def _changes_sql(first: int, *, one: bool = False) -> str:
+    """Guarded changes from parameters $first.. (one per column of ``_CHANGE``; see
+    ``infra.param_rows`` for ``one``)."""
     return f"""UPDATE executions e
    SET status = m.status, open = m.open, attempts = coalesce(m.attempts, e.attempts),
        error = coalesce(m.error, e.error), output_bytes = coalesce(m.output_bytes, e.output_bytes),
        last_seq = m.last_seq, events = e.events || m.events, updated_at = now()
-  FROM unnest({p[0]}::text[], {p[1]}::text[], {p[2]}::bool[], {p[3]}::int[], {p[4]}::jsonb[],
-              {p[5]}::bigint[], {p[6]}::int[], {p[7]}::text[], {p[8]}::text[], {p[9]}::int[],
-              {p[10]}::bool[], {p[11]}::jsonb[])
-       AS m(id, status, open, attempts, error, output_bytes, last_seq, owner, from_status, from_seq,
-            unless_cancelled, events)
+  FROM {rows_from("m", _CHANGE, first, one=one)}
  WHERE e.execution_id = m.id AND e.owner = m.owner AND e.status = m.from_status AND e.last_seq = m.from_seq
    AND (NOT m.unless_cancelled OR NOT e.cancel_requested)"""
 
@@ -52,9 +57,11 @@ def _changes_sql(first: int) -> str:
 _STAMPED = ", ".join(STAMPED)
 _STAMPED_OF_E = ", ".join(f"e.{c}" for c in STAMPED)
 _INSERT = f"/* ledger commit */\n{_insert_sql(1)}\nRETURNING {_STAMPED}"
-_CHANGES = f"""/* ledger commit */
-{_changes_sql(1)}
-RETURNING e.execution_id, e.updated_at, e.cancel_requested"""
+_CHANGES = {  # by whether the statement changes one row
+    one: f"/* ledger commit */\n{_changes_sql(1, one=one)}\n"
+    "RETURNING e.execution_id, e.updated_at, e.cancel_requested"
+    for one in (False, True)
+}
 # Accepts and changes of other executions together: a change's row was committed before its task
 # could make the change, so no row is both inserted and changed here (one snapshot serves both).
 _BOTH = f"""/* ledger commit */
@@ -80,7 +87,9 @@ class PostgresLedger(Ledger):
 
     async def change(self, conn: Any, changes: Sequence[Change]) -> list[Execution | None]:
         columns, first = _change_columns(changes)
-        return _changed(changes, first, await conn.fetch(_CHANGES, *columns))
+        one = len(columns[0]) == 1
+        recs = await conn.fetch(_CHANGES[one], *row_args(columns, one=one))
+        return _changed(changes, first, recs)
 
     async def write(
         self, conn: Any, rows: Sequence[NewExecution], changes: Sequence[Change]
@@ -138,7 +147,7 @@ def _change_columns(changes: Sequence[Change]) -> tuple[list[list[Any]], dict[st
     """The arrays of the changes, and the index of each row's first change: one change per row
     per statement (an UPDATE applies one of several); a second change of the same row as the
     same task knew it would be refused by its guard after the first."""
-    columns: list[list[Any]] = [[] for _ in range(12)]
+    columns: list[list[Any]] = [[] for _ in _CHANGE]
     first = {c.before.execution_id: i for i, c in reversed(list(enumerate(changes)))}
     for c in (changes[i] for i in first.values()):
         transition(c.before.status, c.status)
