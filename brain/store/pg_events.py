@@ -26,30 +26,39 @@ from brain.store.records import (
 )
 from brain.store.repairs import OPEN_SQL, RepairRows
 from infra.db import Json
+from infra.param_rows import row_args, rows_from
 
-_LOCK_NAMED = f"""
+# By whether it locks one execution (``infra.param_rows``: one id is found by its key however
+# small the tables are; an array of them is taken for ten).
+_LOCK_NAMED = {
+    one: f"""
 SELECT {NAMED_COLUMNS}, t.namespace, t.session_id, t.thread_id, t.status AS turn_status,
        t.phase AS turn_phase, t.cancel_requested AS turn_cancelling
   FROM executions e JOIN turns t ON t.id = e.turn_id
- WHERE e.id = ANY($1::text[]) ORDER BY t.id, e.id FOR UPDATE OF t, e"""
+ WHERE e.id = {"$1::text" if one else "ANY($1::text[])"} ORDER BY t.id, e.id FOR UPDATE OF t, e"""
+    for one in (False, True)
+}
 
 _TURN_COLS = qualified("t", TURN_COLUMNS)
 
 # Effects, wake-ups (a claim for this Brain where ``f.claim``), journal entries and the hint, in
 # one statement. Its snapshot is taken after the turns were locked, so a sibling execution that
-# ended in another transaction is seen; the ones this statement ends are in $14.
+# ended in another transaction is seen; the ones this statement ends are in $14. The effects are
+# $1-$9, the turns $10-$13, as rows of values when there is one of each (``infra.param_rows``).
+_EFFECT = [
+    ("id", "text"), ("status", "text"), ("last_seq", "int"), ("attempts", "int"), ("result", "jsonb"),
+    ("how", "text"), ("evidence", "text"), ("output_bytes", "bigint"), ("error", "jsonb"),
+]  # fmt: skip
+_WAKE = [("turn_id", "text"), ("facts", "jsonb"), ("step", "int"), ("claim", "bool")]
 _COMMIT_APPLY = f"""
 WITH eff AS (
     UPDATE executions e
        SET status = m.status, last_seq = m.last_seq, attempts = m.attempts, result = m.result, how = m.how,
            evidence = m.evidence, output_bytes = m.output_bytes, error = m.error, replay_requested_at = NULL,
            stall_backoff = 1, nudges = 0, command = NULL, updated_at = now()
-      FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::jsonb[], $6::text[], $7::text[],
-                  $8::bigint[], $9::jsonb[])
-           AS m(id, status, last_seq, attempts, result, how, evidence, output_bytes, error)
+      FROM {{effects}}
      WHERE e.id = m.id),
-f AS (SELECT * FROM unnest($10::text[], $11::jsonb[], $12::int[], $13::bool[])
-                 AS f(turn_id, facts, step, claim)),
+f AS (SELECT * FROM {{wakes}}),
 woken AS (
     UPDATE turns t
        SET status = 'running', wake_at = now(), waiting_for = NULL, updated_at = now(),
@@ -84,6 +93,12 @@ entry AS (
 hint AS (SELECT pg_notify($17, '') WHERE EXISTS (SELECT 1 FROM woken WHERE NOT woken.claim))
 SELECT woken.*, (SELECT count(*) FROM hint) AS hinted, w.seq AS entry_seq, e.facts AS entry_facts
   FROM woken LEFT JOIN written w ON w.turn_id = woken.id LEFT JOIN entry e ON e.turn_id = woken.id"""
+_COMMIT_APPLIES = {
+    one: _COMMIT_APPLY.replace("{effects}", rows_from("m", _EFFECT, 1, one=one)).replace(
+        "{wakes}", rows_from("f", _WAKE, 10, one=one)
+    )
+    for one in (False, True)
+}
 
 _DUE_WAITING = f"""
 WITH due AS (
@@ -150,7 +165,9 @@ class PgExecutionRows(RepairRows):
         )
 
     async def _lock_named(self, conn: Any, execution_ids: Sequence[str]) -> dict[str, Any]:
-        return {r["id"]: r for r in await conn.fetch(_LOCK_NAMED, list(execution_ids))}
+        one = len(execution_ids) == 1
+        ids = execution_ids[0] if one else list(execution_ids)
+        return {r["id"]: r for r in await conn.fetch(_LOCK_NAMED[one], ids)}
 
     async def _commit_apply(
         self,
@@ -160,13 +177,13 @@ class PgExecutionRows(RepairRows):
         wake_channel: str,
         budget: ClaimBudget | None,
     ) -> Applied:
-        effects: list[list[Any]] = [[] for _ in range(9)]
+        effects: list[list[Any]] = [[] for _ in _EFFECT]
         for plan in planned:
             for col, value in zip(
                 effects, [plan.row["id"], *effect_values(plan.row, plan.effect)], strict=True
             ):
                 col.append(value)
-        turns: list[list[Any]] = [[], [], [], []]
+        turns: list[list[Any]] = [[] for _ in _WAKE]
         finished: list[str] = []
         candidates = 0
         for turn_id in sorted(touched):
@@ -179,7 +196,11 @@ class PgExecutionRows(RepairRows):
             finished += turn.finished
         owner = budget.owner if budget is not None else None
         lease = budget.lease_seconds if budget is not None else 0.0
-        recs = await conn.fetch(_COMMIT_APPLY, *effects, *turns, finished, owner, float(lease), wake_channel)
+        one = len(effects[0]) == 1 and len(turns[0]) == 1
+        recs = await conn.fetch(
+            _COMMIT_APPLIES[one], *row_args(effects, one=one), *row_args(turns, one=one), finished, owner,
+            float(lease), wake_channel,
+        )  # fmt: skip
         claimed = [TurnRow.from_record(r) for r in recs if r["claim"]]
         if budget is not None:
             budget.left += candidates - len(claimed)  # not woken after all: their slots stay free
