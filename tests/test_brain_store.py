@@ -400,7 +400,7 @@ async def test_concurrent_claims_never_take_a_turn_from_a_live_owner(pg_store):
     # PostgreSQL only. Given 30 turns and 8 claimers of one live Brain that each hold turns for
     # a moment and then give them back (as a run that waits does)
     store = pg_store
-    for i in range(30):
+    for i in range(80):
         await _submit(store, session=f"s{i}")
     fenced: list[str] = []
     claims = 0
@@ -913,3 +913,33 @@ async def test_an_applied_event_rewrites_its_execution_in_its_page_where_no_inde
             " updated_at = now() WHERE id IN ('x000', 'x001')"
         )
         assert [await conn.fetchval(page_of, f"x{i:03}") for i in (0, 1)] == first
+
+
+async def test_a_lone_move_finds_its_turn_by_key_among_tens_of_turns(pg_store):
+    # Given 80 turns, their statistics fresh, and one claimed
+    for i in range(80):
+        await _submit(pg_store, request_id=f"r{i}", session=f"s{i}")
+    await pg_store.pool.execute("ANALYZE turns")
+    (row,) = (await _claim(pg_store, "b1")).rows
+    async with pg_store.pool.acquire() as conn:
+
+        async def scans() -> tuple[int, int]:
+            await conn.execute("SELECT pg_stat_force_next_flush()")
+            rec = await conn.fetchrow(
+                "SELECT seq_scan, idx_scan FROM pg_stat_user_tables"
+                " WHERE schemaname = current_schema() AND relname = 'turns'"
+            )
+            return int(rec["seq_scan"]), int(rec["idx_scan"] or 0)
+
+        before = await scans()
+        # When its run commits a move on its own (a lone turn's reply), with the pool's generic plans
+        (moved,) = await pg_store.commit_moves(conn, [moves.prepare(row, freeze=None)], 30.0)
+        assert moved is not None
+        # Then the turn was found by its key, not by reading the table whole (with an unnest of
+        # parameters, taken for ten rows, the plan read all 80)
+        deadline = asyncio.get_running_loop().time() + 5
+        while (after := await scans()) == before:
+            assert asyncio.get_running_loop().time() < deadline, "the scan never reached the statistics"
+            await asyncio.sleep(0.1)
+        assert after[0] == before[0], "the move read the turns whole"
+        assert after[1] > before[1]
