@@ -176,6 +176,35 @@ async def wait_for(
         await asyncio.sleep(interval)
 
 
+class TableScans:
+    """How PostgreSQL counts the scans of one table of the connection's schema: sequential ones
+    and by index. The counters are reported when a session goes idle, so each look makes this
+    connection's own report go out first; another connection's may come a little later."""
+
+    def __init__(self, conn: asyncpg.Connection, table: str) -> None:
+        self.conn = conn
+        self.table = table
+
+    async def now(self) -> tuple[int, int]:
+        await self.conn.execute("SELECT pg_stat_force_next_flush()")
+        rec = await self.conn.fetchrow(
+            "SELECT seq_scan, coalesce(idx_scan, 0) AS idx_scan FROM pg_stat_user_tables"
+            " WHERE schemaname = current_schema() AND relname = $1",
+            self.table,
+        )
+        return int(rec["seq_scan"]), int(rec["idx_scan"])
+
+    async def since(self, before: tuple[int, int], timeout: float = 5.0) -> tuple[int, int]:
+        """(sequential scans, index scans) since ``before``, once a scan was counted."""
+
+        async def moved() -> tuple[int, int] | None:
+            seq, idx = await self.now()
+            return (seq - before[0], idx - before[1]) if (seq, idx) != before else None
+
+        counted: tuple[int, int] = await wait_for(moved, timeout=timeout, what=f"a scan of {self.table}")
+        return counted
+
+
 def crash(registration: Liveness) -> None:
     """Stop a worker registration as SIGKILL would: no renewal, no retirement, its session
     gone (a test of liveness rules without a process to kill)."""

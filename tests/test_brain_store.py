@@ -46,7 +46,7 @@ from protocol import (
     SucceededBody,
     SucceededEvent,
 )
-from tests.support import TendonEnv, crash, orphans_sql, wait_for
+from tests.support import TableScans, TendonEnv, crash, orphans_sql, wait_for
 
 AGENT_DEF = {"name": "a", "version": "1", "model": {"kind": "scripted", "script": [{"content": "hi"}]}}
 
@@ -922,24 +922,13 @@ async def test_a_lone_move_finds_its_turn_by_key_among_tens_of_turns(pg_store):
     await pg_store.pool.execute("ANALYZE turns")
     (row,) = (await _claim(pg_store, "b1")).rows
     async with pg_store.pool.acquire() as conn:
-
-        async def scans() -> tuple[int, int]:
-            await conn.execute("SELECT pg_stat_force_next_flush()")
-            rec = await conn.fetchrow(
-                "SELECT seq_scan, idx_scan FROM pg_stat_user_tables"
-                " WHERE schemaname = current_schema() AND relname = 'turns'"
-            )
-            return int(rec["seq_scan"]), int(rec["idx_scan"] or 0)
-
-        before = await scans()
+        scans = TableScans(conn, "turns")
+        before = await scans.now()
         # When its run commits a move on its own (a lone turn's reply), with the pool's generic plans
         (moved,) = await pg_store.commit_moves(conn, [moves.prepare(row, freeze=None)], 30.0)
         assert moved is not None
         # Then the turn was found by its key, not by reading the table whole (with an unnest of
         # parameters, taken for ten rows, the plan read all 80)
-        deadline = asyncio.get_running_loop().time() + 5
-        while (after := await scans()) == before:
-            assert asyncio.get_running_loop().time() < deadline, "the scan never reached the statistics"
-            await asyncio.sleep(0.1)
-        assert after[0] == before[0], "the move read the turns whole"
-        assert after[1] > before[1]
+        seq, by_index = await scans.since(before)
+        assert seq == 0, "the move read the turns whole"
+        assert by_index > 0

@@ -43,7 +43,7 @@ from protocol import (
     loads,
     new_id,
 )
-from tests.support import TendonEnv, crash, wait_for
+from tests.support import TableScans, TendonEnv, crash, wait_for
 
 HEADER = {"namespace": "tests", "session_id": "s1", "request_digest": "d" * 64}
 
@@ -536,24 +536,14 @@ async def test_a_lone_change_finds_its_row_by_key_in_a_ledger_of_a_hundred_rows_
         (row,) = await ledger.insert(conn, [_new(new_id(), "w1")])
         assert row is not None
 
-        async def scans() -> tuple[int, int]:
-            await conn.execute("SELECT pg_stat_force_next_flush()")
-            rec = await conn.fetchrow(
-                "SELECT seq_scan, idx_scan FROM pg_stat_user_tables"
-                " WHERE schemaname = current_schema() AND relname = 'executions'"
-            )
-            return int(rec["seq_scan"]), int(rec["idx_scan"] or 0)
-
-        before = await scans()
+        scans = TableScans(conn, "executions")
+        before = await scans.now()
         # When one execution changes, on its own (a lone turn's outcome)
         started = _event(StartedEvent, row.execution_id, 2, StartedBody(attempt=1, worker="w1"))
         (moved,) = await ledger.change(conn, [Change(row, LedgerStatus.RUNNING, [started], attempts=1)])
         assert moved is not None
         # Then its row was found by its key, not by reading the table whole (with an unnest of
         # parameters, taken for ten rows, the plan read all 150)
-        deadline = time.monotonic() + 5
-        while (after := await scans()) == before:
-            assert time.monotonic() < deadline, "the change's scan never reached the statistics views"
-            await asyncio.sleep(0.1)
-        assert after[0] == before[0], "the change read the ledger whole"
-        assert after[1] > before[1]
+        seq, by_index = await scans.since(before)
+        assert seq == 0, "the change read the ledger whole"
+        assert by_index > 0
