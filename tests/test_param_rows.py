@@ -1,6 +1,6 @@
 """The two forms of a statement's rows (infra/param_rows.py): a lone row as values, more as
 arrays, each with the parameters it takes. Their plans are checked where they are used
-(tests/test_hands_ledger.py); both forms run in the store suites."""
+(tests/test_hands_ledger.py, tests/test_brain_store.py); both forms run in the store suites."""
 
 from __future__ import annotations
 
