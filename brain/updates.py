@@ -125,7 +125,13 @@ class UpdateConsumer:
         for events in ranges:
             for event in events:
                 self.ctx.killpoints.hit("brain.after_update_received", event.kind)
-        outcomes = await asyncio.gather(*(self._one(r) for r in ranges), return_exceptions=True)
+        if len(ranges) == 1:  # the usual message: applied in this task, no task gathered for it
+            try:
+                outcomes: list[Any] = [await self._one(ranges[0])]
+            except Exception as exc:  # noqa: BLE001 - judged below, as gather's would be
+                outcomes = [exc]
+        else:
+            outcomes = await asyncio.gather(*(self._one(r) for r in ranges), return_exceptions=True)
         refused: list[tuple[Range, str]] = []
         for events, outcome in zip(ranges, outcomes, strict=True):
             if isinstance(outcome, BaseException):

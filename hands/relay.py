@@ -20,7 +20,6 @@ watcher sees, never a turn: the turn waits for the outcome.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Iterable
 from functools import partial
@@ -114,7 +113,10 @@ class EventRelay:
         self._since = 0.0  # when the oldest pending event was handed over (monotonic)
         self._ending = False  # whether a pending event ends its execution
         self._refused = False  # the broker refused some of the last round: pause before the next
-        self._wakeup = asyncio.Event()
+        # What the waiting round waits on (resolved by a hand-over that is due, or a timer): a
+        # plain future, woken in one turn of the event loop (``wait_for`` on an event took three
+        # and a task a round).
+        self._wakeup: asyncio.Future[None] | None = None
         self.messages = 0  # published, for tests and the benchmark
         self.events = 0
 
@@ -127,8 +129,14 @@ class EventRelay:
         self._pending.extend(events)
         ending = self._linger <= 0 or any(e["kind"] in ENDING_KINDS for e in self._pending[size:])
         self._ending = self._ending or ending
-        if ending or first:  # else the round already waiting for the first one publishes them
-            self._wakeup.set()
+        if ending:
+            self._wake()
+        elif first:  # due when its linger ends: the waiting round is not woken to learn that now
+            asyncio.get_running_loop().call_later(self._linger, self._wake)
+
+    def _wake(self) -> None:
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
 
     def _wait(self) -> float:
         """Seconds until the next round: what pending events may still linger, else the sweep's."""
@@ -195,9 +203,12 @@ class EventRelay:
         loop = asyncio.get_running_loop()
         next_sweep = 0.0
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout=self._wait())
-            self._wakeup.clear()
+            self._wakeup = loop.create_future()
+            timer = loop.call_later(self._wait(), self._wake)  # due now, once lingered, or the sweep's
+            try:
+                await self._wakeup
+            finally:
+                timer.cancel()
             self._refused = False
             try:
                 if self._pending and self._wait() == 0.0:
@@ -210,10 +221,8 @@ class EventRelay:
             except Exception as exc:  # noqa: BLE001 - the rows are still there: the next round
                 log.warning("event_relay_round_failed", error=repr(exc))
             if self._refused:
-                # Not in a busy loop. Events handed over while that round published are not a
-                # reason to wait: their ``send`` set the wake-up, so the next round is now.
+                # Not in a busy loop: what was refused is due again (no linger) after this pause.
                 await asyncio.sleep(self._interval)
-                self._wakeup.set()
 
 
 async def stored_events(ledger: Ledger, conn: Any, execution_id: str, from_seq: int) -> list[dict[str, Any]]:

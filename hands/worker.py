@@ -15,8 +15,8 @@ in this order (invariants 3 and 4):
    (how="rejected") and ack;
 6. otherwise commit ACCEPTED + ``accepted`` (for a safe tool: RUNNING + ``accepted`` and
    ``started``, since starting it again after a crash is what the replay rule would do anyway),
-   pass the kill point ``hands.after_accept_commit`` (tag = call id), ack, and hand it to the
-   executor. Accepts of commands handled at once share a commit (``hands.writer``).
+   pass the kill point ``hands.after_accept_commit`` (tag = call id), hand it to the executor,
+   and ack (the tool does not wait for the ack to be written). Accepts of commands handled at once share a commit (``hands.writer``).
 
 A duplicate of a row that this worker owns, still open, with no task here, is our own accept
 whose commit looked failed but landed (the message was handed back and came again): it is
@@ -70,6 +70,14 @@ from protocol import (
 )
 
 log = get_logger(__name__)
+
+
+@dataclass
+class Slot:
+    """The concurrency slot a command's handling holds: given back when the handling ends, unless
+    the execution's task took it over (that gives it back when it ends)."""
+
+    handed_over: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,40 +164,40 @@ class CommandConsumer:
             return
         self._busy += 1
         self._idle.clear()
-        handed_over = False
+        slot = Slot()
         try:
             with bound_contextvars(execution_id=header.execution_id):
-                handed_over = await self._process(message, header)
+                await self._process(message, header, slot)
         finally:
-            if not handed_over:
+            if not slot.handed_over:
                 self._executor.slots.release()
             self._busy -= 1
             if self._busy == 0:
                 self._idle.set()
 
-    async def _process(self, message: Delivery, header: ExecuteCommand) -> bool:
-        """Returns True when the execution was accepted and handed to the executor."""
+    async def _process(self, message: Delivery, header: ExecuteCommand, slot: Slot) -> None:
+        """``slot``: marked handed over once the execution's task has it (accepted and started)."""
         problem = unstorable_names(header)
         if problem is not None:
             # Not even a rejection can be recorded under such a name: park it, saying why.
             await self._dead_letter(message, f"schema_error: {problem}")
-            return False
+            return
         try:
             command: ExecuteCommand = await self._codec.resolve(header)  # decoded once, above
         except ObjectRefError as exc:
             # The header is trustworthy enough to tell the turn; the body is not usable.
             await self._record_rejection(header, None, exc)
             await self._dead_letter(message, f"{exc.code}: {exc.message}")
-            return False
+            return
         except ProtocolError as exc:
             await self._dead_letter(message, f"{exc.code}: {exc.message}")
-            return False
+            return
         body = command.body
         assert body is not None
         problem = unusable(command, self.route, self.queue)
         if problem is not None:
             await self._dead_letter(message, problem)
-            return False
+            return
         try:
             tool = self._registry.resolve(body.tool, body.binding_digest)
             if tool.binding.replay_policy != body.replay_policy:
@@ -208,14 +216,12 @@ class CommandConsumer:
             elif await self._same_request(message, outcome.row, command):
                 await self._tell_again(command.execution_id)
                 await message.ack()
-            return False
-        return await self._accept(
-            message, command, args, safe=tool.binding.replay_policy == ReplayPolicy.SAFE
-        )
+            return
+        await self._accept(message, command, args, slot, safe=tool.binding.replay_policy == ReplayPolicy.SAFE)
 
     async def _accept(
-        self, message: Delivery, command: ExecuteCommand, args: dict[str, Any], safe: bool
-    ) -> bool:
+        self, message: Delivery, command: ExecuteCommand, args: dict[str, Any], slot: Slot, safe: bool
+    ) -> None:
         """``args``: the command's arguments as its tool validated them (its first run takes
         them so, instead of validating them again)."""
         body = command.body
@@ -240,22 +246,24 @@ class CommandConsumer:
         # see a row of this worker with no task here and start it too. If something here has
         # it already (another delivery of the same command), that one starts it.
         reserved = ex.reserve(execution_id)
-        launched = False
         try:
             outcome = await self._insert(values, *bodies)
             if outcome.new:
                 log.info("command_accepted", call_id=body.call_id, tool=body.tool, turn_id=body.turn_id)
                 self._kill.hit("hands.after_accept_commit", body.call_id)
-                await self._ack(message)
                 if reserved and outcome.row.status in OPEN_STATUSES:
                     ex.launch(
                         execution_id,
                         partial(ex.run, execution_id, row=outcome.row, trace=command.trace, args=args),
                     )
-                    launched = True
-                return launched
+                    slot.handed_over = True
+                # After the launch: the tool starts before the ack is framed and written (an ack
+                # says the command is in the ledger, nothing about the tool; a lost one is a
+                # duplicate).
+                await self._ack(message)
+                return
             if not await self._same_request(message, outcome.row, command):
-                return False
+                return
             await self._tell_again(execution_id)
             await self._ack(message)
             row = outcome.row
@@ -263,10 +271,9 @@ class CommandConsumer:
                 # Our own accept landed although its commit looked failed (the message came
                 # back): nothing here runs it, and no other worker would while we live.
                 ex.launch(execution_id, partial(ex.adopt, execution_id))
-                launched = True
-            return launched
+                slot.handed_over = True
         finally:
-            if reserved and not launched:
+            if reserved and not slot.handed_over:
                 ex.unreserve(execution_id)
 
     async def surface_parked(self, conn: Any, envelope: Any, reason: str) -> str | None:

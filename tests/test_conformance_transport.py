@@ -171,6 +171,32 @@ async def test_an_acked_message_is_never_delivered_again(backend: Backend) -> No
     assert later.bodies == [b"second"]
 
 
+async def test_a_delivery_is_settled_once_and_its_consumer_goes_on(backend: Backend) -> None:
+    # Given a handler that acks, then tries to settle the same delivery three more ways
+    refused: list[str] = []
+
+    async def settle_again(delivery: Delivery) -> None:
+        await delivery.ack()
+        for settle in (delivery.ack, delivery.nack, delivery.reject):
+            try:
+                await settle()
+            except Exception as exc:  # noqa: BLE001 - what each backend raises is its own
+                refused.append(type(exc).__name__)
+
+    async with backend.open() as transport:
+        await transport.publish(backend.queue, b"one", message_id="1")
+        inbox = Inbox(settle_again)
+        consumer = await transport.consume(backend.queue, inbox, prefetch=1)
+        await inbox.wait(1)
+        # When the next message comes (RabbitMQ closes a channel that settles a delivery twice)
+        await transport.publish(backend.queue, b"two", message_id="2")
+        await inbox.wait(2)
+        await consumer.close()
+    # Then every second settling was refused here, and the same consumer got the next message
+    assert len(refused) == 6 and inbox.bodies == [b"one", b"two"]
+    assert all(d.processed for d in inbox.deliveries)
+
+
 async def test_a_nacked_message_with_requeue_is_delivered_again_before_later_ones(backend: Backend) -> None:
     async def nack_first_time(delivery: Delivery) -> None:
         if len(inbox.deliveries) == 1:
