@@ -16,7 +16,8 @@ in this order (invariants 3 and 4):
 6. otherwise commit ACCEPTED + ``accepted`` (for a safe tool: RUNNING + ``accepted`` and
    ``started``, since starting it again after a crash is what the replay rule would do anyway),
    pass the kill point ``hands.after_accept_commit`` (tag = call id), hand it to the executor,
-   and ack (the tool does not wait for the ack to be written). Accepts of commands handled at once share a commit (``hands.writer``).
+   and ack (the tool does not wait for the ack to be written). Accepts of commands handled at
+   once share a commit (``hands.writer``).
 
 A duplicate of a row that this worker owns, still open, with no task here, is our own accept
 whose commit looked failed but landed (the message was handed back and came again): it is
