@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from brain.agents import FrozenThreads
@@ -57,7 +58,7 @@ class BrainContext:
         self.threads = FrozenThreads(self.store)
         self.history = HistoryCache(self.store)
         self.moves = GroupCommit(
-            self.store.transact,
+            partial(self.store.transact, held=self.store.held()),
             self._commit_moves,
             name="moves",
             order=lambda m: m.before.id,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any
 
 from structlog.contextvars import bound_contextvars
@@ -68,7 +69,10 @@ class UpdateConsumer:
         self.scheduler = scheduler
         self.queue = broker.topology.updates
         self.applier: GroupCommit[Range, Any] = GroupCommit(
-            ctx.store.transact, self._apply, name="updates", order=lambda r: r[0].execution_id
+            partial(ctx.store.transact, held=ctx.store.held()),
+            self._apply,
+            name="updates",
+            order=lambda r: r[0].execution_id,
         )
 
     async def _apply(self, conn: Any, ranges: list[Range]) -> list[Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from hands.store import Change, Execution, Ledger, NewExecution
@@ -60,7 +61,7 @@ class LedgerWriter:
         self.codec = codec
         self.sent = sent
         self.committer: GroupCommit[Op, Execution | None] = GroupCommit(
-            ledger.transact,
+            partial(ledger.transact, held=ledger.held()),
             self._apply,
             name="ledger",
             order=_key,

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from infra.db import reading, transact
+from infra.db import HeldConnection, reading, transact
 from infra.sqlite import parse_ts
 
 T = TypeVar("T")
@@ -30,6 +30,8 @@ class StoreBase:
     # Whether one data-changing statement commits on its own, all or nothing, so that work made
     # of exactly one such statement needs no BEGIN and COMMIT around it.
     ONE_STATEMENT_COMMITS = False
+    # Whether a user that commits one transaction at a time may keep a connection between them.
+    HOLDS_CONNECTIONS = False
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
@@ -41,6 +43,11 @@ class StoreBase:
         return await transact(
             self.pool, work, single_statement=single_statement and self.ONE_STATEMENT_COMMITS, **options
         )
+
+    def held(self) -> HeldConnection | None:
+        """A connection to keep between transactions (``transact(..., held=)``), where the backend
+        pools them; None where it does not."""
+        return HeldConnection(self.pool) if self.HOLDS_CONNECTIONS else None
 
     async def read_consistent(self, work: Callable[[Any], Awaitable[T]]) -> T:
         """``work(conn)`` with every read seeing the same moment (a snapshot and its cursor). A

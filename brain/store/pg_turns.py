@@ -200,6 +200,7 @@ class PgTurnRows(TurnRows):
     FOR_UPDATE = " FOR UPDATE"
     SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
     ONE_STATEMENT_COMMITS = True
+    HOLDS_CONNECTIONS = True
 
     async def append(
         self,

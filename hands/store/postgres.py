@@ -74,6 +74,7 @@ class PostgresLedger(Ledger):
     FOR_UPDATE = " FOR UPDATE"
     SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
     ONE_STATEMENT_COMMITS = True
+    HOLDS_CONNECTIONS = True
     APPEND = "events || $12"
 
     def appended(self, change: Change) -> list[dict[str, Any]]:
