@@ -198,10 +198,14 @@ class HeldConnection:
         return await self.pool.acquire()
 
     async def release(self, conn: asyncpg.Connection) -> None:
-        if conn.is_closed() or conn.is_in_transaction():
+        # One is kept at most: a second user at the same moment (its owner runs one transaction
+        # at a time, but nothing here relies on that) gives its connection back to the pool.
+        if conn.is_closed() or conn.is_in_transaction() or self._conn is not None:
             await self.pool.release(conn)
             return
         self._conn = conn
+        if self._timer is not None:
+            self._timer.cancel()
         self._timer = asyncio.get_running_loop().call_later(self.idle, self._let_go)
 
     def _let_go(self) -> None:

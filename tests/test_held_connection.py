@@ -72,3 +72,18 @@ async def test_a_broken_held_connection_is_replaced_and_one_in_a_transaction_is_
         held.idle = 0.0
         held._let_go()
         await asyncio.wait_for(pool.close(), 10)
+
+
+async def test_two_users_at_once_leave_no_connection_behind(tendon: TendonEnv) -> None:
+    pool = await create_pool(tendon.database_url, tendon.settings().brain_schema, max_size=3)
+    held = HeldConnection(pool, idle=0.2)
+
+    async def slow(conn: Any) -> int:
+        await asyncio.sleep(0.05)
+        return await _backend(conn)
+
+    # When two transactions go through one held connection at the same moment
+    first, second = await asyncio.gather(*(transact(pool, slow, held=held) for _ in range(2)))
+    # Then each had a connection of its own, and both come back: the pool closes promptly
+    assert first != second
+    await asyncio.wait_for(pool.close(), 5)
