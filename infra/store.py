@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from infra.db import HeldConnection, reading, transact
+from infra.db import reading, transact
+from infra.held import HeldConnection
 from infra.sqlite import parse_ts
 
 T = TypeVar("T")
