@@ -4,12 +4,16 @@ how long a passing fault is waited out, which transactions are tried again."""
 from __future__ import annotations
 
 import asyncio
+import builtins
 import gc
+import warnings
+from typing import Any
 
 import asyncpg
 import pytest
 
 from infra.db import TRANSACT_ATTEMPTS, patiently, storable, transact, unstorable
+from infra.entry import run_async
 from infra.heap import YOUNG_COLLECTION_EVERY, settle_heap
 from infra.parked import reason_of
 from infra.settings import http_address
@@ -249,3 +253,30 @@ def test_a_span_when_tracing_is_the_child_of_its_turn_or_of_the_span_its_envelop
     assert made.attributes["tendon.turn_id"] == "turn-1"
     assert (ran.context.trace_id, ran.parent.span_id) == (trace_id, made.context.span_id)
     assert rerun.parent is None and rerun.context.trace_id != trace_id
+
+
+def test_a_ctrl_c_before_the_loop_starts_leaves_no_coroutine_unawaited(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a Ctrl-C that lands while the event loop's library loads
+    real_import = builtins.__import__
+
+    def interrupted_import(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "uvloop":
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    async def command() -> None:
+        pass
+
+    monkeypatch.setattr(builtins, "__import__", interrupted_import)
+    main = command()
+    # When a command's coroutine is handed to run_async
+    with warnings.catch_warnings(record=True) as seen, pytest.raises(KeyboardInterrupt):
+        warnings.simplefilter("always")
+        run_async(main)
+    monkeypatch.undo()
+    # Then the interrupt goes on, and the coroutine was closed: no "never awaited" warning
+    del main
+    gc.collect()
+    assert [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)] == []
