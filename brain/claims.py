@@ -19,6 +19,7 @@ from brain.history import ReadAhead
 from brain.states import TurnPhase, TurnStatus
 from brain.store import Move, Moved, Settled, TurnRow
 from brain.store.submits import Mark, Start, Submit
+from infra.held import HeldConnection
 from infra.logging import get_logger
 from protocol import IllegalTransitionError, LimitReachedError, RoutingError, StaleOwnerError, TendonError
 
@@ -277,6 +278,12 @@ class Served:
     # announcements they were chosen from: offered again without a read until a submit finds
     # that the announcements changed (it then queues its turn, and the next one reads again).
     chosen: dict[tuple[str, ...], tuple[dict[str, Any], Mark]] = field(default_factory=dict)
+    # The submits' connection, kept between them (no acquire and release per submit) while they
+    # come one at a time; one at the same moment takes its own from the pool.
+    held: HeldConnection | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.held = self.ctx.store.held()
 
     async def _offer(self, s: Submit) -> Start:
         """What the submit may start the turn with: a thread kept here with its bindings frozen
@@ -303,7 +310,7 @@ class Served:
         ctx = self.ctx
         if not self.quiet():
             return await ctx.store.submit(s)
-        done = await ctx.store.submit_served(s, await self._offer(s))
+        done = await ctx.store.submit_served(s, await self._offer(s), self.held)
         if done.stale:
             self.chosen.pop(tuple(s.agent.tools), None)
         row = done.started

@@ -11,9 +11,10 @@ import asyncio
 import contextlib
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import aio_pika
+import aiormq
 import pamqp.commands
 from aio_pika.abc import (
     AbstractChannel,
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 __all__ = ["Broker", "Topology"]
 
 log = get_logger(__name__)
+
+PERSISTENT = int(aio_pika.DeliveryMode.PERSISTENT)  # a message's delivery mode that survives a restart
 
 # How long a consumer's set-up waits out a broker hiccup before the process gives up.
 SETUP_PATIENCE = 30.0
@@ -125,14 +128,26 @@ class Broker:
     ) -> None:
         """Publish persistently and wait for the broker's confirm (raises if unroutable)."""
         await self.declare(queue)
-        message = aio_pika.Message(
-            body,
-            message_id=message_id,
-            headers=headers or {},
-            content_type="application/json",
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        await self._send(queue, body, message_id, headers or {}, content_type="application/json")
+
+    async def _send(
+        self, routing_key: str, body: bytes, message_id: str | None, headers: dict[str, Any],
+        content_type: str | None = None,
+    ) -> None:  # fmt: skip
+        """Publish persistently on the default exchange and wait for the confirm, through the
+        aiormq channel under aio-pika's (opened to raise for an unroutable message, as a nack
+        does). aio-pika's ``Message`` and exchange took 9 of the 10 us of making the message (more
+        when the process just woke), and waiting for the frame to be written before waiting for
+        its confirm was one more turn of the event loop."""
+        if self.channel.is_closed:  # reopening after a lost connection: refused as aio-pika would
+            raise ChannelInvalidStateError("the publishing channel is closed")
+        channel = cast(aiormq.Channel, await self.channel.get_underlay_channel())  # it takes ``wait``
+        properties = pamqp.commands.Basic.Properties(
+            message_id=message_id, headers=headers, content_type=content_type, delivery_mode=PERSISTENT
         )
-        await self.channel.default_exchange.publish(message, routing_key=queue, mandatory=True)
+        await channel.basic_publish(
+            body, routing_key=routing_key, properties=properties, mandatory=True, wait=False
+        )
 
     async def publish_many(self, items: list[tuple[str, bytes, str]]) -> list[BaseException | None]:
         """Publish several messages with their confirms in flight together.
@@ -155,15 +170,8 @@ class Broker:
     async def dead_letter(self, queue: str, message: Delivery, reason: str) -> None:
         """Park ``message`` in ``queue``'s dead-letter queue with a readable reason, then ack it."""
         await self.declare(queue)
-        parked = aio_pika.Message(
-            message.body,
-            message_id=message.message_id,
-            headers={**(message.headers or {}), REASON_HEADER: reason[:1000]},
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        )
-        await self.channel.default_exchange.publish(
-            parked, routing_key=self.topology.dlq(queue), mandatory=True
-        )
+        headers = {**(message.headers or {}), REASON_HEADER: reason[:1000]}
+        await self._send(self.topology.dlq(queue), message.body, message.message_id, headers)
         await message.ack()
         log.warning("dead_lettered", queue=queue, message_id=message.message_id, reason=reason)
 

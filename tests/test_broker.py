@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
+import aio_pika
+import pytest
+
 from chaos.proxy import TcpCutter
 from infra.broker import Broker
 from infra.transport import Delivery, Topology
@@ -31,3 +34,28 @@ async def test_a_consumer_set_up_while_the_connection_drops_is_set_up_once_it_is
         await broker.publish(queue, b'{"n": 1}', message_id="m-1")
         assert await asyncio.wait_for(received.get(), 10) == b'{"n": 1}'
     assert proxy.cuts >= 1
+
+
+async def test_a_publish_goes_out_persistent_and_one_the_broker_cannot_route_raises(tendon: TendonEnv):
+    # Given a broker whose queue is declared
+    topology = Topology(tendon.prefix)
+    queue = topology.updates
+    async with Broker(tendon.amqp_url, topology) as broker:
+        await broker.publish(queue, b'{"n": 1}', message_id="m-1", headers={"x-note": "kept"})
+        # Then what it published is persistent, with its id, type and headers
+        raw = await aio_pika.connect(tendon.amqp_url)
+        try:
+            channel = await raw.channel()
+            got = await (await channel.get_queue(queue, ensure=False)).get(timeout=5)
+            assert got is not None
+            await got.ack()
+            assert (got.body, got.message_id, got.content_type) == (b'{"n": 1}', "m-1", "application/json")
+            assert got.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+            assert got.headers["x-note"] == "kept"  # (RabbitMQ adds its x-delivery-count)
+            # When the queue goes away behind its back (an operator deletes it)
+            await channel.queue_delete(queue)
+        finally:
+            await raw.close()
+        # Then a publish to it raises instead of being confirmed (the caller keeps the message)
+        with pytest.raises(aio_pika.exceptions.PublishError):
+            await asyncio.wait_for(broker.publish(queue, b'{"n": 2}', message_id="m-2"), 10)

@@ -20,6 +20,7 @@ from brain.store.submits import (
 )
 from brain.store.turns import CLAIM_SET, CLAIMABLE_FROM, TurnRows
 from infra.db import Json, reading
+from infra.held import HeldConnection
 from infra.param_rows import row_args, rows_from
 from protocol import new_id
 
@@ -247,10 +248,11 @@ class PgTurnRows(TurnRows):
         assert existing is not None, f"submit of {s.request_id!r} neither found nor created a turn"
         return Submitted(existing, False)
 
-    async def submit_served(self, s: Submit, start: Start) -> Submitted:
+    async def submit_served(self, s: Submit, start: Start, held: HeldConnection | None = None) -> Submitted:
         return await self.transact(
-            lambda conn: self.submit_in(conn, s, start), single_statement=True, read_then_insert=True
-        )
+            lambda conn: self.submit_in(conn, s, start),
+            single_statement=True, read_then_insert=True, held=held,
+        )  # fmt: skip
 
     async def read_consistent(self, work: Callable[[Any], Awaitable[T]]) -> T:
         async with reading(self.pool) as conn, conn.transaction(isolation="repeatable_read", readonly=True):

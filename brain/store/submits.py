@@ -18,6 +18,7 @@ from brain.facts import accepted
 from brain.states import TurnPhase
 from brain.store.journal import JournalRows
 from brain.store.records import TERMINAL_SQL, TURN_COLUMNS, TurnRow
+from infra.held import HeldConnection
 from infra.store import as_time
 from protocol import ConflictError, IllegalTransitionError, digest, new_id
 
@@ -182,16 +183,16 @@ class SubmitRows(JournalRows):
         done = await self.transact(work, single_statement=True, read_then_insert=True)
         return done.turn_id, done.created
 
-    async def submit_served(self, s: Submit, start: Start) -> Submitted:
+    async def submit_served(self, s: Submit, start: Start, held: HeldConnection | None = None) -> Submitted:
         """A submit that starts the turn's run at once when its thread is idle (``start``; see
         ``brain.claims.Served``). The thread is locked first, so that two of them cannot both find
-        it idle."""
+        it idle. ``held``: the connection to take (``StoreBase.held``)."""
 
         async def work(conn: Any) -> Submitted:
             await self.lock_thread(conn, s.thread_id)
             return await self.submit_in(conn, s, start)
 
-        return await self.transact(work, read_then_insert=True)
+        return await self.transact(work, read_then_insert=True, held=held)
 
     async def lock_thread(self, conn: Any, thread_id: str) -> None:
         """Lock the thread (if it is there) until the caller's transaction ends (on SQLite, which
