@@ -117,8 +117,13 @@ class EventRelay:
         # plain future, woken in one turn of the event loop (``wait_for`` on an event took three
         # and a task a round).
         self._wakeup: asyncio.Future[None] | None = None
+        # The timer that ends a hand-over's linger: cancelled once what lingered went out (an
+        # outcome took it along), or it woke the relay for nothing a linger later, in the middle
+        # of whatever this worker did then.
+        self._lingering: asyncio.TimerHandle | None = None
         self.messages = 0  # published, for tests and the benchmark
         self.events = 0
+        self.rounds = 0  # times the relay woke
 
     def send(self, events: Iterable[dict[str, Any]]) -> None:
         """Publish these committed events (packed envelopes) soon."""
@@ -132,7 +137,7 @@ class EventRelay:
         if ending:
             self._wake()
         elif first:  # due when its linger ends: the waiting round is not woken to learn that now
-            asyncio.get_running_loop().call_later(self._linger, self._wake)
+            self._lingering = asyncio.get_running_loop().call_later(self._linger, self._wake)
 
     def _wake(self) -> None:
         if self._wakeup is not None and not self._wakeup.done():
@@ -149,6 +154,9 @@ class EventRelay:
         refused stays pending for the next round)."""
         pending, self._pending = self._pending, []
         self._ending = False
+        if self._lingering is not None:
+            self._lingering.cancel()
+            self._lingering = None
         if not pending:
             return 0
         batches = messages(pending, self._max_bytes)
@@ -209,6 +217,7 @@ class EventRelay:
                 await self._wakeup
             finally:
                 timer.cancel()
+            self.rounds += 1
             self._refused = False
             try:
                 if self._pending and self._wait() == 0.0:

@@ -134,6 +134,30 @@ async def test_events_handed_over_while_a_publish_is_in_flight_go_out_at_once_no
         loop.cancel()
 
 
+async def test_an_outcome_that_takes_lingering_events_along_leaves_no_wake_up_behind() -> None:
+    # Given a relay whose events that end nothing linger a while
+    transport = _GatedTransport()
+    transport.gate.set()
+    relay = EventRelay(None, transport, route="r", interval=60.0, linger=0.3)  # type: ignore[arg-type]
+    loop = asyncio.create_task(relay.run())
+    try:
+        await asyncio.sleep(0.05)
+        # When an execution's accept lingers and its outcome comes before the linger ends
+        relay.send([_event("a", 1, "accepted"), _event("a", 2, "started")])
+        await asyncio.sleep(0.05)
+        relay.send([_event("a", 3, "succeeded")])
+
+        async def sent() -> bool:
+            return transport.published == [[("a", 1), ("a", 2), ("a", 3)]]
+
+        await wait_for(sent, timeout=5, interval=0.01, what="sent")
+        # Then the relay woke once, for the outcome: not again when the linger would have ended
+        await asyncio.sleep(0.5)
+        assert relay.rounds == 1
+    finally:
+        loop.cancel()
+
+
 @pytest.mark.parametrize("linger", [0.0, 60.0])
 async def test_events_the_broker_refused_are_published_again_after_a_pause(linger: float) -> None:
     transport = _GatedTransport()

@@ -33,6 +33,15 @@ def test_a_timed_id_is_a_uuid7_that_tells_its_time_and_a_random_one_tells_none()
     assert len({new_timed_id() for _ in range(1000)}) == 1000
 
 
+def test_a_random_id_is_a_uuid4_that_never_passes_for_a_timed_one() -> None:
+    made = [new_id() for _ in range(2000)]
+    assert len(set(made)) == len(made)
+    for value in made:
+        parsed = uuid.UUID(value)
+        assert (parsed.hex, parsed.version, parsed.variant) == (value, 4, uuid.RFC_4122)
+        assert id_time(f"exe-{value}") is None
+
+
 def _id_born(seconds_ago: float) -> str:
     ms = int((time.time() - seconds_ago) * 1000)
     return f"exe-{ms:012x}7{new_timed_id()[13:]}"
