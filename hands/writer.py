@@ -18,29 +18,6 @@ from typing import Any
 from hands.store import Change, Execution, Ledger, NewExecution
 from infra.groupcommit import GroupCommit
 from infra.payloads import PayloadCodec
-from protocol import (
-    AcceptedBody,
-    AcceptedEvent,
-    CancelledBody,
-    CancelledEvent,
-    FailedBody,
-    FailedEvent,
-    StartedBody,
-    StartedEvent,
-    SucceededBody,
-    SucceededEvent,
-    UnknownBody,
-    UnknownEvent,
-)
-
-_EVENTS: dict[type, type] = {
-    AcceptedBody: AcceptedEvent,
-    StartedBody: StartedEvent,
-    SucceededBody: SucceededEvent,
-    FailedBody: FailedEvent,
-    CancelledBody: CancelledEvent,
-    UnknownBody: UnknownEvent,
-}
 
 
 @dataclass(frozen=True)
@@ -70,8 +47,7 @@ class LedgerWriter:
 
     async def event(self, execution_id: str, header: dict[str, str], seq: int, body: Any) -> dict[str, Any]:
         """The packed envelope of ``body`` as event ``seq`` (a big body is uploaded here)."""
-        envelope = _EVENTS[type(body)](execution_id=execution_id, **header, seq=seq, body=body)
-        return await self.codec.pack_data(envelope)
+        return await self.codec.pack_event(execution_id, header, seq, body)
 
     async def events(
         self, execution_id: str, header: dict[str, str], first_seq: int, *bodies: Any

@@ -26,14 +26,25 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from infra.settings import Settings
 from infra.startup import wait_for
-from protocol import Encoded, ObjectRef, ObjectRefError, body_bytes, decode, dumps, loads, with_body
+from protocol import (
+    Encoded,
+    ObjectRef,
+    ObjectRefError,
+    body_bytes,
+    decode,
+    dumps,
+    event_data,
+    event_model,
+    loads,
+    with_body,
+)
 
 _SCOPE = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 # The kind has no '-' so that "<kind>-<seq>" in a key reads back one way only.
@@ -144,6 +155,14 @@ class PayloadCodec:
             )
         ref = await self.store.put(envelope.scope, object_binding(envelope), body_bytes(envelope))
         return Encoded(envelope.model_copy(update={"body": None, "body_ref": ref}).model_dump(mode="json"))
+
+    async def pack_event(self, execution_id: str, header: Mapping[str, str], seq: int, body: Any) -> Encoded:
+        """:meth:`pack_data` of the event that carries ``body`` as event ``seq``, made as JSON
+        (``protocol.event_data``); its model is made only for a body that goes to the store."""
+        data = Encoded(event_data(execution_id, header, seq, body))
+        if len(data.raw) <= self.threshold:
+            return data
+        return await self.pack_data(event_model(execution_id, header, seq, body))
 
     async def unpack(self, raw: bytes) -> Any:
         """Decode one envelope and resolve its body reference, verified. Raises TendonError."""

@@ -172,6 +172,25 @@ def test_the_samples_cover_every_kind_in_the_envelope_union():
     assert TERMINAL_EVENT_KINDS <= kinds
 
 
+# ---- events made as JSON ----------------------------------------------------------------
+
+
+EVENT_KINDS = sorted(TERMINAL_EVENT_KINDS | {"accepted", "started", "output_page", "unknown"})
+
+
+@pytest.mark.parametrize("kind", EVENT_KINDS)
+def test_an_event_made_as_json_is_what_its_model_dumps(kind):
+    # A worker packs its events without their models (protocol.event_data): each must be
+    # exactly what the model would have made of it, whatever the kind.
+    _, body, extra = SAMPLES[kind]
+    header = {k: HEADER[k] for k in ("namespace", "session_id", "request_digest")}
+    made = protocol.event_data(EXECUTION_ID, header, extra["seq"], body)
+    model = protocol.event_model(EXECUTION_ID, header, extra["seq"], body)
+    assert type(model) is SAMPLES[kind][0]
+    assert made == {**model.model_dump(mode="json"), "message_id": made["message_id"]}
+    assert decode(protocol.dumps(made)) == model.model_copy(update={"message_id": made["message_id"]})
+
+
 # ---- event batches -----------------------------------------------------------------------
 
 

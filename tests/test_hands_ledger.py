@@ -8,7 +8,6 @@ backend."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict
@@ -438,14 +437,15 @@ async def test_an_event_is_encoded_once_then_stored_sized_and_published_as_those
 ) -> None:
     # Given a worker's writer and every JSON encoding of anything that holds an event counted
     encodings: list[Any] = []
-    real_dumps = json.dumps
+    encoder = codec._ENCODER
 
-    def counted(value: Any, **kwargs: Any) -> str:
-        if _holds_event(value):
-            encodings.append(value)
-        return real_dumps(value, **kwargs)
+    class Counted:
+        def encode(self, value: Any) -> str:
+            if _holds_event(value):
+                encodings.append(value)
+            return encoder.encode(value)
 
-    monkeypatch.setattr(codec.json, "dumps", counted)
+    monkeypatch.setattr(codec, "_ENCODER", Counted())
     sent: list[dict[str, Any]] = []
     writer = LedgerWriter(ledger, PayloadCodec(None, 256 * 1024), sent.extend)
     execution_id = new_id()
