@@ -17,7 +17,7 @@ import jsonschema
 
 from brain.context import BrainContext
 from brain.store import Intent, TurnRow
-from protocol import ExecuteBody, ExecuteCommand, new_timed_id, request_digest
+from protocol import ExecuteBody, new_timed_id
 
 # Compiled schema checkers by binding digest (which covers the schema: a binding's digest is
 # checked against its fields when announced): compiling one was a third of building a call's
@@ -109,14 +109,7 @@ async def build_intents(
             replay_policy=binding["replay_policy"],
             args=call["args"],
         )
-        envelope = ExecuteCommand(
-            execution_id=execution_id,
-            namespace=row.namespace,
-            session_id=row.session_id,
-            request_digest=request_digest(execution_id, body),
-            body=body,
-            trace=trace,
-        )
+        command = await ctx.codec.pack_execute(execution_id, row.namespace, row.session_id, body, trace)
         intents.append(
             Intent(
                 execution_id=execution_id,
@@ -126,9 +119,9 @@ async def build_intents(
                 tool=binding["name"],
                 binding_digest=binding["digest"],
                 replay_policy=binding["replay_policy"],
-                request_digest=envelope.request_digest,
-                command_message_id=envelope.message_id,
-                command=await ctx.codec.pack(envelope),
+                request_digest=command["request_digest"],
+                command_message_id=command["message_id"],
+                command=command.raw,
                 queue=ctx.topology.commands(binding["route"]),
                 journal_detail=detailed,
                 status="pending" if needs_approval else "intended",

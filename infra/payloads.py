@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 from infra.startup import wait_for
 from protocol import (
     Encoded,
+    ExecuteCommand,
     ObjectRef,
     ObjectRefError,
     body_bytes,
@@ -42,6 +43,7 @@ from protocol import (
     dumps,
     event_data,
     event_model,
+    execute_data,
     loads,
     with_body,
 )
@@ -163,6 +165,16 @@ class PayloadCodec:
         if len(data.raw) <= self.threshold:
             return data
         return await self.pack_data(event_model(execution_id, header, seq, body))
+
+    async def pack_execute(
+        self, execution_id: str, namespace: str, session_id: str, body: Any, trace: str | None = None
+    ) -> Encoded:
+        """:meth:`pack_data` of the ``ExecuteCommand`` of ``body``, made as JSON
+        (``protocol.execute_data``); its model is made only for a body that goes to the store."""
+        data = Encoded(execute_data(execution_id, namespace, session_id, body, trace))
+        if len(data.raw) <= self.threshold:
+            return data
+        return await self.pack_data(ExecuteCommand.model_validate(data))
 
     async def unpack(self, raw: bytes) -> Any:
         """Decode one envelope and resolve its body reference, verified. Raises TendonError."""

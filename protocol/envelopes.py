@@ -371,6 +371,23 @@ def request_digest(execution_id: str, body: ExecuteBody) -> str:
     return codec.digest({"execution_id": execution_id, **body.model_dump(mode="json")})
 
 
+def execute_data(
+    execution_id: str, namespace: str, session_id: str, body: ExecuteBody, trace: str | None = None
+) -> dict[str, Any]:
+    """What the ``ExecuteCommand`` of ``body`` dumps as JSON, its request digest made from the same
+    dump of the body, without the command's model (as :func:`event_data` makes an event): for a
+    Brain's own commands, whose header is a turn's it holds and whose body is a model already."""
+    body_data = body.model_dump(mode="json")
+    data = {
+        "v": PROTOCOL_VERSION, "message_id": new_id(), "body_ref": None, "execution_id": execution_id,
+        "namespace": namespace, "session_id": session_id, "kind": "execute", "body": body_data,
+        "request_digest": codec.digest({"execution_id": execution_id, **body_data}),
+    }  # fmt: skip
+    if trace is not None:
+        data["trace"] = trace
+    return data
+
+
 def encode(envelope: BaseModel) -> bytes:
     """The one way to put an envelope on the wire."""
     return codec.dumps(envelope.model_dump(mode="json"))

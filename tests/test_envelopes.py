@@ -191,6 +191,19 @@ def test_an_event_made_as_json_is_what_its_model_dumps(kind):
     assert decode(protocol.dumps(made)) == model.model_copy(update={"message_id": made["message_id"]})
 
 
+@pytest.mark.parametrize("trace", [None, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"])
+def test_a_command_made_as_json_is_what_its_model_dumps_with_its_request_digest(trace):
+    body = SAMPLES["execute"][1]
+    made = protocol.execute_data(EXECUTION_ID, "acme", "sess-1", body, trace)
+    model = ExecuteCommand(
+        execution_id=EXECUTION_ID, namespace="acme", session_id="sess-1",
+        request_digest=request_digest(EXECUTION_ID, body), body=body, trace=trace,
+        message_id=made["message_id"],
+    )  # fmt: skip
+    assert made == model.model_dump(mode="json")
+    assert decode(protocol.dumps(made)) == model
+
+
 # ---- event batches -----------------------------------------------------------------------
 
 
