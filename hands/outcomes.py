@@ -25,7 +25,6 @@ from infra.tracing import Tracing
 from protocol import (
     FailedBody,
     OutputPageBody,
-    OutputPageEvent,
     StaleOwnerError,
     SucceededBody,
     TendonError,
@@ -136,12 +135,9 @@ class Outcomes(Tasks):
                     if offset is not None and await self.ledger.has_output(conn, execution_id, offset, data):
                         return None
                     offset, seq = await self.ledger.add_output(conn, row, data)
-                    envelope = OutputPageEvent(
-                        execution_id=execution_id, namespace=row.namespace, session_id=row.session_id,
-                        request_digest=row.request_digest, seq=seq,
-                        body=OutputPageBody(offset=offset, data=data),
-                    )  # fmt: skip
-                    return await self.writer.codec.pack_data(envelope)
+                    return await self.writer.event(
+                        execution_id, row.header, seq, OutputPageBody(offset=offset, data=data)
+                    )
 
                 event = await self.ledger.transact(work)
             except Exception as exc:

@@ -29,7 +29,7 @@ from hands.store import Ledger
 from infra.killpoints import KillPoints
 from infra.logging import get_logger
 from infra.transport import Transport
-from protocol import TERMINAL_EVENT_KINDS, OutputPageBody, OutputPageEvent, batch_bytes, dumps, new_id
+from protocol import TERMINAL_EVENT_KINDS, OutputPageBody, batch_bytes, dumps, event_data, new_id
 
 log = get_logger(__name__)
 
@@ -242,13 +242,6 @@ async def stored_events(ledger: Ledger, conn: Any, execution_id: str, from_seq: 
         return []
     events = [e for e in row.events if e["seq"] >= from_seq]
     for page in await ledger.pages(conn, execution_id, from_seq):
-        envelope = OutputPageEvent(
-            execution_id=execution_id,
-            namespace=row.namespace,
-            session_id=row.session_id,
-            request_digest=row.request_digest,
-            seq=page["seq"],
-            body=OutputPageBody(offset=page["byte_offset"], data=page["data"]),
-        )
-        events.append(envelope.model_dump(mode="json"))
+        body = OutputPageBody(offset=page["byte_offset"], data=page["data"])
+        events.append(event_data(execution_id, row.header, page["seq"], body))
     return sorted(events, key=lambda e: e["seq"])
