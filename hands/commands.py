@@ -38,11 +38,12 @@ def short(digest: str) -> str:
     return f"{digest[:8]}…"
 
 
-def unusable(command: ExecuteCommand, route: str, queue: str) -> str | None:
-    """Why a resolved command (its body inline) is parked unread, or None."""
+def unusable(command: ExecuteCommand, route: str, queue: str, *, names_checked: bool = False) -> str | None:
+    """Why a resolved command (its body inline) is parked unread, or None. ``names_checked``: its
+    names were found storable already (a command that came with its body inline)."""
     body = command.body
     assert body is not None
-    problem = unstorable_names(command)
+    problem = None if names_checked else unstorable_names(command)
     if problem is not None:
         return f"schema_error: {problem}"
     expected = request_digest(command.execution_id, body)

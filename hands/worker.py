@@ -195,7 +195,7 @@ class CommandConsumer:
             return
         body = command.body
         assert body is not None
-        problem = unusable(command, self.route, self.queue)
+        problem = unusable(command, self.route, self.queue, names_checked=command is header)
         if problem is not None:
             await self._dead_letter(message, problem)
             return
