@@ -56,7 +56,7 @@ def _reject_constant(name: str) -> Any:
 
 
 # Made once, as ``_ENCODER`` below: ``json.loads`` with hooks builds a decoder and its scanner for
-# every call (a sixth of decoding a message of three events).
+# every call (12.2 against 10.2 us to decode a message of three events).
 _DECODER = json.JSONDecoder(
     object_pairs_hook=_reject_duplicates,
     parse_int=_parse_int,
@@ -95,9 +95,8 @@ def _check_ints(value: Any) -> None:
         raise DecodeError(f"integer {value} is outside ±2^53-1; send it as a string")
 
 
-# Made once: ``json.dumps`` with any argument of its own builds an encoder for every call, which
-# cost as much as the encoding of a small envelope (3.7 against 7.7 us for an event, and a
-# third less when the process just woke and its caches are cold).
+# Made once: ``json.dumps`` with any argument of its own builds an encoder for every call (4.5
+# against 3.7 us to encode an event).
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
