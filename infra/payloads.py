@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -160,21 +160,24 @@ class PayloadCodec:
 
     async def pack_event(self, execution_id: str, header: Mapping[str, str], seq: int, body: Any) -> Encoded:
         """:meth:`pack_data` of the event that carries ``body`` as event ``seq``, made as JSON
-        (``protocol.event_data``); its model is made only for a body that goes to the store."""
+        (``protocol.event_data``)."""
         data = Encoded(event_data(execution_id, header, seq, body))
-        if len(data.raw) <= self.threshold:
-            return data
-        return await self.pack_data(event_model(execution_id, header, seq, body))
+        return await self._made(data, lambda: event_model(execution_id, header, seq, body))
 
     async def pack_execute(
         self, execution_id: str, namespace: str, session_id: str, body: Any, trace: str | None = None
     ) -> Encoded:
         """:meth:`pack_data` of the ``ExecuteCommand`` of ``body``, made as JSON
-        (``protocol.execute_data``); its model is made only for a body that goes to the store."""
+        (``protocol.execute_data``)."""
         data = Encoded(execute_data(execution_id, namespace, session_id, body, trace))
+        return await self._made(data, lambda: ExecuteCommand.model_validate(data))
+
+    async def _made(self, data: Encoded, model: Callable[[], Any]) -> Encoded:
+        """``data`` as it is, or, over the threshold, its model packed (its body goes to the store):
+        the model is made only then."""
         if len(data.raw) <= self.threshold:
             return data
-        return await self.pack_data(ExecuteCommand.model_validate(data))
+        return await self.pack_data(model())
 
     async def unpack(self, raw: bytes) -> Any:
         """Decode one envelope and resolve its body reference, verified. Raises TendonError."""

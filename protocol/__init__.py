@@ -32,19 +32,9 @@ from protocol.envelopes import (
     SucceededEvent,
     UnknownBody,
     UnknownEvent,
-    batch_bytes,
-    body_bytes,
-    command_batch_bytes,
-    decode,
-    encode,
-    event_data,
-    event_model,
-    execute_data,
     id_time,
     new_id,
     new_timed_id,
-    request_digest,
-    with_body,
 )
 from protocol.errors import (
     AuthError,
@@ -66,6 +56,18 @@ from protocol.errors import (
     TendonError,
     TransientError,
     is_retryable,
+)
+from protocol.wire import (
+    batch_bytes,
+    body_bytes,
+    command_batch_bytes,
+    decode,
+    encode,
+    event_data,
+    event_model,
+    execute_data,
+    request_digest,
+    with_body,
 )
 
 __all__ = [

@@ -9,7 +9,7 @@ The files in ``<repo>/schemas`` are generated, checked in, and compared against
 One file per envelope kind (``execute.json``, ``accepted.json``, ..., ``bindings.json``), the
 discriminated union of all envelopes (``envelope.json``), the shared parts
 (``object_ref.json``, ``tool_binding.json``) and a ``README.md``. The schemas are the
-*validation* schemas: they describe what :func:`protocol.envelopes.decode` accepts.
+*validation* schemas: they describe what :func:`protocol.wire.decode` accepts.
 """
 
 from __future__ import annotations
