@@ -21,6 +21,7 @@ from aio_pika.abc import (
     AbstractQueue,
     AbstractRobustConnection,
 )
+from aio_pika.robust_channel import RobustChannel
 from aiormq.exceptions import (
     AMQPConnectionError,
     ChannelInvalidStateError,
@@ -35,7 +36,7 @@ from tenacity import (
 )
 
 from infra.logging import get_logger
-from infra.quickack import deliver
+from infra.quickack import DirectQueue, deliver
 from infra.startup import wait_for
 from infra.transport import REASON_HEADER, DeliveryHandler, Topology
 
@@ -264,6 +265,8 @@ class Broker:
             with attempt:
                 await asyncio.wait_for(connection.connected.wait(), SETUP_PATIENCE)
                 ch = await connection.channel()
+                # Its queues hand their consumer aiormq's deliveries (``infra.quickack``).
+                cast(RobustChannel, ch).QUEUE_CLASS = DirectQueue
                 try:
                     await ch.set_qos(prefetch_count=prefetch)
                     q = await self.declare(queue, channel=ch)

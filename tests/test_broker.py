@@ -1,15 +1,18 @@
 """RabbitMQ-only behaviour of ``infra.broker.Broker`` that the transport contract leaves open:
-what a consumer's set-up does when the connection drops under it."""
+what a consumer's set-up does when the connection drops under it, a consumer's way back after a
+reconnect, and how a publish goes out."""
 
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 import aio_pika
 import pytest
 
 from chaos.proxy import TcpCutter
 from infra.broker import Broker
+from infra.quickack import deliver
 from infra.transport import Delivery, Topology
 from tests.support import TendonEnv
 
@@ -59,3 +62,76 @@ async def test_a_publish_goes_out_persistent_and_one_the_broker_cannot_route_rai
         # Then a publish to it raises instead of being confirmed (the caller keeps the message)
         with pytest.raises(aio_pika.exceptions.PublishError):
             await asyncio.wait_for(broker.publish(queue, b'{"n": 2}', message_id="m-2"), 10)
+
+
+async def test_a_consumer_takes_deliveries_again_after_its_connection_was_cut(tendon: TendonEnv):
+    # Given a consumer that settled a delivery (aiormq's, handed to it straight)
+    topology = Topology(tendon.prefix)
+    queue = topology.updates
+    received: asyncio.Queue[tuple[bytes, str | None]] = asyncio.Queue()
+
+    async def handler(message: Delivery) -> None:
+        await received.put((message.body, message.message_id))
+        await message.ack()
+
+    async with TcpCutter(tendon.amqp_url) as proxy, Broker(proxy.url, topology) as broker:
+        await broker.consume(queue, handler, prefetch=4)
+        await broker.publish(queue, b'{"n": 1}', message_id="m-1")
+        assert await asyncio.wait_for(received.get(), 10) == (b'{"n": 1}', "m-1")
+        await asyncio.sleep(0.3)  # its ack is written, not waited for
+        # When its TCP connection is cut
+        proxy.cut()
+
+        async def publish_when_back() -> None:
+            while True:
+                try:
+                    await broker.publish(queue, b'{"n": 2}', message_id="m-2")
+                    return
+                except Exception:  # noqa: BLE001 - not reconnected yet
+                    await asyncio.sleep(0.2)
+
+        # Then, reconnected, the restored consumer gets what is published next
+        await asyncio.wait_for(publish_when_back(), 20)
+        assert await asyncio.wait_for(received.get(), 20) == (b'{"n": 2}', "m-2")
+    assert proxy.cuts >= 1
+
+
+async def test_a_delivery_aio_pika_wraps_itself_is_settled_the_same_way(tendon: TendonEnv):
+    # Given a consumer set up through aio-pika's own path (its recovery of a consumer the broker
+    # cancelled goes that way), which hands the callback an IncomingMessage
+    topology = Topology(tendon.prefix)
+    queue = topology.updates
+    received: asyncio.Queue[Delivery] = asyncio.Queue()
+
+    async def handler(message: Delivery) -> None:
+        await received.put(message)
+
+    async with Broker(tendon.amqp_url, topology) as broker:
+        await broker.declare(queue)
+        raw = await aio_pika.connect(tendon.amqp_url)
+        try:
+            channel = await raw.channel()
+            await (await channel.get_queue(queue, ensure=False)).consume(partial(deliver, handler))
+            await broker.publish(queue, b'{"n": 1}', message_id="m-1", headers={"x-note": "kept"})
+            # When it nacks the delivery with requeue, then acks it when it comes again
+            first = await asyncio.wait_for(received.get(), 10)
+            assert (first.body, first.message_id, first.headers["x-note"]) == (b'{"n": 1}', "m-1", "kept")
+            await first.nack(requeue=True)
+            assert first.processed
+            with pytest.raises(aio_pika.exceptions.MessageProcessError):
+                await first.ack()  # settled once only: twice would close the channel
+            again = await asyncio.wait_for(received.get(), 10)
+            assert again.message_id == "m-1"
+            await again.ack()
+            # Then the message is gone: nothing more comes
+            await asyncio.sleep(0.5)
+            assert received.empty()
+            # And a delivery whose channel closed before it was settled cannot be settled on it
+            await broker.publish(queue, b'{"n": 2}', message_id="m-2")
+            late = await asyncio.wait_for(received.get(), 10)
+            await channel.close()
+            with pytest.raises(aio_pika.exceptions.ChannelInvalidStateError):
+                await late.ack()
+            assert not late.processed
+        finally:
+            await raw.close()
