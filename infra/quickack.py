@@ -2,7 +2,7 @@
 
 aio-pika's own consumer wraps each delivery in an ``IncomingMessage`` (every property decoded)
 and runs the callback in a task of its own, a second task per delivery: aiormq already runs each
-delivery's callback in one. That was 70 to 80 us of a delivery's way to its handler, on every
+delivery's callback in one. That was 66 to 79 us of a delivery's way to its handler, on every
 command the Hands take and every update the Brain applies. ``DirectQueue`` hands aiormq's
 delivery to the callback in aiormq's task; it registers its consumers as aio-pika's robust queue
 does, so a reconnect restores them. aio-pika's recovery of a consumer the broker cancelled goes
