@@ -282,6 +282,7 @@ class HandsApp:
         log.info("hands_draining", worker=self.worker_id, in_flight=self.executor.in_flight)
         self.commands.stop()
         await self.commands.wait_idle(5.0)
+        await self.relay.ack_held()  # accepted: not handed back with the channel
         commands_channel = self._channels[-1]
         # Closing the channel hands unacked (not yet accepted) deliveries back to the queue.
         with contextlib.suppress(Exception):
@@ -290,7 +291,9 @@ class HandsApp:
         await self.executor.drain(self.grace)
         with contextlib.suppress(Exception):
             await self._channels[0].close()
-        await self._cancel(self._background[:1])
+        self.relay.stop()  # between rounds, not in the middle of a publish
+        await asyncio.wait(self._background[:1], timeout=5.0)
+        await self._cancel(self._background[:1])  # one that did not end in time
         try:  # what the last commits produced, so the Brain hears it without waiting for a scan
             await self.relay.flush()
         except Exception:

@@ -16,8 +16,9 @@ in this order (invariants 3 and 4):
 6. otherwise commit ACCEPTED + ``accepted`` (for a safe tool: RUNNING + ``accepted`` and
    ``started``, since starting it again after a crash is what the replay rule would do anyway),
    pass the kill point ``hands.after_accept_commit`` (tag = call id), hand it to the executor,
-   and ack (the tool does not wait for the ack to be written). Accepts of commands handled at
-   once share a commit (``hands.writer``).
+   and ack once the events pending went out (``EventRelay.ack``: with a quick tool's outcome,
+   else a linger later; the tool does not wait for it). Accepts of commands handled at once
+   share a commit (``hands.writer``).
 
 A duplicate of a row that this worker owns, still open, with no task here, is our own accept
 whose commit looked failed but landed (the message was handed back and came again): it is
@@ -39,7 +40,7 @@ from structlog.contextvars import bound_contextvars
 
 from hands.commands import row_values, short, unstorable_names, unusable
 from hands.executor import Executor
-from hands.parts import Batches
+from hands.parts import Batches, Part
 from hands.registry import ToolRegistry
 from hands.relay import EventRelay
 from hands.states import OPEN_STATUSES, LedgerStatus
@@ -323,12 +324,13 @@ class CommandConsumer:
         await self._relay.replay(execution_id, 1)
 
     async def _ack(self, message: Delivery) -> None:
-        """Ack a delivery whose execution is in the ledger now: a failed ack only means a
-        redelivery, which is a duplicate."""
-        try:
+        """Ack a delivery whose execution is in the ledger now, once the events pending went out
+        (``EventRelay.ack``). A command of a batch is only marked: its batch's ack is the one
+        held."""
+        if isinstance(message, Part):
             await message.ack()
-        except Exception as exc:
-            log.warning("ack_failed", error=f"{type(exc).__name__}: {exc}")
+        else:
+            await self._relay.ack(message)
 
     async def _same_request(self, message: Delivery, row: Execution, command: ExecuteCommand) -> bool:
         """For an execution id already in the ledger: True for a duplicate (ack it), or

@@ -462,6 +462,32 @@ async def test_sigterm_lets_a_running_tool_finish_and_publishes_its_outcome_befo
     assert runs(world) == [("slow", cmd.execution_id, 1)]
 
 
+async def test_a_stopping_worker_acks_what_it_accepted_before_it_closes_the_commands_channel(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a worker whose events that end nothing linger long, so that the ack of a command it
+    # accepted waits for their publish (``EventRelay.ack``), running that command's tool
+    worker = await start_worker(processes, world, TENDON_EVENT_LINGER="30")
+    cmd = command(lab.slow, {"pages": 4, "delay": 0.25})
+    await bus.publish_command(cmd)
+
+    async def running() -> bool:
+        sql = "SELECT status FROM executions WHERE execution_id = $1"
+        rows = await ledger_fetch(world, sql, cmd.execution_id)
+        return bool(rows) and rows[0]["status"] == "running"
+
+    await wait_for(running, timeout=WAIT, interval=0.02, what="the accept")
+
+    # When it is asked to stop while the ack is held
+    worker.send_signal(signal.SIGTERM)
+
+    # Then it acks before it closes the channel: the command is not handed back to the queue
+    assert await processes.wait_exit(worker, timeout=WAIT) == 0
+    events = await bus.wait_seqs(cmd.execution_id, 7)
+    assert events[7].kind == "succeeded"
+    assert await bus.broker.waiting(bus.topology.commands("lab")) == 0
+
+
 # ---- crashes ----------------------------------------------------------------------------
 
 

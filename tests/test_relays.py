@@ -235,6 +235,122 @@ async def test_events_that_end_nothing_go_out_alone_once_they_lingered() -> None
         loop.cancel()
 
 
+class _Delivery:
+    """A command's delivery that notes when it was acked, in the transport's record."""
+
+    def __init__(self, record: list[Any], name: str) -> None:
+        self.record, self.name = record, name
+
+    async def ack(self) -> None:
+        self.record.append(("ack", self.name))
+
+
+class _RecordingTransport(_GatedTransport):
+    """Also notes each publish in ``record``, in order with the acks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.record: list[Any] = []
+
+    async def publish_many(self, items: list[tuple[str, bytes, str]]) -> list[BaseException | None]:
+        results = await super().publish_many(items)
+        self.record.append(("publish", self.published[-1] if self.published else []))
+        return results
+
+
+async def test_a_commands_ack_goes_after_the_publish_of_the_events_pending_at_its_accept() -> None:
+    # Given a relay whose events that end nothing linger, and an accept's events pending
+    transport = _RecordingTransport()
+    transport.gate.set()
+    relay = EventRelay(None, transport, route="r", interval=60.0, linger=30.0)  # type: ignore[arg-type]
+    loop = asyncio.create_task(relay.run())
+    try:
+        relay.send([_event("a", 1, "accepted"), _event("a", 2, "started")])
+        # When the command's delivery is acked while the tool runs
+        await relay.ack(_Delivery(transport.record, "a"))  # type: ignore[arg-type]
+        await asyncio.sleep(0.1)
+        # Then it is held (nothing is written beside the running tool)
+        assert transport.record == []
+        # And once the outcome is handed over, the ack follows its publish
+        relay.send([_event("a", 3, "succeeded")])
+
+        async def acked() -> bool:
+            return ("ack", "a") in transport.record
+
+        await wait_for(acked, timeout=5, interval=0.01, what="the ack")
+        assert transport.record == [("publish", [("a", 1), ("a", 2), ("a", 3)]), ("ack", "a")]
+    finally:
+        loop.cancel()
+
+
+async def test_a_commands_ack_waits_at_most_the_linger_and_goes_at_once_when_nothing_is_pending() -> None:
+    transport = _RecordingTransport()
+    transport.gate.set()
+    relay = EventRelay(None, transport, route="r", interval=60.0, linger=0.3)  # type: ignore[arg-type]
+    loop = asyncio.create_task(relay.run())
+    try:
+        # A slow tool: its accept's events go out once they lingered, and the ack with them
+        start = time.monotonic()
+        relay.send([_event("a", 1, "accepted"), _event("a", 2, "started")])
+        await relay.ack(_Delivery(transport.record, "a"))  # type: ignore[arg-type]
+
+        async def acked() -> bool:
+            return ("ack", "a") in transport.record
+
+        await wait_for(acked, timeout=5, interval=0.005, what="the ack")
+        assert 0.3 <= time.monotonic() - start < 5
+        assert transport.record == [("publish", [("a", 1), ("a", 2)]), ("ack", "a")]
+        # Nothing pending (a duplicate whose events went out already): acked at once
+        await relay.ack(_Delivery(transport.record, "b"))  # type: ignore[arg-type]
+        assert transport.record[-1] == ("ack", "b")
+    finally:
+        loop.cancel()
+
+
+async def test_a_held_ack_goes_out_when_the_publish_was_refused_and_when_the_relay_stopped() -> None:
+    # The ack says the accept committed, which a refused publish does not change
+    transport = _RecordingTransport()
+    transport.gate.set()
+    transport.refuse = 1
+    relay = EventRelay(None, transport, route="r", interval=60.0)  # type: ignore[arg-type]
+    relay.send([_event("a", 1, "accepted")])
+    await relay.ack(_Delivery(transport.record, "a"))  # type: ignore[arg-type]
+    await relay.publish_pending()
+    assert transport.published == [] and transport.record[-1] == ("ack", "a")
+
+    # A relay stopped mid-publish keeps its held acks for the stopping worker to send
+    stuck = _RecordingTransport()
+    relay = EventRelay(None, stuck, route="r", interval=60.0)  # type: ignore[arg-type]
+    relay.send([_event("b", 1, "accepted")])
+    await relay.ack(_Delivery(stuck.record, "b"))  # type: ignore[arg-type]
+    publishing = asyncio.create_task(relay.publish_pending())
+    await asyncio.sleep(0.05)
+    publishing.cancel()
+    await asyncio.gather(publishing, return_exceptions=True)
+    assert stuck.record == []
+    await relay.ack_held()
+    assert stuck.record == [("ack", "b")]
+
+
+async def test_a_relay_asked_to_stop_ends_after_the_round_in_progress_not_in_its_publish() -> None:
+    # Given a relay whose round is publishing (the broker has not answered yet)
+    transport = _GatedTransport()
+    relay = EventRelay(None, transport, route="r", interval=60.0)  # type: ignore[arg-type]
+    loop = asyncio.create_task(relay.run())
+    relay.send([_event("a", 1, "succeeded")])
+    await asyncio.sleep(0.05)
+
+    # When it is asked to stop
+    relay.stop()
+    await asyncio.sleep(0.05)
+
+    # Then the publish is not cut: the loop ends once the broker answered
+    assert not loop.done()
+    transport.gate.set()
+    await asyncio.wait_for(loop, 5)
+    assert transport.published == [[("a", 1)]]
+
+
 async def test_commands_handed_over_while_a_publish_is_in_flight_go_out_at_once() -> None:
     transport = _GatedTransport()
     relay = CommandRelay(transport, retry_after=60.0)  # type: ignore[arg-type]
