@@ -20,7 +20,10 @@ A command's delivery is acked here too, after the round that publishes the event
 its accept committed (:meth:`EventRelay.ack`): an ack is a write to the broker's log, and one
 written while a quick tool runs was written just before its outcome's publish, which then waited
 for it (0.13 to 0.17 ms of a lone turn's accept stretch in ``bench.ab``). Any moment after the accept's
-commit is a correct one for the ack (invariant 4), and this one is at most a linger later.
+commit is a correct one for the ack (invariant 4), and this one is at most a linger later. A
+worker whose every slot is taken acks at once: the broker sends it the next command only for an
+ack (its prefetch is its concurrency), and a held one would leave the next command in the queue
+until the round came (a pool of one slot would take each command a broker trip late).
 """
 
 from __future__ import annotations
@@ -147,10 +150,11 @@ class EventRelay:
         elif first:  # due when its linger ends: the waiting round is not woken to learn that now
             self._lingering = asyncio.get_running_loop().call_later(self._linger, self._wake)
 
-    async def ack(self, delivery: Delivery) -> None:
+    async def ack(self, delivery: Delivery, *, hold: bool = True) -> None:
         """Ack a command's delivery, whose accept committed: after the events pending now went
-        out (with the outcome of a quick tool, else a linger later), at once when none are."""
-        if self._pending:
+        out (with the outcome of a quick tool, else a linger later), at once when none are or
+        when not ``hold``."""
+        if hold and self._pending:
             self._acks.append(delivery)
         else:
             await _ack(delivery)

@@ -17,8 +17,8 @@ in this order (invariants 3 and 4):
    ``started``, since starting it again after a crash is what the replay rule would do anyway),
    pass the kill point ``hands.after_accept_commit`` (tag = call id), hand it to the executor,
    and ack once the events pending went out (``EventRelay.ack``: with a quick tool's outcome,
-   else a linger later; the tool does not wait for it). Accepts of commands handled at once
-   share a commit (``hands.writer``).
+   else a linger later; at once when no slot is free; the tool does not wait for it). Accepts of
+   commands handled at once share a commit (``hands.writer``).
 
 A duplicate of a row that this worker owns, still open, with no task here, is our own accept
 whose commit looked failed but landed (the message was handed back and came again): it is
@@ -325,12 +325,12 @@ class CommandConsumer:
 
     async def _ack(self, message: Delivery) -> None:
         """Ack a delivery whose execution is in the ledger now, once the events pending went out
-        (``EventRelay.ack``). A command of a batch is only marked: its batch's ack is the one
-        held."""
+        (``EventRelay.ack``), or at once when no slot is free: the broker sends the next command
+        only for an ack. A command of a batch is only marked: its batch's ack is the one sent."""
         if isinstance(message, Part):
             await message.ack()
         else:
-            await self._relay.ack(message)
+            await self._relay.ack(message, hold=not self._executor.slots.locked())
 
     async def _same_request(self, message: Delivery, row: Execution, command: ExecuteCommand) -> bool:
         """For an execution id already in the ledger: True for a duplicate (ack it), or

@@ -183,6 +183,33 @@ async def test_a_pool_with_concurrency_1_runs_one_execution_at_a_time(
     assert at[(b, "started")] > at[(a, "succeeded")]
 
 
+async def test_a_pool_with_no_free_slot_acks_at_once_so_the_broker_sends_the_next_command(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a pool of one slot whose events that end nothing linger long (a held ack would wait
+    # for them), running a tool that takes 10 s
+    env = {**world.env, "TENDON_EVENT_LINGER": "30"}
+    await processes.start_ready("hands", [*SERVE, "--concurrency", "1"], env)
+    running = command(lab.wait_cancel, {"seconds": 10.0})
+    queue = bus.topology.commands("lab")
+    await bus.publish_command(running)
+
+    async def accepted() -> bool:
+        sql = "SELECT status FROM executions WHERE execution_id = $1"
+        return bool(await ledger_fetch(world, sql, running.execution_id))
+
+    await wait_for(accepted, timeout=WAIT, interval=0.02, what="the accept")
+
+    # When a second command comes
+    await bus.publish_command(command(lab.echo, {"text": "next"}))
+
+    # Then the broker hands it over while the first tool runs (its prefetch of one was acked)
+    async def handed_over() -> bool:
+        return await bus.broker.waiting(queue) == 0
+
+    await wait_for(handed_over, timeout=5.0, interval=0.05, what="the second command's delivery")
+
+
 # ---- rejected commands ------------------------------------------------------------------
 
 
