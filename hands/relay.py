@@ -17,10 +17,10 @@ ending event goes at once and takes everything pending with it. The wait delays 
 watcher sees, never a turn: the turn waits for the outcome.
 
 A command's delivery is acked here too, after the round that publishes the events pending when
-its accept committed (:meth:`EventRelay.ack`): an ack is a write to the broker's log, and one
-written while a quick tool runs was written just before its outcome's publish, which then waited
-for it (0.13 to 0.17 ms of a lone turn's accept stretch in ``bench.ab``). Any moment after the accept's
-commit is a correct one for the ack (invariant 4), and this one is at most a linger later. A
+its accept committed (:meth:`EventRelay.ack`): an ack is a frame to write and, in the broker, an
+entry in the queue's log; sent while a quick tool ran, both fell on the way to its outcome's
+statement (0.13 to 0.17 ms of a lone turn in ``bench.ab``). Any moment after the accept's commit
+is a correct one for the ack (invariant 4), and this one is at most a linger later. A
 worker whose every slot is taken acks at once: the broker sends it the next command only for an
 ack (its prefetch is its concurrency), and a held one would leave the next command in the queue
 until the round came (a pool of one slot would take each command a broker trip late).
