@@ -291,9 +291,7 @@ class HandsApp:
         await self.executor.drain(self.grace)
         with contextlib.suppress(Exception):
             await self._channels[0].close()
-        self.relay.stop()  # between rounds, not in the middle of a publish
-        await asyncio.wait(self._background[:1], timeout=5.0)
-        await self._cancel(self._background[:1])  # one that did not end in time
+        await self._cancel(self._background[:1])
         try:  # what the last commits produced, so the Brain hears it without waiting for a scan
             await self.relay.flush()
         except Exception:

@@ -131,7 +131,6 @@ class EventRelay:
         # of whatever this worker did then.
         self._lingering: asyncio.TimerHandle | None = None
         self._acks: list[Delivery] = []  # command deliveries acked after the next round's publish
-        self._stopping = False
         self.messages = 0  # published, for tests and the benchmark
         self.events = 0
         self.rounds = 0  # times the relay woke
@@ -164,13 +163,6 @@ class EventRelay:
         acks, self._acks = self._acks, []
         for delivery in acks:
             await _ack(delivery)
-
-    def stop(self) -> None:
-        """End :meth:`run` once the round in progress is over. Cancelling a round instead may cut
-        a publish while the broker answers its queue's declare, and aio-pika then closes the
-        publishing channel: the flush at exit found it closed, and the last events stayed unsent."""
-        self._stopping = True
-        self._wake()
 
     def _wake(self) -> None:
         if self._wakeup is not None and not self._wakeup.done():
@@ -244,15 +236,13 @@ class EventRelay:
         published before."""
         loop = asyncio.get_running_loop()
         next_sweep = 0.0
-        while not self._stopping:
+        while True:
             self._wakeup = loop.create_future()
             timer = loop.call_later(self._wait(), self._wake)  # due now, once lingered, or the sweep's
             try:
                 await self._wakeup
             finally:
                 timer.cancel()
-            if self._stopping:
-                return  # what is pending goes with the flush at exit
             self.rounds += 1
             self._refused = False
             try:
@@ -265,7 +255,7 @@ class EventRelay:
                 raise
             except Exception as exc:  # noqa: BLE001 - the rows are still there: the next round
                 log.warning("event_relay_round_failed", error=repr(exc))
-            if self._refused and not self._stopping:
+            if self._refused:
                 # Not in a busy loop: what was refused is due again (no linger) after this pause.
                 await asyncio.sleep(self._interval)
 

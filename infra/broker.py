@@ -124,11 +124,18 @@ class Broker:
         self._declared.add(queue)
         return declared
 
+    async def _declare_for_publish(self, queue: str) -> None:
+        """Declare ``queue`` on the publishing channel the first time, shielded: aio-pika closes a
+        channel whose call was cancelled, so a publisher stopped during a first declare (a relay at
+        shutdown) left the channel closed for the flush that followed, and its last messages unsent."""
+        if queue not in self._declared:
+            await asyncio.shield(self.declare(queue))
+
     async def publish(
         self, queue: str, body: bytes, *, message_id: str, headers: dict[str, Any] | None = None
     ) -> None:
         """Publish persistently and wait for the broker's confirm (raises if unroutable)."""
-        await self.declare(queue)
+        await self._declare_for_publish(queue)
         await self._send(queue, body, message_id, headers or {}, content_type="application/json")
 
     async def _send(
@@ -170,7 +177,7 @@ class Broker:
 
     async def dead_letter(self, queue: str, message: Delivery, reason: str) -> None:
         """Park ``message`` in ``queue``'s dead-letter queue with a readable reason, then ack it."""
-        await self.declare(queue)
+        await self._declare_for_publish(queue)
         headers = {**(message.headers or {}), REASON_HEADER: reason[:1000]}
         await self._send(self.topology.dlq(queue), message.body, message.message_id, headers)
         await message.ack()

@@ -64,6 +64,40 @@ async def test_a_publish_goes_out_persistent_and_one_the_broker_cannot_route_rai
             await asyncio.wait_for(broker.publish(queue, b'{"n": 2}', message_id="m-2"), 10)
 
 
+async def test_a_publish_cancelled_during_its_queues_first_declare_leaves_the_channel_usable(
+    tendon: TendonEnv,
+) -> None:
+    # Given publishes whose queue the broker has not declared yet (a relay's first publish),
+    # each cancelled a moment later: somewhere in its declare's calls to the broker
+    for step in range(8):
+        topology = Topology(f"{tendon.prefix}.c{step}")
+        queue = topology.updates
+        async with Broker(tendon.amqp_url, topology) as broker:
+            publishing = asyncio.create_task(broker.publish(queue, b'{"n": 1}', message_id="m-1"))
+            await asyncio.sleep(0.0005 * (step + 1))
+            # When it is cancelled there (a worker stopping cancels its relay)
+            publishing.cancel()
+            await asyncio.gather(publishing, return_exceptions=True)
+
+            # Then the publishing channel was not closed under it: the flush that follows at once
+            # publishes (aio-pika closes a channel whose call was cancelled)
+            await asyncio.wait_for(broker.publish(queue, b'{"n": 2}', message_id="m-2"), 10)
+            raw = await aio_pika.connect(tendon.amqp_url)
+            try:
+                channel = await raw.channel()
+                bodies = []
+                source = await channel.get_queue(queue, ensure=False)
+                while (got := await source.get(fail=False)) is not None:
+                    bodies.append(got.body)
+                    await got.ack()
+                assert bodies[-1:] == [b'{"n": 2}']
+                for name in (queue, topology.dlq(queue)):
+                    await channel.queue_delete(name)
+                await channel.exchange_delete(topology.dlx)
+            finally:
+                await raw.close()
+
+
 async def test_a_consumer_takes_deliveries_again_after_its_connection_was_cut(tendon: TendonEnv):
     # Given a consumer that settled a delivery (aiormq's, handed to it straight)
     topology = Topology(tendon.prefix)

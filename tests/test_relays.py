@@ -332,25 +332,6 @@ async def test_a_held_ack_goes_out_when_the_publish_was_refused_and_when_the_rel
     assert stuck.record == [("ack", "b")]
 
 
-async def test_a_relay_asked_to_stop_ends_after_the_round_in_progress_not_in_its_publish() -> None:
-    # Given a relay whose round is publishing (the broker has not answered yet)
-    transport = _GatedTransport()
-    relay = EventRelay(None, transport, route="r", interval=60.0)  # type: ignore[arg-type]
-    loop = asyncio.create_task(relay.run())
-    relay.send([_event("a", 1, "succeeded")])
-    await asyncio.sleep(0.05)
-
-    # When it is asked to stop
-    relay.stop()
-    await asyncio.sleep(0.05)
-
-    # Then the publish is not cut: the loop ends once the broker answered
-    assert not loop.done()
-    transport.gate.set()
-    await asyncio.wait_for(loop, 5)
-    assert transport.published == [[("a", 1)]]
-
-
 async def test_commands_handed_over_while_a_publish_is_in_flight_go_out_at_once() -> None:
     transport = _GatedTransport()
     relay = CommandRelay(transport, retry_after=60.0)  # type: ignore[arg-type]
