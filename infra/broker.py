@@ -127,7 +127,9 @@ class Broker:
     async def _declare_for_publish(self, queue: str) -> None:
         """Declare ``queue`` on the publishing channel the first time, shielded: aio-pika closes a
         channel whose call was cancelled, so a publisher stopped during a first declare (a relay at
-        shutdown) left the channel closed for the flush that followed, and its last messages unsent."""
+        shutdown) left the channel closed for the flush that followed, and its last messages unsent.
+        The check is ``declare``'s own, made here first: a shield starts a task, and every publish
+        comes through here."""
         if queue not in self._declared:
             await asyncio.shield(self.declare(queue))
 
