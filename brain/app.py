@@ -290,7 +290,7 @@ async def run(
         if not liveness.lost.is_set():
             await commands.flush()
         await ctx.models.close()
-        for committer in (ctx.moves, updates.applier):
+        for committer in (served.submits, ctx.moves, updates.applier):
             log.info("batch_sizes", stats=json.dumps(committer.stats(), sort_keys=True))
         claims = {"committer": "claims", "sizes": dict(scheduler.claimed)}
         log.info(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from brain import facts, moves
@@ -18,8 +19,8 @@ from brain.context import BrainContext
 from brain.history import ReadAhead
 from brain.states import TurnPhase, TurnStatus
 from brain.store import Move, Moved, Settled, TurnRow
-from brain.store.submits import Mark, Start, Submit
-from infra.held import HeldConnection
+from brain.store.submits import Mark, Start, Submit, Submitted
+from infra.groupcommit import GroupCommit
 from infra.logging import get_logger
 from protocol import IllegalTransitionError, LimitReachedError, RoutingError, StaleOwnerError, TendonError
 
@@ -269,7 +270,11 @@ class Served:
 
     The thread is locked first, so that two served submits cannot both find it idle; a plain
     submit racing with this one leaves its turn queued, and a queued turn never overtakes a
-    started one of its thread (``CLAIMABLE_SQL``)."""
+    started one of its thread (``CLAIMABLE_SQL``).
+
+    Submits that arrive together share a statement and a commit (``submits``, a group committer:
+    one statement for the submits of distinct sessions on PostgreSQL); each is answered once its
+    turn is committed, with its own outcome or refusal."""
 
     ctx: BrainContext
     quiet: Callable[[], bool]
@@ -278,12 +283,19 @@ class Served:
     # announcements they were chosen from: offered again without a read until a submit finds
     # that the announcements changed (it then queues its turn, and the next one reads again).
     chosen: dict[tuple[str, ...], tuple[dict[str, Any], Mark]] = field(default_factory=dict)
-    # The submits' connection, kept between them (no acquire and release per submit) while they
-    # come one at a time; one at the same moment takes its own from the pool.
-    held: HeldConnection | None = field(init=False)
+    submits: GroupCommit[tuple[Submit, Start | None], Submitted] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.held = self.ctx.store.held()
+        store = self.ctx.store
+        self.submits = GroupCommit(
+            # A submit looks its request id up and inserts it when missing: a race lost to
+            # another process's insert of it is tried again, and then finds it.
+            partial(store.transact, read_then_insert=True, held=store.held()),
+            store.submit_batch,
+            name="submits",
+            order=lambda item: item[0].session_id,  # rows locked in one order by every batch
+            single=store.submits_in_one_statement,
+        )
 
     async def _offer(self, s: Submit) -> Start:
         """What the submit may start the turn with: a thread kept here with its bindings frozen
@@ -308,9 +320,8 @@ class Served:
 
     async def submit(self, s: Submit) -> tuple[str, bool]:
         ctx = self.ctx
-        if not self.quiet():
-            return await ctx.store.submit(s)
-        done = await ctx.store.submit_served(s, await self._offer(s), self.held)
+        done = await self.submits.submit((s, await self._offer(s) if self.quiet() else None))
+        ctx.killpoints.hit("brain.after_submit_commit")  # the batch committed, its callers unanswered
         if done.stale:
             self.chosen.pop(tuple(s.agent.tools), None)
         row = done.started

@@ -106,6 +106,12 @@ class Json:
         self.value = value
 
 
+def as_json(value: Any) -> Any:
+    """``value`` bound as JSON (None stays NULL): also what an element of a jsonb[] parameter must
+    be, where a list would read as one more array dimension."""
+    return value if value is None or isinstance(value, Json) else Json(value)
+
+
 def _encode_json(value: Any) -> str:
     return codec.dumps(value.value if isinstance(value, Json) else value).decode("utf-8")
 

@@ -156,6 +156,49 @@ async def test_a_turn_its_brain_started_at_submit_survives_that_brains_death(
     assert runs[0]["runs"] >= 2
 
 
+async def test_a_brain_killed_once_its_submits_committed_loses_none_and_runs_none_twice(
+    tendon: TendonEnv, processes: Processes
+) -> None:
+    # Given a Brain that dies once a batch of the submits it serves committed, before it answers
+    tendon.routes.add("bulk")
+    port = free_port()
+    env = {**tendon.env, "TENDON_HTTP": f"127.0.0.1:{port}"}
+    await processes.start_ready("hands", HANDS_BULK, tendon.env)
+    doomed = await processes.start_ready(
+        "brain", BRAIN, {**env, "TENDON_KILL_AT": "brain.after_submit_commit"}
+    )
+    sessions = [f"s-batch-{i}" for i in range(8)]
+    body = {"request_id": "r1", "input": "go", "agent": TOOL_THEN_DONE}
+    # When clients submit at once: none hears back
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+        answers = await asyncio.gather(
+            *(http.post(f"/v1/sessions/{s}/turns", json=body) for s in sessions), return_exceptions=True
+        )
+    assert all(isinstance(a, httpx.TransportError) for a in answers), answers
+    assert await processes.wait_exit(doomed) == -signal.SIGKILL
+    obs = Observer(tendon)
+    turns = "SELECT session_id, id FROM {brain}.turns WHERE session_id LIKE 's-batch-%'"
+    committed = {r["session_id"]: r["id"] for r in await obs.fetch(turns)}
+    assert committed, "the kill point comes after a commit"
+    # Then, with a standby serving, each client's retry finds the turn its submit committed (or
+    # makes it, when its submit had not committed), and every turn completes with one execution
+    await processes.start_ready("brain", BRAIN, env)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+        retried = [(await http.post(f"/v1/sessions/{s}/turns", json=body)).json() for s in sessions]
+    for s, answer in zip(sessions, retried, strict=True):
+        if s in committed:
+            assert answer == {"turn_id": committed[s], "created": False}
+        else:
+            assert answer["created"] is True
+    for answer in retried:
+        await obs.wait_turn(answer["turn_id"], "completed", timeout=60)
+    per_turn = await obs.fetch(
+        "SELECT t.id, count(e.id) AS n FROM {brain}.turns t LEFT JOIN {brain}.executions e"
+        " ON e.turn_id = t.id WHERE t.session_id LIKE 's-batch-%' GROUP BY t.id"
+    )
+    assert sorted(r["n"] for r in per_turn) == [1] * len(sessions)
+
+
 async def test_a_long_wait_never_cancels_the_turn(server: Server) -> None:
     slow = agent(
         [{"tool_calls": [{"tool": "slow_step", "args": {"seconds": 3}}]}, {"content": "done"}], name="slow"

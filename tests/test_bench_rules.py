@@ -176,9 +176,10 @@ def test_batch_sizes_are_read_from_the_processes_shutdown_lines(tmp_path: Any) -
         + "\n"
     )
     got = summarize(batch_lines([brain, hands]))
-    # moves: 10 items in 6 transactions; claims that took nothing are not batches; no updates seen
+    # moves: 10 items in 6 transactions; claims that took nothing are not batches; no updates or
+    # submits seen
     assert got == {
-        "moves": 10 / 6, "claims": 2.0, "ledger": 2.0, "updates": None,
+        "moves": 10 / 6, "claims": 2.0, "ledger": 2.0, "updates": None, "submits": None,
         "events per message": 2.5, "commands per message": 3.5,
     }  # fmt: skip
 

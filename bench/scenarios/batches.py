@@ -23,6 +23,7 @@ from bench.scenarios.throughput import tendon_closed_loop
 
 LEVELS = (1, 10, 50)
 COMMITTERS = {
+    "submits": "Brain: submits per transaction (served by its API)",
     "claims": "Brain: turns per claim",
     "moves": "Brain: run moves per transaction (replies, intents, endings)",
     "updates": "Brain: event ranges applied per transaction",

@@ -20,7 +20,7 @@ from brain.sequencing import drainable
 from brain.states import TERMINAL_EXECUTION, ExecutionStatus
 from brain.store.records import FINAL_SQL, TURN_COLUMNS, Applied, ClaimBudget, Ended, TurnRow
 from brain.store.steps import StepRows
-from infra.db import Json
+from infra.db import Json, as_json
 from infra.logging import get_logger
 from infra.store import as_time
 from protocol import ConflictError, NotFoundError, RoutingError, TendonError, decode, encode
@@ -92,11 +92,11 @@ def effect_values(row: Any, done: Effect) -> list[Any]:
         str(done.status),
         done.last_seq,
         row["attempts"] if done.attempts is None else done.attempts,
-        _json(row["result"]) if keep else outcome["result"],
+        as_json(row["result"]) if keep else outcome["result"],
         row["how"] if keep else outcome["how"],
         row["evidence"] if keep else outcome["evidence"],
         row["output_bytes"] if keep else outcome["output_bytes"],
-        _json(error),
+        as_json(error),
     ]
 
 
@@ -106,11 +106,6 @@ def outcome_read(row: Any, done: Effect) -> dict[str, Any]:
     read = {"id": row["id"], "call_id": row["call_id"], "tool": row["tool"], "status": status, "how": how}
     values = {"result": result, "error": error}
     return read | {k: v.value if isinstance(v, Json) else v for k, v in values.items()}
-
-
-def _json(value: Any) -> Any:
-    # A JSON value read back is written back as JSON (a bare string would be text on SQLite).
-    return value if value is None or isinstance(value, Json) else Json(value)
 
 
 @dataclass

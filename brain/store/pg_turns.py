@@ -7,94 +7,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
 
-from brain.store.records import TERMINAL_SQL, TURN_COLUMNS, Claimed, Move, Moved, TurnRow, qualified
-from brain.store.submits import (
-    KNOWN_SQL,
-    Start,
-    Submit,
-    Submitted,
-    check_submit,
-    frozen_by,
-    started_facts,
-    submit_facts,
-)
+from brain.store.pg_submits import PgSubmitRows
+from brain.store.records import TURN_COLUMNS, Claimed, Move, Moved, TurnRow, qualified
 from brain.store.turns import CLAIM_SET, CLAIMABLE_FROM, TurnRows
-from infra.db import Json, reading
-from infra.held import HeldConnection
+from infra.db import as_json, reading
 from infra.param_rows import row_args, rows_from
-from protocol import new_id
 
 T = TypeVar("T")
-
-# The submit in one statement: the checks' read, and (when nothing conflicts and the turn is new)
-# the agent, a new session, a new thread, the turn, its journal entry and the wake-up hint. With
-# an owner ($14) it starts the turn's run when ``starts_now`` says so (the same rule, in SQL):
-# the turn goes in claimed and prepared, a new thread with the bindings it freezes ($15). Its
-# journal entry is the accepted fact ($11), and what a started run adds ($17) when it starts.
-#
-# An existing session and thread are locked first, the session before the thread (the order a
-# session's close takes them: no deadlock between the two), and whether they are closed is read
-# from the rows as the locks found them: a close that committed while this statement waited for
-# its lock refuses this turn, and a close that waits for this statement counts it (a close counts
-# after its lock: brain/store/sessions.py). With an owner, the thread's unfinished turns are
-# counted by a function that sees what committed meanwhile (migration 0013), so that of two
-# served submits racing on an idle thread only one starts.
-_SUBMIT = f"""
-WITH session_lock AS (SELECT id, closed_at FROM sessions WHERE id = $2 FOR UPDATE),
--- The thread's row lock is taken above its join with the session's lock, so always after it
--- (a column of that join is named only to keep the join in the plan).
-locked AS (SELECT th.id, th.closed_at, th.bindings IS NOT NULL AS bound, sl.closed_at AS session_closed
-             FROM threads th LEFT JOIN session_lock sl ON true WHERE th.id = $6 FOR UPDATE OF th),
-known AS (
-    SELECT k.turn_id, k.input_digest, k.turn_thread, k.agent_digest, k.session_ns,
-           CASE WHEN sl.id IS NULL THEN k.session_closed ELSE sl.closed_at END AS session_closed,
-           k.agent_name, k.agent_version,
-           CASE WHEN l.id IS NULL THEN k.thread_closed ELSE l.closed_at END AS thread_closed,
-           coalesce(l.bound, k.thread_bound) AS thread_bound,
-           CASE WHEN l.id IS NULL OR $14::text IS NULL THEN k.thread_open
-                ELSE thread_open_turns($6, ARRAY[{TERMINAL_SQL[1:-1]}]) END AS thread_open
-      FROM ({KNOWN_SQL}) AS k LEFT JOIN session_lock sl ON true LEFT JOIN locked l ON true),
--- Whether the announcements the offered bindings were chosen from ($18 the tools, $19 how many
--- rows, $20 the latest time) are still those: else a new thread does not freeze them.
-mark AS (
-    SELECT $18::text[] IS NULL
-           OR (count(*) = $19::bigint AND max(announced_at) IS NOT DISTINCT FROM $20::timestamptz) AS fresh
-      FROM bindings WHERE name = ANY($18::text[])),
-ok AS (
-    SELECT *, $14::text IS NOT NULL AND thread_open = 0
-              AND (thread_bound OR (agent_name IS NULL AND $15::jsonb IS NOT NULL
-                                    AND (SELECT fresh FROM mark))) AS starts
-      FROM known
-     WHERE turn_id IS NULL AND (agent_digest IS NULL OR agent_digest = $7)
-       AND (session_ns IS NULL OR (session_ns = $1 AND session_closed IS NULL))
-       AND (agent_name IS NULL OR (agent_name = $4 AND agent_version = $5 AND thread_closed IS NULL))),
-agent AS (
-    INSERT INTO agents (name, version, digest, definition)
-    SELECT $4, $5, $7, $8 FROM ok WHERE ok.agent_digest IS NULL ON CONFLICT DO NOTHING),
-session AS (
-    INSERT INTO sessions (id, namespace, last_seq) SELECT $2, $1, 1 FROM ok WHERE ok.session_ns IS NULL),
-thread AS (
-    INSERT INTO threads (id, session_id, name, agent_name, agent_version, bindings)
-    SELECT $6, $2, $13, $4, $5, CASE WHEN ok.starts THEN $15::jsonb END FROM ok WHERE ok.agent_name IS NULL),
-bump AS (
-    UPDATE sessions SET last_seq = last_seq + 1
-     WHERE id = $2 AND EXISTS (SELECT 1 FROM ok WHERE ok.session_ns IS NOT NULL) RETURNING last_seq),
-turn AS (
-    INSERT INTO turns (id, namespace, session_id, thread_id, request_id, input_digest, status, phase,
-                       lease_owner, lease_epoch, runs, lease_expires_at)
-    SELECT $9, $1, $2, $6, $3, $10, CASE WHEN starts THEN 'running' ELSE 'queued' END,
-           CASE WHEN starts THEN 'model_request' ELSE 'prepare' END, CASE WHEN starts THEN $14 END,
-           starts::int, starts::int, CASE WHEN starts THEN ts_add(now(), $16) END
-      FROM ok RETURNING {TURN_COLUMNS}),
-entry AS (
-    INSERT INTO journal (session_id, seq, thread_id, turn_id, status, phase, facts)
-    SELECT $2, coalesce((SELECT last_seq FROM bump), 1), $6, $9, turn.status, turn.phase,
-           CASE WHEN turn.status = 'running' THEN $11::jsonb || $17::jsonb ELSE $11::jsonb END
-      FROM turn RETURNING seq),
-hint AS (SELECT pg_notify($12, '') FROM ok WHERE NOT ok.starts)
-SELECT known.*, (SELECT count(*) FROM ok) > 0 AS created, (SELECT count(*) FROM hint) AS hinted,
-       (SELECT seq FROM entry) AS entry_seq, (SELECT fresh FROM mark) AS bindings_fresh, turn.*
-  FROM known LEFT JOIN turn ON true"""
 
 # One walk of the claimable turns: one more is locked than is claimed, and finding it says there
 # is more to claim (a second walk to count them read as much again as the claim itself).
@@ -192,12 +111,7 @@ INSERT INTO journal (session_id, seq, thread_id, turn_id, run, status, phase, fa
 SELECT $1, last_seq, $2, $3, $4, $5, $6, $7 FROM bump RETURNING seq"""
 
 
-def _json(value: Any) -> Any:
-    # An element of a jsonb[] parameter: a list would read as one more array dimension.
-    return None if value is None else Json(value)
-
-
-class PgTurnRows(TurnRows):
+class PgTurnRows(PgSubmitRows, TurnRows):
     FOR_UPDATE = " FOR UPDATE"
     SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
     ONE_STATEMENT_COMMITS = True
@@ -220,39 +134,6 @@ class PgTurnRows(TurnRows):
                 _APPEND, session_id, thread_id or session_id, turn_id, run, status, phase, facts
             )
         )
-
-    async def submit_in(self, conn: Any, s: Submit, start: Start | None) -> Submitted:
-        turn_id = f"turn-{new_id()}"
-        agent = s.agent
-        tools, mark = start.announced if start and start.announced else (None, (None, None))
-        known = await conn.fetchrow(
-            _SUBMIT, s.namespace, s.session_id, s.request_id, agent.name, agent.version, s.thread_id,
-            agent.digest, agent.stored, turn_id, s.input_digest, submit_facts(s, None),
-            s.wake_channel, s.thread, start.owner if start else None,
-            start.bindings if start else None, start.lease_seconds if start else None,
-            started_facts(start) if start else None, list(tools) if tools is not None else None, *mark,
-        )  # fmt: skip
-        if known["created"]:
-            if known["status"] == "running":
-                assert start is not None
-                row = TurnRow.from_record(known)
-                facts = submit_facts(s, start)
-                return Submitted(turn_id, True, row, known["entry_seq"], facts, frozen_by(known, start))
-            return Submitted(turn_id, True, stale=known["agent_name"] is None and not known["bindings_fresh"])
-        existing = check_submit(
-            known, namespace=s.namespace, session_id=s.session_id, thread=s.thread, request_id=s.request_id,
-            input_digest=s.input_digest, agent=agent,
-        )  # fmt: skip
-        # Nothing conflicts, yet nothing was written: only a race that lost an insert does that,
-        # which fails the statement (unique violation) and is tried again by ``transact``.
-        assert existing is not None, f"submit of {s.request_id!r} neither found nor created a turn"
-        return Submitted(existing, False)
-
-    async def submit_served(self, s: Submit, start: Start, held: HeldConnection | None = None) -> Submitted:
-        return await self.transact(
-            lambda conn: self.submit_in(conn, s, start),
-            single_statement=True, read_then_insert=True, held=held,
-        )  # fmt: skip
 
     async def read_consistent(self, work: Callable[[Any], Awaitable[T]]) -> T:
         async with reading(self.pool) as conn, conn.transaction(isolation="repeatable_read", readonly=True):
@@ -279,8 +160,8 @@ class PgTurnRows(TurnRows):
             values = [
                 b.id, b.lease_owner, b.lease_epoch, b.status, b.phase, b.revision, m.status, m.phase,
                 m.waiting_for, m.value("model_calls"), m.value("tool_step"), m.value("retries"),
-                _json(m.value("result")), _json(m.value("error")), m.release, m.wake_in,
-                _json(list(m.facts) or None), _json(m.freeze),
+                as_json(m.value("result")), as_json(m.value("error")), m.release, m.wake_in,
+                as_json(list(m.facts) or None), as_json(m.freeze),
             ]  # fmt: skip
             for col, value in zip(cols, values, strict=True):
                 col.append(value)
@@ -288,7 +169,7 @@ class PgTurnRows(TurnRows):
                 row = [
                     b.id, i.execution_id, i.tool_step, i.call_id, i.route, i.tool, i.binding_digest,
                     i.replay_policy, i.request_digest, i.command_message_id, i.command, i.journal_detail,
-                    i.status, _json(i.error), i.how,
+                    i.status, as_json(i.error), i.how,
                 ]  # fmt: skip
                 for col, value in zip(intents, row, strict=True):
                     col.append(value)

@@ -20,7 +20,7 @@ from brain.store.journal import JournalRows
 from brain.store.records import TERMINAL_SQL, TURN_COLUMNS, TurnRow
 from infra.held import HeldConnection
 from infra.store import as_time
-from protocol import ConflictError, IllegalTransitionError, digest, new_id
+from protocol import ConflictError, IllegalTransitionError, TendonError, digest, new_id
 
 # What the announcements of some tools were when bindings were chosen from them: how many rows,
 # and the latest time one was announced (a new row adds one; an announcement again moves it on).
@@ -193,6 +193,27 @@ class SubmitRows(JournalRows):
             return await self.submit_in(conn, s, start)
 
         return await self.transact(work, read_then_insert=True, held=held)
+
+    def submits_in_one_statement(self, items: Sequence[tuple[Submit, Start | None]]) -> bool:
+        """Whether :meth:`submit_batch` writes ``items`` with one statement (which then commits
+        on its own where the backend allows it)."""
+        return False
+
+    async def submit_batch(
+        self, conn: Any, items: Sequence[tuple[Submit, Start | None]]
+    ) -> list[Submitted | TendonError]:
+        """The submits of ``items`` in the caller's transaction (a served one, with its ``Start``,
+        on its thread's lock), each with its own outcome: one that its checks refuse is that
+        item's error, and the others go on (the checks refuse before anything is written)."""
+        done: list[Submitted | TendonError] = []
+        for s, start in items:
+            if start is not None:
+                await self.lock_thread(conn, s.thread_id)
+            try:
+                done.append(await self.submit_in(conn, s, start))
+            except (ConflictError, IllegalTransitionError) as exc:
+                done.append(exc)
+        return done
 
     async def lock_thread(self, conn: Any, thread_id: str) -> None:
         """Lock the thread (if it is there) until the caller's transaction ends (on SQLite, which
