@@ -9,6 +9,7 @@ import contextlib
 import inspect
 import json
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -126,17 +127,24 @@ async def test_a_submit_the_brain_serves_starts_its_turn_in_the_same_commit(serv
     assert began > ended
 
 
-async def test_a_turn_its_brain_started_at_submit_survives_that_brains_death(
-    tendon: TendonEnv, processes: Processes
-) -> None:
-    # Given a Brain that serves the API and dies before its first model call, and a standby
+async def _doomed_brain(
+    tendon: TendonEnv, processes: Processes, kill_at: str
+) -> tuple[int, dict[str, str], subprocess.Popen[bytes]]:
+    """A Hands pool, and a Brain serving the API on a port of its own that dies at ``kill_at``:
+    (its port, the environment a standby takes to serve there, the doomed process)."""
     tendon.routes.add("bulk")
     port = free_port()
     env = {**tendon.env, "TENDON_HTTP": f"127.0.0.1:{port}"}
     await processes.start_ready("hands", HANDS_BULK, tendon.env)
-    doomed = await processes.start_ready(
-        "brain", BRAIN, {**env, "TENDON_KILL_AT": "brain.before_model_call@1"}
-    )
+    doomed = await processes.start_ready("brain", BRAIN, {**env, "TENDON_KILL_AT": kill_at})
+    return port, env, doomed
+
+
+async def test_a_turn_its_brain_started_at_submit_survives_that_brains_death(
+    tendon: TendonEnv, processes: Processes
+) -> None:
+    # Given a Brain that serves the API and dies before its first model call, and a standby
+    port, _, doomed = await _doomed_brain(tendon, processes, "brain.before_model_call@1")
     # When it accepts a turn it starts in the same commit (the answer may not make it out)
     body = {"request_id": "r1", "input": "go", "agent": TOOL_THEN_DONE}
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
@@ -160,13 +168,7 @@ async def test_a_brain_killed_once_its_submits_committed_loses_none_and_runs_non
     tendon: TendonEnv, processes: Processes
 ) -> None:
     # Given a Brain that dies once a batch of the submits it serves committed, before it answers
-    tendon.routes.add("bulk")
-    port = free_port()
-    env = {**tendon.env, "TENDON_HTTP": f"127.0.0.1:{port}"}
-    await processes.start_ready("hands", HANDS_BULK, tendon.env)
-    doomed = await processes.start_ready(
-        "brain", BRAIN, {**env, "TENDON_KILL_AT": "brain.after_submit_commit"}
-    )
+    port, env, doomed = await _doomed_brain(tendon, processes, "brain.after_submit_commit")
     sessions = [f"s-batch-{i}" for i in range(8)]
     body = {"request_id": "r1", "input": "go", "agent": TOOL_THEN_DONE}
     # When clients submit at once: none hears back
