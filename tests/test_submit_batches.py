@@ -6,6 +6,7 @@ transactions while each caller hears its own answer."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from infra.localqueue import LocalBroker
 from infra.transport import Topology
 from protocol import ConflictError, IllegalTransitionError
 from tests.test_brain_claims import _context
-from tests.test_brain_store import AGENT, _turn, pg_store, store
+from tests.test_brain_store import AGENT, _agent, _turn, pg_store, store
 from tests.test_served_submit import BINDINGS, _finish, _served
 
 __all__ = ["pg_store", "store"]  # the fixtures, used by name
@@ -92,6 +93,21 @@ async def test_the_submits_of_one_batch_each_get_their_own_outcome(store: BrainS
         (1, new.turn_id, ["turn.accepted", "turn.run_started", "turn.prepared"]),
         (2, second.turn_id, ["turn.accepted"]),
     ]
+
+
+async def test_a_new_agent_version_submitted_twice_in_one_batch_has_one_content(store: BrainStore) -> None:
+    # Two submits of one batch register one new agent version: with the same content both make
+    # their turns; with another, the later one is refused, as it would be one after the other.
+    same, other = _agent(name="fresh"), _agent(name="fresh", model={"kind": "scripted", "script": []})
+    assert same.digest != other.digest
+    items: list[tuple[Submit, Start | None]] = [
+        (replace(_asked(f"s{i}"), agent=agent), None) for i, agent in enumerate([same, same, other])
+    ]
+    first, second, third = await store.transact(lambda c: store.submit_batch(c, items), read_then_insert=True)
+    assert isinstance(first, Submitted) and isinstance(second, Submitted) and first.created and second.created
+    assert isinstance(third, ConflictError) and "different content" in str(third)
+    stored = await store.read(lambda c: c.fetch("SELECT digest FROM agents WHERE name = 'fresh'"))
+    assert [r["digest"] for r in stored] == [same.digest]
 
 
 async def test_a_brains_concurrent_submits_share_commits_and_each_hears_its_own_answer(

@@ -71,7 +71,12 @@ known AS (
                                           AND thread_closed IS NULL)) AS fits,
               owner IS NOT NULL AND thread_open = 0
               AND (thread_bound OR (agent_name IS NULL AND offered IS NOT NULL AND fresh)) AS starts
-      FROM (SELECT r.*, k.turn_id, k.input_digest, k.turn_thread, k.agent_digest, k.session_ns,
+      FROM (SELECT r.*, k.turn_id, k.input_digest, k.turn_thread, k.session_ns,
+                   -- A new agent's version that an earlier row of this statement registers is
+                   -- its: another content under it is a conflict, as it would be one by one.
+                   coalesce(k.agent_digest, (SELECT e.adigest FROM r AS e
+                                              WHERE e.aname = r.aname AND e.aversion = r.aversion
+                                                AND e.ord < r.ord ORDER BY e.ord LIMIT 1)) AS agent_digest,
                    CASE WHEN sl.id IS NULL THEN k.session_closed ELSE sl.closed_at END AS session_closed,
                    k.agent_name, k.agent_version,
                    CASE WHEN l.id IS NULL THEN k.thread_closed ELSE l.closed_at END AS thread_closed,
@@ -88,7 +93,7 @@ known AS (
 agent AS (
     INSERT INTO agents (name, version, digest, definition)
     SELECT aname, aversion, adigest, adef FROM known WHERE fits AND agent_digest IS NULL
-    ON CONFLICT DO NOTHING),  -- also a second row of one new agent in this batch
+    ON CONFLICT DO NOTHING),  -- registered meanwhile by a submit of another transaction
 session AS (
     INSERT INTO sessions (id, namespace, last_seq)
     SELECT sid, ns, 1 FROM known WHERE fits AND session_ns IS NULL),
