@@ -4,7 +4,8 @@
 part (portable base)       what it owns
 =========================  ==================================================================
 ``journal.JournalRows``    the journal: one entry per commit, a per-session seq
-``submits.SubmitRows``     submits, and a served submit that starts its turn in its commit
+``submits.SubmitRows``     submits, and a served submit that starts its turn in its commit;
+                           the submits that arrive together, in one transaction
 ``turns.TurnRows``         claims, leases, the fenced moves of runs
 ``sessions.SessionRows``   sessions and threads as users see them: listing, closing
 ``bindings.BindingRows``   announced tool bindings, threads and agent definitions
@@ -18,10 +19,11 @@ part (portable base)       what it owns
 ``infra.parked``           the parked messages (``ParkedRows``)
 =========================  ==================================================================
 
-The portable base runs as it is on SQLite (the embedded mode); ``pg_turns`` and ``pg_events``
-override what PostgreSQL does faster: many turns or executions per statement, one round trip
-per commit. :func:`open_brain_store` picks the backend from the pool; nothing above the store
-asks which one it has. Migrations are versioned SQL files per dialect in ``migrations/``.
+The portable base runs as it is on SQLite (the embedded mode); ``pg_submits``, ``pg_turns`` and
+``pg_events`` override what PostgreSQL does faster: many submits, turns or executions per
+statement, one round trip per commit. :func:`open_brain_store` picks the backend from the
+pool; nothing above the store asks which one it has. Migrations are versioned SQL files per
+dialect in ``migrations/``.
 """
 
 from __future__ import annotations

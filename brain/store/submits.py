@@ -1,7 +1,8 @@
 """Submits: a turn accepted durably, once per request id, on a thread pinned to its agent's
 version; and a submit a Brain serves, which may start the turn's run in the same commit.
 
-The portable statements; ``brain.store.pg_turns`` makes the submit one statement.
+The portable statements; ``brain.store.pg_submits`` makes the submits of many sessions one
+statement.
 """
 
 from __future__ import annotations
