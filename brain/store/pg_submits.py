@@ -21,7 +21,6 @@ from brain.store.submits import (
     submit_facts,
 )
 from infra.db import as_json
-from infra.held import HeldConnection
 from infra.param_rows import row_args, rows_from
 from protocol import TendonError, new_id
 
@@ -179,12 +178,6 @@ class PgSubmitRows(SubmitRows):
         if isinstance(done, TendonError):
             raise done
         return done
-
-    async def submit_served(self, s: Submit, start: Start, held: HeldConnection | None = None) -> Submitted:
-        return await self.transact(
-            lambda conn: self.submit_in(conn, s, start),
-            single_statement=True, read_then_insert=True, held=held,
-        )  # fmt: skip
 
 
 def _submitted(known: Any, s: Submit, start: Start | None) -> Submitted | TendonError:

@@ -19,7 +19,6 @@ from brain.facts import accepted
 from brain.states import TurnPhase
 from brain.store.journal import JournalRows
 from brain.store.records import TERMINAL_SQL, TURN_COLUMNS, TurnRow
-from infra.held import HeldConnection
 from infra.store import as_time
 from protocol import ConflictError, IllegalTransitionError, TendonError, digest, new_id
 
@@ -184,16 +183,18 @@ class SubmitRows(JournalRows):
         done = await self.transact(work, single_statement=True, read_then_insert=True)
         return done.turn_id, done.created
 
-    async def submit_served(self, s: Submit, start: Start, held: HeldConnection | None = None) -> Submitted:
-        """A submit that starts the turn's run at once when its thread is idle (``start``; see
-        ``brain.claims.Served``). The thread is locked first, so that two of them cannot both find
-        it idle. ``held``: the connection to take (``StoreBase.held``)."""
-
-        async def work(conn: Any) -> Submitted:
-            await self.lock_thread(conn, s.thread_id)
-            return await self.submit_in(conn, s, start)
-
-        return await self.transact(work, read_then_insert=True, held=held)
+    async def submit_served(self, s: Submit, start: Start) -> Submitted:
+        """A submit that starts the turn's run at once when its thread is idle (``start``), alone:
+        what ``brain.claims.Served`` does for the submits that arrive together
+        (:meth:`submit_batch`). A refusal raises."""
+        items = [(s, start)]
+        (done,) = await self.transact(
+            lambda conn: self.submit_batch(conn, items),
+            single_statement=self.submits_in_one_statement(items), read_then_insert=True,
+        )  # fmt: skip
+        if isinstance(done, TendonError):
+            raise done
+        return done
 
     def submits_in_one_statement(self, items: Sequence[tuple[Submit, Start | None]]) -> bool:
         """Whether :meth:`submit_batch` writes ``items`` with one statement (which then commits
