@@ -6,20 +6,31 @@ transactions while each caller hears its own answer."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from brain import moves
 from brain.claims import Served
 from brain.states import TurnStatus
-from brain.store import BrainStore
+from brain.store import BrainStore, ClaimBudget
 from brain.store.submits import Start, Submit, Submitted
 from infra.localqueue import LocalBroker
 from infra.transport import Topology
-from protocol import ConflictError, IllegalTransitionError
+from protocol import (
+    AcceptedBody,
+    AcceptedEvent,
+    ConflictError,
+    IllegalTransitionError,
+    StartedBody,
+    StartedEvent,
+    SucceededBody,
+    SucceededEvent,
+)
 from tests.test_brain_claims import _context
-from tests.test_brain_store import AGENT, _agent, _turn, pg_store, store
+from tests.test_brain_store import AGENT, _agent, _intent, _move, _turn, pg_store, store
 from tests.test_served_submit import BINDINGS, _finish, _served
 
 __all__ = ["pg_store", "store"]  # the fixtures, used by name
@@ -166,6 +177,102 @@ async def test_racing_batches_of_the_same_sessions_in_opposite_orders_do_not_dea
     for s, a, b in zip(sessions, forward, reversed(backward), strict=True):
         assert a.created and b.created
         assert sorted([a.started is not None, b.started is not None]) == [False, True], s
+
+
+async def _moves_ending(store: BrainStore, sessions: list[str]) -> Callable[[Any], Awaitable[Any]]:
+    """A batch of moves that ends a running turn in each session (a journal entry each)."""
+    rows = [await _turn(store, (await _served(store, "r0", session=s)).turn_id) for s in sessions]
+    ending = [moves.reply(r, {"text": "done"}, {}, intents=None, first_look=60.0) for r in rows]
+    return lambda conn: store.commit_moves(conn, ending, 30.0)
+
+
+async def _applies_waking(store: BrainStore, sessions: list[str]) -> Callable[[Any], Awaitable[Any]]:
+    """A batch of applies that wakes a turn waiting on its tool in each session (a journal entry
+    each)."""
+    ranges = []
+    for s in sessions:
+        row = await _turn(store, (await _served(store, "r0", session=s)).turn_id)
+        execution_id = f"exe-{s}"
+        calls = [{"call_id": "call-1", "tool": "echo", "args": {}}]
+        reply = moves.reply(
+            row, {"text": None, "tool_calls": calls}, {}, intents=[_intent(execution_id)], first_look=60.0
+        )
+        await _move(store, reply)
+        header = {
+            "execution_id": execution_id,
+            "namespace": "ns",
+            "session_id": s,
+            "request_digest": "d" * 64,
+        }
+        ranges.append([
+            AcceptedEvent(seq=1, body=AcceptedBody(worker="w"), **header),
+            StartedEvent(seq=2, body=StartedBody(attempt=1, worker="w"), **header),
+            SucceededEvent(seq=3, body=SucceededBody(result={"ok": True}), **header),
+        ])  # fmt: skip
+    # claimed by the apply, so that each wake-up is a journal entry (the run it starts)
+    return lambda conn: store.apply_events(
+        conn, ranges, wake_channel="ch", budget=ClaimBudget("b1", 30.0, 10)
+    )
+
+
+@pytest.mark.parametrize("batch", [_moves_ending, _applies_waking], ids=["moves", "applies"])
+async def test_a_batch_of_journal_entries_and_one_of_submits_over_the_same_sessions_do_not_deadlock(
+    pg_store, batch
+):
+    # A batch whose journal entries fall in six sessions, and a batch of submits to the six (it
+    # locks sessions in id order). While a third transaction holds a session in the middle, the
+    # submits wait there, holding the ones before it; the entries' batch bumps the sessions' seqs
+    # in id order too, so it waits for the first and holds none the submits wait for, and both
+    # commit. Walked in another order, it would hold a later one: a deadlock fails one of them.
+    store = pg_store
+    sessions = [f"s{i}" for i in range(6)]
+    entries = await batch(store, sessions)
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(conn: Any) -> None:
+        await conn.execute("SELECT id FROM sessions WHERE id = 's3' FOR UPDATE")
+        held.set()
+        await release.wait()
+
+    holding = asyncio.create_task(store.transact(hold))
+    await held.wait()
+
+    # Transactions of their own, not ``transact``, which would try a deadlocked one again
+    async def submits() -> list[Any]:
+        async with store.pool.acquire() as conn, conn.transaction():
+            return list(await store.submit_batch(conn, [(_asked(s, "r1"), _start()) for s in sessions]))
+
+    async def journal() -> Any:
+        async with store.pool.acquire() as conn, conn.transaction():
+            return await entries(conn)
+
+    submitting = asyncio.create_task(submits())
+    await _waiting_for_sessions(store, 1)  # the submits hold the sessions before the middle one
+    writing = asyncio.create_task(journal())
+    await _waiting_for_sessions(store, 2)  # and the other batch waits too
+    release.set()
+    submitted, _ = await asyncio.wait_for(asyncio.gather(submitting, writing), timeout=10)
+    await holding
+    assert all(isinstance(s, Submitted) and s.created for s in submitted)
+    # each session's journal: the first turn's entries, the other batch's, then the new submit's
+    for s in sessions:
+        seqs = [seq for seq, _, _ in await _entries(store, s)]
+        assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) >= 3, s
+
+
+async def _waiting_for_sessions(store: BrainStore, n: int) -> None:
+    """Until ``n`` transactions wait for a session's row (each waiter holds a tuple lock on it;
+    the first in line does, the others wait for that lock)."""
+    for _ in range(1000):
+        waiting = await store.read(
+            lambda c: c.fetchval(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'tuple' AND relation = 'sessions'::regclass"
+            )
+        )
+        if waiting >= n:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{n} transactions did not come to wait for a session")
 
 
 @pytest.mark.parametrize("n", [1, 3])

@@ -89,14 +89,14 @@ entry AS (
            count(*) OVER (PARTITION BY t.session_id) AS n
       FROM f JOIN turns t ON t.id = f.turn_id LEFT JOIN woken w ON w.id = f.turn_id
      WHERE f.facts IS NOT NULL OR w.claim),
-{JOURNAL_ENTRIES},
+{{entries}},
 hint AS (SELECT pg_notify($17, '') WHERE EXISTS (SELECT 1 FROM woken WHERE NOT woken.claim))
 SELECT woken.*, (SELECT count(*) FROM hint) AS hinted, w.seq AS entry_seq, e.facts AS entry_facts
   FROM woken LEFT JOIN written w ON w.turn_id = woken.id LEFT JOIN entry e ON e.turn_id = woken.id"""
 _COMMIT_APPLIES = {
-    one: _COMMIT_APPLY.replace("{effects}", rows_from("m", _EFFECT, 1, one=one)).replace(
-        "{wakes}", rows_from("f", _WAKE, 10, one=one)
-    )
+    one: _COMMIT_APPLY.replace("{effects}", rows_from("m", _EFFECT, 1, one=one))
+    .replace("{wakes}", rows_from("f", _WAKE, 10, one=one))
+    .replace("{entries}", JOURNAL_ENTRIES[not one])
     for one in (False, True)
 }
 
