@@ -246,11 +246,13 @@ async def test_a_batch_of_journal_entries_and_one_of_submits_over_the_same_sessi
         async with store.pool.acquire() as conn, conn.transaction():
             return await entries(conn)
 
-    submitting = asyncio.create_task(submits())
-    await _waiting_for_sessions(store, 1)  # the submits hold the sessions before the middle one
-    writing = asyncio.create_task(journal())
-    await _waiting_for_sessions(store, 2)  # and the other batch waits too
-    release.set()
+    try:
+        submitting = asyncio.create_task(submits())
+        await _waiting_for_sessions(store, 1)  # the submits hold the sessions before the middle one
+        writing = asyncio.create_task(journal())
+        await _waiting_for_sessions(store, 2)  # and the other batch waits too
+    finally:
+        release.set()
     submitted, _ = await asyncio.wait_for(asyncio.gather(submitting, writing), timeout=10)
     await holding
     assert all(isinstance(s, Submitted) and s.created for s in submitted)
