@@ -167,12 +167,17 @@ async def _waiting_on(
     return (await _move(store, reply)).row
 
 
-def _header(execution_id: str) -> dict[str, Any]:
-    return {"execution_id": execution_id, "namespace": "ns", "session_id": "s1", "request_digest": "d" * 64}
+def _header(execution_id: str, session: str = "s1") -> dict[str, Any]:
+    return {
+        "execution_id": execution_id,
+        "namespace": "ns",
+        "session_id": session,
+        "request_digest": "d" * 64,
+    }
 
 
-def _events(execution_id: str, result: Any = None) -> tuple[Any, Any, Any]:
-    h = _header(execution_id)
+def _events(execution_id: str, result: Any = None, session: str = "s1") -> tuple[Any, Any, Any]:
+    h = _header(execution_id, session)
     return (
         AcceptedEvent(seq=1, body=AcceptedBody(worker="w"), **h),
         StartedEvent(seq=2, body=StartedBody(attempt=1, worker="w"), **h),

@@ -19,18 +19,9 @@ from brain.store import BrainStore, ClaimBudget
 from brain.store.submits import Start, Submit, Submitted
 from infra.localqueue import LocalBroker
 from infra.transport import Topology
-from protocol import (
-    AcceptedBody,
-    AcceptedEvent,
-    ConflictError,
-    IllegalTransitionError,
-    StartedBody,
-    StartedEvent,
-    SucceededBody,
-    SucceededEvent,
-)
+from protocol import ConflictError, IllegalTransitionError
 from tests.test_brain_claims import _context
-from tests.test_brain_store import AGENT, _agent, _intent, _move, _turn, pg_store, store
+from tests.test_brain_store import AGENT, _agent, _events, _intent, _move, _turn, pg_store, store
 from tests.test_served_submit import BINDINGS, _finish, _served
 
 __all__ = ["pg_store", "store"]  # the fixtures, used by name
@@ -198,17 +189,7 @@ async def _applies_waking(store: BrainStore, sessions: list[str]) -> Callable[[A
             row, {"text": None, "tool_calls": calls}, {}, intents=[_intent(execution_id)], first_look=60.0
         )
         await _move(store, reply)
-        header = {
-            "execution_id": execution_id,
-            "namespace": "ns",
-            "session_id": s,
-            "request_digest": "d" * 64,
-        }
-        ranges.append([
-            AcceptedEvent(seq=1, body=AcceptedBody(worker="w"), **header),
-            StartedEvent(seq=2, body=StartedBody(attempt=1, worker="w"), **header),
-            SucceededEvent(seq=3, body=SucceededBody(result={"ok": True}), **header),
-        ])  # fmt: skip
+        ranges.append(list(_events(execution_id, session=s)))
     # claimed by the apply, so that each wake-up is a journal entry (the run it starts)
     return lambda conn: store.apply_events(
         conn, ranges, wake_channel="ch", budget=ClaimBudget("b1", 30.0, 10)

@@ -17,6 +17,7 @@ from brain.store.submits import (
     Submitted,
     check_submit,
     frozen_by,
+    raised,
     started_facts,
     submit_facts,
 )
@@ -175,9 +176,7 @@ class PgSubmitRows(SubmitRows):
 
     async def submit_in(self, conn: Any, s: Submit, start: Start | None) -> Submitted:
         (done,) = await self.submit_batch(conn, [(s, start)])
-        if isinstance(done, TendonError):
-            raise done
-        return done
+        return raised(done)
 
 
 def _submitted(known: Any, s: Submit, start: Start | None) -> Submitted | TendonError:

@@ -173,6 +173,13 @@ def started_facts(start: Start) -> list[dict[str, Any]]:
     return [facts.run_started(1, 1, str(TurnPhase.PREPARE), start.owner), facts.prepared()]
 
 
+def raised(done: Submitted | TendonError) -> Submitted:
+    """A submit's outcome from :meth:`SubmitRows.submit_batch`, its refusal raised."""
+    if isinstance(done, TendonError):
+        raise done
+    return done
+
+
 class SubmitRows(JournalRows):
     async def submit(self, submit: Submit) -> tuple[str, bool]:
         """Accept a turn durably; returns (turn id, created now). See ``brain.verbs.submit``."""
@@ -192,9 +199,7 @@ class SubmitRows(JournalRows):
             lambda conn: self.submit_batch(conn, items),
             single_statement=self.submits_in_one_statement(items), read_then_insert=True,
         )  # fmt: skip
-        if isinstance(done, TendonError):
-            raise done
-        return done
+        return raised(done)
 
     def submits_in_one_statement(self, items: Sequence[tuple[Submit, Start | None]]) -> bool:
         """Whether :meth:`submit_batch` writes ``items`` with one statement (which then commits
