@@ -35,6 +35,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from infra.coalesce import CoalescingConnection
 from infra.logging import get_logger
 from infra.quickack import DirectQueue, deliver
 from infra.startup import wait_for
@@ -71,7 +72,9 @@ class Broker:
 
     async def __aenter__(self) -> Broker:
         # Reconnect a second after a lost connection, not aio-pika's default five.
-        connect = partial(aio_pika.connect_robust, self.url, reconnect_interval=1)
+        connect = partial(
+            aio_pika.connect_robust, self.url, reconnect_interval=1, connection_class=CoalescingConnection
+        )
         self._connection = await wait_for(connect, service="RabbitMQ", url=self.url, patience=self.patience)
         assert self._connection is not None
         self._channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)

@@ -74,6 +74,11 @@ def test_quick_benchmark_writes_the_table(pg_url: str, amqp_url: str, tmp_path: 
         row = cpu[f"CPU per call: {role}"]
         assert row["tendon"] is not None and row["tendon"] > 0, row
     assert (cpu["CPU per call: PostgreSQL"]["floor"] or 0) > 0, cpu["CPU per call: PostgreSQL"]
+    # ... and what the drain of waiting turns cost, by role (its note names each).
+    drained = next(r for r in results["rows"] if r["metric"].endswith("CPU per turn drained, all processes"))
+    assert drained["tendon"] > 0, drained
+    for role in ("Brain", "Hands", "PostgreSQL", "RabbitMQ"):
+        assert role in drained["note"], drained
     assert "quick mode: Celery throughput and latency not run" in table
     assert "quick mode: DBOS not run" in table
     assert "| DBOS | Tendon/DBOS |" in table

@@ -3,7 +3,8 @@
 The tool (``wait_gate``) answers once a gate file exists. Brain RSS and CPU time come from
 /proc/<pid>. Drain: seconds from opening the gate until every turn is completed, by the
 database's clock (Hands pool of 2 at default concurrency, so it includes running the N tool
-bodies).
+bodies), and the CPU the drain cost per turn in every process, by role (``bench.cpu``): the drain
+is bound by the two cores, so that is where its time goes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
+from bench.cpu import CpuMeter, per_call
 from bench.harness import TendonWorld, one_call_agent
 from bench.scenarios.base import Context, Result, Row
 
@@ -60,9 +62,12 @@ async def run(ctx: Context) -> Result:
         await asyncio.sleep(2 if ctx.quick else 20)
         cpu_idle = (cpu_seconds(brain.pid) - cpu0) / (time.monotonic() - w0) * 100
         rss1 = rss_mb(brain.pid)
+        meter = CpuMeter(world.roles)
+        before = meter.read()
         opened = (await world.fetch("SELECT now() AS t"))[0]["t"]
         world.gate(gate).touch()
         await world.wait_done(ids, timeout=60 if ctx.quick else 3600, interval=0.5)
+        cpu = per_call(before, meter.read(), n)  # the harness's share is its status polls
         # From the database's clock before the gate opened to the last completing commit: the
         # poll above only says when to look (it would add up to its interval).
         last = (await world.fetch("SELECT max(updated_at) AS t FROM turns WHERE id = ANY($1)", ids))[0]["t"]
@@ -86,6 +91,13 @@ async def run(ctx: Context) -> Result:
                 "s",
                 drain,
                 note=f"{n / drain:.0f} turns/s",
+            ),
+            Row(
+                "waiting",
+                f"{n} waiting turns: CPU per turn drained, all processes",
+                "ms",
+                sum(cpu.values()),
+                note=", ".join(f"{role} {ms:.2f}" for role, ms in cpu.items()),
             ),
         ]
     )
