@@ -14,6 +14,7 @@ robust connection that aio-pika makes is told to (``CoalescingConnection``).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 from aio_pika import RobustConnection
@@ -24,28 +25,40 @@ from yarl import URL
 class CoalescingWriter:
     """A ``StreamWriter`` whose writes within one turn of the loop go out as one. Whatever waits
     on the socket (``drain``) or ends it (``write_eof``, ``close``) sends what is held first, so
-    frames keep their order and flow control still applies to every byte."""
+    frames keep their order and flow control still applies to every byte. A send that failed in
+    the loop's callback fails the writer's next call, as it would have failed its own."""
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
         self._held: list[bytes] = []
+        self._failed: Exception | None = None
         self._loop = asyncio.get_running_loop()
 
     def write(self, data: bytes) -> None:
+        self._raise_failure()
         if not self._held:
             self._loop.call_soon(self.flush)
         self._held.append(data)
 
+    def writelines(self, data: Iterable[bytes]) -> None:
+        for chunk in data:
+            self.write(chunk)
+
     def flush(self) -> None:
         if not self._held:
             return
-        data = self._held[0] if len(self._held) == 1 else b"".join(self._held)
-        self._held.clear()
-        if not self._writer.is_closing():  # a closed socket would drop it all the same
-            self._writer.write(data)
+        held, self._held = self._held, []
+        if self._writer.is_closing():  # a closed socket would drop it all the same
+            return
+        try:
+            # One call, one send: uvloop hands the buffers to the socket together, asyncio joins them.
+            self._writer.writelines(held)
+        except Exception as exc:  # noqa: BLE001 - raised by the writer's next call, not the loop's
+            self._failed = exc
 
     async def drain(self) -> None:
         self.flush()
+        self._raise_failure()
         await self._writer.drain()
 
     def write_eof(self) -> None:
@@ -55,6 +68,11 @@ class CoalescingWriter:
     def close(self) -> None:
         self.flush()
         self._writer.close()
+
+    def _raise_failure(self) -> None:
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise failed
 
     def __getattr__(self, name: str) -> Any:  # the rest of StreamWriter, as it is
         return getattr(self._writer, name)

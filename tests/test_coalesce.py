@@ -5,7 +5,7 @@ loopback socket; the sends are counted where the wrapped writer hands bytes to i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 
 import pytest
@@ -28,8 +28,19 @@ async def socket_pair() -> AsyncIterator[tuple[CoalescingWriter, list[bytes], as
     port = server.sockets[0].getsockname()[1]
     _, raw = await asyncio.open_connection("127.0.0.1", port)
     sent: list[bytes] = []
-    write = raw.write
-    raw.write = lambda data: (sent.append(bytes(data)), write(data))[1]  # type: ignore[method-assign]
+    write, writelines = raw.write, raw.writelines
+
+    def counted_write(data: bytes) -> None:
+        sent.append(bytes(data))
+        write(data)
+
+    def counted_writelines(data: Iterable[bytes]) -> None:
+        chunks = list(data)
+        sent.append(b"".join(chunks))
+        writelines(chunks)
+
+    raw.write = counted_write  # type: ignore[method-assign]
+    raw.writelines = counted_writelines  # type: ignore[method-assign]
     far = await accepted.get()
     try:
         yield CoalescingWriter(raw), sent, far
@@ -56,6 +67,29 @@ async def test_a_lone_frame_leaves_at_the_next_turn_and_later_frames_in_a_send_o
         await asyncio.sleep(0)
         assert sent == [b"one;", b"two;"]
         assert await far.readexactly(8) == b"one;two;"
+
+
+async def test_frames_written_as_lines_queue_behind_what_is_held() -> None:
+    async with socket_pair() as (writer, sent, far):
+        writer.write(b"first;")
+        writer.writelines([b"second;", b"third;"])
+        await asyncio.sleep(0)
+        assert sent == [b"first;second;third;"]
+        assert await far.readexactly(len(sent[0])) == sent[0]
+
+
+async def test_a_send_that_failed_in_the_loop_fails_the_next_call_once() -> None:
+    async with socket_pair() as (writer, sent, _):
+
+        def broken(data: Iterable[bytes]) -> None:
+            raise ConnectionResetError("the socket went away")
+
+        writer._writer.writelines = broken  # type: ignore[method-assign]
+        writer.write(b"lost;")
+        await asyncio.sleep(0)  # the flush fails in the loop's callback, not there
+        with pytest.raises(ConnectionResetError):
+            writer.write(b"next;")
+        writer.write(b"after;")  # raised once: the caller (aiormq's writer) has heard it
 
 
 @pytest.mark.parametrize("ending", ["drain", "close", "write_eof"])
