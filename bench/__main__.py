@@ -15,7 +15,7 @@ from pathlib import Path
 from bench import report
 from bench.harness import REPO, Processes, Services
 from bench.scenarios.base import Context, Row
-from infra.entry import run_async
+from infra.process.entry import run_async
 
 SCENARIOS = ["latency", "throughput", "batches", "cost", "recovery", "payload", "waiting"]
 

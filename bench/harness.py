@@ -310,7 +310,7 @@ class TendonWorld:
     async def start_brain(self, **extra: str) -> subprocess.Popen[bytes]:
         if self.services.submit_over != "api" or self.client is not None:
             return await self.start_process("brain", BRAIN, extra)
-        from brain.client import AsyncClient
+        from brain.face.client import AsyncClient
 
         port = free_port()
         proc = await self.start_process("brain", BRAIN, {"TENDON_HTTP": f"127.0.0.1:{port}", **extra})
@@ -335,7 +335,7 @@ class TendonWorld:
     async def open(self) -> None:
         """Open the submitting pool in this process (migrates the Brain schema if needed)."""
         from brain.store import open_store
-        from infra.settings import Settings
+        from infra.process.settings import Settings
 
         self.settings = Settings.model_validate(
             {
@@ -351,7 +351,7 @@ class TendonWorld:
         """Submit one turn the way `brain submit` does (in a session of its own, or in
         ``session``: a later turn of a conversation); returns the turn id."""
         from brain import verbs
-        from brain.agents import AgentDefinition
+        from brain.rules.agents import AgentDefinition
         from brain.store import wake_channel
 
         assert self.store is not None

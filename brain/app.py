@@ -12,29 +12,29 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from brain.claims import Served
-from brain.context import BrainContext
-from brain.metrics import BrainMetrics
-from brain.relay import CommandRelay, ControlRelay
-from brain.runs import Scheduler, Wakeups
-from brain.scanner import RepairScanner
+from brain.run.claims import Served
+from brain.run.context import BrainContext
+from brain.run.metrics import BrainMetrics
+from brain.run.relay import CommandRelay, ControlRelay
+from brain.run.runs import Scheduler, Wakeups
+from brain.run.scanner import RepairScanner
+from brain.run.updates import BindingsConsumer, UpdateConsumer
 from brain.store import BrainStore, open_store, wake_channel
-from brain.updates import BindingsConsumer, UpdateConsumer
 from hands.store import Ledger, ledger_for
-from infra.broker import Broker
 from infra.db import create_pool, keep_statistics
-from infra.heap import settle_heap
-from infra.killpoints import KillPoints
+from infra.db.notify import Listener
+from infra.db.retention import DAY, Horizon, keep_pruned
 from infra.liveness import Liveness
-from infra.logging import bind_worker, get_logger
-from infra.notify import Listener
-from infra.parked import ParkedConsumer
-from infra.payloads import PayloadCodec, open_payload_codec
-from infra.registrations import WorkerRegistration
-from infra.retention import DAY, Horizon, keep_pruned
-from infra.settings import Settings, http_address
-from infra.tracing import open_tracing
+from infra.liveness.registrations import WorkerRegistration
+from infra.objects.payloads import PayloadCodec, open_payload_codec
+from infra.process.heap import settle_heap
+from infra.process.killpoints import KillPoints
+from infra.process.logging import bind_worker, get_logger
+from infra.process.settings import Settings, http_address
+from infra.process.tracing import open_tracing
 from infra.transport import Topology, Transport
+from infra.transport.broker import Broker
+from infra.transport.parked import ParkedConsumer
 
 log = get_logger(__name__)
 
@@ -113,7 +113,7 @@ async def serve_api(
         return
     from brain.api import Api, Tokens
     from brain.api.server import serving
-    from hands.reconcile import reconcile
+    from hands.run.reconcile import reconcile
 
     async def reconciler(execution_id: str, **options: Any) -> Any:
         assert backends.ledger is not None
@@ -244,7 +244,7 @@ async def run(
         await broker.consume(updates.queue, updates.handle, prefetch=settings.concurrency * 8)
         bindings = BindingsConsumer(ctx, broker)
         await broker.consume(bindings.queue, bindings.handle, prefetch=8)
-        # What the broker parks is read back, recorded and surfaced (infra.parked).
+        # What the broker parks is read back, recorded and surfaced (infra.transport.parked).
         await ParkedConsumer(store, broker, updates.queue, updates.surface_parked).start()
         await ParkedConsumer(store, broker, bindings.queue).start()
 

@@ -19,7 +19,7 @@ import asyncpg
 
 from bench.harness import TendonWorld, agent
 from brain import verbs
-from brain.agents import AgentDefinition
+from brain.rules.agents import AgentDefinition
 from brain.store import wake_channel
 from chaos.faults import Fault, Injected, Tally, plan, tally
 from chaos.topology import Deployment

@@ -30,7 +30,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import quote
 
-from hands.tools import Found, NotFound, ToolContext, tool
+from hands.tools.declare import Found, NotFound, ToolContext, tool
 
 __all__ = [
     "DEFAULT_MAILBOX_URL",

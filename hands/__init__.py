@@ -9,11 +9,11 @@ machine are exported for tests and operators.
 """
 
 from hands.app import HandsApp
-from hands.reconcile import Reconciliation, reconcile
-from hands.registry import ToolLoadError, ToolRegistry, load_tools
-from hands.replay import Decision, Recovery, decide
-from hands.states import LedgerStatus, transition
-from hands.tools import Found, NotFound, OutputWriter, Tool, ToolContext, tool
+from hands.rules.replay import Decision, Recovery, decide
+from hands.rules.states import LedgerStatus, transition
+from hands.run.reconcile import Reconciliation, reconcile
+from hands.tools.declare import Found, NotFound, OutputWriter, Tool, ToolContext, tool
+from hands.tools.registry import ToolLoadError, ToolRegistry, load_tools
 
 __all__ = [
     "Decision",

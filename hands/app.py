@@ -27,27 +27,27 @@ from functools import partial
 from pathlib import Path
 from types import TracebackType
 
-from hands.controls import ControlConsumer
-from hands.executor import Executor
-from hands.recovery import RecoveryScanner
-from hands.registry import ToolRegistry, load_tools
-from hands.relay import EventRelay
+from hands.run.controls import ControlConsumer
+from hands.run.executor import Executor
+from hands.run.recovery import RecoveryScanner
+from hands.run.relay import EventRelay
+from hands.run.worker import CommandConsumer
+from hands.run.writer import LedgerWriter
 from hands.store import Ledger, ledger_for, open_ledger
-from hands.worker import CommandConsumer
-from hands.writer import LedgerWriter
-from infra.broker import Broker, Topology
+from hands.tools.registry import ToolRegistry, load_tools
 from infra.db import create_pool, keep_statistics
-from infra.killpoints import KillPoints
+from infra.db.retention import DAY, Horizon, keep_pruned
 from infra.liveness import Liveness
-from infra.logging import bind_worker, get_logger
-from infra.parked import ParkedConsumer
-from infra.payloads import PayloadCodec, open_payload_codec
-from infra.registrations import WorkerRegistration
-from infra.retention import DAY, Horizon, keep_pruned
-from infra.settings import Settings
-from infra.startup import wait_for
-from infra.tracing import open_tracing
+from infra.liveness.registrations import WorkerRegistration
+from infra.objects.payloads import PayloadCodec, open_payload_codec
+from infra.process.killpoints import KillPoints
+from infra.process.logging import bind_worker, get_logger
+from infra.process.settings import Settings
+from infra.process.startup import wait_for
+from infra.process.tracing import open_tracing
 from infra.transport import Consumer, Transport
+from infra.transport.broker import Broker, Topology
+from infra.transport.parked import ParkedConsumer
 from protocol import BindingsAnnouncement, BindingsBody, StaleOwnerError
 
 log = get_logger(__name__)
@@ -206,7 +206,7 @@ class HandsApp:
             await codec.pack(announcement),
             message_id=announcement.message_id,
         )
-        # What the broker parks is read back, recorded and surfaced (infra.parked).
+        # What the broker parks is read back, recorded and surfaced (infra.transport.parked).
         await ParkedConsumer(
             ledger, broker, self.topology.commands(self.route), self.commands.surface_parked
         ).start()

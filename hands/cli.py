@@ -26,18 +26,18 @@ import asyncpg
 from aio_pika import exceptions as amqp
 
 from hands.app import HandsApp
-from hands.reconcile import reconcile
-from hands.relay import stored_events
+from hands.run.reconcile import reconcile
+from hands.run.relay import stored_events
 from hands.store import Execution, Ledger, ledger_for
-from infra.broker import Broker, Topology
 from infra.db import create_pool
-from infra.entry import run_async
-from infra.heap import settle_heap
-from infra.killpoints import KillPoints
-from infra.logging import configure_logging, get_logger
-from infra.parked import add_parked_command, show_parked
-from infra.payloads import PayloadCodec, open_payload_codec
-from infra.settings import Settings, bad_setting
+from infra.objects.payloads import PayloadCodec, open_payload_codec
+from infra.process.entry import run_async
+from infra.process.heap import settle_heap
+from infra.process.killpoints import KillPoints
+from infra.process.logging import configure_logging, get_logger
+from infra.process.settings import Settings, bad_setting
+from infra.transport.broker import Broker, Topology
+from infra.transport.parked import add_parked_command, show_parked
 from protocol import NotFoundError, StaleOwnerError, TendonError, TransientError, batch_bytes, loads
 
 EXIT_ERROR = 2

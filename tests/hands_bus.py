@@ -17,8 +17,8 @@ import aio_pika
 import asyncpg
 import pytest
 
-from hands.tools import Tool
-from infra.broker import Broker, Topology
+from hands.tools.declare import Tool
+from infra.transport.broker import Broker, Topology
 from protocol import (
     EventBatch,
     ExecuteBody,

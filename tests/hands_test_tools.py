@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hands.tools import Found, NotFound, ToolContext, tool
+from hands.tools.declare import Found, NotFound, ToolContext, tool
 
 
 def _record_run(name: str, ctx: ToolContext) -> None:

@@ -18,7 +18,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from infra.objectstore import S3ObjectStore
+from infra.objects.s3 import S3ObjectStore
 
 DEFAULT_BUCKET = "tendon-test"
 REGION = "us-east-1"

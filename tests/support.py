@@ -20,8 +20,8 @@ import aio_pika
 import asyncpg
 
 from infra.liveness import Liveness
-from infra.registrations import WorkerRegistration
-from infra.settings import Settings
+from infra.liveness.registrations import WorkerRegistration
+from infra.process.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 

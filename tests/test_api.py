@@ -21,7 +21,7 @@ from fastapi.routing import APIRoute
 
 from brain.api import console, hash_token, operator, routes, stream
 from brain.api.routes import MAX_WAIT, seconds
-from brain.client import AsyncClient, Client
+from brain.face.client import AsyncClient, Client
 from protocol import SchemaError
 from tests.support import Observer, Processes, TendonEnv, free_port, wait_for
 

@@ -15,16 +15,16 @@ from dataclasses import replace
 from typing import Any
 
 from brain import verbs
-from brain.claims import claim_turns
-from brain.context import BrainContext
-from brain.history import HistoryCache
-from brain.relay import CommandRelay, ControlRelay
-from brain.states import TurnPhase
+from brain.rules.history import HistoryCache
+from brain.rules.states import TurnPhase
+from brain.run.claims import claim_turns
+from brain.run.context import BrainContext
+from brain.run.relay import CommandRelay, ControlRelay
 from brain.store import BrainStore, ClaimBudget
-from infra.killpoints import KillPoints
-from infra.localqueue import LocalBroker
-from infra.payloads import PayloadCodec
+from infra.objects.payloads import PayloadCodec
+from infra.process.killpoints import KillPoints
 from infra.transport import Topology
+from infra.transport.localqueue import LocalBroker
 from protocol import ReplayPolicy, ToolBinding
 from tests.test_brain_store import _agent, _apply, _events, _submit, _waiting_on, pg_store, store
 

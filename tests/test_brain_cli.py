@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from brain.commands import EXIT_UNAVAILABLE
-from infra.broker import Broker
+from brain.face.commands import EXIT_UNAVAILABLE
 from infra.transport import Topology
+from infra.transport.broker import Broker
 from tests.support import REPO, Observer, Processes, TendonEnv, free_port, run_cli, wait_for
 
 AGENT = "examples/notice_agent.json"
@@ -161,8 +161,8 @@ def test_the_verbs_start_without_the_server_in_their_process() -> None:
     # Each `brain submit`, `show` or control is a process of its own: the Brain server, the Hands
     # and the demo they would import for nothing cost an eighth of its start-up; the HTTP client
     # only serves the verbs given a URL.
-    server = ("brain.app", "brain.demo", "hands.app", "aiohttp", "httpx")
-    loaded = f"import sys, brain.cli; print(sorted(m for m in {server!r} if m in sys.modules))"
+    server = ("brain.app", "local.demo", "hands.app", "aiohttp", "httpx")
+    loaded = f"import sys, brain.face.cli; print(sorted(m for m in {server!r} if m in sys.modules))"
     done = subprocess.run(
         [sys.executable, "-c", loaded], cwd=REPO, capture_output=True, text=True, check=True
     )

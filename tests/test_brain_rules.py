@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from brain.models import Message, ScriptedModel, make_model
-from brain.sequencing import Arrival, classify, drainable, replay_from
-from brain.states import (
+from brain.rules.sequencing import Arrival, classify, drainable, replay_from
+from brain.rules.states import (
     EXECUTION_TRANSITIONS,
     ExecutionStatus,
     TurnPhase,
@@ -148,7 +148,7 @@ def test_an_unknown_model_kind_is_a_clear_error():
 async def test_a_wake_hint_ends_the_claim_loops_wait_and_one_that_came_meanwhile_is_kept() -> None:
     import asyncio
 
-    from brain.runs import Wakeups
+    from brain.run.runs import Wakeups
 
     wakeups = Wakeups()
     waiting = asyncio.create_task(wakeups.wait(5.0))
@@ -196,7 +196,7 @@ class _Looks:
 async def test_the_claim_loop_looks_again_after_a_run_only_when_that_can_find_something(
     monkeypatch: pytest.MonkeyPatch, left: TurnStatus | None, capacity: int, looks_again: bool
 ) -> None:
-    from brain import runs
+    from brain.run import runs
     from tests.test_agent_rules import _row
 
     go, ended = asyncio.Event(), asyncio.Event()

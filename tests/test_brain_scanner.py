@@ -8,16 +8,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from brain.context import BrainContext
-from brain.relay import CommandRelay, ControlRelay
-from brain.scanner import Nudge, RepairScanner, next_look, nudge_for
+from brain.run.context import BrainContext
+from brain.run.relay import CommandRelay, ControlRelay
+from brain.run.scanner import Nudge, RepairScanner, next_look, nudge_for
 from brain.store import BrainStore
-from infra.broker import Broker
 from infra.db import dialect
-from infra.killpoints import KillPoints
-from infra.localqueue import LocalBroker
-from infra.payloads import PayloadCodec
+from infra.objects.payloads import PayloadCodec
+from infra.process.killpoints import KillPoints
 from infra.transport import Delivery, Topology, Transport
+from infra.transport.broker import Broker
+from infra.transport.localqueue import LocalBroker
 from protocol import decode
 from tests import test_brain_store
 from tests.support import TendonEnv, wait_for

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from brain import moves, verbs
-from brain.states import TurnPhase, TurnStatus
+from brain import verbs
+from brain.rules import moves
+from brain.rules.states import TurnPhase, TurnStatus
 from brain.store import (
     BrainStore,
     ClaimBudget,
@@ -28,12 +29,12 @@ from brain.store import (
     pg_turns,
 )
 from brain.store.controls import ControlRows
-from infra.broker import Broker
 from infra.db import dialect, lock_class
+from infra.db.sqlite import open_pool
 from infra.liveness import Liveness
-from infra.registrations import LocalWorkerRegistration, WorkerRegistration
-from infra.sqlite import open_pool
+from infra.liveness.registrations import LocalWorkerRegistration, WorkerRegistration
 from infra.transport import Topology
+from infra.transport.broker import Broker
 from protocol import (
     AcceptedBody,
     AcceptedEvent,
@@ -52,7 +53,7 @@ AGENT_DEF = {"name": "a", "version": "1", "model": {"kind": "scripted", "script"
 
 
 def _agent(**changes: Any) -> Any:
-    from brain.agents import AgentDefinition
+    from brain.rules.agents import AgentDefinition
 
     return AgentDefinition.model_validate({**AGENT_DEF, **changes})
 

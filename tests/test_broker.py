@@ -1,4 +1,4 @@
-"""RabbitMQ-only behaviour of ``infra.broker.Broker`` that the transport contract leaves open:
+"""RabbitMQ-only behaviour of ``infra.transport.broker.Broker`` that the transport contract leaves open:
 what a consumer's set-up does when the connection drops under it, a consumer's way back after a
 reconnect, and how a publish goes out."""
 
@@ -11,9 +11,9 @@ import aio_pika
 import pytest
 
 from chaos.proxy import TcpCutter
-from infra.broker import Broker
-from infra.quickack import deliver
 from infra.transport import Delivery, Topology
+from infra.transport.broker import Broker
+from infra.transport.quickack import deliver
 from tests.support import TendonEnv
 
 

@@ -1,4 +1,4 @@
-"""``infra.coalesce``: what the broker connection writes in one turn of the loop leaves in one send,
+"""``infra.transport.coalesce``: what the broker connection writes in one turn of the loop leaves in one send,
 in order, and nothing is held past a drain, a close or the loop's next turn. Over a real
 loopback socket; the sends are counted where the wrapped writer hands bytes to its transport."""
 
@@ -10,9 +10,9 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from infra.broker import Broker
-from infra.coalesce import CoalescingWriter
 from infra.transport import Delivery, Topology
+from infra.transport.broker import Broker
+from infra.transport.coalesce import CoalescingWriter
 from tests.support import TendonEnv
 
 

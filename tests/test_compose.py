@@ -1,7 +1,7 @@
 """docker-compose.yml and the Dockerfile say only what Tendon accepts: no servers, no Docker.
 
 No Docker engine runs here, so these tests read the files and hold them to the code: every
-``TENDON_*`` name is a setting (``infra.settings.Settings``) and its value validates, every
+``TENDON_*`` name is a setting (``infra.process.settings.Settings``) and its value validates, every
 Brain or Hands command parses with the real ``brain``/``hands`` parser, a service waits for the
 services it names, restarts, and is healthy only once ready, and the image is the package.
 """
@@ -22,9 +22,9 @@ import pytest
 import yaml
 from setuptools import find_packages
 
-from brain.cli import _parser as brain_parser
+from brain.face.cli import _parser as brain_parser
 from hands.cli import build_parser as hands_parser
-from infra.settings import Settings
+from infra.process.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
@@ -97,7 +97,7 @@ def test_every_tendon_variable_is_a_setting_and_its_value_validates(
         for key in sorted(env)
         if key not in setting_names() and not re.search(rf"\b{key}\b", tools_source)
     ]
-    assert not unknown, f"{name}: not a field of infra.settings.Settings: {unknown}"
+    assert not unknown, f"{name}: not a field of infra.process.settings.Settings: {unknown}"
     for key in [key for key in os.environ if key.startswith("TENDON_")]:
         monkeypatch.delenv(key)
     for key, value in env.items():

@@ -17,8 +17,8 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-from infra.dirstore import DirectoryObjectStore
-from infra.payloads import (
+from infra.objects.directory import DirectoryObjectStore
+from infra.objects.payloads import (
     ObjectStore,
     PayloadCodec,
     check_binding,  # the one binding rule

@@ -1,7 +1,7 @@
 """One transport contract, run against RabbitMQ (``Broker``) and a SQLite file (``LocalBroker``).
 
 Each test runs once per backend on real services, so the embedded mode cannot drift from the
-distributed one (issue 3). The contract is written down in ``infra/transport.py``.
+distributed one (issue 3). The contract is written down in ``infra/transport/``.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 import aio_pika
 import pytest
 
-from infra.broker import Broker, Topology
-from infra.localqueue import LocalBroker
 from infra.transport import REASON_HEADER, Delivery, Transport
+from infra.transport.broker import Broker, Topology
+from infra.transport.localqueue import LocalBroker
 from tests.support import Processes
 
 LIMIT = 2  # delivery limit of every queue here: a message is handed out at most LIMIT + 1 times
@@ -271,9 +271,9 @@ async def test_dead_letter_parks_the_message_with_its_reason_and_acks_it(backend
 async def test_dead_letter_parks_one_command_of_a_batch_alone_under_its_own_message_id(
     backend: Backend,
 ) -> None:
-    # A command of a batch message is a delivery of another kind (``hands.parts.Part``): parking it
+    # A command of a batch message is a delivery of another kind (``hands.run.parts.Part``): parking it
     # copies it alone, with the batch's headers and the reason, and settles only that part.
-    from hands.parts import Part
+    from hands.run.parts import Part
     from tests.test_envelopes import make
 
     command = make("execute")
@@ -376,7 +376,7 @@ async def test_a_dead_letter_queue_can_be_consumed_through_the_transport_with_it
             await transport.dead_letter(backend.queue, delivery, "never works")
 
         consumer = await transport.consume(backend.queue, park, prefetch=1)
-        # When whoever consumes the queue also consumes its dead-letter queue (infra.parked)
+        # When whoever consumes the queue also consumes its dead-letter queue (infra.transport.parked)
         parked = Inbox(ack)
         reader = await transport.consume(Topology.dlq(backend.queue), parked, prefetch=4)
         await parked.wait(1)
@@ -482,8 +482,8 @@ async def test_closing_the_local_broker_lets_running_handlers_finish_and_ack(tmp
 _CHILD = """
 import asyncio, sys
 from pathlib import Path
-from infra.broker import Topology
-from infra.localqueue import LocalBroker
+from infra.transport.broker import Topology
+from infra.transport.localqueue import LocalBroker
 
 async def main(path, mode):
     async with LocalBroker(Path(path), Topology("local")) as broker:

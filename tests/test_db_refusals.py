@@ -18,12 +18,12 @@ import asyncpg
 import httpx
 import pytest
 
-from brain.agents import AgentDefinition
 from brain.api import Api, Tokens, create_app
+from brain.rules.agents import AgentDefinition
 from brain.store import open_brain_store, open_store
 from brain.store.submits import Submit
 from infra.db import create_pool, session_settings, transact
-from infra.settings import Settings
+from infra.process.settings import Settings
 from infra.transport import Topology
 from protocol import TransientError
 from tests.support import TendonEnv

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from brain import verbs
-from brain.agents import AgentDefinition
+from brain.rules.agents import AgentDefinition
 from brain.store import open_store, wake_channel
 from chaos.proxy import TcpCutter
 from tests.support import Observer, Processes, TendonEnv, free_port, run_cli, wait_for
@@ -104,7 +104,7 @@ def _at_port(url: str, port: int) -> str:
 async def test_served_processes_take_what_start_up_built_out_of_the_collector(
     env: dict[str, str], processes: Processes
 ) -> None:
-    # A Brain and a Hands worker, once ready, freeze the objects start-up built (infra.heap):
+    # A Brain and a Hands worker, once ready, freeze the objects start-up built (infra.process.heap):
     # full collections then walk only what serving made, not the modules and the validators.
     for name, args in (("brain", BRAIN), ("hands", HANDS)):
         proc = await processes.start_ready(name, args, env)

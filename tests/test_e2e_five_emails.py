@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from brain.states import TurnPhase, phase_path_exists
+from brain.rules.states import TurnPhase, phase_path_exists
 from examples.mailbox import MailboxServer
 from tests.support import Observer, Processes, TendonEnv, run_cli, wait_for
 

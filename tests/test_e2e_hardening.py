@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from chaos.proxy import TcpCutter
-from infra.broker import Broker
 from infra.transport import Topology
+from infra.transport.broker import Broker
 from protocol import SucceededBody, SucceededEvent, encode, new_id
 from tests import hands_test_tools as lab
 from tests.hands_bus import SERVE, Bus, command, ledger_fetch, runs

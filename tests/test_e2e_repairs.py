@@ -10,7 +10,7 @@ from pathlib import Path
 import aio_pika
 import pytest
 
-from brain.retry import RetryPolicy
+from brain.rules.retry import RetryPolicy
 from examples.mailbox import MailboxServer
 from protocol import decode
 from tests.support import Observer, Processes, TendonEnv, run_cli, wait_for

@@ -1,6 +1,6 @@
 """The agent runtime on the embedded backend (SQLite, the local queue, a directory object store,
 all in this process): the same verbs and controls as the distributed mode, through
-``brain.embedded.run_local``. Pause and resume while a tool runs, cancel of a running tool,
+``local.embedded.run_local``. Pause and resume while a tool runs, cancel of a running tool,
 steer, approvals and manual tools, threads, and the retry policy with a scripted model."""
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ from typing import Any
 
 import pytest
 
-from brain import controls, verbs
-from brain.agents import AgentDefinition
-from brain.controls import Kind
-from brain.embedded import DataDir, LocalSystem, run_local
-from brain.views import describe
-from infra.killpoints import KillPoints
-from infra.settings import Settings
+from brain import verbs
+from brain.rules.agents import AgentDefinition
+from brain.verbs import controls
+from brain.verbs.controls import Kind
+from brain.verbs.describe import describe
+from infra.process.killpoints import KillPoints
+from infra.process.settings import Settings
 from infra.transport import Topology
+from local.embedded import DataDir, LocalSystem, run_local
 from tests.support import wait_for
 
 NS = "default"
@@ -170,7 +171,7 @@ async def test_threads_and_the_retry_budget_on_the_embedded_backend(system: Loca
 async def test_the_embedded_mode_leaves_the_collector_of_its_users_process_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The serve commands freeze their start-up heap (infra.heap); a program that embeds Tendon
+    # The serve commands freeze their start-up heap (infra.process.heap); a program that embeds Tendon
     # owns its process, and its collector settings stay as it set them.
     before = (gc.get_freeze_count(), gc.get_threshold())
     async with started(tmp_path, monkeypatch) as system:

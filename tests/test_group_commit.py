@@ -1,4 +1,4 @@
-"""Group commit (infra.groupcommit) on PostgreSQL and the embedded SQLite store: changes from
+"""Group commit (infra.db.groupcommit) on PostgreSQL and the embedded SQLite store: changes from
 concurrent callers share transactions, yet each one still commits whole or not at all."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from infra.db import create_pool, transact
-from infra.groupcommit import GroupCommit
-from infra.sqlite import open_pool
+from infra.db.groupcommit import GroupCommit
+from infra.db.sqlite import open_pool
 from tests.support import TendonEnv
 
 

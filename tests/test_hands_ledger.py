@@ -17,15 +17,15 @@ from typing import Any
 import asyncpg
 import pytest
 
-from hands.relay import messages, stored_events
-from hands.states import LedgerStatus
+from hands.rules.states import LedgerStatus
+from hands.run.relay import messages, stored_events
+from hands.run.writer import LedgerWriter
 from hands.store import MIGRATIONS, Change, Execution, Ledger, NewExecution, ledger_for
 from hands.store.postgres import PostgresLedger
-from hands.writer import LedgerWriter
 from infra.db import analyze_grown, create_pool, migrate
-from infra.payloads import PayloadCodec
-from infra.registrations import LocalWorkerRegistration, WorkerRegistration
-from infra.sqlite import open_pool
+from infra.db.sqlite import open_pool
+from infra.liveness.registrations import LocalWorkerRegistration, WorkerRegistration
+from infra.objects.payloads import PayloadCodec
 from protocol import (
     AcceptedBody,
     AcceptedEvent,

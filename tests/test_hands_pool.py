@@ -19,10 +19,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from infra.broker import Broker, Topology
 from infra.db import lock_class
-from infra.objectstore import S3ObjectStore
-from infra.payloads import PayloadCodec
+from infra.objects.payloads import PayloadCodec
+from infra.objects.s3 import S3ObjectStore
+from infra.transport.broker import Broker, Topology
 from protocol import (
     CancelBody,
     CancelControl,

@@ -16,17 +16,17 @@ from typing import Any
 
 import pytest
 
-from hands.executor import Executor
-from hands.recovery import RecoveryScanner
-from hands.registry import ToolRegistry, load_tools
-from hands.relay import stored_events
-from hands.states import OPEN_STATUSES, LedgerStatus
+from hands.rules.states import OPEN_STATUSES, LedgerStatus
+from hands.run.executor import Executor
+from hands.run.recovery import RecoveryScanner
+from hands.run.relay import stored_events
+from hands.run.writer import LedgerWriter
 from hands.store import MIGRATIONS, Execution, Ledger, NewExecution, ledger_for
-from hands.writer import LedgerWriter
+from hands.tools.registry import ToolRegistry, load_tools
 from infra.db import create_pool, migrate
-from infra.killpoints import KillPoints
-from infra.payloads import PayloadCodec
-from infra.registrations import WorkerRegistration
+from infra.liveness.registrations import WorkerRegistration
+from infra.objects.payloads import PayloadCodec
+from infra.process.killpoints import KillPoints
 from protocol import UnknownEvent, new_id
 from tests import hands_test_tools as tools
 from tests.hands_pg_proxy import CommitCutter

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hands.registry import ToolLoadError, load_tools
 from hands.store import MIGRATIONS as LEDGER_MIGRATIONS
+from hands.tools.registry import ToolLoadError, load_tools
 from infra.db import create_pool, migrate
 from protocol import RoutingError, new_id
 from tests import hands_test_tools as lab
@@ -130,7 +130,7 @@ def test_a_pool_serves_two_versions_of_a_tool_each_by_its_own_digest() -> None:
 
 
 def test_two_tools_of_one_name_and_version_are_refused() -> None:
-    from hands.registry import ToolRegistry
+    from hands.tools.registry import ToolRegistry
     from tests import greet_tools_v1
 
     twin = greet_tools_v1.greet_v1.__class__(**{**greet_tools_v1.greet_v1.__dict__})

@@ -8,8 +8,8 @@ import itertools
 import pytest
 
 import hands
-from hands.replay import Recovery, decide
-from hands.states import (
+from hands.rules.replay import Recovery, decide
+from hands.rules.states import (
     OPEN_STATUSES,
     TERMINAL_STATUSES,
     TRANSITIONS,
@@ -177,8 +177,8 @@ async def test_a_batch_cancelled_before_its_commands_began_gives_their_slots_bac
     import asyncio
     from types import SimpleNamespace
 
-    from hands.parts import Batches
-    from infra.killpoints import KillPoints
+    from hands.run.parts import Batches
+    from infra.process.killpoints import KillPoints
     from tests.test_envelopes import make
 
     slots = asyncio.Semaphore(3)

@@ -1,4 +1,4 @@
-"""A connection a group committer keeps between its transactions (``infra.held.HeldConnection``),
+"""A connection a group committer keeps between its transactions (``infra.db.held.HeldConnection``),
 on PostgreSQL: reused while in use, given back when idle, broken or left in a transaction, so a
 closing pool never waits for it for long."""
 
@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from infra.db import create_pool, transact
-from infra.held import HeldConnection
+from infra.db.held import HeldConnection
 from tests.support import TendonEnv
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from brain import moves
-from brain.history import HistoryCache
-from brain.runs import Scheduler, Wakeups
+from brain.rules import moves
+from brain.rules.history import HistoryCache
+from brain.run.runs import Scheduler, Wakeups
+from brain.run.updates import UpdateConsumer
 from brain.store import BrainStore, ClaimBudget, TurnRow
-from brain.updates import UpdateConsumer
-from infra.localqueue import LocalBroker
 from infra.transport import Topology
+from infra.transport.localqueue import LocalBroker
 from tests.test_brain_claims import Outermost, _context
 from tests.test_brain_store import _apply, _claim, _events, _intent, _move, _submit, _waiting_on, store
 

@@ -12,14 +12,15 @@ from typing import Any
 import asyncpg
 import pytest
 
-from infra.db import TRANSACT_ATTEMPTS, patiently, storable, transact, unstorable
-from infra.entry import run_async
-from infra.heap import YOUNG_COLLECTION_EVERY, settle_heap
-from infra.parked import reason_of
-from infra.settings import http_address
-from infra.sqlite import open_pool
+from infra.db import TRANSACT_ATTEMPTS, patiently, transact
+from infra.db.sqlite import open_pool
+from infra.process.entry import run_async
+from infra.process.heap import YOUNG_COLLECTION_EVERY, settle_heap
+from infra.process.settings import http_address
 from infra.transport import REASON_HEADER
+from infra.transport.parked import reason_of
 from protocol import SchemaError, TransientError
+from protocol.storable import storable, unstorable
 
 
 @pytest.mark.parametrize(
@@ -126,7 +127,7 @@ async def test_transact_tries_again_only_what_certainly_did_not_commit(tmp_path)
 async def test_a_server_waits_for_a_service_not_there_yet_but_not_for_one_that_refuses_it() -> None:
     from aiormq.exceptions import AMQPConnectionError, ProbableAuthenticationError
 
-    from infra.startup import not_there_yet, wait_for, where
+    from infra.process.startup import not_there_yet, wait_for, where
 
     # Not there yet: refused, unresolvable, starting up, answering 5xx (an object store)
     for exc in (ConnectionRefusedError(), OSError("Name or service not known"), TimeoutError(),
@@ -194,7 +195,7 @@ def test_settling_the_heap_freezes_what_lives_now_and_spaces_the_young_collectio
 def test_a_ctrl_c_that_pydantic_reports_as_a_schema_error_is_taken_for_what_it_is() -> None:
     import pydantic_core
 
-    from infra.entry import interrupted
+    from infra.process.entry import interrupted
 
     # What a Ctrl-C landing while pydantic-core builds a serializer (as modules load) raises
     disguised = pydantic_core.SchemaError(
@@ -216,7 +217,7 @@ def test_a_ctrl_c_that_pydantic_reports_as_a_schema_error_is_taken_for_what_it_i
 def test_a_span_when_not_tracing_is_nothing_and_attaches_no_context(monkeypatch) -> None:
     from opentelemetry import context, trace
 
-    from infra.tracing import Tracing
+    from infra.process.tracing import Tracing
 
     def attach(*_: object) -> None:
         raise AssertionError("a context was attached while not tracing")
@@ -235,7 +236,7 @@ def test_a_span_when_tracing_is_the_child_of_its_turn_or_of_the_span_its_envelop
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from infra.tracing import Tracing, turn_ids
+    from infra.process.tracing import Tracing, turn_ids
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

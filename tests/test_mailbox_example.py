@@ -24,7 +24,7 @@ from examples.email_tools import (
     send_email,
 )
 from examples.mailbox import MailboxServer
-from hands.tools import Found, NotFound, ToolContext
+from hands.tools.declare import Found, NotFound, ToolContext
 from protocol import ReplayPolicy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

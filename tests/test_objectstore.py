@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from infra.objectstore import S3ObjectStore
+from infra.objects.s3 import S3ObjectStore
 from protocol import ObjectRef, ObjectRefError, TransientError
 
 EXECUTION = "e" + uuid.uuid4().hex

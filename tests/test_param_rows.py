@@ -1,4 +1,4 @@
-"""The two forms of a statement's rows (infra/param_rows.py): a lone row as values, more as
+"""The two forms of a statement's rows (infra/db/rows.py): a lone row as values, more as
 arrays, each with the parameters it takes. Their plans are checked where they are used
 (tests/test_hands_ledger.py, tests/test_brain_store.py); both forms run in the store suites."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.param_rows import row_args, rows_from
+from infra.db.rows import row_args, rows_from
 
 COLUMNS = [("id", "text"), ("n", "int"), ("facts", "jsonb")]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra.settings import settings_table
+from infra.process.settings import settings_table
 from tests.support import REPO, Observer, Processes, TendonEnv, run_cli
 
 README = (REPO / "README.md").read_text()
@@ -12,7 +12,7 @@ README = (REPO / "README.md").read_text()
 
 def test_the_settings_table_is_every_setting_as_the_settings_object_says() -> None:
     shown = README.split("<!-- settings:start -->\n")[1].split("\n<!-- settings:end -->")[0]
-    assert shown == settings_table(), "run `python -m infra.settings` and paste it into README.md"
+    assert shown == settings_table(), "run `python -m infra.process.settings` and paste it into README.md"
 
 
 def test_the_readme_shows_the_example_tool_as_it_is() -> None:

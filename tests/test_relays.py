@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from brain.relay import BATCH_COMMANDS, CommandRelay, bundled
-from hands.relay import MAX_EVENTS, EventRelay, linger_left, messages, ranges
+from brain.run.relay import BATCH_COMMANDS, CommandRelay, bundled
+from hands.run.relay import MAX_EVENTS, EventRelay, linger_left, messages, ranges
 from infra.transport import Topology
 from protocol import (
     CommandBatch,

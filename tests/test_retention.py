@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from brain import observe
 from brain.store import BrainStore
-from hands.states import LedgerStatus
+from brain.verbs import observe
+from hands.rules.states import LedgerStatus
 from hands.store import Ledger
 from infra.db import Json
-from infra.retention import BATCH, Horizon, every, may_have_been_pruned, prune_once
+from infra.db.retention import BATCH, Horizon, every, may_have_been_pruned, prune_once
 from protocol import GoneError, id_time, new_id, new_timed_id
 from tests.test_brain_store import _submit, store  # noqa: F401 - the fixture, on both backends
 from tests.test_hands_ledger import _new, ledger  # noqa: F401 - the fixture, on both backends

@@ -10,14 +10,15 @@ from typing import Any
 
 import pytest
 
-from brain import moves, verbs
-from brain.claims import Served
-from brain.runs import Scheduler, Wakeups
-from brain.states import TurnPhase, TurnStatus
+from brain import verbs
+from brain.rules import moves
+from brain.rules.states import TurnPhase, TurnStatus
+from brain.run.claims import Served
+from brain.run.runs import Scheduler, Wakeups
 from brain.store import BrainStore
 from brain.store.submits import Start, Submit, Submitted
-from infra.localqueue import LocalBroker
 from infra.transport import Topology
+from infra.transport.localqueue import LocalBroker
 from protocol import IllegalTransitionError
 from tests.test_brain_claims import BINDING, _context
 from tests.test_brain_store import AGENT, _agent, _claim, _facts, _move, _submit, _turn, pg_store, store
@@ -42,7 +43,7 @@ async def _served(
     session: str = "s1",
     hold: float = 0.0,
 ) -> Submitted:
-    """A served submit as ``brain.claims.Served`` makes it, offering to start the turn (a new
+    """A served submit as ``brain.run.claims.Served`` makes it, offering to start the turn (a new
     thread freezes ``bindings``; an existing one must have its own). ``hold``: seconds its
     transaction stays open after the submit (the submit then runs inside a transaction, as one
     that another submit waits for)."""

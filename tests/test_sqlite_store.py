@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from infra.db import is_transient, transact
-from infra.sqlite import open_pool, parse_ts, placeholders
+from infra.db.sqlite import open_pool, parse_ts, placeholders
 
 
 def test_numbered_parameters_become_sqlites_and_nothing_else_is_rewritten() -> None:

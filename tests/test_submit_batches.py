@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from brain import moves
-from brain.claims import Served
-from brain.states import TurnStatus
+from brain.rules import moves
+from brain.rules.states import TurnStatus
+from brain.run.claims import Served
 from brain.store import BrainStore, ClaimBudget
 from brain.store.submits import Start, Submit, Submitted
-from infra.localqueue import LocalBroker
 from infra.transport import Topology
+from infra.transport.localqueue import LocalBroker
 from protocol import ConflictError, IllegalTransitionError
 from tests.test_brain_claims import _context
 from tests.test_brain_store import AGENT, _agent, _events, _intent, _move, _turn, pg_store, store

@@ -12,15 +12,15 @@ from typing import Any
 
 import httpx
 
-from brain import commands
 from brain.api import Api, Tokens
 from brain.api.app import create_app
 from brain.api.server import serving
-from brain.client import AsyncClient
+from brain.face import commands
+from brain.face.client import AsyncClient
 from brain.store import BrainStore
-from infra.localqueue import LocalBroker
-from infra.settings import Settings
+from infra.process.settings import Settings
 from infra.transport import Topology
+from infra.transport.localqueue import LocalBroker
 from tests.support import wait_for
 from tests.test_brain_claims import _context
 from tests.test_brain_store import AGENT_DEF, pg_store

@@ -47,7 +47,7 @@ from bench.harness import TendonWorld, gate_starts, median, one_call_agent, pct,
 from bench.peers import celery_bench
 from bench.scenarios.base import Context, Result, Row
 from infra.liveness import SETTLE_AT_MOST
-from infra.settings import Settings
+from infra.process.settings import Settings
 
 # The pause that lets a replacement settle: the default grace (TENDON_* settings are not read
 # at import), at most SETTLE_AT_MOST, and a little margin.
@@ -117,7 +117,7 @@ async def brain_trial(world: TendonWorld, brains: list, timeout: float) -> float
 
 
 def _owner_pid(worker_id: str) -> int:
-    """The PID in a worker id (``brain-<host>-<pid>-<random>``, see infra/liveness.py)."""
+    """The PID in a worker id (``brain-<host>-<pid>-<random>``, see infra/liveness/)."""
     return int(worker_id.rsplit("-", 2)[1])
 
 

@@ -1,5 +1,5 @@
-"""The HTTP API as an ASGI app (FastAPI): one set of verbs (``brain.verbs``, ``brain.controls``,
-``brain.observe``) behind routes that check whose namespace a request acts in, with every error
+"""The HTTP API as an ASGI app (FastAPI): one set of verbs (``brain.verbs``: sessions, controls,
+observe) behind routes that check whose namespace a request acts in, with every error
 a structured body (``{"error": {"code", "message"}}``) and a status that says what kind it is.
 
 Leases, commits and the ledger are not reachable from here; the operator routes (reconcile, parked
@@ -17,12 +17,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from brain.api.auth import Caller, Tokens
-from brain.endings import Endings
-from brain.metrics import BrainMetrics
-from brain.previews import Previews
+from brain.run.endings import Endings
+from brain.run.metrics import BrainMetrics
+from brain.run.previews import Previews
 from brain.store import BrainStore
 from brain.store.submits import Submit
-from infra.logging import get_logger
+from infra.process.logging import get_logger
 from infra.transport import Topology
 from protocol import (
     AuthError,

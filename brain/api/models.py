@@ -8,7 +8,7 @@ from typing import Any, Literal, TypeVar
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from brain.agents import AgentDefinition
+from brain.rules.agents import AgentDefinition
 
 M = TypeVar("M", bound=BaseModel)
 JSON = "application/json"

@@ -9,8 +9,8 @@ from fastapi import APIRouter, Query, Request, Response
 
 from brain.api.models import ReconcileRequest
 from brain.api.routes import CallerDep, api_of
-from brain.metrics import CONTENT_TYPE
-from infra.parked import listing as parked_listing
+from brain.run.metrics import CONTENT_TYPE
+from infra.transport.parked import listing as parked_listing
 from protocol import SchemaError, TendonError
 
 router = APIRouter(prefix="/v1/operator", tags=["operator"])

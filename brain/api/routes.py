@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from brain import controls, observe, verbs
+from brain import verbs
 from brain.api.app import Api, caller_of
 from brain.api.auth import Caller
 from brain.api.models import (
@@ -28,9 +28,10 @@ from brain.api.models import (
     inlined,
     parsed,
 )
-from brain.endings import wake_or_timeout
-from brain.states import TERMINAL_TURN, TurnStatus
-from brain.views import describe
+from brain.rules.states import TERMINAL_TURN, TurnStatus
+from brain.run.endings import wake_or_timeout
+from brain.verbs import controls, observe
+from brain.verbs.describe import describe
 from protocol import SchemaError, new_id
 
 ERRORS: dict[int | str, dict[str, Any]] = {

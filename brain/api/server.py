@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 import uvicorn
 
 from brain.api.app import Api, create_app
-from infra.logging import get_logger
+from infra.process.logging import get_logger
 
 log = get_logger(__name__)
 

@@ -20,9 +20,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request
 from sse_starlette.sse import EventSourceResponse
 
-from brain import observe
 from brain.api.models import INT64
 from brain.api.routes import CallerDep, FilterDep, api_of
+from brain.verbs import observe
 from protocol import GoneError, SchemaError
 
 router = APIRouter(prefix="/v1", tags=["events"])

@@ -16,7 +16,7 @@ part (portable base)       what it owns
                            a turn as its description reads it (``turn_view``)
 ``gauges.GaugeRows``       what the metrics count when scraped (turns and executions by state)
 ``retention.RetentionRows`` what retention prunes (the journal of long-closed sessions)
-``infra.parked``           the parked messages (``ParkedRows``)
+``infra.transport.parked``           the parked messages (``ParkedRows``)
 =========================  ==================================================================
 
 The portable base runs as it is on SQLite (the embedded mode); ``pg_submits``, ``pg_turns`` and
@@ -32,11 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from brain.store.controls import ControlRows
-from brain.store.gauges import GaugeRows, Gauges
-from brain.store.pg_events import PgExecutionRows
-from brain.store.pg_turns import PgTurnRows
-from brain.store.records import (
+from brain.rules.records import (
     Applied,
     ClaimBudget,
     Claimed,
@@ -50,11 +46,15 @@ from brain.store.records import (
     Settled,
     TurnRow,
 )
+from brain.store.controls import ControlRows
+from brain.store.gauges import GaugeRows, Gauges
+from brain.store.pg_events import PgExecutionRows
+from brain.store.pg_turns import PgTurnRows
 from brain.store.retention import RetentionRows
 from infra.db import create_pool, dialect, migrate
-from infra.parked import ParkedRows
-from infra.settings import Settings
-from infra.startup import wait_for
+from infra.process.settings import Settings
+from infra.process.startup import wait_for
+from infra.transport.parked import ParkedRows
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 

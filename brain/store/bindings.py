@@ -8,7 +8,7 @@ from typing import Any
 
 from brain.store.sessions import SessionRows
 from brain.store.submits import Mark, mark_of
-from infra.store import as_time
+from infra.db.store import as_time
 from protocol import version_key
 
 # Announcements this close to a tool's latest one count as the same: a pool announces each of

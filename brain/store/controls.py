@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from brain.store.records import TERMINAL_SQL, TURN_COLUMNS, VIEW_EXECUTION_COLUMNS, Control, TurnRow, TurnView
+from brain.rules.records import TERMINAL_SQL, TURN_COLUMNS, VIEW_EXECUTION_COLUMNS, Control, TurnRow, TurnView
 from brain.store.repairs import UNSETTLED_SQL, RepairRows
 from infra.transport import Topology
 from protocol import CancelBody, CancelControl

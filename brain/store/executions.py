@@ -14,15 +14,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from brain import facts
-from brain.applying import Effect, Execution, effect, late_note
-from brain.sequencing import drainable
-from brain.states import TERMINAL_EXECUTION, ExecutionStatus
-from brain.store.records import FINAL_SQL, TURN_COLUMNS, Applied, ClaimBudget, Ended, TurnRow
+from brain.rules import facts
+from brain.rules.applying import Effect, Execution, effect, late_note
+from brain.rules.records import FINAL_SQL, TURN_COLUMNS, Applied, ClaimBudget, Ended, TurnRow
+from brain.rules.sequencing import drainable
+from brain.rules.states import TERMINAL_EXECUTION, ExecutionStatus
 from brain.store.steps import StepRows
 from infra.db import Json, as_json
-from infra.logging import get_logger
-from infra.store import as_time
+from infra.db.store import as_time
+from infra.process.logging import get_logger
 from protocol import ConflictError, NotFoundError, RoutingError, TendonError, decode, encode
 
 

@@ -2,7 +2,7 @@
 in each state, how far behind the relays are, how many messages are parked.
 
 Counted by ``GROUP BY`` over the tables: a scrape costs one pass over turns and executions, which
-the metrics cache for a few seconds (``brain.metrics``) so that several scrapers cost no more.
+the metrics cache for a few seconds (``brain.run.metrics``) so that several scrapers cost no more.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from infra.store import StoreBase, as_time
+from infra.db.store import StoreBase, as_time
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The journal: one entry per commit that changed a turn, carrying the facts of that commit.
 
 It is the record of a turn's runs, model calls (with their usage), tool outcomes and ending,
-the conversation its thread's model sees (``brain.history`` reads it back), and the ordered
+the conversation its thread's model sees (``brain.rules.history`` reads it back), and the ordered
 stream observers follow: a per-session ``seq``, handed out by the session row, whose lock
 orders a session's entries by commit so that a cursor never skips one that commits late.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from brain.store.records import Entry
-from infra.store import StoreBase
+from brain.rules.records import Entry
+from infra.db.store import StoreBase
 
 _BUMP = "UPDATE sessions SET last_seq = last_seq + 1 WHERE id = $1 RETURNING last_seq"
 _INSERT = """INSERT INTO journal (session_id, seq, thread_id, turn_id, run, status, phase, facts)

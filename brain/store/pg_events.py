@@ -9,10 +9,7 @@ import json
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from brain.store.executions import NAMED_COLUMNS, Planned, Touched, effect_values
-from brain.store.journal import JOURNAL_COLUMNS
-from brain.store.pg_turns import JOURNAL_ENTRIES
-from brain.store.records import (
+from brain.rules.records import (
     FINAL_SQL,
     TURN_COLUMNS,
     VIEW_EXECUTION_COLUMNS,
@@ -24,11 +21,14 @@ from brain.store.records import (
     column_names,
     qualified,
 )
+from brain.store.executions import NAMED_COLUMNS, Planned, Touched, effect_values
+from brain.store.journal import JOURNAL_COLUMNS
+from brain.store.pg_turns import JOURNAL_ENTRIES
 from brain.store.repairs import OPEN_SQL, RepairRows
 from infra.db import Json
-from infra.param_rows import row_args, rows_from
+from infra.db.rows import row_args, rows_from
 
-# By whether it locks one execution (``infra.param_rows``: one id is found by its key however
+# By whether it locks one execution (``infra.db.rows``: one id is found by its key however
 # small the tables are; an array of them is taken for ten).
 _LOCK_NAMED = {
     one: f"""
@@ -44,7 +44,7 @@ _TURN_COLS = qualified("t", TURN_COLUMNS)
 # Effects, wake-ups (a claim for this Brain where ``f.claim``), journal entries and the hint, in
 # one statement. Its snapshot is taken after the turns were locked, so a sibling execution that
 # ended in another transaction is seen; the ones this statement ends are in $14. The effects are
-# $1-$9, the turns $10-$13, as rows of values when there is one of each (``infra.param_rows``).
+# $1-$9, the turns $10-$13, as rows of values when there is one of each (``infra.db.rows``).
 _EFFECT = [
     ("id", "text"), ("status", "text"), ("last_seq", "int"), ("attempts", "int"), ("result", "jsonb"),
     ("how", "text"), ("evidence", "text"), ("output_bytes", "bigint"), ("error", "jsonb"),

@@ -1,6 +1,6 @@
 """The PostgreSQL backend of submits: the submits of many sessions in one statement, each with
 its own checks and outcome, so that a Brain's concurrent submits share a statement and a commit
-(``brain.claims.Served``) and a lone one is still a single statement committed on its own."""
+(``brain.run.claims.Served``) and a lone one is still a single statement committed on its own."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from brain.store.records import TERMINAL_SQL, TURN_COLUMNS, TurnRow
+from brain.rules.records import TERMINAL_SQL, TURN_COLUMNS, TurnRow
 from brain.store.submits import (
     KNOWN_SQL,
     Start,
@@ -22,7 +22,7 @@ from brain.store.submits import (
     submit_facts,
 )
 from infra.db import as_json
-from infra.param_rows import row_args, rows_from
+from infra.db.rows import row_args, rows_from
 from protocol import TendonError, new_id
 
 # A submit's values, one row each ($2 on; $1 is the wake-up channel). ``tools``, ``marked`` and

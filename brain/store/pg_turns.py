@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
 
+from brain.rules.records import TURN_COLUMNS, Claimed, Move, Moved, TurnRow, qualified
 from brain.store.pg_submits import PgSubmitRows
-from brain.store.records import TURN_COLUMNS, Claimed, Move, Moved, TurnRow, qualified
 from brain.store.turns import CLAIM_SET, CLAIMABLE_FROM, TurnRows
 from infra.db import as_json, reading
-from infra.param_rows import row_args, rows_from
+from infra.db.rows import row_args, rows_from
 
 T = TypeVar("T")
 
@@ -66,7 +66,7 @@ _MOVE = [
 # turns that moved their journal entries (seqs handed out by their sessions, in turn order),
 # their executions and their threads' frozen bindings. It returns the turns' columns, not the
 # facts and bindings the caller sent (decoding them again cost the Brain for nothing). $1 is the
-# lease, the moves' columns follow (``infra.param_rows``: a lone move as a row of values).
+# lease, the moves' columns follow (``infra.db.rows``: a lone move as a row of values).
 _MOVES = f"""
 WITH m AS (SELECT * FROM {{rows}}),
 moved AS (

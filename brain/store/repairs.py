@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from brain import facts
+from brain.rules import facts
+from brain.rules.records import TERMINAL_SQL, Control, Lease, Settled
 from brain.store.executions import SETTLED, ExecutionRows
-from brain.store.records import TERMINAL_SQL, Control, Lease, Settled
-from infra.store import as_time
+from infra.db.store import as_time
 from infra.transport import Topology
 from protocol import CancelBody, CancelControl, encode
 

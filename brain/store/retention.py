@@ -1,4 +1,4 @@
-"""What retention prunes from the Brain's store (``infra.retention`` runs it).
+"""What retention prunes from the Brain's store (``infra.db.retention`` runs it).
 
 The journal is the conversation a thread's model sees, so it is kept as long as the session can
 go on: only the entries of sessions closed for longer than the horizon go. A closed session
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from brain.store.records import TERMINAL_SQL
+from brain.rules.records import TERMINAL_SQL
 
 
 class RetentionRows:

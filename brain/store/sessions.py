@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from brain.store.records import TERMINAL_SQL
+from brain.rules.records import TERMINAL_SQL
 from brain.store.turns import TurnRows
 from protocol import IllegalTransitionError, NotFoundError
 

@@ -13,13 +13,13 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
-from brain import facts
-from brain.agents import AgentDefinition
-from brain.facts import accepted
-from brain.states import TurnPhase
+from brain.rules import facts
+from brain.rules.agents import AgentDefinition
+from brain.rules.facts import accepted
+from brain.rules.records import TERMINAL_SQL, TURN_COLUMNS, TurnRow
+from brain.rules.states import TurnPhase
 from brain.store.journal import JournalRows
-from brain.store.records import TERMINAL_SQL, TURN_COLUMNS, TurnRow
-from infra.store import as_time
+from infra.db.store import as_time
 from protocol import ConflictError, IllegalTransitionError, TendonError, digest, new_id
 
 # What the announcements of some tools were when bindings were chosen from them: how many rows,
@@ -182,7 +182,7 @@ def raised(done: Submitted | TendonError) -> Submitted:
 
 class SubmitRows(JournalRows):
     async def submit(self, submit: Submit) -> tuple[str, bool]:
-        """Accept a turn durably; returns (turn id, created now). See ``brain.verbs.submit``."""
+        """Accept a turn durably; returns (turn id, created now). See ``brain.verbs.sessions.submit``."""
 
         async def work(conn: Any) -> Submitted:
             return await self.submit_in(conn, submit, None)
@@ -192,7 +192,7 @@ class SubmitRows(JournalRows):
 
     async def submit_served(self, s: Submit, start: Start) -> Submitted:
         """A submit that starts the turn's run at once when its thread is idle (``start``), alone:
-        what ``brain.claims.Served`` does for the submits that arrive together
+        what ``brain.run.claims.Served`` does for the submits that arrive together
         (:meth:`submit_batch`). A refusal raises."""
         items = [(s, start)]
         (done,) = await self.transact(

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any, NoReturn
 
-from brain import facts
-from brain.states import TurnPhase, TurnStatus, phase_transition, turn_transition
-from brain.store.records import TERMINAL_SQL, TURN_COLUMNS, Claimed, Move, Moved, TurnRow
+from brain.rules import facts
+from brain.rules.records import TERMINAL_SQL, TURN_COLUMNS, Claimed, Move, Moved, TurnRow
+from brain.rules.states import TurnPhase, TurnStatus, phase_transition, turn_transition
 from brain.store.submits import SubmitRows
-from infra.store import as_time
+from infra.db.store import as_time
 from protocol import NotFoundError, StaleOwnerError
 
 # Claimable: queued or running, due, not under a live lease, first unfinished in its thread.

@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hands.states import OPEN_STATUSES, LedgerStatus, transition
+from hands.rules.states import OPEN_STATUSES, LedgerStatus, transition
 from hands.store.records import EXECUTION_COLUMNS, Change, Execution, NewExecution
 from hands.store.retention import LedgerRetention
 from infra.db import Json
+from infra.db.store import StoreBase
 from infra.liveness import ALIVE_SQL
-from infra.parked import ParkedRows
-from infra.store import StoreBase
+from infra.transport.parked import ParkedRows
 from protocol import NotFoundError, StaleOwnerError
 
 # An owner missing from ``workers`` counts as dead too: NOT EXISTS covers both. An owner presumed

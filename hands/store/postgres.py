@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hands.states import OPEN_STATUSES, LedgerStatus, transition
+from hands.rules.states import OPEN_STATUSES, LedgerStatus, transition
 from hands.store.ledger import Ledger
 from hands.store.records import STAMPED, Change, Execution, NewExecution
 from infra.db import Json
-from infra.param_rows import row_args, rows_from
+from infra.db.rows import row_args, rows_from
 
 # Every column a new row may set, and its array type.
 _NEW = [
@@ -40,7 +40,7 @@ _CHANGE = [
 
 def _changes_sql(first: int, *, one: bool = False) -> str:
     """Guarded changes from parameters $first.. (one per column of ``_CHANGE``; see
-    ``infra.param_rows`` for ``one``)."""
+    ``infra.db.rows`` for ``one``)."""
     return f"""UPDATE executions e
    SET status = m.status, open = m.open, attempts = coalesce(m.attempts, e.attempts),
        error = coalesce(m.error, e.error), output_bytes = coalesce(m.output_bytes, e.output_bytes),

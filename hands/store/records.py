@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any
 
-from hands.states import OPEN_STATUSES, LedgerStatus
+from hands.rules.states import OPEN_STATUSES, LedgerStatus
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,18 @@
-"""What retention prunes from a Hands ledger (``infra.retention`` runs it).
+"""What retention prunes from a Hands ledger (``infra.db.retention`` runs it).
 
 Only finished executions go (SUCCEEDED, FAILED, CANCELLED: no way out of them), with their
 output pages, once nothing has changed them for the horizon. An open execution is being worked
 on and an UNKNOWN one waits for a person: neither is ever touched. The audit record of each
 reconcile (``reconciliations``) is kept. A row's absence must not let a late copy of its
 command run again: commands older than the horizon are judged by their age instead
-(``hands.worker``, ``infra.retention.may_have_been_pruned``).
+(``hands.run.worker``, ``infra.db.retention.may_have_been_pruned``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from hands.states import TERMINAL_STATUSES
+from hands.rules.states import TERMINAL_STATUSES
 
 _FINISHED = ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATUSES))
 # The oldest finished executions first; the same rows for both statements of one prune (a

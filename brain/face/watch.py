@@ -1,0 +1,144 @@
+"""`brain watch TURN`: follow a turn live in the terminal, through the HTTP API.
+
+Each journal entry of the turn prints as it commits (messages, tool calls and what became of
+them, controls, runs); the model's reply streams in as it is written. The id of the last entry
+shown is saved after each one, so a watch stopped with Ctrl-C (or cut off) resumes where it
+stopped: nothing shown twice, nothing skipped. Watching changes nothing of the turn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from brain.face.client import AsyncClient
+
+ENDED = {"turn.completed": "completed", "turn.failed": "failed", "turn.cancelled": "cancelled"}
+STYLE = {"succeeded": "green", "completed": "green", "failed": "red", "unknown": "red", "cancelled": "yellow"}
+
+
+def cursor_file(turn_id: str) -> Path:
+    """Where the last entry shown of ``turn_id`` is kept between watches."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "tendon" / "watch" / f"{turn_id}.cursor"
+
+
+def describe(fact: dict[str, Any]) -> str:
+    """One fact of the journal as a line (rich markup)."""
+    kind = str(fact.get("kind", "?"))
+    if kind == "turn.accepted":
+        return f"[bold]user[/]: {escape(str(fact['input'].get('text', '')))}"
+    if kind == "turn.model_replied":
+        message = fact.get("message") or {}
+        calls = [f"{c.get('tool')}({c.get('call_id')})" for c in message.get("tool_calls") or []]
+        said = escape(str(message.get("text") or ""))
+        return "[bold]agent[/]: " + (
+            said + (" " if said and calls else "") + ("asks for " + ", ".join(calls) if calls else "")
+        )
+    if kind.startswith("execution."):
+        status = kind.removeprefix("execution.")
+        style = STYLE.get(status, "cyan")
+        extra = fact.get("reason") or (fact.get("error") or {}).get("message") or ""
+        said = f"tool {fact.get('tool')} ({fact.get('call_id')}): [{style}]{status}[/]"
+        return f"{said} {escape(str(extra))}".rstrip()
+    if kind.startswith("control."):
+        reason = f" ({escape(str(fact['reason']))})" if fact.get("reason") else ""
+        status = kind.removeprefix("control.")
+        return f"control {fact.get('control')} #{fact.get('control_id')}: {status}{reason}"
+    if kind == "turn.input_added":
+        return f"[bold]user[/] ({fact.get('control')}): {escape(str(fact.get('text', '')))}"
+    if kind == "turn.run_started":
+        return f"[dim]run {fact.get('run')} started at {fact.get('phase')}[/]"
+    if kind == "turn.run_lost":
+        return f"[yellow]run {fact.get('run')} lost ({fact.get('how')}) at {fact.get('phase')}[/]"
+    if kind == "turn.retry_scheduled":
+        error = escape(str(fact.get("error")))
+        return f"[yellow]retry {fact.get('retry')} in {fact.get('in_seconds')}s[/]: {error}"
+    if kind == "turn.waiting":
+        return f"[dim]waiting for {fact.get('waiting_for')}[/]"
+    if kind in ENDED:
+        status = ENDED[kind]
+        why = (fact.get("error") or {}).get("message")
+        return f"[bold {STYLE[status]}]turn {status}[/]" + (f": {escape(str(why))}" if why else "")
+    return f"[dim]{escape(kind)}[/]"
+
+
+async def watch(
+    client: AsyncClient,
+    turn_id: str,
+    *,
+    console: Console,
+    from_start: bool = False,
+    saved: Path | None = None,
+) -> int:
+    """Follow ``turn_id`` until it ends; 0 completed, 1 failed or cancelled."""
+    saved = saved or cursor_file(turn_id)
+    turn = await client.turn(turn_id)
+    cursor = 0 if from_start or not saved.exists() else int(saved.read_text() or 0)
+    if cursor:
+        console.print(f"[dim]resuming after event {cursor} (--from-start shows it all again)[/]")
+    console.print(f"turn [bold]{turn_id}[/] of session {turn['session_id']}, thread {turn['thread']}")
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    where = {"thread": turn["thread"], "turn": turn_id}
+    shown = Shown(console, turn_id, saved)
+    if turn["status"] in ENDED.values():
+        # Ended already: what is left to show is all there (a stream would wait for more).
+        async for event in client.list_events(turn["session_id"], cursor=cursor, **where):
+            shown.entry(event)
+        console.print(
+            f"the turn {turn['status']}" + ("" if shown.entries else f" (nothing after event {cursor})")
+        )
+        return 0 if turn["status"] == "completed" else 1
+    events = client.events(turn["session_id"], cursor=cursor, previews=True, **where)
+    async with contextlib.aclosing(events):
+        async for event in events:
+            await shown.event(event)
+            if shown.ended is not None:
+                break
+    return 0 if shown.ended == "completed" else 1
+
+
+class Shown:
+    """What the terminal has shown of a turn, and the id of its last entry (saved)."""
+
+    def __init__(self, console: Console, turn_id: str, saved: Path) -> None:
+        self.console, self.turn_id, self.saved = console, turn_id, saved
+        self.ended: str | None = None
+        self.streaming = False
+        self.entries = 0
+
+    async def event(self, event: dict[str, Any]) -> None:
+        if "preview" in event:
+            text = event["preview"].get("text")
+            if text and event["preview"].get("turn_id") == self.turn_id:
+                self.console.print(f"[dim]{escape(text)}[/]", end="")
+                self.streaming = True
+        elif "resync" in event:
+            cursor = event["resync"]["cursor"]
+            self.console.print(f"[yellow]older events were trimmed: going on from {cursor}[/]")
+        else:
+            self.entry(event)
+
+    def entry(self, event: dict[str, Any]) -> None:
+        if self.streaming:
+            self.console.print()
+            self.streaming = False
+        for fact in event["facts"]:
+            self.console.print(f"[dim]#{event['seq']:>4}[/] {describe(fact)}")
+            self.ended = ENDED.get(str(fact.get("kind")), self.ended)
+        # Saved in the same step as shown, with no await between (a small file): Ctrl-C cancels
+        # the watch at an await, so it never stops between showing an entry and saving it.
+        _save(self.saved, int(event["seq"]))
+        self.entries += 1
+
+
+def _save(path: Path, seq: int) -> None:
+    # Replaced whole, never truncated in place: a watch killed while saving keeps the last cursor.
+    fresh = path.with_suffix(".tmp")
+    fresh.write_text(str(seq))
+    os.replace(fresh, path)

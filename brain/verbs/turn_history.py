@@ -1,0 +1,93 @@
+"""A turn's history as people read it, made from its journal entries (invariant 16: nothing is
+kept beside them): its runs, its steps (one per committed change) and its model calls, each
+attempt with its latency and token usage, and the ones lost with a Brain that died (LOST: nothing
+of their reply was recorded, and their usage is not known; nothing is invented for them)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from brain.rules.states import TurnPhase
+from brain.store import Entry
+
+
+def turn_history(entries: Iterable[Entry]) -> dict[str, list[dict[str, Any]]]:
+    """``runs``, ``steps`` and ``model_calls`` of a turn, from its journal entries in order."""
+    runs: list[dict[str, Any]] = []
+    steps: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    number, attempt = 1, 1
+    for entry in entries:
+        at = entry.created_at.isoformat() if entry.created_at is not None else None
+        kinds = [str(f.get("kind")) for f in entry.facts]
+        steps.append(
+            {"seq": entry.seq, "at": at, "status": entry.status, "phase": entry.phase, "facts": kinds}
+        )
+        for fact in entry.facts:
+            kind = fact.get("kind")
+            if kind == "turn.run_started":
+                if runs and runs[-1]["ended"] is None:
+                    runs[-1]["ended"] = "handed over"
+                runs.append(
+                    {"run": fact["run"], "epoch": fact["epoch"], "began_at": fact["phase"],
+                     "owner": fact["owner"], "at": at, "ended": None}
+                )  # fmt: skip
+            elif kind == "turn.run_lost":
+                if runs and runs[-1]["ended"] is None:
+                    runs[-1]["ended"] = f"its Brain {fact['how']} at phase {fact['phase']}"
+                if fact["phase"] == TurnPhase.MODEL_REQUEST:
+                    calls.append({"number": number, "attempt": attempt, "status": "LOST", "at": at})
+                    attempt += 1
+            elif kind == "turn.retry_scheduled" and entry.phase == TurnPhase.MODEL_REQUEST:
+                calls.append(
+                    {"number": number, "attempt": attempt, "status": "failed", "error": fact.get("error"),
+                     "retry_in_seconds": fact.get("in_seconds"), "at": at}
+                )  # fmt: skip
+                attempt += 1
+            elif kind == "turn.model_replied":
+                call = fact.get("call") or {}
+                calls.append(
+                    {"number": call.get("number", number), "attempt": attempt, "status": "replied",
+                     "latency_ms": call.get("latency_ms"), "model": call.get("model"),
+                     "usage": fact.get("usage") or {},
+                     "tool_calls": len(fact["message"].get("tool_calls") or []), "at": at}
+                )  # fmt: skip
+                number, attempt = call.get("number", number) + 1, 1
+            elif (
+                kind in ("turn.completed", "turn.failed", "turn.cancelled")
+                and runs
+                and runs[-1]["ended"] is None
+            ):
+                runs[-1]["ended"] = kind.removeprefix("turn.")
+    return {"runs": runs, "steps": steps, "model_calls": calls}
+
+
+def print_history(h: dict[str, list[dict[str, Any]]]) -> None:
+    """`brain history` for people."""
+    print("runs:")
+    for r in h["runs"]:
+        print(
+            f"  run {r['run']} (epoch {r['epoch']}) from {r['began_at']} on {r['owner']}: "
+            f"{r['ended'] or 'running'}"
+        )
+    print("model calls:")
+    for c in h["model_calls"]:
+        line = f"  #{c['number']} attempt {c['attempt']}: {c['status']}"
+        if c["status"] == "replied":
+            usage = ", ".join(f"{k} {v}" for k, v in sorted(c["usage"].items()))
+            latency = f"{c['latency_ms']} ms" if c.get("latency_ms") is not None else "latency not recorded"
+            line += (
+                f" in {latency}"
+                + (f" by {c['model']}" if c.get("model") else "")
+                + (f"; {usage}" if usage else "")
+            )
+            line += f"; {c['tool_calls']} tool call(s)" if c["tool_calls"] else ""
+        elif c["status"] == "failed":
+            line += f": {c['error']} (retried after {c['retry_in_seconds']:g}s)"
+        else:
+            line += ": the Brain making it died; its reply and usage are unknown"
+        print(line)
+    print(f"steps: {len(h['steps'])} committed")
+    for s in h["steps"]:
+        print(f"  #{s['seq']} {s['status']}/{s['phase']}: {', '.join(s['facts'])}")

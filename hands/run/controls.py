@@ -1,0 +1,136 @@
+"""The control consumer: replay requests and cancels for this route's executions.
+
+Controls have their own queue so that a backlog of commands never delays them. A control
+that can never be carried out (malformed, unknown execution, wrong route) is dead-lettered
+with a reason; a passing fault is waited out, and anything else that goes wrong hands it back
+after a pause (``infra.transport.delivery``).
+
+- ``replay`` (from_seq): the Brain saw a gap, or heard nothing for a while. The events from
+  ``from_seq`` on are read from the execution's row and published again as they were; no tool
+  is re-run (invariant 7).
+- ``cancel``: sets the durable ``cancel_requested`` flag and signals ``ctx.cancelled`` if the
+  execution runs in this process; a body not started yet never starts (on any worker: the
+  start is guarded by the flag). A cancel for an execution not in the ledger yet leaves a
+  tombstone, a CANCELLED row with its ``cancelled`` event, so that the command, if it comes
+  later, is a duplicate that never runs. (Receipts and reaching a body that runs on another
+  replica are a later issue.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from structlog.contextvars import bound_contextvars
+
+from hands.rules.states import LedgerStatus
+from hands.run.executor import Executor
+from hands.run.relay import EventRelay
+from hands.store import Execution, NewExecution
+from infra.objects.payloads import PayloadCodec
+from infra.process.logging import get_logger
+from infra.transport import Delivery, Transport
+from infra.transport.delivery import handle_patiently
+from protocol import (
+    CancelControl,
+    CancelledBody,
+    NotFoundError,
+    ReplayControl,
+    RoutingError,
+    TendonError,
+)
+
+log = get_logger(__name__)
+
+
+class ControlConsumer:
+    """Handles deliveries from ``<prefix>.<route>.controls``."""
+
+    def __init__(
+        self,
+        *,
+        route: str,
+        queue: str,
+        broker: Transport,
+        codec: PayloadCodec,
+        relay: EventRelay,
+        executor: Executor,
+    ) -> None:
+        self.route = route
+        self.queue = queue
+        self._ledger = executor.ledger
+        self._broker = broker
+        self._codec = codec
+        self._relay = relay
+        self._executor = executor
+
+    async def handle(self, message: Delivery) -> None:
+        """aio-pika callback: every delivery ends acked, dead-lettered or handed back."""
+        await handle_patiently(message, self._handle, what="a control")
+
+    async def _handle(self, message: Delivery) -> None:
+        try:
+            control = await self._codec.unpack(message.body)
+            if not isinstance(control, ReplayControl | CancelControl):
+                raise RoutingError(
+                    f"expected a replay or cancel control on {self.queue}, got a {control.kind} envelope"
+                )
+            with bound_contextvars(execution_id=control.execution_id):
+                if isinstance(control, ReplayControl):
+                    await self._replay(control)
+                else:
+                    await self._cancel(control)
+        except TendonError as exc:
+            if exc.retryable:
+                raise  # e.g. the database or object store is briefly away: handle() retries
+            await self._broker.dead_letter(self.queue, message, f"{exc.code}: {exc.message}")
+            return
+        await message.ack()
+
+    def _of_route(self, row: Execution | None, execution_id: str) -> Execution:
+        if row is None:
+            raise NotFoundError(f"execution {execution_id} is not in the ledger of route {self.route}")
+        if row.route != self.route:
+            raise RoutingError(f"execution {execution_id} belongs to route {row.route}, not {self.route}")
+        return row
+
+    async def _replay(self, control: ReplayControl) -> None:
+        assert control.body is not None
+        row = await self._ledger.read(lambda conn: self._ledger.get(conn, control.execution_id))
+        self._of_route(row, control.execution_id)
+        count = await self._relay.replay(control.execution_id, control.body.from_seq)
+        log.info("replay_requested", from_seq=control.body.from_seq, events=count)
+
+    async def _cancel(self, control: CancelControl) -> None:
+        reason = control.body.reason if control.body is not None else ""
+        ex = self._executor
+        header = {"namespace": control.namespace, "session_id": control.session_id,
+                  "request_digest": control.request_digest}  # fmt: skip
+        body = CancelledBody(reason=f"cancelled before its command arrived: {reason}".rstrip(": "))
+        tombstone = await ex.writer.events(control.execution_id, header, 1, body)
+
+        async def work(conn: Any) -> bool:
+            row = await self._ledger.get(conn, control.execution_id)
+            if row is None:
+                # The cancel came first: a tombstone, so that the command, if it still comes, is a
+                # duplicate of a CANCELLED execution and never runs.
+                values = {
+                    "execution_id": control.execution_id,
+                    "route": self.route,
+                    **header,
+                    "owner": ex.worker_id,
+                    "status": LedgerStatus.CANCELLED,
+                }
+                (inserted,) = await self._ledger.insert(conn, [NewExecution(values, tombstone)])
+                if inserted is not None:
+                    return True
+                row = await self._ledger.get(conn, control.execution_id)  # the command won
+            self._of_route(row, control.execution_id)
+            await self._ledger.request_cancel(conn, control.execution_id)
+            return False
+
+        if await self._ledger.transact(work):
+            self._relay.send(tombstone)
+            log.info("cancel_before_command", reason=reason)
+            return
+        local = ex.cancel_local(control.execution_id)
+        log.info("cancel_requested", running_here=local)

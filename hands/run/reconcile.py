@@ -1,0 +1,97 @@
+"""Resolving an UNKNOWN execution by hand: a result (or a failure) plus evidence, audited.
+
+Only a person who checked the external system can say what happened to an operation the
+pool could not verify (invariant 6). The resolution is one transaction: an audit row in
+``reconciliations``, the status move UNKNOWN -> SUCCEEDED/FAILED (allowed only here), and
+the ``succeeded``/``failed`` event with ``how="reconciled"`` and the evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hands.rules.states import LedgerStatus
+from hands.run.writer import LedgerWriter
+from hands.store import Change, Execution, Ledger
+from infra.objects.payloads import PayloadCodec
+from protocol import (
+    FailedBody,
+    IllegalTransitionError,
+    NotFoundError,
+    SchemaError,
+    SucceededBody,
+)
+
+_NO_RESULT = object()
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    """What a reconcile did: the row now, its audit row, and the seq of its event (the event
+    itself, to publish)."""
+
+    execution: Execution
+    audit_id: int
+    seq: int
+    event: dict[str, Any]
+
+
+async def reconcile(
+    ledger: Ledger,
+    codec: PayloadCodec,
+    execution_id: str,
+    *,
+    evidence: str,
+    actor: str,
+    result: Any = _NO_RESULT,
+    failure: str | None = None,
+) -> Reconciliation:
+    """Resolve UNKNOWN ``execution_id`` as succeeded with ``result`` or failed with ``failure``.
+
+    Raises NotFoundError for an id not in the ledger and IllegalTransitionError (naming the
+    status) for an execution that is not UNKNOWN. The caller publishes the event; until that is
+    confirmed (``reconciliation_sent``), the pool's relay sends it from the ledger.
+    """
+    if (result is _NO_RESULT) == (failure is None):
+        raise SchemaError("reconcile needs exactly one of a result or a failure message")
+    if not evidence.strip():
+        raise SchemaError("reconcile needs evidence: say how you know what happened")
+    if not actor.strip():
+        raise SchemaError("reconcile needs an actor: who is vouching for this")
+    succeeded = failure is None
+    error = None if succeeded else {"code": "reconciled_failure", "message": failure or ""}
+    writer = LedgerWriter(ledger, codec, lambda events: None)
+
+    async def work(conn: Any) -> Reconciliation:
+        row = await ledger.get(conn, execution_id, for_update=True)
+        if row is None:
+            raise NotFoundError(f"execution {execution_id} is not in the ledger")
+        if row.status is not LedgerStatus.UNKNOWN:
+            raise IllegalTransitionError(
+                f"execution {execution_id} is {row.status.value.upper()}, not UNKNOWN: "
+                "only an UNKNOWN execution can be reconciled"
+            )
+        outcome = LedgerStatus.SUCCEEDED if succeeded else LedgerStatus.FAILED
+        audit_id = await ledger.insert_reconciliation(
+            conn,
+            execution_id,
+            outcome=outcome,
+            result=None if not succeeded else result,
+            error=error,
+            evidence=evidence,
+            actor=actor,
+        )
+        body: Any
+        if succeeded:
+            body = SucceededBody(
+                result=result, output_bytes=row.output_bytes, how="reconciled", evidence=evidence
+            )
+        else:
+            assert error is not None
+            body = FailedBody(error=error, output_bytes=row.output_bytes, how="reconciled", evidence=evidence)
+        event = await writer.event(execution_id, row.header, row.last_seq + 1, body)
+        updated = await ledger.reconcile(conn, Change(row, outcome, [event], error=error))
+        return Reconciliation(updated, audit_id, event["seq"], event)
+
+    return await ledger.transact(work)

@@ -1,0 +1,367 @@
+"""`brain demo`: the five-email story on a bare machine, with a readable timeline.
+
+Everything runs in this process on a data directory: the Brain, the Hands pool of route
+``email``, and the mailbox that plays the external system (its state is a file too, so it
+survives a crash like a real service would). ``--crash-at N`` SIGKILLs the process while
+the N-th email is inside ``send_email``, after the mailbox accepted it; running the same
+command again resumes the same turn, reuses the confirmed receipts, verifies the N-th by
+its operation id instead of sending it again, and sends the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import shutil
+import signal
+import sys
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from brain import verbs
+from brain.rules.agents import AgentDefinition
+from brain.rules.states import TERMINAL_TURN
+from brain.store import BrainStore, Entry
+from infra.process.entry import run_async
+from infra.process.killpoints import KillPoints
+from infra.process.settings import Settings
+from local.demo_agents import default_data_dir, demo_agent
+from local.embedded import DataDir, LocalSystem, exclusive, run_local
+from protocol import TendonError
+
+SESSION, REQUEST = "demo", "five-emails"
+TASK = "Send the maintenance notice to our five customers, then summarize the receipts."
+HOW = {
+    "ran": "sent",
+    "verified_by_query": "the mail service had it: verified by its operation id, not resent",
+    "reconciled": "reconciled",
+}
+
+
+@dataclass
+class Timeline:
+    """Prints public events as they are committed, plus a progress line."""
+
+    out: TextIO
+    emails: dict[str, str] = field(default_factory=dict)  # execution id -> "email N (to)"
+    delivered: set[str] = field(default_factory=set)
+    started: datetime = field(default_factory=lambda: datetime.now(UTC))
+    tty: bool = False
+    seen_file: Path | None = None
+    runs_shown: int = 0
+    # Executions a crash left unfinished: their "sending" is held back until their outcome says
+    # whether the Hands sent it or asked the mail service about it (a line saying "sending"
+    # before "not resent" would read like a resend).
+    unfinished: set[str] = field(default_factory=set)
+    held: dict[str, tuple[str, datetime]] = field(default_factory=dict)
+
+    def seen(self, seq: int) -> None:
+        """Remember what was printed, so a rerun can show what a crash kept from view."""
+        if self.seen_file is not None:
+            # Whole or not at all: the demo is killed at any point, a file cut mid-write reads as ''.
+            partial = self.seen_file.with_name(self.seen_file.name + ".partial")
+            partial.write_text(str(seq))
+            partial.replace(self.seen_file)
+
+    def line(self, text: str, at: datetime | None = None) -> None:
+        stamp = f"{((at or datetime.now(UTC)) - self.started).total_seconds():6.2f}s"
+        self.clear_progress()
+        print(f"{stamp}  {text}", file=self.out, flush=True)
+
+    def clear_progress(self) -> None:
+        if self.tty:
+            print("\r\033[K", end="", file=self.out)
+
+    def progress(self) -> None:
+        bar = "#" * len(self.delivered) + "." * (5 - len(self.delivered))
+        text = f"[{bar}] {len(self.delivered)}/5 emails confirmed"
+        if self.tty:
+            print(f"\r{text}", end="", file=self.out, flush=True)
+
+    def show(self, kind: str, data: dict[str, Any], label: str, at: datetime) -> None:
+        line = functools.partial(self.line, at=at)
+        execution_id = data.get("execution_id")
+        held = self.held.pop(execution_id, None) if execution_id else None
+        if held is not None and not (
+            kind == "execution.succeeded" and data.get("how") == "verified_by_query"
+        ):
+            self.line(*held)
+        if kind == "turn.accepted":
+            line("turn accepted and committed")
+        elif kind == "turn.run_started":
+            # Every wait for a tool ends a run; show only the first of this process.
+            if self.runs_shown == 0:
+                line(f"run {data['run']} of the turn claimed it at phase {data['phase']}")
+            self.runs_shown += 1
+        elif kind == "execution.intended":
+            line(f"{label}: intent committed (operation id {data['execution_id']})")
+        elif kind == "execution.running":
+            again = " again after a crash" if data.get("reason") == "rerun_after_crash" else ""
+            text = f"{label}: sending{again} (attempt {data.get('attempt', 1)})"
+            if execution_id in self.unfinished and not again:
+                self.held[execution_id] = (text, at)
+            else:
+                line(text)
+        elif kind == "execution.succeeded":
+            self.delivered.add(data["execution_id"])
+            if data.get("how") == "verified_by_query":
+                # What the Hands did before this answer: they asked instead of sending again.
+                line(f"{label}: asking the mail service about operation {data['execution_id']}")
+            line(f"{label}: confirmed, {HOW.get(data.get('how', 'ran'), data.get('how'))}")
+        elif kind == "execution.unknown":
+            line(f"{label}: UNKNOWN ({data.get('reason')}); the turn waits for a reconcile")
+        elif kind == "execution.failed":
+            line(f"{label}: failed")
+        elif kind == "turn.completed":
+            line("turn completed")
+        elif kind == "turn.failed":
+            line(f"turn failed: {data['error'].get('message')}")
+        self.progress()
+
+
+class AlreadyDone(Exception):
+    """The data directory's turn ended already: nothing is started."""
+
+    def __init__(self, status: str) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _calls(entries: list[Entry]) -> dict[str, dict[str, Any]]:
+    """Each tool call's arguments, by call id, from the model's replies in the journal."""
+    calls = {}
+    for entry in entries:
+        for fact in entry.facts:
+            for call in (
+                (fact.get("message") or {}).get("tool_calls", [])
+                if fact["kind"] == "turn.model_replied"
+                else []
+            ):
+                calls[call["call_id"]] = call.get("args", {})
+    return calls
+
+
+def _label(fact: dict[str, Any], calls: dict[str, dict[str, Any]]) -> str:
+    call_id = fact.get("call_id")
+    if call_id is None:
+        return fact.get("execution_id", "")
+    to = calls.get(call_id, {}).get("to", "?")
+    return f"email {call_id.removeprefix('call-')} to {to}"
+
+
+async def _entries(system: LocalSystem, after: int, upto: int | None = None) -> list[Entry]:
+    store = system.brain
+    entries = await store.read(lambda conn: store.entries(conn, SESSION, after=after, limit=100_000))
+    return [e for e in entries if upto is None or e.seq <= upto]
+
+
+async def _recap(system: LocalSystem, turn_id: str, before: dict[str, str], out: TextIO) -> None:
+    store = system.brain
+    rows = await store.read(lambda conn: store.turn_executions(conn, turn_id))
+    calls = _calls(await _entries(system, 0))
+    print("\nwhat happened to each email:", file=out)
+    for r in (r for r in rows if r["tool"] == "send_email"):
+        if before.get(r["id"]) == "succeeded":
+            what = "reused the receipt confirmed before"
+        else:
+            what = HOW.get(r["how"], r["how"] or "?")
+        receipt = (r["result"] or {}).get("message_id", "-")
+        to = calls.get(r["call_id"], {}).get("to", "?")
+        print(f"  {r['call_id']}  {to:<24} {receipt:<8} {what}", file=out)
+
+
+def _show(entries: list[Entry], calls: dict[str, dict[str, Any]], timeline: Timeline) -> None:
+    calls.update(_calls(entries))
+    for entry in entries:
+        for fact in entry.facts:
+            data = {k: v for k, v in fact.items() if k != "kind"}
+            timeline.show(fact["kind"], data, _label(fact, calls), entry.created_at)
+        timeline.seen(entry.seq)
+
+
+async def _follow(system: LocalSystem, turn_id: str, cursor: int, timeline: Timeline) -> Any:
+    """Show the session's journal until the turn ends; returns the final turn row."""
+    calls = _calls(await _entries(system, 0, cursor))
+    store = system.brain
+    while True:
+        entries = await _entries(system, cursor)
+        _show(entries, calls, timeline)
+        if entries:
+            cursor = entries[-1].seq
+        row = await store.read(lambda conn: store.load(conn, turn_id))
+        if (row.status in TERMINAL_TURN and not entries) or system.brain_task.done():
+            return row
+        if row.status == "waiting" and (row.waiting_for or "").startswith("reconcile"):
+            return row  # nothing will change until someone reconciles it
+        await asyncio.sleep(0.1)
+
+
+@dataclass(frozen=True)
+class Previous:
+    """What an earlier run left in the data directory, read before anything starts."""
+
+    turn_status: str
+    executions: dict[str, str]  # execution id -> status
+    last_seq: int  # last journal entry committed
+    last_shown: int  # last journal entry the earlier run printed
+
+
+async def previous_run(store: BrainStore, data: DataDir) -> Previous | None:
+    """The earlier run's turn, as the store has it (read before the Brain starts)."""
+
+    async def read(conn: Any) -> Previous | None:
+        turn = await store.find_turn(conn, SESSION, REQUEST)
+        if turn is None:
+            return None
+        executions = {
+            r["id"]: r["status"]
+            for r in await store.turn_executions(conn, turn.id)
+            if r["tool"] == "send_email"
+        }
+        seen = data.root / SEEN_FILE
+        last_shown = int(seen.read_text()) if seen.exists() else 0
+        return Previous(str(turn.status), executions, await store.last_seq(conn, SESSION), last_shown)
+
+    return await store.read(read)
+
+
+async def run_demo(
+    settings: Settings, data: DataDir, *, crash_at: int | None, out: TextIO, model: str | None = None
+) -> int:
+    """Run (or resume) the five-email turn; returns 0 when it completed."""
+    from examples.mailbox import MailboxServer
+
+    agent = demo_agent(model)
+    spec = settings.kill_at
+    on_accepted = None
+    if crash_at is not None and model is None:
+        spec = ",".join(filter(None, [spec, f"hands.after_tool_body@call-{crash_at}"]))
+    elif crash_at is not None:
+        # A real model names its calls itself: the mail service pulls the plug instead, once it
+        # has stored the N-th email and before its sender hears back.
+        def on_accepted(n: int) -> None:
+            if n == crash_at:
+                print(
+                    f"tendon: email {n} was accepted by the mail service, SIGKILL",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    found: list[Previous | None] = []
+
+    async def before_start(store: BrainStore) -> None:
+        previous = await previous_run(store, data)
+        if previous is not None and previous.turn_status in TERMINAL_TURN:
+            raise AlreadyDone(previous.turn_status)
+        found.append(previous)
+
+    with MailboxServer(port=0, state_path=data.root / "mailbox.json", on_accepted=on_accepted) as mailbox:
+        os.environ["TENDON_MAILBOX_URL"] = mailbox.url
+        try:
+            async with run_local(
+                settings, data, pools=[("email", "examples.email_tools")], killpoints=KillPoints(spec),
+                before_start=before_start,
+            ) as system:  # fmt: skip
+                return await _tell(system, agent, settings, data, found[0], crash_at, mailbox, out)
+        except AlreadyDone as done:
+            print(
+                f"the five-email turn in {data.root} already {done.status}; "
+                "run with --fresh to start the story again",
+                file=out,
+            )
+            return 0 if done.status == "completed" else 1
+
+
+async def _tell(
+    system: LocalSystem, agent: AgentDefinition, settings: Settings, data: DataDir, previous: Previous | None,
+    crash_at: int | None, mailbox: Any, out: TextIO,
+) -> int:  # fmt: skip
+    if crash_at is not None:
+        print(f"(will SIGKILL this process while email {crash_at} is inside send_email)", file=out)
+    before = previous.executions if previous else {}
+    unfinished = {e for e, status in before.items() if status not in ("succeeded", "failed", "cancelled")}
+    timeline = Timeline(out, tty=out.isatty(), seen_file=data.root / SEEN_FILE, unfinished=unfinished)
+    turn_id, _ = await verbs.submit(
+        system.brain,
+        namespace=settings.namespace,
+        session_id=SESSION,
+        request_id=REQUEST,
+        user_input=TASK,
+        agent=agent,
+        wake_channel=system.wake_channel,
+    )
+    cursor = 0
+    if previous is not None:
+        done = sum(1 for st in before.values() if st == "succeeded")
+        print(f"resuming turn {turn_id} from {data.root}: {done} of 5 emails already confirmed", file=out)
+        timeline.delivered.update(k for k, st in before.items() if st == "succeeded")
+        if previous.last_shown < previous.last_seq:
+            print("committed before the crash, not shown then:", file=out)
+            calls = _calls(await _entries(system, 0, previous.last_shown))
+            _show(await _entries(system, previous.last_shown, previous.last_seq), calls, timeline)
+            print("after the restart:", file=out)
+            timeline.runs_shown = 0  # this process's first run is news again
+        cursor = previous.last_seq
+    else:
+        print(f"turn {turn_id} in {data.root}", file=out)
+    row = await _follow(system, turn_id, cursor, timeline)
+    timeline.clear_progress()
+    await _recap(system, turn_id, before, out)
+    if row.status == "waiting":
+        print(f"\nthe turn waits for a {row.waiting_for}; nothing was guessed", file=out)
+        return 3
+    if row.status != "completed":
+        print(f"\nturn {row.status}: {row.error}", file=out)
+        return 1
+    print(f"\nsummary from the agent:\n{row.result['text']}", file=out)
+    print(f"\nmailbox: {len(mailbox.stats()['deliveries'])} deliveries", file=out)
+    return 0
+
+
+# What the demo keeps in its data directory; --fresh removes these and nothing else.
+OWNED = (
+    "brain.sqlite3*",
+    "hands.sqlite3*",
+    "queue.sqlite3*",
+    "objects",
+    "mailbox.json",
+    ".mailbox.json*",
+    "timeline.seen*",
+)
+SEEN_FILE = "timeline.seen"
+
+
+def reset(data: DataDir) -> None:
+    """``--fresh``: forget the demo's files in the data directory (refused while in use)."""
+    if not data.root.exists():
+        return
+    with exclusive(data):
+        for pattern in OWNED:
+            for child in data.root.glob(pattern):
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+
+
+def demo_settings(base: Settings) -> Settings:
+    """Snappy defaults for one process: short scans so recovery shows within a second."""
+    return base.model_copy(update={"scan_interval": min(base.scan_interval, 0.2), "http": "off"})
+
+
+def main_demo(
+    base: Settings, data_dir: Path | None, *, fresh: bool, crash_at: int | None, model: str | None = None
+) -> int:
+    data = DataDir(data_dir or default_data_dir(model))
+    try:
+        if fresh:
+            reset(data)
+        return run_async(run_demo(demo_settings(base), data, crash_at=crash_at, out=sys.stdout, model=model))
+    except KeyboardInterrupt:
+        print("\nbrain: interrupted: run the same command again to resume", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        raise  # the output's reader went away: not the data directory's doing (infra.process.entry)
+    except OSError as exc:
+        raise TendonError(f"cannot use {data.root} as the data directory: {exc.strerror or exc}") from exc
