@@ -10,6 +10,7 @@ COPY brain brain
 COPY hands hands
 COPY protocol protocol
 COPY infra infra
+COPY local local
 COPY examples examples
 # Every dependency ships as a wheel for this Python, so no compiler is installed; the build's
 # leftovers go in the same layer.

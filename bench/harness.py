@@ -395,7 +395,7 @@ class TendonWorld:
 
     async def statuses(self, ids: list[str]) -> dict[str, str]:
         assert self.store is not None
-        return await self.store.statuses(ids)
+        return await self.store.turns.statuses(ids)
 
     async def wait_done(self, ids: list[str], timeout: float, interval: float = 0.005) -> None:
         """Wait until every turn is completed; a failed turn raises."""

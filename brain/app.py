@@ -21,7 +21,7 @@ from brain.run.scanner import RepairScanner
 from brain.run.updates import BindingsConsumer, UpdateConsumer
 from brain.store import BrainStore, open_store, wake_channel
 from hands.store import Ledger, ledger_for
-from infra.db import create_pool, keep_statistics
+from infra.db import Connection, create_pool, keep_statistics
 from infra.db.notify import Listener
 from infra.db.retention import DAY, Horizon, keep_pruned
 from infra.liveness import Liveness
@@ -141,10 +141,10 @@ async def serve_api(
 
 
 async def released(
-    store: BrainStore, channel: str, metrics: BrainMetrics, conn: Any, gone: Any, died: bool
+    store: BrainStore, channel: str, metrics: BrainMetrics, conn: Connection, gone: Any, died: bool
 ) -> int:
     """Hand back the turns of Brains presumed dead (or retiring): each one a recovery to count."""
-    count = await store.release_owners(conn, gone, channel, died=died)
+    count = await store.turns.release_owners(conn, gone, channel, died=died)
     metrics.recoveries.labels("brain_died" if died else "brain_retired").inc(count)
     return count
 
@@ -152,7 +152,7 @@ async def released(
 def horizons(store: BrainStore, settings: Settings) -> list[Horizon]:
     return [
         # A session's journal may be long: a few sessions per transaction.
-        Horizon("sessions", settings.retain_journal_days * DAY, store.prune_journal, batch=20),
+        Horizon("sessions", settings.retain_journal_days * DAY, store.retention.prune_journal, batch=20),
         Horizon("parked", settings.retain_parked_days * DAY, store.prune_parked),
     ]
 
@@ -196,7 +196,7 @@ async def run(
                 grace=settings.reconnect_grace,
                 interval=settings.scan_interval,
                 release=partial(released, store, channel, metrics),
-                on_renew=lambda conn, me: store.renew_leases(conn, me, active, settings.lease_seconds),
+                on_renew=lambda conn, me: store.turns.renew_leases(conn, me, active, settings.lease_seconds),
                 presence=broker,
             )
         )

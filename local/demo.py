@@ -25,6 +25,7 @@ from brain import verbs
 from brain.rules.agents import AgentDefinition
 from brain.rules.states import TERMINAL_TURN
 from brain.store import BrainStore, Entry
+from infra.db import Connection
 from infra.process.entry import run_async
 from infra.process.killpoints import KillPoints
 from infra.process.settings import Settings
@@ -154,13 +155,13 @@ def _label(fact: dict[str, Any], calls: dict[str, dict[str, Any]]) -> str:
 
 async def _entries(system: LocalSystem, after: int, upto: int | None = None) -> list[Entry]:
     store = system.brain
-    entries = await store.read(lambda conn: store.entries(conn, SESSION, after=after, limit=100_000))
+    entries = await store.read(lambda conn: store.journal.entries(conn, SESSION, after=after, limit=100_000))
     return [e for e in entries if upto is None or e.seq <= upto]
 
 
 async def _recap(system: LocalSystem, turn_id: str, before: dict[str, str], out: TextIO) -> None:
     store = system.brain
-    rows = await store.read(lambda conn: store.turn_executions(conn, turn_id))
+    rows = await store.read(lambda conn: store.executions.turn_executions(conn, turn_id))
     calls = _calls(await _entries(system, 0))
     print("\nwhat happened to each email:", file=out)
     for r in (r for r in rows if r["tool"] == "send_email"):
@@ -191,7 +192,7 @@ async def _follow(system: LocalSystem, turn_id: str, cursor: int, timeline: Time
         _show(entries, calls, timeline)
         if entries:
             cursor = entries[-1].seq
-        row = await store.read(lambda conn: store.load(conn, turn_id))
+        row = await store.read(lambda conn: store.turns.load(conn, turn_id))
         if (row.status in TERMINAL_TURN and not entries) or system.brain_task.done():
             return row
         if row.status == "waiting" and (row.waiting_for or "").startswith("reconcile"):
@@ -212,18 +213,18 @@ class Previous:
 async def previous_run(store: BrainStore, data: DataDir) -> Previous | None:
     """The earlier run's turn, as the store has it (read before the Brain starts)."""
 
-    async def read(conn: Any) -> Previous | None:
-        turn = await store.find_turn(conn, SESSION, REQUEST)
+    async def read(conn: Connection) -> Previous | None:
+        turn = await store.turns.find_turn(conn, SESSION, REQUEST)
         if turn is None:
             return None
         executions = {
             r["id"]: r["status"]
-            for r in await store.turn_executions(conn, turn.id)
+            for r in await store.executions.turn_executions(conn, turn.id)
             if r["tool"] == "send_email"
         }
         seen = data.root / SEEN_FILE
         last_shown = int(seen.read_text()) if seen.exists() else 0
-        return Previous(str(turn.status), executions, await store.last_seq(conn, SESSION), last_shown)
+        return Previous(str(turn.status), executions, await store.journal.last_seq(conn, SESSION), last_shown)
 
     return await store.read(read)
 

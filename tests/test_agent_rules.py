@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 
 from brain.rules import moves
-from brain.rules.agents import AgentDefinition, FrozenThreads
+from brain.rules.agents import AgentDefinition
+from brain.rules.calls import refusal
 from brain.rules.retry import RetryPolicy
 from brain.rules.states import TurnPhase, TurnStatus
-from brain.run.calls import refusal
 from brain.run.claims import crash_loop
+from brain.run.threads import FrozenThreads
 from brain.store import Intent, TurnRow
 from protocol import SchemaError, digest
 
@@ -172,7 +173,7 @@ def test_a_reply_whose_every_call_was_refused_goes_back_to_the_model_at_once() -
 
 
 def _view(status: TurnStatus = TurnStatus.RUNNING, **changes: Any) -> Any:
-    from brain.verbs.controls import TurnView
+    from brain.rules.controls import TurnView
 
     fields: dict[str, Any] = dict(
         status=status, leased=False, revision=4, open_executions=0, cancelling=False, pause_pending=False
@@ -183,7 +184,7 @@ def _view(status: TurnStatus = TurnStatus.RUNNING, **changes: Any) -> Any:
 @pytest.mark.parametrize("kind", ["steer", "inject", "pause", "resume", "cancel"])
 @pytest.mark.parametrize("status", [TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.CANCELLED])
 def test_a_control_on_a_turn_that_ended_is_rejected_saying_so(kind: str, status: TurnStatus) -> None:
-    from brain.verbs.controls import Kind, Outcome, decide
+    from brain.rules.controls import Kind, Outcome, decide
 
     assert decide(Kind(kind), _view(status), {"revision": 4}) == (
         Outcome.REJECT,
@@ -192,7 +193,7 @@ def test_a_control_on_a_turn_that_ended_is_rejected_saying_so(kind: str, status:
 
 
 def test_steers_and_injects_wait_for_the_next_boundary_whatever_the_turn_does() -> None:
-    from brain.verbs.controls import Kind, Outcome, decide
+    from brain.rules.controls import Kind, Outcome, decide
 
     for status in (TurnStatus.QUEUED, TurnStatus.RUNNING, TurnStatus.WAITING, TurnStatus.PAUSED):
         for leased in (False, True):
@@ -201,7 +202,7 @@ def test_steers_and_injects_wait_for_the_next_boundary_whatever_the_turn_does() 
 
 
 def test_a_pause_stops_an_unheld_turn_at_once_and_a_held_one_at_its_boundary() -> None:
-    from brain.verbs.controls import Kind, Outcome, decide
+    from brain.rules.controls import Kind, Outcome, decide
 
     for status in (TurnStatus.QUEUED, TurnStatus.RUNNING, TurnStatus.WAITING):
         assert decide(Kind.PAUSE, _view(status), {}) == (Outcome.APPLY, None)
@@ -210,7 +211,7 @@ def test_a_pause_stops_an_unheld_turn_at_once_and_a_held_one_at_its_boundary() -
 
 
 def test_a_resume_needs_the_revision_the_caller_saw_and_can_take_back_a_pause_not_applied_yet() -> None:
-    from brain.verbs.controls import Kind, Outcome, decide
+    from brain.rules.controls import Kind, Outcome, decide
 
     assert decide(Kind.RESUME, _view(TurnStatus.PAUSED), {"revision": 4}) == (Outcome.APPLY, None)
     outcome, why = decide(Kind.RESUME, _view(TurnStatus.PAUSED), {"revision": 3})
@@ -220,7 +221,7 @@ def test_a_resume_needs_the_revision_the_caller_saw_and_can_take_back_a_pause_no
 
 
 def test_a_cancel_ends_a_turn_with_nothing_running_at_once_else_once_its_executions_are_settled() -> None:
-    from brain.verbs.controls import Kind, Outcome, decide
+    from brain.rules.controls import Kind, Outcome, decide
 
     assert decide(Kind.CANCEL, _view(TurnStatus.QUEUED, open_executions=0), {})[0] is Outcome.APPLY
     assert decide(Kind.CANCEL, _view(leased=True), {})[0] is Outcome.APPLY  # mid model call: fenced out
@@ -295,7 +296,7 @@ async def test_a_thread_whose_stored_agent_does_not_validate_fails_alone() -> No
 
 
 def test_each_binding_is_checked_by_its_own_schema_compiled_once() -> None:
-    from brain.run.calls import _CHECKERS
+    from brain.rules.calls import _CHECKERS
 
     strict = BINDINGS["send_email"] | {"digest": "a" * 64}
     loose = strict | {"digest": "b" * 64, "input_schema": {"type": "object"}}

@@ -19,9 +19,9 @@ import pytest
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 
+from brain import AsyncClient, Client
 from brain.api import console, hash_token, operator, routes, stream
 from brain.api.routes import MAX_WAIT, seconds
-from brain.face.client import AsyncClient, Client
 from protocol import SchemaError
 from tests.support import Observer, Processes, TendonEnv, free_port, wait_for
 

@@ -15,12 +15,13 @@ from dataclasses import replace
 from typing import Any
 
 from brain import verbs
-from brain.rules.history import HistoryCache
 from brain.rules.states import TurnPhase
 from brain.run.claims import claim_turns
 from brain.run.context import BrainContext
+from brain.run.history import HistoryCache
 from brain.run.relay import CommandRelay, ControlRelay
 from brain.store import BrainStore, ClaimBudget
+from brain.store.part import Part
 from infra.objects.payloads import PayloadCodec
 from infra.process.killpoints import KillPoints
 from infra.transport import Topology
@@ -52,7 +53,7 @@ async def test_a_claim_of_new_turns_reads_their_threads_and_the_announced_bindin
     store: BrainStore, tmp_path: Any
 ) -> None:
     # Given three new sessions whose agent's tool is announced, and one whose tool is not
-    await store.transact(lambda c: store.store_bindings(c, [BINDING], "wake"))
+    await store.transact(lambda c: store.bindings.store_bindings(c, [BINDING], "wake"))
     agents = [_agent(tools=["lab_tool"])] * 3 + [_agent(name="other", tools=["nobody_serves"])]
     for n, agent in enumerate(agents):
         await verbs.submit(
@@ -60,7 +61,7 @@ async def test_a_claim_of_new_turns_reads_their_threads_and_the_announced_bindin
             wake_channel="wake",
         )  # fmt: skip
     reads: dict[str, list[Any]] = {"thread": [], "threads": [], "latest_bindings": []}
-    originals = {name: getattr(store, name) for name in reads}
+    originals = {name: getattr(store.bindings, name) for name in reads}
     inside = False
 
     def spy(name: str) -> Any:
@@ -78,13 +79,13 @@ async def test_a_claim_of_new_turns_reads_their_threads_and_the_announced_bindin
         return read
 
     for name in reads:
-        setattr(store, name, spy(name))
+        setattr(store.bindings, name, spy(name))
     try:
         async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
             claim = await claim_turns(_context(store, transport), 10)
     finally:
         for name in reads:
-            delattr(store, name)
+            delattr(store.bindings, name)
 
     # Then one read of the four threads and one of the bindings served the whole claim (the
     # turn left waiting has its thread and tools looked at once more after the commit)
@@ -112,19 +113,19 @@ async def test_tools_announced_while_a_claim_looks_for_them_wake_the_turn_at_onc
     )  # fmt: skip
     async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
         ctx = _context(store, transport)
-        looked = store.latest_bindings
+        looked = store.bindings.latest_bindings
 
         async def announced_meanwhile(conn: Any, tools: Any) -> dict[str, Any]:
             found = await looked(conn, tools)
             if not found:  # the pool announces on its own connection, the claim still open
-                await store.transact(lambda c: store.store_bindings(c, [BINDING], "wake"))
+                await store.transact(lambda c: store.bindings.store_bindings(c, [BINDING], "wake"))
             return found
 
-        store.latest_bindings = announced_meanwhile  # type: ignore[method-assign]
+        store.bindings.latest_bindings = announced_meanwhile  # type: ignore[method-assign]
         try:
             first = await claim_turns(ctx, 1)
         finally:
-            del store.latest_bindings  # type: ignore[method-assign]
+            del store.bindings.latest_bindings  # type: ignore[method-assign]
         (_, waited), = first.moved  # fmt: skip
         assert waited.row.phase is TurnPhase.PREPARE and waited.row.waiting_for is not None
 
@@ -142,10 +143,13 @@ class Outermost:
     over a single one (the portable base) counts once, as what was asked."""
 
     def __init__(self, store: BrainStore, *names: str) -> None:
-        self.store, self.names, self.asked = store, names, []
+        self.names, self.asked = names, []
         self._inside = False
-        for name in names:
-            setattr(store, name, self._spy(name, getattr(store, name)))
+        # Each read is a method of one of the store's parts (``journal.entries``...).
+        parts = [p for p in vars(store).values() if isinstance(p, Part)]
+        self.owners = {name: next(p for p in parts if hasattr(p, name)) for name in names}
+        for name, owner in self.owners.items():
+            setattr(owner, name, self._spy(name, getattr(owner, name)))
 
     def _spy(self, name: str, original: Any) -> Any:
         async def read(*args: Any, **kwargs: Any) -> Any:
@@ -164,8 +168,8 @@ class Outermost:
         return self
 
     def __exit__(self, *_: Any) -> None:
-        for name in self.names:
-            delattr(self.store, name)
+        for name, owner in self.owners.items():
+            delattr(owner, name)
 
 
 async def test_a_claim_of_turns_back_from_their_tools_reads_their_steps_and_conversations_once_for_all(
@@ -204,7 +208,7 @@ async def test_a_conversation_that_moved_meanwhile_is_read_again_not_kept_from_t
     await _apply(store, list(_events("e1", "done")))
     async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
         ctx = _context(store, transport)
-        claim = await store.transact(lambda c: store.claim(c, ctx.owner, 30.0, 1))
+        claim = await store.transact(lambda c: store.turns.claim(c, ctx.owner, 30.0, 1))
         (row,) = claim.rows
         read = await store.read(lambda c: ctx.history.read_ahead(c, [row], {}, {}))
         # When this process's cached history of the thread moves on before the read is kept

@@ -177,6 +177,7 @@ class _Looks:
         self.looks = 0
         self.active: set[str] = set()
         self.store = self
+        self.turns = self  # the store's turns part: where a claim looks
 
     async def anything_claimable(self) -> bool:
         self.looks += 1

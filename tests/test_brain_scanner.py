@@ -204,10 +204,10 @@ async def test_a_command_nobody_serves_is_not_sent_again_and_its_turn_fails_afte
     assert "route gone" in turn["error"]["message"] and "e8" in turn["error"]["message"]
     row = await store.pool.fetchrow("SELECT status, error FROM executions WHERE id = 'e8'")
     assert row["status"] == "cancelled" and "turn ended first" in row["error"]["message"]
-    (cancel,) = await store.read(store.unpublished_controls)
+    (cancel,) = await store.read(store.outbox.unpublished_controls)
     assert cancel.queue == Topology(tendon.prefix).controls("gone")
     assert decode(cancel.payload).kind == "cancel"
-    entries = await store.read(lambda c: store.entries(c, "s1"))
+    entries = await store.read(lambda c: store.journal.entries(c, "s1"))
     assert [f["kind"] for f in entries[-1].facts] == ["turn.failed", "execution.cancelled"]
 
 

@@ -26,9 +26,9 @@ from brain.store import (
     TurnRow,
     open_brain_store,
     open_store,
-    pg_turns,
+    turns_pg,
 )
-from brain.store.controls import ControlRows
+from brain.store.views import Views
 from infra.db import dialect, lock_class
 from infra.db.sqlite import open_pool
 from infra.liveness import Liveness
@@ -99,7 +99,7 @@ def register(store: BrainStore, schema: str, database_url: str | None = None, **
 def releasing(store: BrainStore, schema: str, database_url: str | None = None, **options: Any) -> Liveness:
     """A live Brain registration that judges the others and hands back the turns of the dead."""
     options = {"grace": 0.3, "interval": 0.05, **options}
-    options["release"] = lambda conn, gone, died: store.release_owners(conn, gone, "wake", died=died)
+    options["release"] = lambda conn, gone, died: store.turns.release_owners(conn, gone, "wake", died=died)
     return register(store, schema, database_url, **options)
 
 
@@ -112,20 +112,20 @@ async def _submit(store: BrainStore, request_id: str = "r1", text: str = "hello"
 
 
 async def _claim(store: BrainStore, owner: str, lease: float = 30.0, limit: int = 1) -> Claimed:
-    return await store.transact(lambda c: store.claim(c, owner, lease, limit))
+    return await store.transact(lambda c: store.turns.claim(c, owner, lease, limit))
 
 
 async def _commit(store: BrainStore, *batch: Move) -> list[Moved | None]:
-    return await store.transact(lambda c: store.commit_moves(c, list(batch), 30.0))
+    return await store.transact(lambda c: store.turns.commit_moves(c, list(batch), 30.0))
 
 
 async def _move(store: BrainStore, move: Move) -> Moved:
     """Commit one move, or raise why it was refused (as a run's committer does)."""
 
     async def work(conn: Any) -> Moved:
-        (moved,) = await store.commit_moves(conn, [move], 30.0)
+        (moved,) = await store.turns.commit_moves(conn, [move], 30.0)
         if moved is None:
-            await store.refuse(conn, move)
+            await store.turns.refuse(conn, move)
         assert moved is not None
         return moved
 
@@ -133,11 +133,11 @@ async def _move(store: BrainStore, move: Move) -> Moved:
 
 
 async def _turn(store: BrainStore, turn_id: str) -> TurnRow:
-    return await store.read(lambda c: store.load(c, turn_id))
+    return await store.read(lambda c: store.turns.load(c, turn_id))
 
 
 async def _facts(store: BrainStore, session: str = "s1") -> list[tuple[int, list[str]]]:
-    entries = await store.read(lambda c: store.entries(c, session))
+    entries = await store.read(lambda c: store.journal.entries(c, session))
     return [(e.seq, [f["kind"] for f in e.facts]) for e in entries]
 
 
@@ -188,7 +188,7 @@ def _events(execution_id: str, result: Any = None, session: str = "s1") -> tuple
 
 async def _apply(store: BrainStore, *ranges: list[Any], budget: ClaimBudget | None = None) -> Any:
     return await store.transact(
-        lambda c: store.apply_events(c, list(ranges), wake_channel="ch", budget=budget)
+        lambda c: store.events.apply_events(c, list(ranges), wake_channel="ch", budget=budget)
     )
 
 
@@ -230,12 +230,12 @@ async def test_turns_of_one_session_share_its_thread_and_one_journal_sequence(st
         (second, "s1", "queued"),
     ]
     assert await store.pool.fetchval("SELECT count(*) FROM threads") == 1
-    entries = await store.read(lambda c: store.entries(c, "s1"))
+    entries = await store.read(lambda c: store.journal.entries(c, "s1"))
     assert [(e.seq, e.turn_id, e.status, e.facts) for e in entries] == [
         (1, first, "queued", [{"kind": "turn.accepted", "request_id": "r1", "input": {"text": "hello"}}]),
         (2, second, "queued", [{"kind": "turn.accepted", "request_id": "r2", "input": {"text": "and then"}}]),
     ]
-    assert await store.read(lambda c: store.last_seq(c, "s1")) == 2
+    assert await store.read(lambda c: store.journal.last_seq(c, "s1")) == 2
     # And the session cannot be used from another namespace
     with pytest.raises(ConflictError, match="is taken: choose another"):
         await verbs.submit(
@@ -272,7 +272,7 @@ async def test_concurrent_submits_of_one_request_agree_on_one_turn(pg_store, ses
     # Then one turn exists; callers with its input got it, the others a ConflictError, and no
     # caller saw a unique-constraint error
     (turn,) = await store.pool.fetch("SELECT id FROM turns WHERE request_id = 'same'")
-    entries = await store.read(lambda c: store.entries(c, "s1", turn_id=turn["id"]))
+    entries = await store.read(lambda c: store.journal.entries(c, "s1", turn_id=turn["id"]))
     text = entries[0].facts[0]["input"]["text"]
     for sent, answer in zip(texts, answers, strict=True):
         if sent == text:
@@ -311,13 +311,13 @@ async def test_a_claim_and_its_prepare_are_one_journal_entry_of_the_run(store):
     (row,) = (await _claim(store, "b1")).rows
     moved = await _move(store, moves.prepare(row, freeze={"echo": {"name": "echo"}}))
     assert moved.froze and moved.row.phase is TurnPhase.MODEL_REQUEST and moved.seq == 2
-    (entry,) = [e for e in await store.read(lambda c: store.entries(c, "s1")) if e.seq == 2]
+    (entry,) = [e for e in await store.read(lambda c: store.journal.entries(c, "s1")) if e.seq == 2]
     assert (entry.turn_id, entry.run, entry.status, entry.phase) == (turn_id, 1, "running", "model_request")
     assert entry.facts == [
         {"kind": "turn.run_started", "run": 1, "epoch": 1, "phase": "prepare", "owner": "b1"},
         {"kind": "turn.prepared"},
     ]
-    thread = await store.read(lambda c: store.thread(c, "s1"))
+    thread = await store.read(lambda c: store.bindings.thread(c, "s1"))
     assert thread["bindings"] == {"echo": {"name": "echo"}}
 
 
@@ -341,7 +341,7 @@ async def test_a_stale_owner_cannot_commit_and_nothing_of_its_move_remains(store
     assert await _facts(store) == [(1, ["turn.accepted"])]
     row = await _turn(store, turn_id)
     assert (row.phase, row.lease_owner) == (TurnPhase.PREPARE, "b")
-    assert (await store.read(lambda c: store.thread(c, "s1")))["bindings"] is None
+    assert (await store.read(lambda c: store.bindings.thread(c, "s1")))["bindings"] is None
 
 
 async def test_moves_of_many_turns_commit_together_and_a_refused_one_writes_nothing(store):
@@ -384,7 +384,7 @@ async def test_a_claim_that_meets_a_turn_claimed_since_its_snapshot_leaves_it_to
     # here to open that window for sure; under load it opens by itself)
     store = pg_store
     turn_id = await _submit(store)
-    slow_claim = pg_turns._CLAIM.replace(
+    slow_claim = turns_pg._CLAIM.replace(
         "WHERE t.status IN", "WHERE pg_sleep(0.3) IS NOT NULL AND t.status IN", 1
     )
     async with store.pool.acquire() as conn:
@@ -437,7 +437,7 @@ async def test_concurrent_claims_never_take_a_turn_from_a_live_owner(pg_store):
 
 
 async def _claimable(store: BrainStore) -> bool:
-    return await store.anything_claimable()
+    return await store.turns.anything_claimable()
 
 
 async def test_a_killed_owner_is_taken_over_after_the_grace_not_its_lease(pg_store, tendon):
@@ -678,7 +678,7 @@ async def test_a_step_completed_by_an_apply_is_claimed_there_for_a_run_with_a_fr
     assert (claimed.id, claimed.status, claimed.phase, claimed.lease_owner, claimed.lease_epoch) == (
         turn_id, TurnStatus.RUNNING, TurnPhase.MODEL_REQUEST, "me", 2
     )  # fmt: skip
-    last = (await store.read(lambda c: store.entries(c, "s1")))[-1]
+    last = (await store.read(lambda c: store.journal.entries(c, "s1")))[-1]
     assert (last.status, last.phase, last.run) == ("running", "model_request", 2)
     assert [f["kind"] for f in last.facts] == [
         "execution.succeeded",
@@ -695,12 +695,12 @@ async def test_a_lost_wake_up_is_repaired_by_the_periodic_scan(store):
     await store.pool.execute("UPDATE executions SET status = 'succeeded' WHERE id = 'e3'")
     await store.pool.execute("UPDATE turns SET wake_at = ts_add(now(), -1)")
     # When the repair scan runs, Then the turn is claimable again
-    assert await store.transact(lambda c: store.wake_stuck(c, "ch")) == 1
+    assert await store.transact(lambda c: store.repairs.wake_stuck(c, "ch")) == 1
     assert (await _turn(store, turn_id)).status is TurnStatus.RUNNING
     # and a turn still waiting on a running tool is left alone
     await store.pool.execute("UPDATE executions SET status = 'running' WHERE id = 'e3'")
     await store.pool.execute("UPDATE turns SET status = 'waiting', wake_at = ts_add(now(), -1)")
-    assert await store.transact(lambda c: store.wake_stuck(c, "ch")) == 0
+    assert await store.transact(lambda c: store.repairs.wake_stuck(c, "ch")) == 0
 
 
 async def test_two_sibling_executions_finishing_at_once_wake_their_turn(pg_store):
@@ -715,7 +715,7 @@ async def test_two_sibling_executions_finishing_at_once_wake_their_turn(pg_store
     async with store.pool.acquire() as first:
         tx = first.transaction()
         await tx.start()
-        await store.apply_events(first, [[_events("sib1", 1)[2]]], wake_channel="ch", budget=None)
+        await store.events.apply_events(first, [[_events("sib1", 1)[2]]], wake_channel="ch", budget=None)
         second = asyncio.create_task(_apply(store, [_events("sib2", 2)[2]]))
         await asyncio.sleep(0.3)
         # Then the second waits for the first (the turn's lock) ...
@@ -737,7 +737,7 @@ async def test_an_event_applied_while_a_later_one_is_being_held_drains_it(pg_sto
     async with store.pool.acquire() as holder:
         tx = holder.transaction()
         await tx.start()
-        await store.apply_events(holder, [[done]], wake_channel="ch", budget=None)
+        await store.events.apply_events(holder, [[done]], wake_channel="ch", budget=None)
         applying = asyncio.create_task(_apply(store, [started]))
         await asyncio.sleep(0.3)
         assert not applying.done()  # it waits for the turn and the execution
@@ -769,17 +769,17 @@ async def test_a_turns_view_reads_its_row_entries_and_executions_as_the_portable
     await _apply(store, list(_events("e6", result=result)))
 
     # When it is read as a description reads it (one statement on PostgreSQL)
-    view = await store.read(lambda c: store.turn_view(c, "ns", turn_id))
+    view = await store.read(lambda c: store.views.turn_view(c, "ns", turn_id))
 
     # Then it is what the backend-neutral reads (three statements) find, typed alike
-    portable = await store.read(lambda c: ControlRows.turn_view(store, c, "ns", turn_id))
+    portable = await store.read(lambda c: Views(store).turn_view(c, "ns", turn_id))
     assert view == portable and view is not None
     assert view.turn.id == turn_id and view.turn.status is TurnStatus.RUNNING
     assert [e.seq for e in view.entries] == [seq for seq, _ in await _facts(store)]
     assert [(x["id"], x["status"], x["result"]) for x in view.executions] == [("e6", "succeeded", result)]
     assert view.entries[0].facts[0]["kind"] == "turn.accepted"
     # and another namespace's caller finds no such turn
-    assert await store.read(lambda c: store.turn_view(c, "other", turn_id)) is None
+    assert await store.read(lambda c: store.views.turn_view(c, "other", turn_id)) is None
 
 
 # ---- failing a turn, repairs ----------------------------------------------------------
@@ -790,14 +790,16 @@ async def test_a_turn_failed_from_outside_settles_its_open_executions_and_tells_
     await _waiting_on(store, turn_id, "e5", "e6")
     await _apply(store, list(_events("e5")))
     settled = await store.transact(
-        lambda c: store.fail_turn(c, turn_id, {"code": "no_answer", "message": "silent"}, Topology("t"))
+        lambda c: store.failures.fail_turn(
+            c, turn_id, {"code": "no_answer", "message": "silent"}, Topology("t")
+        )
     )
     assert settled is not None and [c.queue for c in settled.controls] == ["t.lab.controls"]
     row = await _turn(store, turn_id)
     assert row.status is TurnStatus.FAILED and row.error["code"] == "no_answer" and row.lease_epoch == 2
     statuses = dict(await store.pool.fetch("SELECT id, status FROM executions ORDER BY id"))
     assert statuses == {"e5": "succeeded", "e6": "cancelled"}
-    assert [c.message_id for c in await store.read(store.unpublished_controls)] == [
+    assert [c.message_id for c in await store.read(store.outbox.unpublished_controls)] == [
         settled.controls[0].message_id
     ]
     assert (await _facts(store))[-1][1] == ["turn.failed", "execution.cancelled"]
@@ -812,7 +814,7 @@ async def test_a_turn_failed_from_outside_settles_its_open_executions_and_tells_
     # and failing it again does nothing
     assert (
         await store.transact(
-            lambda c: store.fail_turn(c, turn_id, {"code": "x", "message": ""}, Topology("t"))
+            lambda c: store.failures.fail_turn(c, turn_id, {"code": "x", "message": ""}, Topology("t"))
         )
         is None
     )
@@ -822,22 +824,24 @@ async def test_a_waiting_turn_is_looked_at_when_its_time_came_with_its_open_exec
     turn_id = await _submit(store)
     await _waiting_on(store, turn_id, "e7", "e8")
     await _apply(store, list(_events("e8")))
-    assert await store.transact(lambda c: store.due_waiting(c)) == []  # its first look is a minute away
+    assert (
+        await store.transact(lambda c: store.repairs.due_waiting(c)) == []
+    )  # its first look is a minute away
     await store.pool.execute("UPDATE turns SET wake_at = ts_add(now(), -1)")
-    due = await store.transact(lambda c: store.due_waiting(c))
+    due = await store.transact(lambda c: store.repairs.due_waiting(c))
     assert [(r["turn_id"], r["id"], r["status"], r["creator_alive"]) for r in due] == [
         (turn_id, "e7", "intended", False)  # "brain-test" never registered: not alive
     ]
     assert bytes(due[0]["command"]) == b"{}" and due[0]["command_message_id"] == "m-e7"
-    await store.transact(lambda c: store.look_later(c, {turn_id: 60.0}))
-    assert await store.transact(lambda c: store.due_waiting(c)) == []
+    await store.transact(lambda c: store.repairs.look_later(c, {turn_id: 60.0}))
+    assert await store.transact(lambda c: store.repairs.due_waiting(c)) == []
 
 
 async def test_a_nudge_is_counted_and_spaces_the_next_one_and_progress_resets_it(store):
     turn_id = await _submit(store)
     await _waiting_on(store, turn_id, "e9")
     for backoff in (2, 4):
-        await store.transact(lambda c: store.mark_nudged(c, "e9"))
+        await store.transact(lambda c: store.repairs.mark_nudged(c, "e9"))
         row = await store.pool.fetchrow("SELECT nudges, stall_backoff FROM executions WHERE id = 'e9'")
         assert (row["nudges"], row["stall_backoff"]) == (backoff // 2, backoff)
     await _apply(store, [_events("e9")[0]])
@@ -861,12 +865,12 @@ async def test_both_backends_leave_the_same_facts(tendon, tmp_path):
         await _apply(store, list(_events("x1", result=[1, {"a": None}])))
         await _apply(store, [_events("x2")[2]])  # held behind a gap
         await store.transact(
-            lambda c: store.fail_turn(c, other, {"code": "c", "message": "m"}, Topology("t"))
+            lambda c: store.failures.fail_turn(c, other, {"code": "c", "message": "m"}, Topology("t"))
         )
         entries = [
             (e.seq, e.status, e.phase, e.run, e.facts)
             for s in ("s1", "s2")
-            for e in await store.read(lambda c, s=s: store.entries(c, s))
+            for e in await store.read(lambda c, s=s: store.journal.entries(c, s))
         ]
         turns = [
             (t["status"], t["phase"], t["revision"], t["lease_epoch"], t["runs"], t["tool_step"], t["error"])
@@ -931,7 +935,7 @@ async def test_a_lone_move_finds_its_turn_by_key_among_tens_of_turns(pg_store):
         scans = TableScans(conn, "turns")
         before = await scans.now()
         # When its run commits a move on its own (a lone turn's reply), with the pool's generic plans
-        (moved,) = await pg_store.commit_moves(conn, [moves.prepare(row, freeze=None)], 30.0)
+        (moved,) = await pg_store.turns.commit_moves(conn, [moves.prepare(row, freeze=None)], 30.0)
         assert moved is not None
         # Then the turn was found by its key, not by reading the table whole (with an unnest of
         # parameters, taken for ten rows, the plan read all 80)

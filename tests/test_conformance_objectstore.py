@@ -18,13 +18,12 @@ from urllib.parse import unquote, urlparse
 import pytest
 
 from infra.objects.directory import DirectoryObjectStore
-from infra.objects.payloads import (
-    ObjectStore,
-    PayloadCodec,
+from infra.objects.keys import (
     check_binding,  # the one binding rule
     check_scope,  # the one scope rule
     object_binding,
 )
+from infra.objects.payloads import ObjectStore, PayloadCodec
 from protocol import (
     ExecuteBody,
     ExecuteCommand,

@@ -20,8 +20,8 @@ import pytest
 
 from brain.api import Api, Tokens, create_app
 from brain.rules.agents import AgentDefinition
+from brain.rules.submits import Submit
 from brain.store import open_brain_store, open_store
-from brain.store.submits import Submit
 from infra.db import create_pool, session_settings, transact
 from infra.process.settings import Settings
 from infra.transport import Topology
@@ -142,7 +142,10 @@ async def test_a_brain_that_drives_many_turns_keeps_to_its_pool_size(limited: Li
     store = await open_store(settings)
     try:
         agent = AgentDefinition.model_validate(AGENT)
-        burst = [store.submit(Submit("default", f"s-{i}", f"r-{i}", "hello", agent, "w")) for i in range(40)]
+        burst = [
+            store.submits.submit(Submit("default", f"s-{i}", f"r-{i}", "hello", agent, "w"))
+            for i in range(40)
+        ]
         assert len(set(await asyncio.gather(*burst))) == 40
         admin = await asyncpg.connect(pg_url)
         try:

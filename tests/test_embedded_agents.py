@@ -16,8 +16,8 @@ import pytest
 
 from brain import verbs
 from brain.rules.agents import AgentDefinition
+from brain.rules.controls import Kind
 from brain.verbs import controls
-from brain.verbs.controls import Kind
 from brain.verbs.describe import describe
 from infra.process.killpoints import KillPoints
 from infra.process.settings import Settings

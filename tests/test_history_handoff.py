@@ -11,7 +11,7 @@ import asyncio
 from typing import Any
 
 from brain.rules import moves
-from brain.rules.history import HistoryCache
+from brain.run.history import HistoryCache
 from brain.run.runs import Scheduler, Wakeups
 from brain.run.updates import UpdateConsumer
 from brain.store import BrainStore, ClaimBudget, TurnRow

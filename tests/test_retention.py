@@ -118,9 +118,9 @@ async def test_only_the_journal_of_sessions_closed_past_the_horizon_with_every_t
     await _close(store, "s-old", 2000)
     await _close(store, "s-recent", 10)
     await _close(store, "s-unfinished", 2000, finish=False)
-    kept = {s: await store.read(lambda c, s=s: store.last_seq(c, s)) for s in ("s-old", "s-open")}
+    kept = {s: await store.read(lambda c, s=s: store.journal.last_seq(c, s)) for s in ("s-old", "s-open")}
 
-    gone = await store.transact(lambda c: store.prune_journal(c, 1000, 10))
+    gone = await store.transact(lambda c: store.retention.prune_journal(c, 1000, 10))
 
     assert gone == 1
     for session in ("s-recent", "s-open", "s-unfinished"):
@@ -133,7 +133,7 @@ async def test_only_the_journal_of_sessions_closed_past_the_horizon_with_every_t
     assert (await observe.list_events(store, namespace="ns", session_id="s-old", cursor=last)).events == []
     snapshot = await observe.snapshot(store, namespace="ns", session_id="s-old")
     assert snapshot["cursor"] == last and len(snapshot["turns"]) == 1
-    assert await store.transact(lambda c: store.prune_journal(c, 1000, 10)) == 0
+    assert await store.transact(lambda c: store.retention.prune_journal(c, 1000, 10)) == 0
 
 
 async def test_parked_messages_are_pruned_after_their_horizon(store: BrainStore) -> None:  # noqa: F811

@@ -13,10 +13,10 @@ import pytest
 from brain import verbs
 from brain.rules import moves
 from brain.rules.states import TurnPhase, TurnStatus
+from brain.rules.submits import Start, Submit, Submitted
 from brain.run.claims import Served
 from brain.run.runs import Scheduler, Wakeups
 from brain.store import BrainStore
-from brain.store.submits import Start, Submit, Submitted
 from infra.transport import Topology
 from infra.transport.localqueue import LocalBroker
 from protocol import IllegalTransitionError
@@ -49,11 +49,11 @@ async def _served(
     that another submit waits for)."""
     asked, start = _asked(request_id, session), Start(owner, 30.0, bindings)
     if not hold:
-        return await store.submit_served(asked, start)
+        return await store.submits.submit_served(asked, start)
 
     async def work(conn: Any) -> Submitted:
-        await store.lock_thread(conn, asked.thread_id)
-        done = await store.submit_in(conn, asked, start)
+        await store.submits.lock_thread(conn, asked.thread_id)
+        done = await store.submits.submit_in(conn, asked, start)
         await asyncio.sleep(hold)
         return done
 
@@ -79,7 +79,7 @@ async def test_a_served_submit_of_a_new_thread_starts_its_turn_in_one_commit_and
     assert done.seq == 1 and [f["kind"] for f in done.facts] == [
         "turn.accepted", "turn.run_started", "turn.prepared",
     ]  # fmt: skip
-    thread = await store.read(lambda c: store.thread(c, "s1"))
+    thread = await store.read(lambda c: store.bindings.thread(c, "s1"))
     assert thread["bindings"] == BINDINGS
     # it is this Brain's: no other claims it while the lease lives
     assert (await _claim(store, "b2", limit=5)).rows == []
@@ -97,7 +97,7 @@ async def test_a_served_submit_leaves_the_turn_queued_when_it_cannot_start_at_on
     # A new thread whose tools are not all announced: a claim's prepare waits for them, not the submit
     other = await _served(store, "r3", bindings=None, session="s2")
     assert other.started is None and (await _turn(store, other.turn_id)).status is TurnStatus.QUEUED
-    assert await store.read(lambda c: store.thread(c, "s2")) is not None
+    assert await store.read(lambda c: store.bindings.thread(c, "s2")) is not None
     # The queued ones are claimed in thread order
     claimed = (await _claim(store, "b1", limit=5)).rows
     assert {r.id for r in claimed} == {first, other.turn_id}
@@ -156,8 +156,8 @@ async def test_a_close_that_waited_for_a_served_submit_sees_the_turn_it_started(
 
     async def close(conn: Any) -> bool:
         if closing == "thread":
-            return await store.close_thread(conn, "s1", "thread 'main'")
-        return await store.close_session(conn, "s1")
+            return await store.sessions.close_thread(conn, "s1", "thread 'main'")
+        return await store.sessions.close_session(conn, "s1")
 
     # Then the close, counting after the lock, finds the turn that submit started, and refuses
     with pytest.raises(IllegalTransitionError, match="1 unfinished turn"):
@@ -182,12 +182,14 @@ async def test_a_submit_that_waited_for_a_close_finds_it_closed_and_adds_no_turn
         closing_tx = conn.transaction()
         await closing_tx.start()
         if closing == "thread":
-            assert await store.close_thread(conn, "s1", "thread 'main'")
+            assert await store.sessions.close_thread(conn, "s1", "thread 'main'")
         else:
-            assert await store.close_session(conn, "s1")
+            assert await store.sessions.close_session(conn, "s1")
         asked = _asked("r1", thread=thread)
         submitting = asyncio.create_task(
-            store.submit_served(asked, Start("b1", 30.0, BINDINGS)) if served else store.submit(asked)
+            store.submits.submit_served(asked, Start("b1", 30.0, BINDINGS))
+            if served
+            else store.submits.submit(asked)
         )
         await asyncio.sleep(0.3)
         assert not submitting.done(), "the submit went ahead of the close it should wait for"
@@ -206,7 +208,7 @@ async def test_a_served_submit_through_verbs_validates_like_any_submit(store):
 
     async def served(submit: Submit) -> tuple[str, bool]:
         asked.append(submit)
-        return await store.submit(submit)
+        return await store.submits.submit(submit)
 
     turn_id, created = await verbs.submit(
         store, namespace="ns", session_id="s1", request_id="r1", user_input="hi", agent=AGENT,
@@ -237,34 +239,34 @@ async def test_the_bindings_a_served_submit_offers_are_frozen_only_by_a_thread_i
     # An existing thread keeps its own: other bindings offered (announced since) change nothing
     second = await _served(store, "r2", bindings={"echo": {"name": "echo", "version": "2"}})
     assert second.started is not None and second.froze is None
-    assert (await store.read(lambda c: store.thread(c, "s1")))["bindings"] == BINDINGS
+    assert (await store.read(lambda c: store.bindings.thread(c, "s1")))["bindings"] == BINDINGS
     # A new thread offered none (a tool nobody announced yet) queues its turn, frozen by no one
     other = await _served(store, "r3", bindings=None, session="s2")
     assert (other.started, other.froze) == (None, None)
-    assert (await store.read(lambda c: store.thread(c, "s2")))["bindings"] is None
+    assert (await store.read(lambda c: store.bindings.thread(c, "s2")))["bindings"] is None
 
 
 async def test_served_submits_reuse_the_bindings_they_chose_until_the_announcements_change(
     store: BrainStore, tmp_path: Any
 ) -> None:
     # Given a pool that announced version 1 of a tool, and a Brain serving submits of new sessions
-    await store.transact(lambda c: store.store_bindings(c, [BINDING], "wake"))
+    await store.transact(lambda c: store.bindings.store_bindings(c, [BINDING], "wake"))
     agent = _agent(tools=["lab_tool"])
     reads: list[Any] = []
-    marked = store.marked_bindings
+    marked = store.bindings.marked_bindings
 
     async def spy(conn: Any, tools: Any) -> Any:
         reads.append(tools)
         return await marked(conn, tools)
 
-    store.marked_bindings = spy  # type: ignore[method-assign]
+    store.bindings.marked_bindings = spy  # type: ignore[method-assign]
 
     def asked(session: str) -> Submit:
         return Submit(namespace="ns", session_id=session, request_id="r", user_input="hi", agent=agent,
                       wake_channel="wake")  # fmt: skip
 
     async def frozen(session: str) -> Any:
-        return (await store.read(lambda c: store.thread(c, session)))["bindings"]
+        return (await store.read(lambda c: store.bindings.thread(c, session)))["bindings"]
 
     async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
         served = Served(_context(store, transport), quiet=lambda: True, adopt=lambda row: None)
@@ -279,7 +281,7 @@ async def test_served_submits_reuse_the_bindings_they_chose_until_the_announceme
         # When the pool then announces version 2: the next new thread does not freeze what was
         # chosen before it (its turn is queued: its claim chooses), and the one after reads again
         v2 = BINDING.model_copy(update={"version": "2", "digest": "2" * 64})
-        await store.transact(lambda c: store.store_bindings(c, [v2], "wake"))
+        await store.transact(lambda c: store.bindings.store_bindings(c, [v2], "wake"))
         third, _ = await served.submit(asked("s3"))
         assert (await _turn(store, third)).status is TurnStatus.QUEUED and await frozen("s3") is None
         fourth, _ = await served.submit(asked("s4"))

@@ -14,9 +14,9 @@ import pytest
 
 from brain.rules import moves
 from brain.rules.states import TurnStatus
+from brain.rules.submits import Start, Submit, Submitted
 from brain.run.claims import Served
 from brain.store import BrainStore, ClaimBudget
-from brain.store.submits import Start, Submit, Submitted
 from infra.transport import Topology
 from infra.transport.localqueue import LocalBroker
 from protocol import ConflictError, IllegalTransitionError
@@ -53,7 +53,7 @@ async def test_the_submits_of_one_batch_each_get_their_own_outcome(store: BrainS
     other = await _served(store, "r1", session="s-other")
     closed = await _served(store, "r1", session="s-closed")
     await _finish(store, closed.turn_id)
-    assert await store.transact(lambda c: store.close_session(c, "s-closed"))
+    assert await store.transact(lambda c: store.sessions.close_session(c, "s-closed"))
 
     # When one transaction takes their submits with new ones, two of them to one new session
     items: list[tuple[Submit, Start | None]] = [
@@ -66,7 +66,7 @@ async def test_the_submits_of_one_batch_each_get_their_own_outcome(store: BrainS
     ]
 
     async def work(conn: Any) -> list[Submitted | Exception]:
-        return list(await store.submit_batch(conn, items))
+        return list(await store.submits.submit_batch(conn, items))
 
     new, queued, again, conflict, refused, second = await store.transact(work, read_then_insert=True)
 
@@ -105,7 +105,9 @@ async def test_a_new_agent_version_submitted_twice_in_one_batch_has_one_content(
     items: list[tuple[Submit, Start | None]] = [
         (replace(_asked(f"s{i}"), agent=agent), None) for i, agent in enumerate([same, same, other])
     ]
-    first, second, third = await store.transact(lambda c: store.submit_batch(c, items), read_then_insert=True)
+    first, second, third = await store.transact(
+        lambda c: store.submits.submit_batch(c, items), read_then_insert=True
+    )
     assert isinstance(first, Submitted) and isinstance(second, Submitted) and first.created and second.created
     assert isinstance(third, ConflictError) and "different content" in str(third)
     stored = await store.read(lambda c: c.fetch("SELECT digest FROM agents WHERE name = 'fresh'"))
@@ -158,7 +160,9 @@ async def test_racing_batches_of_the_same_sessions_in_opposite_orders_do_not_dea
     async def batch(order: list[str], tag: str) -> list[Any]:
         # A transaction of its own, not ``transact``, which would try a deadlocked one again
         async with store.pool.acquire() as conn, conn.transaction():
-            return list(await store.submit_batch(conn, [(_asked(s, f"r-{tag}"), _start()) for s in order]))
+            return list(
+                await store.submits.submit_batch(conn, [(_asked(s, f"r-{tag}"), _start()) for s in order])
+            )
 
     forward, backward = await asyncio.wait_for(
         asyncio.gather(batch(sessions, "a"), batch(sessions[::-1], "b")), timeout=5
@@ -174,7 +178,7 @@ async def _moves_ending(store: BrainStore, sessions: list[str]) -> Callable[[Any
     """A batch of moves that ends a running turn in each session (a journal entry each)."""
     rows = [await _turn(store, (await _served(store, "r0", session=s)).turn_id) for s in sessions]
     ending = [moves.reply(r, {"text": "done"}, {}, intents=None, first_look=60.0) for r in rows]
-    return lambda conn: store.commit_moves(conn, ending, 30.0)
+    return lambda conn: store.turns.commit_moves(conn, ending, 30.0)
 
 
 async def _applies_waking(store: BrainStore, sessions: list[str]) -> Callable[[Any], Awaitable[Any]]:
@@ -191,7 +195,7 @@ async def _applies_waking(store: BrainStore, sessions: list[str]) -> Callable[[A
         await _move(store, reply)
         ranges.append(list(_events(execution_id, session=s)))
     # claimed by the apply, so that each wake-up is a journal entry (the run it starts)
-    return lambda conn: store.apply_events(
+    return lambda conn: store.events.apply_events(
         conn, ranges, wake_channel="ch", budget=ClaimBudget("b1", 30.0, 10)
     )
 
@@ -221,7 +225,9 @@ async def test_a_batch_of_journal_entries_and_one_of_submits_over_the_same_sessi
     # Transactions of their own, not ``transact``, which would try a deadlocked one again
     async def submits() -> list[Any]:
         async with store.pool.acquire() as conn, conn.transaction():
-            return list(await store.submit_batch(conn, [(_asked(s, "r1"), _start()) for s in sessions]))
+            return list(
+                await store.submits.submit_batch(conn, [(_asked(s, "r1"), _start()) for s in sessions])
+            )
 
     async def journal() -> Any:
         async with store.pool.acquire() as conn, conn.transaction():
@@ -265,9 +271,9 @@ async def test_a_batch_statement_writes_what_one_by_one_submits_write(pg_store, 
     store = pg_store
     items = [(_asked(f"b{i}"), _start() if i % 2 else None) for i in range(n)]
     alone = [(_asked(f"a{i}"), _start() if i % 2 else None) for i in range(n)]
-    await store.transact(lambda c: store.submit_batch(c, items), read_then_insert=True)
+    await store.transact(lambda c: store.submits.submit_batch(c, items), read_then_insert=True)
     for s, start in alone:
-        await store.transact(lambda c, s=s, start=start: store.submit_batch(c, [(s, start)]))
+        await store.transact(lambda c, s=s, start=start: store.submits.submit_batch(c, [(s, start)]))
 
     async def facts(prefix: str) -> list[Any]:
         rows = await store.read(

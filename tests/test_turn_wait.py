@@ -12,11 +12,11 @@ from typing import Any
 
 import httpx
 
+from brain import AsyncClient
 from brain.api import Api, Tokens
 from brain.api.app import create_app
 from brain.api.server import serving
 from brain.face import commands
-from brain.face.client import AsyncClient
 from brain.store import BrainStore
 from infra.process.settings import Settings
 from infra.transport import Topology
@@ -61,13 +61,13 @@ async def test_a_wait_answers_when_its_turn_ends_here_not_at_its_next_look(pg_st
     # Given an API whose waits look again only once a minute, and a client waiting for a turn
     api = _api(pg_store, wait_poll=60.0)
     described: list[str] = []
-    view = pg_store.turn_view
+    view = pg_store.views.turn_view
 
     async def spy(conn: Any, namespace: str, turn_id: str) -> Any:
         described.append(turn_id)  # a description reads the turn's view; a look, its row only
         return await view(conn, namespace, turn_id)
 
-    pg_store.turn_view = spy  # type: ignore[method-assign]
+    pg_store.views.turn_view = spy  # type: ignore[method-assign]
     async with _http(api) as http:
         turn = (await http.post("/v1/sessions/s-1/turns", json=BODY)).json()["turn_id"]
         waiting = asyncio.create_task(http.get(f"/v1/turns/{turn}", params={"wait": "50s"}))

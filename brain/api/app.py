@@ -17,11 +17,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from brain.api.auth import Caller, Tokens
+from brain.rules.submits import Submit
 from brain.run.endings import Endings
 from brain.run.metrics import BrainMetrics
 from brain.run.previews import Previews
 from brain.store import BrainStore
-from brain.store.submits import Submit
 from infra.process.logging import get_logger
 from infra.transport import Topology
 from protocol import (

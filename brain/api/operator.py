@@ -51,5 +51,5 @@ async def prometheus(request: Request, caller: CallerDep) -> Response:
     caller.operate()
     api = api_of(request)
     store = api.store
-    text = await api.metrics.render(lambda: store.read(store.gauges))
+    text = await api.metrics.render(lambda: store.read(store.gauges.count))
     return Response(text, media_type=CONTENT_TYPE)

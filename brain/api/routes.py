@@ -70,7 +70,9 @@ async def until_ended(api: Api, namespace: str, turn_id: str, wait: float, *, lo
         # Until then, only the turn's row is looked at (one read, not the three of a description).
         while not ended.is_set() and loop.time() < deadline:
             if look:
-                row = await store.read(lambda conn: store.lock_turn(conn, namespace, turn_id, lock=False))
+                row = await store.read(
+                    lambda conn: store.turns.lock_turn(conn, namespace, turn_id, lock=False)
+                )
                 if row is None or row.status in TERMINAL_TURN:
                     return
             look = True

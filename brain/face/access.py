@@ -67,7 +67,9 @@ class Direct:
         store, loop = self.store, asyncio.get_running_loop()
         deadline = loop.time() + seconds
         while True:
-            row = await store.read(lambda conn: store.lock_turn(conn, self.namespace, turn_id, lock=False))
+            row = await store.read(
+                lambda conn: store.turns.lock_turn(conn, self.namespace, turn_id, lock=False)
+            )
             left = deadline - loop.time()
             if row is None or row.status in TERMINAL_TURN or left <= 0:
                 return await self.describe(turn_id)  # a turn that is not there: NotFoundError

@@ -17,12 +17,11 @@ from rich.console import Console
 from brain import verbs
 from brain.face.access import Direct, access
 from brain.face.client import AsyncClient
+from brain.face.render import print_history, print_turn, waiting_line
 from brain.face.watch import watch as follow
 from brain.rules.agents import AgentDefinition
 from brain.rules.states import TERMINAL_TURN, TurnStatus
 from brain.store import BrainStore, open_store
-from brain.verbs.describe import print_turn, waiting_line
-from brain.verbs.turn_history import print_history
 from infra.process.killpoints import KillPoints
 from infra.process.settings import Settings
 from infra.transport import Topology

@@ -22,7 +22,6 @@ from brain.rules.states import (
     ExecutionStatus,
     execution_transition,
 )
-from infra.db import Json
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,7 @@ def effect(start: ExecutionStatus, events: Sequence[Any], execution: Execution) 
             detail.update(attempt=body.attempt, reason=body.reason)
         elif event.kind == "succeeded":
             out.outcome = {
-                "result": Json(body.result),
+                "result": body.result,
                 "how": body.how,
                 "evidence": body.evidence,
                 "output_bytes": body.output_bytes,

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from brain.rules import facts
+from brain.rules.records import Intent, Move, TurnRow
 from brain.rules.states import (
     TERMINAL_EXECUTION,
     ExecutionStatus,
@@ -21,7 +22,6 @@ from brain.rules.states import (
     phase_transition,
     turn_transition,
 )
-from brain.store import Intent, Move, TurnRow
 
 P, S = TurnPhase, TurnStatus
 

@@ -87,17 +87,6 @@ class TurnRow:
         return Lease(self.id, self.lease_owner, self.lease_epoch)
 
 
-TERMINAL_SQL = "('completed', 'failed', 'cancelled')"  # a turn's final statuses
-FINAL_SQL = "('succeeded', 'failed', 'cancelled')"  # an execution's
-
-# The columns of ``turns`` a TurnRow is read from, for statements that return turns.
-TURN_COLUMNS = (
-    "id, namespace, session_id, thread_id, request_id, status, phase, revision, lease_owner, lease_epoch,"
-    " waiting_for, model_calls, tool_step, retries, runs, result, error, created_at, crashes, crash_at,"
-    " pending, cancel_requested"
-)
-
-
 @dataclass(frozen=True)
 class Intent:
     """A tool execution to commit with the move that decided it, and its packed command.
@@ -215,24 +204,10 @@ class Entry:
         return cls(**{k: rec[k] for k in cls.__dataclass_fields__})
 
 
-def column_names(columns: str) -> list[str]:
-    """The names in a comma-separated column list (``TURN_COLUMNS``...)."""
-    return [c.strip() for c in columns.split(",")]
-
-
-def qualified(alias: str, columns: str) -> str:
-    """A comma-separated column list with each name as ``alias.name``."""
-    return ", ".join(f"{alias}.{c}" for c in column_names(columns))
-
-
-# What a turn's description shows of each of its executions (and its conversation's tool messages).
-VIEW_EXECUTION_COLUMNS = "id, call_id, tool, route, status, attempts, how, evidence, result, error, last_seq"
-
-
 @dataclass(frozen=True)
 class TurnView:
     """A turn as it is described: its row, its journal entries in order, and its executions by
-    step and call id (``VIEW_EXECUTION_COLUMNS`` of each)."""
+    step and call id (``brain.store.sql.VIEW_EXECUTION_COLUMNS`` of each)."""
 
     turn: TurnRow
     entries: list[Entry]

@@ -50,9 +50,6 @@ class ExecutionStatus(StrEnum):
     UNKNOWN = "unknown"  # effect cannot be confirmed; only a reconcile resolves it
 
 
-TERMINAL_TURN = frozenset({TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.CANCELLED})
-TERMINAL_EXECUTION = frozenset({ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED})
-
 TURN_TRANSITIONS: dict[TurnStatus, frozenset[TurnStatus]] = {
     TurnStatus.QUEUED: frozenset(
         {TurnStatus.RUNNING, TurnStatus.PAUSED, TurnStatus.FAILED, TurnStatus.CANCELLED}
@@ -67,8 +64,9 @@ TURN_TRANSITIONS: dict[TurnStatus, frozenset[TurnStatus]] = {
             TurnStatus.CANCELLED,
         }
     ),
+    # WAITING again: a waiting turn that begins a cancel waits on, for its executions to settle.
     TurnStatus.WAITING: frozenset(
-        {TurnStatus.RUNNING, TurnStatus.PAUSED, TurnStatus.FAILED, TurnStatus.CANCELLED}
+        {TurnStatus.RUNNING, TurnStatus.WAITING, TurnStatus.PAUSED, TurnStatus.FAILED, TurnStatus.CANCELLED}
     ),
     # Resumed (or cancelled); a paused turn's tool results are still applied, it just does not go on.
     TurnStatus.PAUSED: frozenset(
@@ -87,6 +85,25 @@ PHASE_TRANSITIONS: dict[TurnPhase, frozenset[TurnPhase]] = {
     TurnPhase.APPLY_RESULTS: frozenset({TurnPhase.MODEL_REQUEST}),
     TurnPhase.FINALIZE: frozenset({TurnPhase.DONE}),
     TurnPhase.DONE: frozenset(),
+}
+
+
+class ControlStatus(StrEnum):
+    """Where a control stands: its receipt's status."""
+
+    RECEIVED = "received"  # recorded; decided at the turn's next boundary
+    APPLIED = "applied"
+    REJECTED = "rejected"
+    WITHDRAWN = "withdrawn"  # taken back by a withdraw before it was applied
+
+
+CONTROL_TRANSITIONS: dict[ControlStatus, frozenset[ControlStatus]] = {
+    ControlStatus.RECEIVED: frozenset(
+        {ControlStatus.APPLIED, ControlStatus.REJECTED, ControlStatus.WITHDRAWN}
+    ),
+    ControlStatus.APPLIED: frozenset(),
+    ControlStatus.REJECTED: frozenset(),
+    ControlStatus.WITHDRAWN: frozenset(),
 }
 
 _P, _I, _A, _R = (
@@ -111,6 +128,21 @@ EXECUTION_TRANSITIONS: dict[ExecutionStatus, frozenset[ExecutionStatus]] = {
     _F: frozenset(),
     _C: frozenset(),
 }
+
+# The status sets the rules and the store's statements speak of, derived from the tables.
+TERMINAL_TURN = frozenset(s for s, targets in TURN_TRANSITIONS.items() if not targets)
+TERMINAL_EXECUTION = frozenset(s for s, targets in EXECUTION_TRANSITIONS.items() if not targets)
+# What waits for a person: PENDING. What the Hands may still be working on: the rest of the
+# statuses that are neither final nor UNKNOWN (UNKNOWN waits for a reconcile, not for the Hands).
+WAITING_FOR_A_PERSON = frozenset({ExecutionStatus.PENDING})
+OPEN_EXECUTION = (
+    frozenset(ExecutionStatus) - TERMINAL_EXECUTION - WAITING_FOR_A_PERSON - {ExecutionStatus.UNKNOWN}
+)
+# Not settled: open, or waiting for a person (UNKNOWN is settled until a reconcile moves it).
+UNSETTLED_EXECUTION = OPEN_EXECUTION | WAITING_FOR_A_PERSON
+# Whose events the Brain still applies in order (and so may hold behind a gap).
+SEQUENCED_EXECUTION = OPEN_EXECUTION | {ExecutionStatus.UNKNOWN}
+
 
 # Which execution status each sequenced event kind moves to (output pages change none).
 EVENT_STATUS: dict[str, ExecutionStatus | None] = {

@@ -15,11 +15,12 @@ from typing import Any
 
 from brain.rules import facts, moves
 from brain.rules.agents import AgentDefinition
-from brain.rules.history import ReadAhead
 from brain.rules.states import TurnPhase, TurnStatus
+from brain.rules.submits import Mark, Start, Submit, Submitted
 from brain.run.context import BrainContext
+from brain.run.history import ReadAhead
 from brain.store import Move, Moved, Settled, TurnRow
-from brain.store.submits import Mark, Start, Submit, Submitted
+from infra.db import Connection
 from infra.db.groupcommit import GroupCommit
 from infra.process.logging import get_logger
 from protocol import IllegalTransitionError, LimitReachedError, RoutingError, StaleOwnerError, TendonError
@@ -48,9 +49,9 @@ class Claim:
 async def claim_turns(ctx: BrainContext, limit: int) -> Claim:
     """Claim up to ``limit`` turns and take their database-only phases; one transaction."""
 
-    async def work(conn: Any) -> Claim:
+    async def work(conn: Connection) -> Claim:
         claim = Claim()
-        claimed = await ctx.store.claim(conn, ctx.owner, ctx.lease_seconds, limit)
+        claimed = await ctx.store.turns.claim(conn, ctx.owner, ctx.lease_seconds, limit)
         claim.more = claimed.more
         await _read_ahead(ctx, conn, claimed.rows, claim)
         planned: list[Move] = []
@@ -62,12 +63,12 @@ async def claim_turns(ctx: BrainContext, limit: int) -> Claim:
                 if exc.retryable:
                     raise
                 log.warning("turn_failed", turn_id=row.id, **exc.as_dict())
-                settled = await ctx.store.fail_turn(
+                settled = await ctx.store.failures.fail_turn(
                     conn, row.id, exc.as_dict(), ctx.topology, lease=row.lease, preface=[moves.started(row)]
                 )
                 if settled is not None:
                     claim.settled.append(settled)
-        done = await ctx.store.commit_moves(conn, planned, ctx.lease_seconds) if planned else []
+        done = await ctx.store.turns.commit_moves(conn, planned, ctx.lease_seconds) if planned else []
         for move, moved in zip(planned, done, strict=True):
             if moved is None:  # claimed in this very transaction: nobody else can have moved it
                 raise StaleOwnerError(f"turn {move.before.id} moved under its own claim")
@@ -99,20 +100,20 @@ async def claim_turns(ctx: BrainContext, limit: int) -> Claim:
     return claim
 
 
-async def _read_ahead(ctx: BrainContext, conn: Any, rows: list[TurnRow], claim: Claim) -> None:
+async def _read_ahead(ctx: BrainContext, conn: Connection, rows: list[TurnRow], claim: Claim) -> None:
     back = [(r.id, r.tool_step) for r in rows if r.phase in (TurnPhase.WAIT_TOOLS, TurnPhase.APPLY_RESULTS)]
     if back:
-        claim.steps = await ctx.store.steps_executions(conn, back)
+        claim.steps = await ctx.store.executions.steps_executions(conn, back)
     preparing = {r.thread_id for r in rows if r.phase is TurnPhase.PREPARE}
     if not preparing:
         return
     claim.read = await ctx.threads.get_many(conn, preparing)
     tools = {t for agent, thread in claim.read.values() if thread["bindings"] is None for t in agent.tools}
     if tools:
-        claim.announced = await ctx.store.latest_bindings(conn, sorted(tools))
+        claim.announced = await ctx.store.bindings.latest_bindings(conn, sorted(tools))
 
 
-async def _read_conversations(ctx: BrainContext, conn: Any, claim: Claim) -> None:
+async def _read_conversations(ctx: BrainContext, conn: Connection, claim: Claim) -> None:
     """What the model calls of the claim's runs need, read for all of them here (after their
     moves, in the same transaction) instead of once per run: the conversations, and the threads
     of turns not prepared in this claim (those it prepared were read ahead, or froze here and
@@ -133,11 +134,11 @@ async def _look_again_for_bindings(ctx: BrainContext, rows: list[TurnRow]) -> No
     that it waits as a row, look once more: either this sees the bindings, or their announcement
     comes later and wakes it."""
 
-    async def work(conn: Any) -> None:
+    async def work(conn: Connection) -> None:
         for row in rows:
             agent, _ = await ctx.threads.get(conn, row.thread_id)
-            if set(agent.tools) <= set(await ctx.store.latest_bindings(conn, agent.tools)):
-                await ctx.store.wake_for_bindings(conn, ctx.wake_channel)
+            if set(agent.tools) <= set(await ctx.store.bindings.latest_bindings(conn, agent.tools)):
+                await ctx.store.turns.wake_for_bindings(conn, ctx.wake_channel)
                 return
 
     await ctx.store.transact(work)
@@ -153,7 +154,7 @@ def crash_loop(row: TurnRow) -> str:
     )
 
 
-async def _next_move(ctx: BrainContext, conn: Any, row: TurnRow, now: Any, claim: Claim) -> Move:
+async def _next_move(ctx: BrainContext, conn: Connection, row: TurnRow, now: Any, claim: Claim) -> Move:
     """The move that takes a just-claimed turn to its next model call (or wait, or end)."""
     if row.crashes:
         agent, _ = await ctx.threads.get(conn, row.thread_id)
@@ -168,34 +169,36 @@ async def _next_move(ctx: BrainContext, conn: Any, row: TurnRow, now: Any, claim
     return replace(move, facts=(*move.facts, *added)) if added else move
 
 
-async def _controls_at_boundary(ctx: BrainContext, conn: Any, row: TurnRow) -> tuple[Move | None, list[Any]]:
+async def _controls_at_boundary(
+    ctx: BrainContext, conn: Connection, row: TurnRow
+) -> tuple[Move | None, list[Any]]:
     """Apply the controls that waited for this boundary: a cancel whose executions are settled
     ends the turn, a pause stops it here (the move to make instead of the next phase); steers and
     injects add their input (the facts to add to the next phase's move, after what it records, so
     that tool results stay right after the call that asked for them)."""
     store = ctx.store
-    received = await store.controls_of(conn, row.id, received_only=True)
+    received = await store.controls.controls_of(conn, row.id, received_only=True)
     by_kind: dict[str, list[Any]] = {}
     for c in received:
         by_kind.setdefault(c["kind"], []).append(c)
     if row.cancel_requested or by_kind.get("cancel"):
-        unsettled = await store.open_executions(conn, row.id)
+        unsettled = await store.executions.open_executions(conn, row.id)
         if unsettled:
             return moves.wait_for_cancel(row, len(unsettled)), []
         cancels = [c["id"] for c in by_kind.get("cancel", [])]
-        await store.decide_controls(conn, cancels, "applied", None)
+        await store.controls.decide_controls(conn, cancels, "applied", None)
         said = [facts.control(c, "cancel", "applied") for c in cancels]
-        said += await store.reject_received(conn, row.id, "the turn was cancelled")
+        said += await store.controls.reject_received(conn, row.id, "the turn was cancelled")
         return moves.cancel(row, said), []
     if by_kind.get("pause"):
         pauses = [c["id"] for c in by_kind["pause"]]
-        await store.decide_controls(conn, pauses, "applied", None)
-        await store.add_pending(conn, row.id, -len(pauses))
+        await store.controls.decide_controls(conn, pauses, "applied", None)
+        await store.controls.add_pending(conn, row.id, -len(pauses))
         return moves.pause(row, [facts.control(c, "pause", "applied") for c in pauses]), []
     inputs = by_kind.get("steer", []) + by_kind.get("inject", [])
     inputs.sort(key=lambda c: c["id"])
-    await store.decide_controls(conn, [c["id"] for c in inputs], "applied", None)
-    await store.add_pending(conn, row.id, -len(inputs))
+    await store.controls.decide_controls(conn, [c["id"] for c in inputs], "applied", None)
+    await store.controls.add_pending(conn, row.id, -len(inputs))
     added = []
     for c in inputs:
         added += [
@@ -205,7 +208,7 @@ async def _controls_at_boundary(ctx: BrainContext, conn: Any, row: TurnRow) -> t
     return None, added
 
 
-async def _phase_move(ctx: BrainContext, conn: Any, row: TurnRow, now: Any, claim: Claim) -> Move:
+async def _phase_move(ctx: BrainContext, conn: Connection, row: TurnRow, now: Any, claim: Claim) -> Move:
     phase = row.phase
     if phase in (TurnPhase.MODEL_REQUEST, TurnPhase.DISPATCH_TOOLS):
         return moves.resume(row)
@@ -224,11 +227,13 @@ async def _phase_move(ctx: BrainContext, conn: Any, row: TurnRow, now: Any, clai
 
 
 async def announced(
-    ctx: BrainContext, conn: Any, agent: AgentDefinition, known: Mapping[str, Any] | None = None
+    ctx: BrainContext, conn: Connection, agent: AgentDefinition, known: Mapping[str, Any] | None = None
 ) -> tuple[dict[str, Any], list[str]]:
     """The bindings a new thread of ``agent`` would freeze now, and the tools no pool announced
     (``known``: the latest bindings of its tools, read already)."""
-    return offered(agent, known if known is not None else await ctx.store.latest_bindings(conn, agent.tools))
+    return offered(
+        agent, known if known is not None else await ctx.store.bindings.latest_bindings(conn, agent.tools)
+    )
 
 
 def offered(agent: AgentDefinition, latest: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -239,7 +244,7 @@ def offered(agent: AgentDefinition, latest: Mapping[str, Any]) -> tuple[dict[str
     return found | {m.name: m.binding() for m in agent.manual_tools}, missing
 
 
-async def _prepare(ctx: BrainContext, conn: Any, row: TurnRow, now: Any, claim: Claim) -> Move:
+async def _prepare(ctx: BrainContext, conn: Connection, row: TurnRow, now: Any, claim: Claim) -> Move:
     agent, thread = claim.read.get(row.thread_id) or await ctx.threads.get(conn, row.thread_id)
     if thread["bindings"] is not None:
         return moves.prepare(row, freeze=None)
@@ -291,10 +296,10 @@ class Served:
             # A submit looks its request id up and inserts it when missing: a race lost to
             # another process's insert of it is tried again, and then finds it.
             partial(store.transact, read_then_insert=True, held=store.held()),
-            store.submit_batch,
+            store.submits.submit_batch,
             name="submits",
             order=lambda item: item[0].session_id,  # rows locked in one order by every batch
-            single=store.submits_in_one_statement,
+            single=store.submits.submits_in_one_statement,
         )
 
     async def _offer(self, s: Submit) -> Start:
@@ -309,7 +314,7 @@ class Served:
         tools = tuple(s.agent.tools)
         chosen = self.chosen.get(tools)
         if chosen is None:
-            chosen = await ctx.store.read(lambda conn: ctx.store.marked_bindings(conn, tools))
+            chosen = await ctx.store.read(lambda conn: ctx.store.bindings.marked_bindings(conn, tools))
         found, missing = offered(s.agent, chosen[0])
         if missing:  # not kept: an announcement may come at any moment, and nothing would say
             return Start(ctx.owner, ctx.lease_seconds, None)

@@ -6,17 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from typing import Any
 
 from brain.models import Models
-from brain.rules.agents import FrozenThreads
-from brain.rules.history import HistoryCache
 from brain.rules.states import TERMINAL_TURN
 from brain.run.endings import Endings
+from brain.run.history import HistoryCache
 from brain.run.metrics import BrainMetrics
 from brain.run.previews import Previews
 from brain.run.relay import CommandRelay, ControlRelay
+from brain.run.threads import FrozenThreads
 from brain.store import BrainStore, Move, Moved, Settled
+from infra.db import Connection
 from infra.db.groupcommit import GroupCommit
 from infra.objects.payloads import PayloadCodec
 from infra.process.killpoints import KillPoints
@@ -87,16 +87,16 @@ class BrainContext:
         self.controls.send(settled.controls)
         self.ended(settled.turn_id, "failed", settled.created_at)
 
-    async def _commit_moves(self, conn: Any, moves: list[Move]) -> list[Moved | Exception]:
+    async def _commit_moves(self, conn: Connection, moves: list[Move]) -> list[Moved | Exception]:
         """The runs' moves that are ready together, in one transaction; a refused one is told why."""
-        done = await self.store.commit_moves(conn, moves, self.lease_seconds)
+        done = await self.store.turns.commit_moves(conn, moves, self.lease_seconds)
         results: list[Moved | Exception] = []
         for move, moved in zip(moves, done, strict=True):
             if moved is not None:
                 results.append(moved)
                 continue
             try:
-                await self.store.refuse(conn, move)
+                await self.store.turns.refuse(conn, move)
             except Exception as exc:  # noqa: BLE001 - StaleOwnerError or IllegalTransitionError
                 results.append(exc)
         return results

@@ -144,13 +144,13 @@ class ControlRelay:
         ids = [i for i in confirmed if i is not None]
         if ids:
             await self.store.transact(
-                lambda conn: self.store.controls_published(conn, ids), single_statement=True
+                lambda conn: self.store.outbox.controls_published(conn, ids), single_statement=True
             )
         return len(confirmed)
 
     async def sweep(self) -> int:
         """Publish whatever a crash (or a refused publish) left unmarked."""
-        controls = await self.store.read(self.store.unpublished_controls)
+        controls = await self.store.read(self.store.outbox.unpublished_controls)
         return await self.publish(controls)
 
     async def run(self) -> None:

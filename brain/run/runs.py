@@ -19,13 +19,15 @@ from typing import Any
 
 from structlog.contextvars import bound_contextvars
 
+from brain.models.base import Message, ModelReply
 from brain.rules import moves
+from brain.rules.agents import AgentDefinition
 from brain.rules.states import TERMINAL_TURN, TurnPhase, TurnStatus
 from brain.run.calls import build_intents, refused_row, sent
 from brain.run.claims import claim_turns
 from brain.run.context import BrainContext
 from brain.store import TurnRow
-from infra.db import is_transient, patiently
+from infra.db import Connection, is_transient, patiently
 from infra.process.logging import get_logger
 from protocol import (
     IllegalTransitionError,
@@ -136,7 +138,7 @@ class Scheduler:
                     self._full = False
                 continue
             try:
-                if claim_now or await self.ctx.store.anything_claimable():
+                if claim_now or await self.ctx.store.turns.anything_claimable():
                     claim = await claim_turns(self.ctx, self.free)
                     self.claimed[len(claim.moved) + len(claim.settled)] += 1
                     for row in claim.runs:
@@ -209,10 +211,10 @@ async def _reject_leftover_controls(ctx: BrainContext, row: TurnRow) -> None:
     """Controls that came while the turn's last phase ran, and that it ended before applying."""
     store = ctx.store
 
-    async def work(conn: Any) -> None:
-        said = await store.reject_received(conn, row.id, f"the turn {row.status} first")
+    async def work(conn: Connection) -> None:
+        said = await store.controls.reject_received(conn, row.id, f"the turn {row.status} first")
         if said:
-            await store.append(
+            await store.journal.append(
                 conn, row.session_id, row.id, said, thread_id=row.thread_id, status=str(row.status),
                 phase=str(row.phase),
             )  # fmt: skip
@@ -223,7 +225,7 @@ async def _reject_leftover_controls(ctx: BrainContext, row: TurnRow) -> None:
 async def model_request(ctx: BrainContext, row: TurnRow) -> TurnRow:
     """Call the model outside any transaction, then commit its reply with what follows from it."""
 
-    async def read(conn: Any) -> Any:
+    async def read(conn: Connection) -> Any:
         agent, thread = await ctx.threads.get(conn, row.thread_id)
         return agent, thread, await ctx.history.messages(conn, row)
 
@@ -237,6 +239,34 @@ async def model_request(ctx: BrainContext, row: TurnRow) -> TurnRow:
             f"the agent reached its limit of {agent.limits.max_model_calls} model calls in one turn"
         )
     bindings: dict[str, Any] = thread["bindings"] or {}
+    reply, call, trace = await _ask(ctx, row, agent, history, bindings)
+    message: dict[str, Any] = {"text": reply.content}
+    calls = [c.model_dump(exclude_none=True) for c in reply.tool_calls]
+    intents = None
+    if calls:
+        message["tool_calls"] = calls
+        check_tool_calls(agent, history, row, len(calls))
+        try:
+            intents = await build_intents(
+                ctx, row, bindings, calls, detailed=agent.journal == "detailed", approvals=agent.approvals,
+                trace=trace,
+            )  # fmt: skip
+        except TendonError as exc:
+            log.warning("intents_not_built", error=exc.message)  # the dispatch phase meets it again
+    move = moves.reply(row, message, reply.usage, call=call, intents=intents, first_look=ctx.first_look)
+    moved = await ctx.move(move)
+    refused = {i.execution_id: refused_row(i) for i in intents or () if not i.sends}
+    ctx.history.committed(row, moved.row, moved.seq, move.facts, refused)
+    if intents:
+        sent(ctx, intents)
+    return moved.row
+
+
+async def _ask(
+    ctx: BrainContext, row: TurnRow, agent: AgentDefinition, history: list[Message], bindings: dict[str, Any]
+) -> tuple[ModelReply, dict[str, Any], str | None]:
+    """The model's reply, the record of the call (its number, latency, model), and the trace its
+    tool calls' commands continue."""
     model = ctx.models.get(agent.model)
     ctx.killpoints.hit("brain.before_model_call", str(row.model_calls + 1))
     started = time.perf_counter()
@@ -258,39 +288,24 @@ async def model_request(ctx: BrainContext, row: TurnRow) -> TurnRow:
     call: dict[str, Any] = {"number": row.model_calls + 1, "latency_ms": round(elapsed * 1000, 1)}
     if reply.model:
         call["model"] = reply.model
-    message: dict[str, Any] = {"text": reply.content}
-    calls = [c.model_dump(exclude_none=True) for c in reply.tool_calls]
-    if calls:
-        message["tool_calls"] = calls
-        mine = [m for m in history if m.role == "assistant" and m.turn_id == row.id]
-        made = sum(len(m.content.get("tool_calls") or []) for m in mine)
-        if made + len(calls) > agent.limits.max_tool_calls:
-            raise LimitReachedError(
-                f"the agent reached its limit of {agent.limits.max_tool_calls} tool calls in one turn "
-                f"(it asked for {len(calls)} more after {made})"
-            )
-    intents = None
-    if calls:
-        try:
-            intents = await build_intents(
-                ctx, row, bindings, calls, detailed=agent.journal == "detailed", approvals=agent.approvals,
-                trace=ctx.tracing.carried(span),
-            )  # fmt: skip
-        except TendonError as exc:
-            log.warning("intents_not_built", error=exc.message)  # the dispatch phase meets it again
-    move = moves.reply(row, message, reply.usage, call=call, intents=intents, first_look=ctx.first_look)
-    moved = await ctx.move(move)
-    refused = {i.execution_id: refused_row(i) for i in intents or () if not i.sends}
-    ctx.history.committed(row, moved.row, moved.seq, move.facts, refused)
-    if intents:
-        sent(ctx, intents)
-    return moved.row
+    return reply, call, ctx.tracing.carried(span)
+
+
+def check_tool_calls(agent: AgentDefinition, history: list[Message], row: TurnRow, asked: int) -> None:
+    """Refuse a reply whose tool calls take the turn past the agent's limit."""
+    mine = [m for m in history if m.role == "assistant" and m.turn_id == row.id]
+    made = sum(len(m.content.get("tool_calls") or []) for m in mine)
+    if made + asked > agent.limits.max_tool_calls:
+        raise LimitReachedError(
+            f"the agent reached its limit of {agent.limits.max_tool_calls} tool calls in one turn "
+            f"(it asked for {asked} more after {made})"
+        )
 
 
 async def dispatch(ctx: BrainContext, row: TurnRow) -> TurnRow:
     """Dispatch the last reply's tool calls (a run that resumes at this phase)."""
 
-    async def read(conn: Any) -> Any:
+    async def read(conn: Connection) -> Any:
         agent, thread = await ctx.threads.get(conn, row.thread_id)
         return agent, thread, await ctx.history.messages(conn, row)
 
@@ -365,7 +380,7 @@ async def fail(ctx: BrainContext, row: TurnRow, error: dict[str, str]) -> None:
 
     async def commit() -> Any:
         return await ctx.store.transact(
-            lambda conn: ctx.store.fail_turn(conn, row.id, error, ctx.topology, lease=row.lease)
+            lambda conn: ctx.store.failures.fail_turn(conn, row.id, error, ctx.topology, lease=row.lease)
         )
 
     try:

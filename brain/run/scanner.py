@@ -36,6 +36,7 @@ from typing import Any
 
 from brain.run.context import BrainContext
 from brain.store import Settled
+from infra.db import Connection
 from infra.process.logging import get_logger
 from protocol import NoAnswerError, ReplayBody, ReplayControl, encode
 
@@ -124,17 +125,17 @@ class RepairScanner:
         self.queued_routes = {r for r, (line, served) in lines.items() if line and served}
         updates_line = await self._has_line(self.ctx.topology.updates)
 
-        async def work(conn: Any) -> Pass:
+        async def work(conn: Connection) -> Pass:
             done = Pass()
-            for g in await store.gaps_to_replay(conn, self.gap_timeout):
+            for g in await store.repairs.gaps_to_replay(conn, self.gap_timeout):
                 if g["nudges"] >= self.repair_attempts:
                     await self._give_up(conn, g, f"event #{g['last_seq'] + 1} never came", done)
                 else:
                     await self._ask_replay(conn, g, g["last_seq"] + 1, "gap", done)
             # Turns with nothing left to wait for first: the look below pushes the others on.
-            await store.wake_stuck(conn, self.ctx.wake_channel)
-            await store.wake_due(conn, self.ctx.wake_channel)
-            due = await store.due_waiting(conn)
+            await store.repairs.wake_stuck(conn, self.ctx.wake_channel)
+            await store.repairs.wake_due(conn, self.ctx.wake_channel)
+            due = await store.repairs.due_waiting(conn)
             looks: dict[str, float] = {}
             for turn_id, group in itertools.groupby(due, key=lambda r: r["turn_id"]):
                 later = await self._look_at(
@@ -143,7 +144,7 @@ class RepairScanner:
                 if later is not None:
                     looks[turn_id] = later
             if looks:
-                await store.look_later(conn, looks)
+                await store.repairs.look_later(conn, looks)
             return done
 
         done = await store.transact(work)
@@ -154,7 +155,7 @@ class RepairScanner:
         return len(done.messages) + sum(len(s.controls) for s in done.settled)
 
     async def _look_at(
-        self, conn: Any, open_executions: list[Any], lines: dict[str, tuple[bool, bool]],
+        self, conn: Connection, open_executions: list[Any], lines: dict[str, tuple[bool, bool]],
         updates_line: bool, done: Pass,
     ) -> float | None:  # fmt: skip
         """Nudge what a waiting turn waits for; the seconds until its next look (None: it failed)."""
@@ -177,7 +178,9 @@ class RepairScanner:
             later = min(later, next_look(e, stall=self.stall_seconds, nudged=nudged))
         return later
 
-    async def _resend(self, conn: Any, e: Any, lines: dict[str, tuple[bool, bool]], done: Pass) -> bool:
+    async def _resend(
+        self, conn: Connection, e: Any, lines: dict[str, tuple[bool, bool]], done: Pass
+    ) -> bool:
         """A command Hands never acknowledged: publish it again, unless it is most likely in a
         line that moves (then nothing, and nothing counted) or nobody serves its route (then
         nothing is sent, but the silence counts towards giving up)."""
@@ -186,7 +189,7 @@ class RepairScanner:
             lines[route] = await self._line(route)
         line, served = lines[route]
         if not served:
-            await self.ctx.store.mark_nudged(conn, e["id"])
+            await self.ctx.store.repairs.mark_nudged(conn, e["id"])
             log.warning("route_not_served", execution_id=e["id"], route=route, nudges=e["nudges"] + 1)
             return True
         if line and e["creator_alive"]:
@@ -195,11 +198,11 @@ class RepairScanner:
         done.messages.append(
             (self.ctx.topology.commands(route), bytes(e["command"]), e["command_message_id"])
         )
-        await self.ctx.store.mark_nudged(conn, e["id"])
+        await self.ctx.store.repairs.mark_nudged(conn, e["id"])
         log.info("command_resent", execution_id=e["id"], nudges=e["nudges"] + 1)
         return True
 
-    async def _give_up(self, conn: Any, e: Any, what: str, done: Pass) -> None:
+    async def _give_up(self, conn: Connection, e: Any, what: str, done: Pass) -> None:
         """Fail the turn of an execution whose Hands stayed silent through every nudge: a visible
         error, instead of asking forever."""
         error = NoAnswerError(
@@ -207,13 +210,13 @@ class RepairScanner:
             f"{e['nudges']} attempts: {what}"
         )
         log.error("repair_given_up", execution_id=e["id"], turn_id=e["turn_id"], reason=error.message)
-        settled = await self.ctx.store.fail_turn(
+        settled = await self.ctx.store.failures.fail_turn(
             conn, e["turn_id"], error.as_dict(), self.ctx.topology, wake_channel=self.ctx.wake_channel
         )
         if settled is not None:
             done.settled.append(settled)
 
-    async def _ask_replay(self, conn: Any, e: Any, from_seq: int, reason: str, done: Pass) -> None:
+    async def _ask_replay(self, conn: Connection, e: Any, from_seq: int, reason: str, done: Pass) -> None:
         control = ReplayControl(
             execution_id=e["id"],
             namespace=e["namespace"],
@@ -222,7 +225,7 @@ class RepairScanner:
             body=ReplayBody(from_seq=from_seq),
         )
         done.messages.append((self.ctx.topology.controls(e["route"]), encode(control), control.message_id))
-        await self.ctx.store.mark_nudged(conn, e["id"])
+        await self.ctx.store.repairs.mark_nudged(conn, e["id"])
         log.info(
             "replay_requested", execution_id=e["id"], from_seq=from_seq, reason=reason, nudges=e["nudges"] + 1
         )

@@ -19,11 +19,12 @@ from typing import Any
 
 from structlog.contextvars import bound_contextvars
 
-from brain.rules.history import ReadAhead
 from brain.rules.states import TERMINAL_TURN
 from brain.run.context import BrainContext
+from brain.run.history import ReadAhead
 from brain.run.runs import Scheduler
 from brain.store import Applied, ClaimBudget, TurnRow
+from infra.db import Connection
 from infra.db.groupcommit import GroupCommit
 from infra.process.logging import get_logger
 from infra.transport import Delivery, Transport
@@ -75,13 +76,13 @@ class UpdateConsumer:
             order=lambda r: r[0].execution_id,
         )
 
-    async def _apply(self, conn: Any, ranges: list[Range]) -> list[Any]:
+    async def _apply(self, conn: Connection, ranges: list[Range]) -> list[Any]:
         """One transaction for the ranges ready together: per range, the turns it claimed for
         this Brain, or its refusal."""
         budget = None
         if self.scheduler is not None and self.scheduler.free:
             budget = ClaimBudget(self.ctx.owner, self.ctx.lease_seconds, self.scheduler.free)
-        applied = await self.ctx.store.apply_events(
+        applied = await self.ctx.store.events.apply_events(
             conn, ranges, wake_channel=self.ctx.wake_channel, budget=budget
         )
         read = self._read_ahead(applied)
@@ -105,7 +106,7 @@ class UpdateConsumer:
         upto = {turn_id: seq for turn_id, (seq, _) in applied.entries.items()}
         outcomes = applied.outcomes
 
-        async def read(conn: Any) -> ReadAhead:
+        async def read(conn: Connection) -> ReadAhead:
             await self.ctx.threads.get_many(conn, threads)
             return await self.ctx.history.read_ahead(conn, cold, outcomes, upto)
 
@@ -196,11 +197,11 @@ class UpdateConsumer:
         proves nothing, and is only parked."""
         store = self.ctx.store
 
-        async def work(conn: Any) -> Any:
-            named = await store.named_by(conn, header)
+        async def work(conn: Connection) -> Any:
+            named = await store.executions.named_by(conn, header)
             if named is None:
                 return None
-            return await store.fail_turn(
+            return await store.failures.fail_turn(
                 conn, named["turn_id"], error, self.ctx.topology, wake_channel=self.ctx.wake_channel
             )
 
@@ -208,13 +209,13 @@ class UpdateConsumer:
         if settled is not None:
             self.ctx.failed(settled)
 
-    async def surface_parked(self, conn: Any, envelope: Any, reason: str) -> str | None:
+    async def surface_parked(self, conn: Connection, envelope: Any, reason: str) -> str | None:
         """Updates parked for good: a turn cannot go on past them, so it fails, saying why (unless
         they were applied after all, or the turn ended already)."""
         said = []
         for events in ranges_of(envelope) or []:
             first = events[-1]
-            named = await self.ctx.store.named_by(conn, first)
+            named = await self.ctx.store.executions.named_by(conn, first)
             if named is None or first.seq <= named["last_seq"] or named["turn_status"] in TERMINAL_TURN:
                 continue
             error = ParkedError(
@@ -222,7 +223,7 @@ class UpdateConsumer:
                 f"applied and was parked: {reason}"
             )
             # Its cancels are outbox rows: the control relay's sweep sends them once this commits.
-            settled = await self.ctx.store.fail_turn(
+            settled = await self.ctx.store.failures.fail_turn(
                 conn, named["turn_id"], error.as_dict(), self.ctx.topology, wake_channel=self.ctx.wake_channel
             )
             if settled is not None:
@@ -253,7 +254,9 @@ class BindingsConsumer:
             return
         bindings: Sequence[ToolBinding] = announcement.body.bindings
         store = self.ctx.store
-        await store.transact(lambda conn: store.store_bindings(conn, bindings, self.ctx.wake_channel))
+        await store.transact(
+            lambda conn: store.bindings.store_bindings(conn, bindings, self.ctx.wake_channel)
+        )
         log.info("bindings_announced", route=announcement.body.route, tools=[b.name for b in bindings])
         await message.ack()
 

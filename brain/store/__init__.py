@@ -1,36 +1,41 @@
-"""The Brain's store: all of its SQL, behind one object per backend.
+"""The Brain's store: all of its SQL, behind one object per backend, composed of parts.
 
-=========================  ==================================================================
-part (portable base)       what it owns
-=========================  ==================================================================
-``journal.JournalRows``    the journal: one entry per commit, a per-session seq
-``submits.SubmitRows``     submits, and a served submit that starts its turn in its commit;
-                           the submits that arrive together, in one transaction
-``turns.TurnRows``         claims, leases, the fenced moves of runs
-``sessions.SessionRows``   sessions and threads as users see them: listing, closing
-``bindings.BindingRows``   announced tool bindings, threads and agent definitions
-``steps.StepRows``         a turn's executions as the Brain reads them
-``executions...Rows``      applying Hands' events (waking or claiming their turns)
-``repairs.RepairRows``     what the repair scan looks at, failing a turn, the controls outbox
-``controls.ControlRows``   controls (steer, pause, cancel...): their receipts and what they do;
-                           a turn as its description reads it (``turn_view``)
-``gauges.GaugeRows``       what the metrics count when scraped (turns and executions by state)
-``retention.RetentionRows`` what retention prunes (the journal of long-closed sessions)
-``infra.transport.parked``           the parked messages (``ParkedRows``)
-=========================  ==================================================================
+=================  =========================  ====================================================
+field              part (PostgreSQL's)        what it owns
+=================  =========================  ====================================================
+``journal``        ``Journal`` (``_pg``)      one entry per commit, a per-session seq
+``submits``        ``Submits`` (``_pg``)      submits, and a served submit that starts its turn in
+                                              its commit; the submits that arrive together
+``turns``          ``Turns`` (``_pg``)        claims, leases, the fenced moves of runs, a turn read
+``sessions``       ``Sessions``               sessions and threads as users see them; closing
+``bindings``       ``Bindings`` (``_pg``)     announced tool bindings, threads, agent definitions
+``executions``     ``Executions`` (``_pg``)   a turn's executions as the Brain reads them
+``events``         ``Events`` (``_pg``)       applying Hands' events (waking or claiming turns)
+``repairs``        ``Repairs`` (``_pg``)      what the repair scan looks at, the wake-ups it mends
+``failures``       ``Failures``               failing a turn and settling what it leaves open
+``outbox``         ``Outbox`` (``_pg``)       controls for the Hands, published after the commit
+``controls``       ``Controls``               controls' receipts and what they do to a turn; a
+                                              person's answer to a call
+``views``          ``Views`` (``_pg``)        a turn as its description reads it
+``gauges``         ``GaugeRows``              what the metrics count when scraped
+``retention``      ``RetentionRows``          what retention prunes (the journal of closed sessions)
+=================  =========================  ====================================================
 
-The portable base runs as it is on SQLite (the embedded mode); ``pg_submits``, ``pg_turns`` and
-``pg_events`` override what PostgreSQL does faster: many submits, turns or executions per
-statement, one round trip per commit. :func:`open_brain_store` picks the backend from the
-pool; nothing above the store asks which one it has. Migrations are versioned SQL files per
-dialect in ``migrations/``.
+Each part is the portable statements in ``<part>.py`` (what the embedded mode runs on SQLite), and
+where PostgreSQL does it faster (many rows per statement, one round trip per commit) a subclass
+with the same methods in ``<part>_pg.py`` beside it. :func:`brain_store` picks the backend from
+the pool; nothing above the store asks which one it has. Every method takes the connection of a
+transaction its caller owns (``store.transact``), typed as ``infra.db.Connection``. Status sets
+and status writes are spelled from the state tables (``sql``). Migrations are versioned SQL files
+per dialect in ``migrations/``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from brain.rules.records import (
     Applied,
@@ -46,15 +51,36 @@ from brain.rules.records import (
     Settled,
     TurnRow,
 )
-from brain.store.controls import ControlRows
+from brain.store.bindings import Bindings
+from brain.store.bindings_pg import PgBindings
+from brain.store.controls import Controls
+from brain.store.events import Events
+from brain.store.events_pg import PgEvents
+from brain.store.executions import Executions
+from brain.store.executions_pg import PgExecutions
+from brain.store.failures import Failures
 from brain.store.gauges import GaugeRows, Gauges
-from brain.store.pg_events import PgExecutionRows
-from brain.store.pg_turns import PgTurnRows
+from brain.store.journal import Journal
+from brain.store.journal_pg import PgJournal
+from brain.store.outbox import Outbox
+from brain.store.outbox_pg import PgOutbox
+from brain.store.repairs import Repairs
+from brain.store.repairs_pg import PgRepairs
 from brain.store.retention import RetentionRows
-from infra.db import create_pool, dialect, migrate
+from brain.store.sessions import Sessions
+from brain.store.submits import Submits
+from brain.store.submits_pg import PgSubmits
+from brain.store.turns import Turns
+from brain.store.turns_pg import PgTurns
+from brain.store.views import Views
+from brain.store.views_pg import PgViews
+from infra.db import Connection, Pool, create_pool, dialect, migrate, reading
+from infra.db.store import StoreBase
 from infra.process.settings import Settings
 from infra.process.startup import wait_for
 from infra.transport.parked import ParkedRows
+
+T = TypeVar("T")
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
@@ -82,20 +108,73 @@ __all__ = [
 ]
 
 
-class BrainStore(ControlRows, GaugeRows, RetentionRows, ParkedRows):
-    """The portable store (what the embedded mode runs on SQLite)."""
+class BrainStore(StoreBase, ParkedRows):
+    """The portable store (what the embedded mode runs on SQLite), composed of its parts."""
+
+    journal: Journal
+    submits: Submits
+    turns: Turns
+    sessions: Sessions
+    bindings: Bindings
+    executions: Executions
+    events: Events
+    repairs: Repairs
+    failures: Failures
+    outbox: Outbox
+    controls: Controls
+    views: Views
+    gauges: GaugeRows
+    retention: RetentionRows
+
+    def __init__(self, pool: Pool) -> None:
+        super().__init__(pool)
+        self.journal = Journal(self)
+        self.submits = Submits(self)
+        self.turns = Turns(self)
+        self.sessions = Sessions(self)
+        self.bindings = Bindings(self)
+        self.executions = Executions(self)
+        self.events = Events(self)
+        self.repairs = Repairs(self)
+        self.failures = Failures(self)
+        self.outbox = Outbox(self)
+        self.controls = Controls(self)
+        self.views = Views(self)
+        self.gauges = GaugeRows(self)
+        self.retention = RetentionRows(self)
 
 
-class PostgresBrainStore(PgExecutionRows, PgTurnRows, BrainStore):
-    """The store on PostgreSQL."""
+class PostgresBrainStore(BrainStore):
+    """The store on PostgreSQL: the parts PostgreSQL does faster are its own."""
+
+    FOR_UPDATE = " FOR UPDATE"
+    SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
+    ONE_STATEMENT_COMMITS = True
+    HOLDS_CONNECTIONS = True
+
+    def __init__(self, pool: Pool) -> None:
+        super().__init__(pool)
+        self.journal = PgJournal(self)
+        self.submits = PgSubmits(self)
+        self.turns = PgTurns(self)
+        self.bindings = PgBindings(self)
+        self.executions = PgExecutions(self)
+        self.events = PgEvents(self)
+        self.repairs = PgRepairs(self)
+        self.outbox = PgOutbox(self)
+        self.views = PgViews(self)
+
+    async def read_consistent(self, work: Callable[[Connection], Awaitable[T]]) -> T:
+        async with reading(self.pool) as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            return await work(conn)
 
 
-def brain_store(pool: Any) -> BrainStore:
+def brain_store(pool: Pool) -> BrainStore:
     """The store for ``pool``: the PostgreSQL backend for an asyncpg pool, else the portable one."""
     return PostgresBrainStore(pool) if dialect(pool) == "postgres" else BrainStore(pool)
 
 
-async def open_brain_store(pool: Any, schema: str = "brain") -> BrainStore:
+async def open_brain_store(pool: Pool, schema: str = "brain") -> BrainStore:
     """:func:`brain_store`, with the schema's migrations applied first."""
     await migrate(pool, schema, MIGRATIONS)
     return brain_store(pool)

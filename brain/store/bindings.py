@@ -3,11 +3,12 @@ agent definitions a run reads before it calls the model."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from brain.store.sessions import SessionRows
-from brain.store.submits import Mark, mark_of
+from brain.rules.submits import Mark
+from brain.store.part import Part
+from infra.db import Connection, Row
 from infra.db.store import as_time
 from protocol import version_key
 
@@ -16,7 +17,12 @@ from protocol import version_key
 ANNOUNCED_TOGETHER = 60.0
 
 
-def newest(rows: Sequence[Any]) -> dict[str, Any]:
+def mark_of(rows: Sequence[Mapping[str, Any]]) -> Mark:
+    """The mark of announcement rows (``announced_at`` of each)."""
+    return len(rows), max((as_time(r["announced_at"]) for r in rows), default=None)
+
+
+def newest(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """For each tool of ``rows`` (name, binding, announced_at): the newest version among those
     announced with its latest announcement. An upgrade that serves versions 1 and 2 side by side
     gives new threads version 2, while threads pinned to 1 keep it (a pure rule)."""
@@ -35,8 +41,8 @@ def newest(rows: Sequence[Any]) -> dict[str, Any]:
     return chosen
 
 
-class BindingRows(SessionRows):
-    async def store_bindings(self, conn: Any, bindings: Sequence[Any], wake_channel: str) -> None:
+class Bindings(Part):
+    async def store_bindings(self, conn: Connection, bindings: Sequence[Any], wake_channel: str) -> None:
         for b in bindings:
             await conn.execute(
                 """INSERT INTO bindings (route, name, digest, binding) VALUES ($1, $2, $3, $4)
@@ -46,13 +52,21 @@ class BindingRows(SessionRows):
                 b.digest,
                 b.model_dump(mode="json"),
             )
-        await self.wake_for_bindings(conn, wake_channel)
+        await self.store.turns.wake_for_bindings(conn, wake_channel)
 
-    async def latest_bindings(self, conn: Any, tools: Sequence[str]) -> dict[str, Any]:
+    async def binding_rows(self, conn: Connection, tools: Sequence[str]) -> list[Row]:
+        """The announcements of ``tools`` (``name``, ``binding``, ``announced_at``: a row per pool
+        and version; one statement where the backend can)."""
+        rows: list[Row] = []
+        for name in tools:
+            rows += await conn.fetch("SELECT name, binding, announced_at FROM bindings WHERE name = $1", name)
+        return rows
+
+    async def latest_bindings(self, conn: Connection, tools: Sequence[str]) -> dict[str, Any]:
         """The binding of each tool a new thread freezes (see :func:`newest`)."""
         return newest(await self.binding_rows(conn, tools))
 
-    async def marked_bindings(self, conn: Any, tools: Sequence[str]) -> tuple[dict[str, Any], Mark]:
+    async def marked_bindings(self, conn: Connection, tools: Sequence[str]) -> tuple[dict[str, Any], Mark]:
         """``latest_bindings``, with the mark of the announcements they were chosen from."""
         rows = await self.binding_rows(conn, tools)
         return newest(rows), mark_of(rows)
@@ -60,24 +74,24 @@ class BindingRows(SessionRows):
     async def bound_routes(self, tools: Sequence[str]) -> list[tuple[str, str]]:
         """(tool, route) of every announced binding of ``tools``."""
 
-        async def work(conn: Any) -> list[tuple[str, str]]:
+        async def work(conn: Connection) -> list[tuple[str, str]]:
             pairs = set()
             for name in tools:
                 for r in await conn.fetch("SELECT DISTINCT route FROM bindings WHERE name = $1", name):
                     pairs.add((name, r["route"]))
             return sorted(pairs)
 
-        return await self.read(work)
+        return await self.store.read(work)
 
-    async def thread(self, conn: Any, thread_id: str) -> Any:
+    async def thread(self, conn: Connection, thread_id: str) -> Row | None:
         return await conn.fetchrow("SELECT * FROM threads WHERE id = $1", thread_id)
 
-    async def threads(self, conn: Any, thread_ids: Sequence[str]) -> list[Any]:
+    async def threads(self, conn: Connection, thread_ids: Sequence[str]) -> list[Row]:
         """The rows of ``thread_ids`` that exist (one statement where the backend can)."""
         found = [await self.thread(conn, t) for t in thread_ids]
         return [r for r in found if r is not None]
 
-    async def agent_definition(self, conn: Any, name: str, version: str) -> Any:
+    async def agent_definition(self, conn: Connection, name: str, version: str) -> Any:
         return await conn.fetchval(
             "SELECT definition FROM agents WHERE name = $1 AND version = $2", name, version
         )

@@ -1,6 +1,7 @@
 """Controls on the Brain's side: the durable record of each (its receipt), and the changes of a
 turn that a control makes at once (a pause, a resume, a cancel) or that begin a cancel which ends
-once the turn's executions are settled.
+once the turn's executions are settled; and what a person's answer does to a call that waited
+for one.
 
 Every change here is made under the turn's row lock, in the caller's transaction, with the
 journal entry that says what the control did.
@@ -11,55 +12,44 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from brain.rules.records import TERMINAL_SQL, TURN_COLUMNS, VIEW_EXECUTION_COLUMNS, Control, TurnRow, TurnView
-from brain.store.repairs import UNSETTLED_SQL, RepairRows
+from brain.rules import facts
+from brain.rules.records import Control, TurnRow
+from brain.rules.states import WAITING_FOR_A_PERSON, ControlStatus, ExecutionStatus, TurnStatus
+from brain.store.part import Part
+from brain.store.sql import CONTROL_COLUMNS, control_becomes, execution_becomes, turn_becomes
+from infra.db import Connection
 from infra.transport import Topology
 from protocol import CancelBody, CancelControl
 
-CONTROL_COLUMNS = "id, turn_id, request_id, kind, input_digest, body, status, reason, created_at, decided_at"
+_PAUSED = turn_becomes(TurnStatus.PAUSED)
+_RESUMED = turn_becomes(TurnStatus.RUNNING, from_={TurnStatus.PAUSED})
+_CANCELLED = turn_becomes(TurnStatus.CANCELLED)
+_CANCELLING = turn_becomes(TurnStatus.WAITING)  # until its executions are settled
+_REJECTED = control_becomes(ControlStatus.REJECTED)  # the turn ended before they were applied
+# A call that waited for a person: approved (then sent), or never sent (its turn was cancelled).
+_APPROVED = execution_becomes(ExecutionStatus.INTENDED, from_=WAITING_FOR_A_PERSON)
+_NEVER_SENT = execution_becomes(ExecutionStatus.CANCELLED, from_=WAITING_FOR_A_PERSON)
+# ... or answered by hand: a manual tool's result, or a denial.
+_ANSWERED = {
+    str(s): execution_becomes(s, from_=WAITING_FOR_A_PERSON)
+    for s in (ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED)
+}
 
 
-class ControlRows(RepairRows):
-    async def lock_turn(
-        self, conn: Any, namespace: str, turn_id: str, *, lock: bool = True
-    ) -> TurnRow | None:
-        """The turn, locked for this transaction (unless ``lock`` is False), if it is
-        ``namespace``'s."""
-        locked = self.FOR_UPDATE if lock else ""
-        rec = await conn.fetchrow(
-            f"SELECT {TURN_COLUMNS} FROM turns WHERE id = $1 AND namespace = $2{locked}", turn_id, namespace
-        )
-        return TurnRow.from_record(rec) if rec is not None else None
-
-    async def turn_view(self, conn: Any, namespace: str, turn_id: str) -> TurnView | None:
-        """The turn (if it is ``namespace``'s) with its journal entries and executions: one
-        statement, and so one moment, where the backend can."""
-        turn = await self.lock_turn(conn, namespace, turn_id, lock=False)
-        if turn is None:
-            return None
-        entries = await self.entries(conn, turn.session_id, turn_id=turn_id, limit=100_000)
-        rows = await conn.fetch(
-            f"SELECT {VIEW_EXECUTION_COLUMNS} FROM executions WHERE turn_id = $1 ORDER BY tool_step, call_id",
-            turn_id,
-        )
-        return TurnView(turn, entries, [dict(r) for r in rows])
-
-    async def status_of(self, conn: Any, turn_id: str) -> str:
-        return str(await conn.fetchval("SELECT status FROM turns WHERE id = $1", turn_id))
-
-    async def control_by_request(self, conn: Any, turn_id: str, request_id: str) -> Any:
+class Controls(Part):
+    async def control_by_request(self, conn: Connection, turn_id: str, request_id: str) -> Any:
         return await conn.fetchrow(
             f"SELECT {CONTROL_COLUMNS} FROM controls WHERE turn_id = $1 AND request_id = $2",
             turn_id,
             request_id,
         )
 
-    async def control_by_id(self, conn: Any, turn_id: str, control_id: int) -> Any:
+    async def control_by_id(self, conn: Connection, turn_id: str, control_id: int) -> Any:
         return await conn.fetchrow(
             f"SELECT {CONTROL_COLUMNS} FROM controls WHERE turn_id = $1 AND id = $2", turn_id, control_id
         )
 
-    async def controls_of(self, conn: Any, turn_id: str, *, received_only: bool = False) -> list[Any]:
+    async def controls_of(self, conn: Connection, turn_id: str, *, received_only: bool = False) -> list[Any]:
         """A turn's controls in the order they came (only those not decided yet, with
         ``received_only``)."""
         only = " AND status = 'received'" if received_only else ""
@@ -70,7 +60,7 @@ class ControlRows(RepairRows):
         )
 
     async def record_control(
-        self, conn: Any, turn_id: str, request_id: str, kind: str, input_digest: str, body: Any,
+        self, conn: Connection, turn_id: str, request_id: str, kind: str, input_digest: str, body: Any,
         status: str, reason: str | None,
     ) -> Any:  # fmt: skip
         """Record a control with its first status (``received`` for one decided later)."""
@@ -82,18 +72,20 @@ class ControlRows(RepairRows):
             turn_id, request_id, kind, input_digest, body, status, reason,
         )  # fmt: skip
 
-    async def decide_controls(self, conn: Any, ids: Sequence[int], status: str, reason: str | None) -> None:
+    async def decide_controls(
+        self, conn: Connection, ids: Sequence[int], status: str, reason: str | None
+    ) -> None:
         """Decide controls that were received: applied, rejected or withdrawn."""
+        decided = control_becomes(ControlStatus(status))
         for control_id in ids:
             await conn.execute(
-                "UPDATE controls SET status = $2, reason = $3, decided_at = now()"
-                " WHERE id = $1 AND status = 'received'",
+                f"UPDATE controls SET {decided.set}, reason = $2, decided_at = now()"
+                f" WHERE id = $1 AND {decided.guard}",
                 control_id,
-                status,
                 reason,
             )
 
-    async def add_pending(self, conn: Any, turn_id: str, delta: int) -> None:
+    async def add_pending(self, conn: Connection, turn_id: str, delta: int) -> None:
         """Count controls a boundary of the turn still has to decide."""
         await conn.execute(
             "UPDATE turns SET pending = CASE WHEN pending + $2 < 0 THEN 0 ELSE pending + $2 END"
@@ -102,60 +94,51 @@ class ControlRows(RepairRows):
             delta,
         )
 
-    async def open_executions(self, conn: Any, turn_id: str) -> list[Any]:
-        """A turn's executions that are not settled (UNKNOWN ones are: only a reconcile moves them)."""
-        return list(
-            await conn.fetch(
-                f"""SELECT id, route, request_digest, call_id, tool, status FROM executions
-                     WHERE turn_id = $1 AND status IN {UNSETTLED_SQL} ORDER BY id""",
-                turn_id,
-            )
-        )
-
     # ---- what a control does to its turn at once ----------------------------------------------
 
-    async def pause_now(self, conn: Any, turn: TurnRow) -> None:
+    async def pause_now(self, conn: Connection, turn: TurnRow) -> None:
         """An unleased turn stops where it is: it takes tool results, but no run takes it."""
         await conn.execute(
-            """UPDATE turns SET status = 'paused', waiting_for = 'a resume', revision = revision + 1,
-                      updated_at = now() WHERE id = $1""",
+            f"""UPDATE turns SET {_PAUSED.set}, waiting_for = 'a resume', revision = revision + 1,
+                      updated_at = now() WHERE id = $1 AND {_PAUSED.guard}""",
             turn.id,
         )
 
-    async def resume_now(self, conn: Any, turn: TurnRow, wake_channel: str) -> None:
+    async def resume_now(self, conn: Connection, turn: TurnRow, wake_channel: str) -> None:
         """A paused turn goes on from where it stopped: claimable at once."""
         await conn.execute(
-            """UPDATE turns SET status = 'running', waiting_for = NULL, wake_at = now(),
-                      revision = revision + 1, updated_at = now() WHERE id = $1 AND status = 'paused'""",
+            f"""UPDATE turns SET {_RESUMED.set}, waiting_for = NULL, wake_at = now(),
+                      revision = revision + 1, updated_at = now() WHERE id = $1 AND {_RESUMED.guard}""",
             turn.id,
         )
         await conn.execute("SELECT pg_notify($1, '')", wake_channel)
 
-    async def cancel_now(self, conn: Any, turn: TurnRow) -> None:
+    async def cancel_now(self, conn: Connection, turn: TurnRow) -> None:
         """The turn ends CANCELLED; a run that held it is fenced out (its epoch moved on)."""
         await conn.execute(
-            f"""UPDATE turns SET status = 'cancelled', lease_owner = NULL, lease_expires_at = NULL,
+            f"""UPDATE turns SET {_CANCELLED.set}, lease_owner = NULL, lease_expires_at = NULL,
                        lease_epoch = lease_epoch + 1, waiting_for = NULL, cancel_requested = false,
                        pending = 0, revision = revision + 1, updated_at = now()
-                 WHERE id = $1 AND status NOT IN {TERMINAL_SQL}""",
+                 WHERE id = $1 AND {_CANCELLED.guard}""",
             turn.id,
         )
         await conn.execute(
-            "UPDATE executions SET status = 'cancelled', command = NULL, updated_at = now()"
-            " WHERE turn_id = $1 AND status = 'pending'",
+            f"UPDATE executions SET {_NEVER_SENT.set}, command = NULL, updated_at = now()"
+            f" WHERE turn_id = $1 AND {_NEVER_SENT.guard}",
             turn.id,
         )
 
     async def begin_cancel(
-        self, conn: Any, turn: TurnRow, open_executions: Sequence[Any], topology: Topology, reason: str
+        self, conn: Connection, turn: TurnRow, open_executions: Sequence[Any], topology: Topology, reason: str
     ) -> list[Control]:
         """A turn with executions still open is cancelling: fenced (a run in progress dispatches
         nothing more), waiting until each is settled, while a cancel goes to each one's Hands (a
         command they have not run yet then never runs). Returns the cancels, in the outbox."""
         await conn.execute(
-            """UPDATE turns SET status = 'waiting', cancel_requested = true, lease_owner = NULL,
+            f"""UPDATE turns SET {_CANCELLING.set}, cancel_requested = true, lease_owner = NULL,
                       lease_expires_at = NULL, lease_epoch = lease_epoch + 1, revision = revision + 1,
-                      waiting_for = $2, wake_at = now(), updated_at = now() WHERE id = $1""",
+                      waiting_for = $2, wake_at = now(), updated_at = now()
+                WHERE id = $1 AND {_CANCELLING.guard}""",
             turn.id,
             f"{len(open_executions)} execution(s) to settle after a cancel",
         )
@@ -170,44 +153,62 @@ class ControlRows(RepairRows):
                 request_digest=e["request_digest"],
                 body=CancelBody(reason=reason),
             )
-            controls.append(await self.add_control(conn, topology.controls(e["route"]), control))
+            controls.append(await self.store.outbox.add_control(conn, topology.controls(e["route"]), control))
         await conn.execute(
-            "UPDATE executions SET status = 'cancelled', command = NULL, updated_at = now()"
-            " WHERE turn_id = $1 AND status = 'pending'",
+            f"UPDATE executions SET {_NEVER_SENT.set}, command = NULL, updated_at = now()"
+            f" WHERE turn_id = $1 AND {_NEVER_SENT.guard}",
             turn.id,
         )
         return controls
 
     # ---- what a person's answer does to a PENDING execution ------------------------------------
 
-    async def execution_for_call(self, conn: Any, turn_id: str, call: str) -> Any:
-        """The turn's execution of a call, by call id or execution id."""
-        return await conn.fetchrow(
-            """SELECT id, turn_id, call_id, tool, status, how, tool_step FROM executions
-                WHERE turn_id = $1 AND (call_id = $2 OR id = $2) ORDER BY tool_step DESC LIMIT 1""",
-            turn_id,
-            call,
-        )
+    # ---- what a person's answer does to a PENDING execution ------------------------------------
 
-    async def approve(self, conn: Any, turn_id: str, execution_id: str) -> None:
+    async def approve(self, conn: Connection, turn_id: str, execution_id: str) -> None:
         """An approved call becomes INTENDED with no living creator: the repair scan, told to look
         at its turn now, sends its command at once."""
         await conn.execute(
-            """UPDATE executions SET status = 'intended', how = NULL, created_by = NULL, updated_at = now()
-                WHERE id = $1 AND status = 'pending'""",
+            f"""UPDATE executions SET {_APPROVED.set}, how = NULL, created_by = NULL, updated_at = now()
+                WHERE id = $1 AND {_APPROVED.guard}""",
             execution_id,
         )
         await conn.execute("UPDATE turns SET wake_at = now() WHERE id = $1 AND status = 'waiting'", turn_id)
 
     async def settle_by_hand(
-        self, conn: Any, execution: Any, *, status: str, how: str, result: Any, error: Any, evidence: str,
+        self,
+        conn: Connection,
+        execution: Any,
+        *,
+        status: str,
+        how: str,
+        result: Any,
+        error: Any,
+        evidence: str,
         wake_channel: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """A person answered (a manual tool's result) or denied a PENDING execution: it is final, and
         its turn goes on if that settled its step."""
         await conn.execute(
-            """UPDATE executions SET status = $2, how = $3, result = $4, error = $5, evidence = $6,
-                      command = NULL, updated_at = now() WHERE id = $1 AND status = 'pending'""",
-            execution["id"], status, how, result, error, evidence,
+            f"""UPDATE executions SET {_ANSWERED[status].set}, how = $2, result = $3, error = $4,
+                      evidence = $5, command = NULL, updated_at = now()
+                WHERE id = $1 AND {_ANSWERED[status].guard}""",
+            execution["id"], how, result, error, evidence,
         )  # fmt: skip
-        await self.wake_if_settled(conn, execution["turn_id"], execution["tool_step"], wake_channel)
+        await self.store.events.wake_if_settled(
+            conn, execution["turn_id"], execution["tool_step"], wake_channel
+        )
+
+    async def reject_received(self, conn: Connection, turn_id: str, reason: str) -> list[dict[str, Any]]:
+        """Reject the controls of a turn that ended before they could be applied; their facts."""
+        rows = await conn.fetch(
+            f"""UPDATE controls SET {_REJECTED.set}, reason = $2, decided_at = now()
+                WHERE turn_id = $1 AND {_REJECTED.guard} RETURNING id, kind""",
+            turn_id,
+            reason,
+        )
+        if rows:
+            await conn.execute("UPDATE turns SET pending = 0 WHERE id = $1", turn_id)
+        return [
+            facts.control(r["id"], r["kind"], "rejected", reason) for r in sorted(rows, key=lambda r: r["id"])
+        ]

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from infra.db.store import StoreBase, as_time
+from brain.store.part import Part
+from infra.db import Connection
+from infra.db.store import as_time
 
 
 @dataclass(frozen=True)
@@ -29,8 +31,8 @@ def _age(now: datetime, oldest: Any) -> float:
     return 0.0 if oldest is None else max(0.0, (now - as_time(oldest)).total_seconds())
 
 
-class GaugeRows(StoreBase):
-    async def gauges(self, conn: Any) -> Gauges:
+class GaugeRows(Part):
+    async def count(self, conn: Connection) -> Gauges:
         turns = await conn.fetch("SELECT status, count(*) AS n FROM turns GROUP BY status")
         executions = await conn.fetch("SELECT status, count(*) AS n FROM executions GROUP BY status")
         row = await conn.fetchrow(
@@ -39,6 +41,7 @@ class GaugeRows(StoreBase):
                       (SELECT min(created_at) FROM executions WHERE status = 'intended') AS intents,
                       (SELECT count(*) FROM parked) AS parked"""
         )
+        assert row is not None  # a SELECT without FROM returns its one row
         now = as_time(row["now"])
         return Gauges(
             turns={r["status"]: int(r["n"]) for r in turns},

@@ -12,18 +12,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from brain.rules.records import Entry
-from infra.db.store import StoreBase
+from brain.store.part import Part
+from brain.store.sql import JOURNAL_COLUMNS
+from infra.db import Connection
 
 _BUMP = "UPDATE sessions SET last_seq = last_seq + 1 WHERE id = $1 RETURNING last_seq"
 _INSERT = """INSERT INTO journal (session_id, seq, thread_id, turn_id, run, status, phase, facts)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"""
-JOURNAL_COLUMNS = "session_id, seq, thread_id, turn_id, run, status, phase, facts, created_at"
 
 
-class JournalRows(StoreBase):
+class Journal(Part):
     async def append(
         self,
-        conn: Any,
+        conn: Connection,
         session_id: str,
         turn_id: str | None,
         facts: list[dict[str, Any]],
@@ -42,7 +43,7 @@ class JournalRows(StoreBase):
 
     async def entries(
         self,
-        conn: Any,
+        conn: Connection,
         session_id: str,
         *,
         after: int = 0,
@@ -69,14 +70,14 @@ class JournalRows(StoreBase):
             )
         return [Entry.from_record(r) for r in rows]
 
-    async def sessions_entries(self, conn: Any, after: Mapping[str, int]) -> dict[str, list[Entry]]:
+    async def sessions_entries(self, conn: Connection, after: Mapping[str, int]) -> dict[str, list[Entry]]:
         """Each session's entries after its own seq in ``after``, in order (one statement where
         the backend can)."""
         return {s: await self.entries(conn, s, after=seq, limit=100_000) for s, seq in after.items()}
 
     async def events(
         self,
-        conn: Any,
+        conn: Connection,
         session_id: str,
         *,
         after: int,
@@ -101,7 +102,7 @@ class JournalRows(StoreBase):
         )
         return [Entry.from_record(r) for r in rows]
 
-    async def first_seq(self, conn: Any, session_id: str) -> int:
+    async def first_seq(self, conn: Connection, session_id: str) -> int:
         """The oldest seq of a session's journal still kept (retention may have pruned older ones;
         with nothing kept, the seq the next entry would have)."""
         first = await conn.fetchval(
@@ -111,5 +112,5 @@ class JournalRows(StoreBase):
         )
         return int(first)
 
-    async def last_seq(self, conn: Any, session_id: str) -> int:
+    async def last_seq(self, conn: Connection, session_id: str) -> int:
         return int(await conn.fetchval("SELECT last_seq FROM sessions WHERE id = $1", session_id) or 0)

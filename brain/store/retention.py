@@ -10,13 +10,13 @@ snapshot), never an empty page that looks like the end.
 
 from __future__ import annotations
 
-from typing import Any
+from brain.store.part import Part
+from brain.store.sql import TERMINAL_SQL
+from infra.db import Connection
 
-from brain.rules.records import TERMINAL_SQL
 
-
-class RetentionRows:
-    async def prune_journal(self, conn: Any, horizon_seconds: float, limit: int) -> int:
+class RetentionRows(Part):
+    async def prune_journal(self, conn: Connection, horizon_seconds: float, limit: int) -> int:
         """Delete the journal of up to ``limit`` sessions closed ``horizon_seconds`` ago or more;
         returns how many sessions' journals went."""
         gone = await conn.fetch(

@@ -3,15 +3,14 @@ session once nothing in it is left unfinished."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from brain.rules.records import TERMINAL_SQL
-from brain.store.turns import TurnRows
+from brain.store.part import Part
+from brain.store.sql import TERMINAL_SQL
+from infra.db import Connection, Row
 from protocol import IllegalTransitionError, NotFoundError
 
 
-class SessionRows(TurnRows):
-    async def session(self, conn: Any, namespace: str, session_id: str) -> Any:
+class Sessions(Part):
+    async def session(self, conn: Connection, namespace: str, session_id: str) -> Row | None:
         """The session, if it is ``namespace``'s (None otherwise: another tenant's is not there)."""
         return await conn.fetchrow(
             "SELECT id, namespace, last_seq, closed_at FROM sessions WHERE id = $1 AND namespace = $2",
@@ -19,7 +18,7 @@ class SessionRows(TurnRows):
             namespace,
         )
 
-    async def threads_of(self, conn: Any, session_id: str) -> list[Any]:
+    async def threads_of(self, conn: Connection, session_id: str) -> list[Row]:
         """A session's threads with how many of their turns are in each status."""
         return list(
             await conn.fetch(
@@ -35,8 +34,14 @@ class SessionRows(TurnRows):
         )
 
     async def turns_of(
-        self, conn: Any, session_id: str, thread_id: str | None, status: str | None, limit: int, after: int
-    ) -> list[Any]:
+        self,
+        conn: Connection,
+        session_id: str,
+        thread_id: str | None,
+        status: str | None,
+        limit: int,
+        after: int,
+    ) -> list[Row]:
         """A session's turns in accepted order (of one thread, in one status), after ``after`` (a
         turn's ``seq``: the page before ended there)."""
         return list(
@@ -55,10 +60,12 @@ class SessionRows(TurnRows):
             )
         )
 
-    async def close_thread(self, conn: Any, thread_id: str, what: str) -> bool:
+    async def close_thread(self, conn: Connection, thread_id: str, what: str) -> bool:
         """Close a thread (True), or say that it was closed already (False); refused while a turn
         of it is unfinished."""
-        row = await conn.fetchrow(f"SELECT closed_at FROM threads WHERE id = $1{self.FOR_UPDATE}", thread_id)
+        row = await conn.fetchrow(
+            f"SELECT closed_at FROM threads WHERE id = $1{self.store.FOR_UPDATE}", thread_id
+        )
         if row is None:
             raise NotFoundError(f"there is no {what}")
         if row["closed_at"] is not None:
@@ -71,11 +78,11 @@ class SessionRows(TurnRows):
         await conn.execute("UPDATE threads SET closed_at = now() WHERE id = $1", thread_id)
         return True
 
-    async def close_session(self, conn: Any, session_id: str) -> bool:
+    async def close_session(self, conn: Connection, session_id: str) -> bool:
         """Close a session and every thread of it (True), or say it was closed already (False);
         refused while a turn of it is unfinished."""
         row = await conn.fetchrow(
-            f"SELECT closed_at FROM sessions WHERE id = $1{self.FOR_UPDATE}", session_id
+            f"SELECT closed_at FROM sessions WHERE id = $1{self.store.FOR_UPDATE}", session_id
         )
         if row is None:
             raise NotFoundError(f"there is no session {session_id!r}")
@@ -94,7 +101,7 @@ class SessionRows(TurnRows):
         return True
 
 
-async def _unfinished(conn: Any, column: str, value: str) -> int:
+async def _unfinished(conn: Connection, column: str, value: str) -> int:
     """How many turns of the thread or session (``column``: thread_id or session_id) are
     unfinished. Counted by a statement of its own, after the caller locked that row: a statement
     that took the lock first (a served submit) may have started a turn, which the locking

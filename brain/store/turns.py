@@ -1,8 +1,8 @@
-"""Turn rows: claims under a lease with an epoch, and the fenced moves of runs (submits are
-``brain.store.submits``).
+"""Turn rows: claims under a lease with an epoch, the fenced moves of runs, and reads of a turn
+(submits are ``brain.store.submits``).
 
-The portable statements, one turn at a time; ``brain.store.pg_turns`` does the same for many
-turns per statement.
+The portable statements, one turn at a time; ``turns_pg`` does the same for many turns per
+statement.
 """
 
 from __future__ import annotations
@@ -11,11 +11,18 @@ from collections.abc import Collection, Sequence
 from typing import Any, NoReturn
 
 from brain.rules import facts
-from brain.rules.records import TERMINAL_SQL, TURN_COLUMNS, Claimed, Move, Moved, TurnRow
+from brain.rules.records import Claimed, Move, Moved, TurnRow
 from brain.rules.states import TurnPhase, TurnStatus, phase_transition, turn_transition
-from brain.store.submits import SubmitRows
+from brain.store.part import Part
+from brain.store.sql import TERMINAL_SQL, TURN_COLUMNS, turn_becomes
+from infra.db import Connection
 from infra.db.store import as_time
 from protocol import NotFoundError, StaleOwnerError
+
+# A claim takes a queued turn, or a running one whose run was lost, for a new run.
+CLAIMED = turn_becomes(TurnStatus.RUNNING, from_={TurnStatus.QUEUED, TurnStatus.RUNNING}, alias="t")
+# Turns that waited for their tools' bindings look again once tools are announced.
+_WOKEN = turn_becomes(TurnStatus.RUNNING, from_={TurnStatus.WAITING})
 
 # Claimable: queued or running, due, not under a live lease, first unfinished in its thread.
 # A lease is live until it runs out; the owner renews it while its run goes on, and the judgement
@@ -26,7 +33,7 @@ from protocol import NotFoundError, StaleOwnerError
 # served submit starts its turn in its own commit: a queued turn never overtakes a started one.
 CLAIMABLE_FROM = f"""
     FROM turns t
-    WHERE t.status IN ('queued', 'running') AND t.wake_at <= now()
+    WHERE {CLAIMED.guard} AND t.wake_at <= now()
       AND (t.lease_owner IS NULL OR t.lease_expires_at < now())
       AND NOT EXISTS (
           SELECT 1 FROM turns p WHERE p.thread_id = t.thread_id AND p.id <> t.id
@@ -53,8 +60,8 @@ _LOOK_NOW = """UPDATE turns SET wake_at = now()
                                 WHERE e.turn_id = turns.id AND e.tool_step = turns.tool_step
                                   AND e.status = 'intended' AND e.created_by = $1)"""
 
-CLAIM_SET = """lease_owner = $1, lease_epoch = lease_epoch + 1, runs = runs + 1,
-               lease_expires_at = ts_add(now(), $2), status = 'running', revision = revision + 1,
+CLAIM_SET = f"""lease_owner = $1, lease_epoch = lease_epoch + 1, runs = runs + 1,
+               lease_expires_at = ts_add(now(), $2), {CLAIMED.set}, revision = revision + 1,
                updated_at = now()"""
 
 # A move: the new values, guarded by the turn as the mover knew it.
@@ -80,14 +87,14 @@ def move_values(move: Move, lease_seconds: float) -> list[Any]:
     ]  # fmt: skip
 
 
-class TurnRows(SubmitRows):
+class Turns(Part):
     # ---- claims ------------------------------------------------------------------------
 
     async def anything_claimable(self) -> bool:
         """A cheap look before opening a claim transaction."""
-        return bool(await self.read(lambda c: c.fetchval(f"SELECT EXISTS ({CLAIMABLE_SQL})")))
+        return bool(await self.store.read(lambda c: c.fetchval(f"SELECT EXISTS ({CLAIMABLE_SQL})")))
 
-    async def claim(self, conn: Any, owner: str, lease_seconds: float, limit: int) -> Claimed:
+    async def claim(self, conn: Connection, owner: str, lease_seconds: float, limit: int) -> Claimed:
         """Claim up to ``limit`` turns for new runs (inside the caller's transaction)."""
         rows: list[TurnRow] = []
         now = None
@@ -107,7 +114,7 @@ class TurnRows(SubmitRows):
         return Claimed(rows, more, now)
 
     async def renew_leases(
-        self, conn: Any, owner: str, turn_ids: Collection[str], lease_seconds: float
+        self, conn: Connection, owner: str, turn_ids: Collection[str], lease_seconds: float
     ) -> None:
         """Extend the leases ``owner`` holds on ``turn_ids`` (its runs in progress)."""
         for turn_id in turn_ids:
@@ -119,7 +126,7 @@ class TurnRows(SubmitRows):
             )
 
     async def release_owners(
-        self, conn: Any, owners: Sequence[str], wake_channel: str, *, died: bool = True
+        self, conn: Connection, owners: Sequence[str], wake_channel: str, *, died: bool = True
     ) -> int:
         """Hand back the turns of Brains presumed dead (or retiring, ``died`` False): claimable at
         once, their runs fenced out, each run's end journaled (a model call it was making is lost).
@@ -131,7 +138,7 @@ class TurnRows(SubmitRows):
             rows = await conn.fetch(_RELEASE, owner, died)
             for r in rows:
                 lost = facts.run_lost(r["lease_epoch"], r["phase"], died=died)
-                await self.append(
+                await self.store.journal.append(
                     conn, r["session_id"], r["id"], [lost], thread_id=r["thread_id"], status=r["status"],
                     phase=r["phase"],
                 )  # fmt: skip
@@ -141,11 +148,11 @@ class TurnRows(SubmitRows):
             await conn.execute("SELECT pg_notify($1, '')", wake_channel)
         return released
 
-    async def wake_for_bindings(self, conn: Any, wake_channel: str) -> int:
+    async def wake_for_bindings(self, conn: Connection, wake_channel: str) -> int:
         """Tools were announced: turns waiting for bindings look again (each checks its own)."""
         woken = await conn.fetch(
-            """UPDATE turns SET status = 'running', wake_at = now(), waiting_for = NULL, updated_at = now()
-                WHERE status = 'waiting' AND phase = 'prepare' RETURNING id"""
+            f"""UPDATE turns SET {_WOKEN.set}, wake_at = now(), waiting_for = NULL, updated_at = now()
+                WHERE {_WOKEN.guard} AND phase = 'prepare' RETURNING id"""
         )
         if woken:
             await conn.execute("SELECT pg_notify($1, '')", wake_channel)
@@ -154,13 +161,13 @@ class TurnRows(SubmitRows):
     # ---- moves -------------------------------------------------------------------------
 
     async def commit_moves(
-        self, conn: Any, moves: Sequence[Move], lease_seconds: float
+        self, conn: Connection, moves: Sequence[Move], lease_seconds: float
     ) -> list[Moved | None]:
         """Commit each move whole (turn, journal entry, executions, frozen bindings) inside the
         caller's transaction; None for a move its guard refused (nothing of it is written)."""
         return [await self._commit_move(conn, move, lease_seconds) for move in moves]
 
-    async def _commit_move(self, conn: Any, move: Move, lease_seconds: float) -> Moved | None:
+    async def _commit_move(self, conn: Connection, move: Move, lease_seconds: float) -> Moved | None:
         rec = await conn.fetchrow(
             f"UPDATE turns SET {MOVE_SET} WHERE {MOVE_GUARD} RETURNING {TURN_COLUMNS}",
             *move_values(move, lease_seconds),
@@ -170,7 +177,7 @@ class TurnRows(SubmitRows):
         row = TurnRow.from_record(rec)
         seq = None
         if move.facts:
-            seq = await self.append(
+            seq = await self.store.journal.append(
                 conn, row.session_id, row.id, list(move.facts), thread_id=row.thread_id,
                 run=move.before.lease_epoch, status=row.status, phase=row.phase,
             )  # fmt: skip
@@ -194,7 +201,7 @@ class TurnRows(SubmitRows):
             froze = status.endswith(" 1")
         return Moved(row, seq, froze)
 
-    async def refuse(self, conn: Any, move: Move) -> NoReturn:
+    async def refuse(self, conn: Connection, move: Move) -> NoReturn:
         """Raise why a move matched nothing: IllegalTransitionError when its owner made a move the
         tables forbid, else StaleOwnerError (another run owns the turn now, or it moved on)."""
         lease = move.before.lease
@@ -215,13 +222,13 @@ class TurnRows(SubmitRows):
 
     # ---- reads -------------------------------------------------------------------------
 
-    async def load(self, conn: Any, turn_id: str) -> TurnRow:
+    async def load(self, conn: Connection, turn_id: str) -> TurnRow:
         rec = await conn.fetchrow(f"SELECT {TURN_COLUMNS} FROM turns WHERE id = $1", turn_id)
         if rec is None:
             raise NotFoundError(f"no turn {turn_id!r}")
         return TurnRow.from_record(rec)
 
-    async def find_turn(self, conn: Any, session_id: str, request_id: str) -> TurnRow | None:
+    async def find_turn(self, conn: Connection, session_id: str, request_id: str) -> TurnRow | None:
         """The turn a session's request id made, if any (in any namespace)."""
         rec = await conn.fetchrow(
             f"SELECT {TURN_COLUMNS} FROM turns WHERE session_id = $1 AND request_id = $2",
@@ -231,7 +238,7 @@ class TurnRows(SubmitRows):
         return TurnRow.from_record(rec) if rec is not None else None
 
     async def statuses(self, turn_ids: Sequence[str]) -> dict[str, str]:
-        async def work(conn: Any) -> dict[str, str]:
+        async def work(conn: Connection) -> dict[str, str]:
             found = {}
             for turn_id in turn_ids:
                 status = await conn.fetchval("SELECT status FROM turns WHERE id = $1", turn_id)
@@ -239,4 +246,18 @@ class TurnRows(SubmitRows):
                     found[turn_id] = status
             return found
 
-        return await self.read(work)
+        return await self.store.read(work)
+
+    async def lock_turn(
+        self, conn: Connection, namespace: str, turn_id: str, *, lock: bool = True
+    ) -> TurnRow | None:
+        """The turn, locked for this transaction (unless ``lock`` is False), if it is
+        ``namespace``'s."""
+        locked = self.store.FOR_UPDATE if lock else ""
+        rec = await conn.fetchrow(
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE id = $1 AND namespace = $2{locked}", turn_id, namespace
+        )
+        return TurnRow.from_record(rec) if rec is not None else None
+
+    async def status_of(self, conn: Connection, turn_id: str) -> str:
+        return str(await conn.fetchval("SELECT status FROM turns WHERE id = $1", turn_id))

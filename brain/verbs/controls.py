@@ -20,87 +20,24 @@ respond    a person's answer to a call that waits for one: approve or deny it, o
 =========  ===================================================================================
 
 Each is idempotent by its request id (per turn): the same request id with the same input answers
-the original receipt, as it stands now; with another input it is a CONFLICT. :func:`decide` is
-the rule for what a control does to a turn in a given state, a pure function.
+the original receipt, as it stands now; with another input it is a CONFLICT. What a control does to a
+turn in a given state is a pure rule: ``brain.rules.controls.decide``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from brain.rules import facts
+from brain.rules.controls import INPUTS, Kind, Outcome, TurnView, decide
 from brain.rules.states import TERMINAL_TURN, TurnStatus
 from brain.store import BrainStore, TurnRow
-from infra.db import Json
+from infra.db import Connection, Json
 from infra.transport import Topology
 from protocol import ConflictError, NotFoundError, SchemaError, digest
 from protocol.storable import unstorable
-
-
-class Kind(StrEnum):
-    STEER = "steer"
-    INJECT = "inject"
-    WITHDRAW = "withdraw"
-    PAUSE = "pause"
-    RESUME = "resume"
-    CANCEL = "cancel"
-
-
-class Outcome(StrEnum):
-    APPLY = "applied"  # done in the control's own commit
-    DEFER = "received"  # done at the turn's next boundary (or once its executions are settled)
-    REJECT = "rejected"
-
-
-INPUTS = (Kind.STEER, Kind.INJECT)
-
-
-@dataclass(frozen=True)
-class TurnView:
-    """What :func:`decide` needs to know of a turn."""
-
-    status: TurnStatus
-    leased: bool  # a run holds it right now (mid-phase)
-    revision: int
-    open_executions: int  # not settled yet (UNKNOWN ones are)
-    cancelling: bool
-    pause_pending: bool  # a pause was received and waits for the turn's boundary
-
-
-def decide(kind: Kind, turn: TurnView, body: Mapping[str, Any]) -> tuple[Outcome, str | None]:
-    """What a control does to a turn in this state: applied now, deferred to the boundary, or
-    rejected (with the reason)."""
-    if turn.status in TERMINAL_TURN:
-        return Outcome.REJECT, f"the turn is {turn.status} already"
-    if turn.cancelling:
-        if kind is Kind.CANCEL:
-            return Outcome.DEFER, None  # decided with the cancel under way
-        return Outcome.REJECT, "the turn is being cancelled"
-    if kind in INPUTS:
-        return Outcome.DEFER, None
-    if kind is Kind.PAUSE:
-        if turn.status is TurnStatus.PAUSED:
-            return Outcome.APPLY, "it was paused already"
-        return (Outcome.DEFER, None) if turn.leased else (Outcome.APPLY, None)
-    if kind is Kind.RESUME:
-        if turn.status is TurnStatus.PAUSED:
-            seen = body.get("revision")
-            if seen != turn.revision:
-                return Outcome.REJECT, (
-                    f"the turn is at revision {turn.revision}, not {seen}: look at it again, then resume"
-                )
-            return Outcome.APPLY, None
-        if turn.pause_pending:
-            return Outcome.APPLY, "the pause not applied yet is withdrawn"
-        return Outcome.REJECT, "the turn is not paused"
-    if kind is Kind.CANCEL:
-        if turn.status is TurnStatus.QUEUED or turn.open_executions == 0:
-            return Outcome.APPLY, None
-        return Outcome.DEFER, None
-    raise AssertionError(kind)  # withdraw is decided by its target, in ``_withdraw``
 
 
 @dataclass(frozen=True)
@@ -165,11 +102,11 @@ async def control(
     body = _body(kind, text, revision, target)
     input_digest = digest({"kind": str(kind), **body})
 
-    async def work(conn: Any) -> Receipt:
-        turn = await store.lock_turn(conn, namespace, turn_id)
+    async def work(conn: Connection) -> Receipt:
+        turn = await store.turns.lock_turn(conn, namespace, turn_id)
         if turn is None:
             raise NotFoundError(f"there is no turn {turn_id!r}")
-        earlier = await store.control_by_request(conn, turn_id, request_id)
+        earlier = await store.controls.control_by_request(conn, turn_id, request_id)
         if earlier is not None:
             if earlier["input_digest"] != input_digest:
                 raise ConflictError(
@@ -179,65 +116,93 @@ async def control(
             return Receipt.of(earlier)
         if kind is Kind.WITHDRAW:
             return await _withdraw(store, conn, turn, request_id, body, input_digest)
-        received = await store.controls_of(conn, turn_id, received_only=True)
-        open_executions = await store.open_executions(conn, turn_id)
-        view = TurnView(
-            status=turn.status,
-            leased=turn.lease_owner is not None,
-            revision=turn.revision,
-            open_executions=len(open_executions),
-            cancelling=turn.cancel_requested,
-            pause_pending=any(c["kind"] == Kind.PAUSE for c in received),
-        )
-        outcome, reason = decide(kind, view, body)
-        row = await store.record_control(
-            conn, turn_id, request_id, str(kind), input_digest, body, str(outcome), reason
-        )
-        said = [facts.control(row["id"], str(kind), str(outcome), reason)]
-        if outcome is Outcome.DEFER:
-            await store.add_pending(conn, turn_id, 1)
-            if kind is Kind.CANCEL and not turn.cancel_requested:
-                # The cancels for the Hands are outbox rows: the Brains' control relays send them.
-                await store.begin_cancel(conn, turn, open_executions, topology, "its turn was cancelled")
-                said.append(facts.waiting(f"{len(open_executions)} execution(s) to settle after a cancel"))
-        elif outcome is Outcome.APPLY:
-            said += await _apply_now(store, conn, turn, kind, received, wake_channel)
-        status = await store.status_of(conn, turn_id)
-        await store.append(conn, turn.session_id, turn_id, said, thread_id=turn.thread_id, status=status,
-                           phase=str(turn.phase))  # fmt: skip
-        return Receipt.of(row)
+        return await _record(store, conn, turn, kind, body, request_id, input_digest, topology, wake_channel)
 
     return await store.transact(work)
 
 
+async def _record(
+    store: BrainStore,
+    conn: Connection,
+    turn: TurnRow,
+    kind: Kind,
+    body: dict[str, Any],
+    request_id: str,
+    input_digest: str,
+    topology: Topology,
+    wake_channel: str,
+) -> Receipt:
+    """Decide a new control by the turn as it stands, record it with its receipt, do what it does
+    now, and journal what it did."""
+    received = await store.controls.controls_of(conn, turn.id, received_only=True)
+    open_executions = await store.executions.open_executions(conn, turn.id)
+    view = TurnView(
+        status=turn.status,
+        leased=turn.lease_owner is not None,
+        revision=turn.revision,
+        open_executions=len(open_executions),
+        cancelling=turn.cancel_requested,
+        pause_pending=any(c["kind"] == Kind.PAUSE for c in received),
+    )
+    outcome, reason = decide(kind, view, body)
+    row = await store.controls.record_control(
+        conn, turn.id, request_id, str(kind), input_digest, body, str(outcome), reason
+    )
+    said = [facts.control(row["id"], str(kind), str(outcome), reason)]
+    if outcome is Outcome.DEFER:
+        await store.controls.add_pending(conn, turn.id, 1)
+        if kind is Kind.CANCEL and not turn.cancel_requested:
+            # The cancels for the Hands are outbox rows: the Brains' control relays send them.
+            await store.controls.begin_cancel(conn, turn, open_executions, topology, "its turn was cancelled")
+            said.append(facts.waiting(f"{len(open_executions)} execution(s) to settle after a cancel"))
+    elif outcome is Outcome.APPLY:
+        said += await _apply_now(store, conn, turn, kind, received, wake_channel)
+    status = await store.turns.status_of(conn, turn.id)
+    await store.journal.append(
+        conn,
+        turn.session_id,
+        turn.id,
+        said,
+        thread_id=turn.thread_id,
+        status=status,
+        phase=str(turn.phase),
+    )
+    return Receipt.of(row)
+
+
 async def _apply_now(
-    store: BrainStore, conn: Any, turn: TurnRow, kind: Kind, received: list[Any], wake_channel: str
+    store: BrainStore, conn: Connection, turn: TurnRow, kind: Kind, received: list[Any], wake_channel: str
 ) -> list[dict[str, Any]]:
     """What an applied pause, resume or cancel does in the control's own commit; its facts."""
     if kind is Kind.PAUSE:
         if turn.status is not TurnStatus.PAUSED:
-            await store.pause_now(conn, turn)
+            await store.controls.pause_now(conn, turn)
         return []
     if kind is Kind.RESUME:
         pauses = [c["id"] for c in received if c["kind"] == Kind.PAUSE]
         if pauses:  # a pause that waited for the boundary is taken back
-            await store.decide_controls(conn, pauses, "rejected", "withdrawn by a resume")
-            await store.add_pending(conn, turn.id, -len(pauses))
+            await store.controls.decide_controls(conn, pauses, "rejected", "withdrawn by a resume")
+            await store.controls.add_pending(conn, turn.id, -len(pauses))
         if turn.status is TurnStatus.PAUSED:
-            await store.resume_now(conn, turn, wake_channel)
+            await store.controls.resume_now(conn, turn, wake_channel)
         return [facts.control(c, "pause", "rejected", "withdrawn by a resume") for c in pauses]
     assert kind is Kind.CANCEL
-    await store.cancel_now(conn, turn)
+    await store.controls.cancel_now(conn, turn)
     others = [c["id"] for c in received]
-    await store.decide_controls(conn, others, "rejected", "the turn was cancelled")
+    await store.controls.decide_controls(conn, others, "rejected", "the turn was cancelled")
     said = [facts.control(c["id"], c["kind"], "rejected", "the turn was cancelled") for c in received]
     return [*said, facts.cancelled_turn()]
 
 
 async def _withdraw(
-    store: BrainStore, conn: Any, turn: TurnRow, request_id: str, body: dict[str, Any], input_digest: str
+    store: BrainStore,
+    conn: Connection,
+    turn: TurnRow,
+    request_id: str,
+    body: dict[str, Any],
+    input_digest: str,
 ) -> Receipt:
-    target = await store.control_by_id(conn, turn.id, body["control_id"])
+    target = await store.controls.control_by_id(conn, turn.id, body["control_id"])
     if target is None or target["kind"] not in INPUTS:
         reason: str | None = f"turn {turn.id} has no steer or inject #{body['control_id']}"
     elif target["status"] != "received":
@@ -245,17 +210,19 @@ async def _withdraw(
     else:
         reason = None
     status = "rejected" if reason else "applied"
-    row = await store.record_control(
+    row = await store.controls.record_control(
         conn, turn.id, request_id, str(Kind.WITHDRAW), input_digest, body, status, reason
     )
     said = [facts.control(row["id"], str(Kind.WITHDRAW), status, reason)]
     if reason is None:
-        await store.decide_controls(conn, [target["id"]], "withdrawn", f"withdrawn by control #{row['id']}")
-        await store.add_pending(conn, turn.id, -1)
+        await store.controls.decide_controls(
+            conn, [target["id"]], "withdrawn", f"withdrawn by control #{row['id']}"
+        )
+        await store.controls.add_pending(conn, turn.id, -1)
         said.append(
             facts.control(target["id"], target["kind"], "withdrawn", f"withdrawn by control #{row['id']}")
         )
-    await store.append(
+    await store.journal.append(
         conn, turn.session_id, turn.id, said, thread_id=turn.thread_id, status=str(turn.status),
         phase=str(turn.phase),
     )  # fmt: skip
@@ -265,10 +232,10 @@ async def _withdraw(
 async def receipts(store: BrainStore, *, namespace: str, turn_id: str) -> list[Receipt]:
     """A turn's controls, in the order they came, as they stand."""
 
-    async def read(conn: Any) -> list[Any]:
-        if await store.lock_turn(conn, namespace, turn_id, lock=False) is None:
+    async def read(conn: Connection) -> list[Any]:
+        if await store.turns.lock_turn(conn, namespace, turn_id, lock=False) is None:
             raise NotFoundError(f"there is no turn {turn_id!r}")
-        return await store.controls_of(conn, turn_id)
+        return await store.controls.controls_of(conn, turn_id)
 
     return [Receipt.of(r) for r in await store.read(read)]
 
@@ -305,11 +272,11 @@ async def respond(
         body["reason"] = reason
     input_digest = digest({"kind": "respond", **body})
 
-    async def work(conn: Any) -> Receipt:
-        turn = await store.lock_turn(conn, namespace, turn_id)
+    async def work(conn: Connection) -> Receipt:
+        turn = await store.turns.lock_turn(conn, namespace, turn_id)
         if turn is None:
             raise NotFoundError(f"there is no turn {turn_id!r}")
-        earlier = await store.control_by_request(conn, turn_id, request_id)
+        earlier = await store.controls.control_by_request(conn, turn_id, request_id)
         if earlier is not None:
             if earlier["input_digest"] != input_digest:
                 raise ConflictError(
@@ -317,18 +284,18 @@ async def respond(
                     f"({earlier['kind']} #{earlier['id']})"
                 )
             return Receipt.of(earlier)
-        execution = await store.execution_for_call(conn, turn_id, call)
+        execution = await store.executions.execution_for_call(conn, turn_id, call)
         why = _refuse_response(turn, execution, call, decision)
         status = "rejected" if why else "applied"
-        row = await store.record_control(
+        row = await store.controls.record_control(
             conn, turn_id, request_id, "respond", input_digest, body, status, why
         )
         said = [facts.control(row["id"], "respond", status, why)]
         if why is None:
             said.append(await _answer(store, conn, turn, execution, decision, body, row["id"], wake_channel))
-        await store.append(
+        await store.journal.append(
             conn, turn.session_id, turn_id, said, thread_id=turn.thread_id,
-            status=await store.status_of(conn, turn_id), phase=str(turn.phase),
+            status=await store.turns.status_of(conn, turn_id), phase=str(turn.phase),
         )  # fmt: skip
         return Receipt.of(row)
 
@@ -353,21 +320,29 @@ def _refuse_response(turn: TurnRow, execution: Any, call: str, decision: str) ->
 
 
 async def _answer(
-    store: BrainStore, conn: Any, turn: TurnRow, execution: Any, decision: str, body: Mapping[str, Any],
-    control_id: int, wake_channel: str,
-) -> dict[str, Any]:  # fmt: skip
+    store: BrainStore,
+    conn: Connection,
+    turn: TurnRow,
+    execution: Any,
+    decision: str,
+    body: Mapping[str, Any],
+    control_id: int,
+    wake_channel: str,
+) -> dict[str, Any]:
     """What the answer does to the execution; its fact."""
     who = f"answered by a person (control #{control_id})"
     e = execution
     if decision == "approve":
-        await store.approve(conn, turn.id, e["id"])
+        await store.controls.approve(conn, turn.id, e["id"])
         return facts.execution_event("approved", e["id"], e["call_id"], e["tool"])
     if decision == "deny":
         message = body.get("reason") or "a person denied this call"
         error = {"code": "denied", "message": message}
-        await store.settle_by_hand(conn, e, status="failed", how="denied", result=None, error=error,
+        await store.controls.settle_by_hand(conn, e, status="failed", how="denied", result=None, error=error,
                                    evidence=who, wake_channel=wake_channel)  # fmt: skip
         return facts.execution_event("failed", e["id"], e["call_id"], e["tool"], how="denied")
-    await store.settle_by_hand(conn, e, status="succeeded", how="manual", result=Json(body["result"]),
-                               error=None, evidence=who, wake_channel=wake_channel)  # fmt: skip
+    await store.controls.settle_by_hand(
+        conn, e, status="succeeded", how="manual", result=Json(body["result"]), error=None, evidence=who,
+        wake_channel=wake_channel,
+    )  # fmt: skip
     return facts.execution_event("succeeded", e["id"], e["call_id"], e["tool"], how="manual")

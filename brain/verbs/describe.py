@@ -8,16 +8,11 @@ from brain.rules.history import ThreadHistory
 from brain.store import BrainStore
 from protocol import NotFoundError
 
-RECONCILE_HINT = (
-    "resolve each with `hands reconcile EXECUTION_ID --result JSON --evidence TEXT` "
-    "(or --failed MESSAGE) once you know what happened"
-)
-
 
 async def describe(store: BrainStore, namespace: str, turn_id: str) -> dict[str, Any]:
     """Everything `show` prints, as plain data: the turn's row, its executions, and what its
     journal entries say (its conversation, and how many runs it took)."""
-    view = await store.read(lambda conn: store.turn_view(conn, namespace, turn_id))
+    view = await store.read(lambda conn: store.views.turn_view(conn, namespace, turn_id))
     if view is None:
         raise NotFoundError(f"there is no turn {turn_id!r}")
     t, entries, exes = view.turn, view.entries, view.executions
@@ -57,33 +52,3 @@ async def describe(store: BrainStore, namespace: str, turn_id: str) -> dict[str,
             for e in exes
         ],
     }
-
-
-def print_turn(d: dict[str, Any]) -> None:
-    """`show` and `wait` for people."""
-    print(f"turn {d['turn_id']}  session {d['session_id']}  thread {d['thread']}  request {d['request_id']}")
-    print(f"status: {d['status']} (phase {d['phase']}, revision {d['revision']}, {d['runs']} run(s))")
-    if d["waiting_for"] and d["status"] in ("waiting", "paused"):
-        print(f"waiting for: {d['waiting_for']}")
-    if d["error"]:
-        print(f"error: {d['error'].get('code')}: {d['error'].get('message')}")
-    if d["executions"]:
-        print("executions:")
-        for e in d["executions"]:
-            how = f" ({e['how']})" if e["how"] else ""
-            print(f"  {e['call_id']:<8} {e['tool']:<16} {e['status']:<10}{how}  {e['id']}")
-            if e["evidence"]:
-                print(f"           evidence: {e['evidence']}")
-            if e["status"] != "succeeded" and e["error"]:
-                print(f"           {e['error'].get('code')}: {e['error'].get('message')}")
-    if d["result"]:
-        print("result:")
-        print("  " + str(d["result"].get("text")).replace("\n", "\n  "))
-
-
-def waiting_line(d: dict[str, Any]) -> str:
-    """One line saying what a waiting turn waits for (and, for a reconcile, how to give it)."""
-    line = f"turn {d['turn_id']} waits for {d['waiting_for'] or 'its tools'}"
-    if (d["waiting_for"] or "").startswith("reconcile"):
-        line += f"; {RECONCILE_HINT}"
-    return line

@@ -18,9 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from brain.rules.submits import thread_id as thread_key
 from brain.store import BrainStore, Entry
-from brain.store.submits import thread_id as thread_key
 from brain.verbs.sessions import check_thread_name
+from infra.db import Connection
 from protocol import GoneError, NotFoundError, SchemaError
 
 MAX_PAGE = 1000
@@ -53,13 +54,15 @@ class Scope:
     run: int | None
 
 
-async def _scope(store: BrainStore, conn: Any, namespace: str, session_id: str, f: EventFilter) -> Scope:
+async def _scope(
+    store: BrainStore, conn: Connection, namespace: str, session_id: str, f: EventFilter
+) -> Scope:
     f.check()
-    if await store.session(conn, namespace, session_id) is None:
+    if await store.sessions.session(conn, namespace, session_id) is None:
         raise NotFoundError(f"there is no session {session_id!r}")
     thread_id = thread_key(session_id, f.thread) if f.thread is not None else None
     if f.turn is not None:
-        turn = await store.lock_turn(conn, namespace, f.turn, lock=False)
+        turn = await store.turns.lock_turn(conn, namespace, f.turn, lock=False)
         if turn is None or turn.session_id != session_id or turn.thread_id != thread_id:
             raise NotFoundError(
                 f"there is no turn {f.turn!r} in thread {f.thread!r} of session {session_id!r}"
@@ -95,9 +98,9 @@ class Page:
         return {"events": self.events, "cursor": self.cursor}
 
 
-async def check_cursor(store: BrainStore, conn: Any, session_id: str, cursor: int) -> None:
+async def check_cursor(store: BrainStore, conn: Connection, session_id: str, cursor: int) -> None:
     """GoneError when events after ``cursor`` were trimmed already."""
-    first = await store.first_seq(conn, session_id)
+    first = await store.journal.first_seq(conn, session_id)
     if cursor < first - 1:
         raise GoneError(
             f"cursor {cursor} of session {session_id!r} is older than what is kept (from {first}): "
@@ -118,11 +121,11 @@ async def list_events(
     if cursor < 0 or not 1 <= limit <= MAX_PAGE:
         raise SchemaError(f"cursor must be 0 or more and limit 1 to {MAX_PAGE}")
 
-    async def read(conn: Any) -> Page:
+    async def read(conn: Connection) -> Page:
         scope = await _scope(store, conn, namespace, session_id, where)
         await check_cursor(store, conn, session_id, cursor)
-        last = await store.last_seq(conn, session_id)
-        entries = await store.events(
+        last = await store.journal.last_seq(conn, session_id)
+        entries = await store.journal.events(
             conn, session_id, after=cursor, limit=limit, thread_id=scope.thread_id, turn_id=scope.turn_id,
             run=scope.run,
         )  # fmt: skip
@@ -139,19 +142,19 @@ async def snapshot(
     """Where the session (or the part ``where`` names) stands, and the cursor it is consistent
     with: follow the events from there and nothing is missed or seen twice."""
 
-    async def read(conn: Any) -> dict[str, Any]:
+    async def read(conn: Connection) -> dict[str, Any]:
         scope = await _scope(store, conn, namespace, session_id, where)
-        cursor = await store.last_seq(conn, session_id)
-        turns = await store.turns_of(conn, session_id, scope.thread_id, None, MAX_PAGE, 0)
+        cursor = await store.journal.last_seq(conn, session_id)
+        turns = await store.sessions.turns_of(conn, session_id, scope.thread_id, None, MAX_PAGE, 0)
         if scope.turn_id is not None:
             turns = [t for t in turns if t["id"] == scope.turn_id]
         executions = {}
         for t in turns:
             executions[t["id"]] = [
                 {k: e[k] for k in ("id", "call_id", "tool", "status", "how", "result", "error")}
-                for e in await store.turn_executions(conn, t["id"])
+                for e in await store.executions.turn_executions(conn, t["id"])
             ]
-        threads = await store.threads_of(conn, session_id)
+        threads = await store.sessions.threads_of(conn, session_id)
         return {
             "cursor": cursor,
             "session_id": session_id,

@@ -11,9 +11,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from brain.rules.agents import AgentDefinition
+from brain.rules.submits import MAIN_THREAD, Submit, thread_id
 from brain.store import BrainStore
-from brain.store.submits import MAIN_THREAD, Submit, thread_id
 from brain.verbs.turn_history import turn_history
+from infra.db import Connection
 from infra.transport import Topology, Transport
 from protocol import NotFoundError, SchemaError
 from protocol.storable import unstorable
@@ -54,11 +55,11 @@ async def submit(
         if problem is not None:
             raise SchemaError(f"{what} cannot be stored: its text {problem}")
     submit = Submit(namespace, session_id, request_id, user_input, agent, wake_channel, thread)
-    return await (served or store.submit)(submit)
+    return await (served or store.submits.submit)(submit)
 
 
-async def _session(store: BrainStore, conn: Any, namespace: str, session_id: str) -> Any:
-    found = await store.session(conn, namespace, session_id)
+async def _session(store: BrainStore, conn: Connection, namespace: str, session_id: str) -> Any:
+    found = await store.sessions.session(conn, namespace, session_id)
     if found is None:
         raise NotFoundError(f"there is no session {session_id!r}")
     return found
@@ -67,9 +68,9 @@ async def _session(store: BrainStore, conn: Any, namespace: str, session_id: str
 async def threads(store: BrainStore, *, namespace: str, session_id: str) -> list[dict[str, Any]]:
     """A session's threads: each one's agent version, state and turns."""
 
-    async def read(conn: Any) -> list[Any]:
+    async def read(conn: Connection) -> list[Any]:
         await _session(store, conn, namespace, session_id)
-        return await store.threads_of(conn, session_id)
+        return await store.sessions.threads_of(conn, session_id)
 
     return [dict(r) for r in await store.read(read)]
 
@@ -88,10 +89,10 @@ async def turns(
     if thread is not None:
         check_thread_name(thread)
 
-    async def read(conn: Any) -> list[Any]:
+    async def read(conn: Connection) -> list[Any]:
         await _session(store, conn, namespace, session_id)
         chosen = thread_id(session_id, thread) if thread is not None else None
-        return await store.turns_of(conn, session_id, chosen, status, limit, after)
+        return await store.sessions.turns_of(conn, session_id, chosen, status, limit, after)
 
     return [dict(r) for r in await store.read(read)]
 
@@ -99,11 +100,11 @@ async def turns(
 async def history(store: BrainStore, *, namespace: str, turn_id: str) -> dict[str, Any]:
     """A turn's runs, steps and model calls, read from its journal."""
 
-    async def read(conn: Any) -> list[Any]:
-        turn = await store.lock_turn(conn, namespace, turn_id, lock=False)
+    async def read(conn: Connection) -> list[Any]:
+        turn = await store.turns.lock_turn(conn, namespace, turn_id, lock=False)
         if turn is None:
             raise NotFoundError(f"there is no turn {turn_id!r}")
-        return await store.entries(conn, turn.session_id, turn_id=turn_id, limit=100_000)
+        return await store.journal.entries(conn, turn.session_id, turn_id=turn_id, limit=100_000)
 
     return turn_history(await store.read(read))
 
@@ -115,12 +116,12 @@ async def close(store: BrainStore, *, namespace: str, session_id: str, thread: s
     if thread is not None:
         check_thread_name(thread)
 
-    async def work(conn: Any) -> bool:
+    async def work(conn: Connection) -> bool:
         await _session(store, conn, namespace, session_id)
         if thread is None:
-            return await store.close_session(conn, session_id)
+            return await store.sessions.close_session(conn, session_id)
         what = f"thread {thread!r} of session {session_id!r}"
-        return await store.close_thread(conn, thread_id(session_id, thread), what)
+        return await store.sessions.close_thread(conn, thread_id(session_id, thread), what)
 
     return await store.transact(work)
 
@@ -130,7 +131,7 @@ async def unserved_tools(
 ) -> list[str]:
     """Why some of ``tools`` would not run now, one sentence each (none when all are served):
     never announced by any Hands pool, or announced for a route nobody consumes right now."""
-    pairs = await store.bound_routes(tools)
+    pairs = await store.bindings.bound_routes(tools)
     routes: dict[str, list[str]] = {}
     for name, route in pairs:
         routes.setdefault(route, []).append(name)

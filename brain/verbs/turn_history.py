@@ -61,33 +61,3 @@ def turn_history(entries: Iterable[Entry]) -> dict[str, list[dict[str, Any]]]:
             ):
                 runs[-1]["ended"] = kind.removeprefix("turn.")
     return {"runs": runs, "steps": steps, "model_calls": calls}
-
-
-def print_history(h: dict[str, list[dict[str, Any]]]) -> None:
-    """`brain history` for people."""
-    print("runs:")
-    for r in h["runs"]:
-        print(
-            f"  run {r['run']} (epoch {r['epoch']}) from {r['began_at']} on {r['owner']}: "
-            f"{r['ended'] or 'running'}"
-        )
-    print("model calls:")
-    for c in h["model_calls"]:
-        line = f"  #{c['number']} attempt {c['attempt']}: {c['status']}"
-        if c["status"] == "replied":
-            usage = ", ".join(f"{k} {v}" for k, v in sorted(c["usage"].items()))
-            latency = f"{c['latency_ms']} ms" if c.get("latency_ms") is not None else "latency not recorded"
-            line += (
-                f" in {latency}"
-                + (f" by {c['model']}" if c.get("model") else "")
-                + (f"; {usage}" if usage else "")
-            )
-            line += f"; {c['tool_calls']} tool call(s)" if c["tool_calls"] else ""
-        elif c["status"] == "failed":
-            line += f": {c['error']} (retried after {c['retry_in_seconds']:g}s)"
-        else:
-            line += ": the Brain making it died; its reply and usage are unknown"
-        print(line)
-    print(f"steps: {len(h['steps'])} committed")
-    for s in h["steps"]:
-        print(f"  #{s['seq']} {s['status']}/{s['phase']}: {', '.join(s['facts'])}")

@@ -18,14 +18,13 @@ after a pause (``infra.transport.delivery``).
 
 from __future__ import annotations
 
-from typing import Any
-
 from structlog.contextvars import bound_contextvars
 
 from hands.rules.states import LedgerStatus
 from hands.run.executor import Executor
 from hands.run.relay import EventRelay
 from hands.store import Execution, NewExecution
+from infra.db import Connection
 from infra.objects.payloads import PayloadCodec
 from infra.process.logging import get_logger
 from infra.transport import Delivery, Transport
@@ -108,7 +107,7 @@ class ControlConsumer:
         body = CancelledBody(reason=f"cancelled before its command arrived: {reason}".rstrip(": "))
         tombstone = await ex.writer.events(control.execution_id, header, 1, body)
 
-        async def work(conn: Any) -> bool:
+        async def work(conn: Connection) -> bool:
             row = await self._ledger.get(conn, control.execution_id)
             if row is None:
                 # The cancel came first: a tombstone, so that the command, if it still comes, is a

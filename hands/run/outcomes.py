@@ -18,6 +18,7 @@ from hands.run.tasks import Tasks, passing
 from hands.run.writer import LedgerWriter
 from hands.store import Change, Execution, Ledger
 from hands.tools.registry import ToolRegistry
+from infra.db import Connection
 from infra.process.killpoints import KillPoints
 from infra.process.logging import get_logger
 from infra.process.tracing import Tracing
@@ -127,7 +128,7 @@ class Outcomes(Tasks):
             self.fence()
             try:
 
-                async def work(conn: Any) -> dict[str, Any] | None:
+                async def work(conn: Connection) -> dict[str, Any] | None:
                     nonlocal offset
                     row = await self.ledger.lock_owned(conn, execution_id, self.worker_id)
                     # Only this task writes this execution's output, so a chunk at the offset the

@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import Any
 
 from hands.rules.commands import unstorable_names
+from infra.db import Connection
 from infra.process.killpoints import KillPoints
 from infra.process.logging import get_logger
 from infra.transport import Delivery, Transport
@@ -136,7 +137,9 @@ class Batches:
         await part.ack()
         return True
 
-    async def surface_parked(self, conn: Any, commands: list[ExecuteCommand], ledger: Any) -> str | None:
+    async def surface_parked(
+        self, conn: Connection, commands: list[ExecuteCommand], ledger: Any
+    ) -> str | None:
         """A batch is parked when handling it failed as a whole (a worker that died on it, each
         time): its commands not in the ledger go back to the queue alone, each with its own
         delivery limit, so that only one that cannot be handled is parked and the others run."""

@@ -14,6 +14,7 @@ from typing import Any
 from hands.rules.states import LedgerStatus
 from hands.run.writer import LedgerWriter
 from hands.store import Change, Execution, Ledger
+from infra.db import Connection
 from infra.objects.payloads import PayloadCodec
 from protocol import (
     FailedBody,
@@ -63,7 +64,7 @@ async def reconcile(
     error = None if succeeded else {"code": "reconciled_failure", "message": failure or ""}
     writer = LedgerWriter(ledger, codec, lambda events: None)
 
-    async def work(conn: Any) -> Reconciliation:
+    async def work(conn: Connection) -> Reconciliation:
         row = await ledger.get(conn, execution_id, for_update=True)
         if row is None:
             raise NotFoundError(f"execution {execution_id} is not in the ledger")

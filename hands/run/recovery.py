@@ -21,6 +21,7 @@ import contextlib
 from functools import partial
 
 from hands.run.executor import Executor
+from infra.db import Connection
 from infra.process.logging import get_logger
 
 log = get_logger(__name__)
@@ -48,7 +49,7 @@ class RecoveryScanner:
             return 0
         ledger = self._ledger
 
-        async def look(conn: object) -> tuple[list[str], list[tuple[str, str]]]:
+        async def look(conn: Connection) -> tuple[list[str], list[tuple[str, str]]]:
             strays = await ledger.open_owned(
                 conn, self._route, ex.worker_id, sorted(ex.reserved), ex.concurrency
             )

@@ -35,6 +35,7 @@ from functools import partial
 from typing import Any
 
 from hands.store import Ledger
+from infra.db import Connection
 from infra.process.killpoints import KillPoints
 from infra.process.logging import get_logger
 from infra.transport import Delivery, Transport
@@ -212,7 +213,7 @@ class EventRelay:
         """Send an execution's events from ``from_seq`` on again, from its row (a replay request,
         a command that came again, a reconcile): no tool runs for it. Returns how many."""
 
-        async def read(conn: Any) -> list[dict[str, Any]]:
+        async def read(conn: Connection) -> list[dict[str, Any]]:
             return await stored_events(self._ledger, conn, execution_id, from_seq)
 
         events = await self._ledger.read(read)
@@ -260,7 +261,9 @@ class EventRelay:
                 await asyncio.sleep(self._interval)
 
 
-async def stored_events(ledger: Ledger, conn: Any, execution_id: str, from_seq: int) -> list[dict[str, Any]]:
+async def stored_events(
+    ledger: Ledger, conn: Connection, execution_id: str, from_seq: int
+) -> list[dict[str, Any]]:
     """An execution's events from ``from_seq`` on, as they were published: its status events from
     its row, its output pages rebuilt from ``output_chunks``."""
     row = await ledger.get(conn, execution_id)

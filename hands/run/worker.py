@@ -45,6 +45,7 @@ from hands.run.parts import Batches, Part
 from hands.run.relay import EventRelay
 from hands.store import Execution, NewExecution
 from hands.tools.registry import ToolRegistry
+from infra.db import Connection
 from infra.db.retention import may_have_been_pruned
 from infra.objects.payloads import PayloadCodec
 from infra.process.killpoints import KillPoints
@@ -278,7 +279,7 @@ class CommandConsumer:
             if reserved and not slot.handed_over:
                 ex.unreserve(execution_id)
 
-    async def surface_parked(self, conn: Any, envelope: Any, reason: str) -> str | None:
+    async def surface_parked(self, conn: Connection, envelope: Any, reason: str) -> str | None:
         """A command parked for good that never made it into the ledger fails as rejected (so the
         Brain hears why, and a copy that comes later never runs); one that is in the ledger is
         being, or was, handled. Garbage (a digest that does not match) is only logged.
@@ -290,7 +291,7 @@ class CommandConsumer:
             return await self._batches.surface_parked(conn, envelope.commands, self._executor.ledger)
         return await self._surface_command(conn, envelope, reason)
 
-    async def _surface_command(self, conn: Any, envelope: Any, reason: str) -> str | None:
+    async def _surface_command(self, conn: Connection, envelope: Any, reason: str) -> str | None:
         if not isinstance(envelope, ExecuteCommand) or unstorable_names(envelope) is not None:
             return None
         body = envelope.body

@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any
 
 from hands.store import Change, Execution, Ledger, NewExecution
+from infra.db import Connection
 from infra.db.groupcommit import GroupCommit
 from infra.objects.payloads import PayloadCodec
 
@@ -54,7 +55,7 @@ class LedgerWriter:
     ) -> list[dict[str, Any]]:
         return [await self.event(execution_id, header, first_seq + i, b) for i, b in enumerate(bodies)]
 
-    async def _apply(self, conn: Any, ops: list[Op]) -> list[Execution | None]:
+    async def _apply(self, conn: Connection, ops: list[Op]) -> list[Execution | None]:
         inserts = [i for i, op in enumerate(ops) if isinstance(op, _Insert)]
         changes = [i for i, op in enumerate(ops) if isinstance(op, Change)]
         inserted, changed = await self.ledger.write(
@@ -93,7 +94,7 @@ class LedgerWriter:
         makes of the row as it is now (None: nothing to write)."""
         committed: list[dict[str, Any]] = []
 
-        async def work(conn: Any) -> Execution | None:
+        async def work(conn: Connection) -> Execution | None:
             committed.clear()
             row = await self.ledger.lock_owned(conn, execution_id, owner)
             if landed is not None and landed(row):

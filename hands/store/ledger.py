@@ -17,7 +17,7 @@ from typing import Any
 from hands.rules.states import OPEN_STATUSES, LedgerStatus, transition
 from hands.store.records import EXECUTION_COLUMNS, Change, Execution, NewExecution
 from hands.store.retention import LedgerRetention
-from infra.db import Json
+from infra.db import Connection, Json
 from infra.db.store import StoreBase
 from infra.liveness import ALIVE_SQL
 from infra.transport.parked import ParkedRows
@@ -56,7 +56,7 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
     def appended(self, change: Change) -> list[dict[str, Any]]:
         return change.before.events + change.events
 
-    async def insert(self, conn: Any, rows: Sequence[NewExecution]) -> list[Execution | None]:
+    async def insert(self, conn: Connection, rows: Sequence[NewExecution]) -> list[Execution | None]:
         """Insert new rows with their first events; None for an id already in the ledger (then
         nothing of it is written)."""
         out = []
@@ -84,14 +84,14 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
             )
         )
 
-    async def get(self, conn: Any, execution_id: str, *, for_update: bool = False) -> Execution | None:
+    async def get(self, conn: Connection, execution_id: str, *, for_update: bool = False) -> Execution | None:
         lock = self.FOR_UPDATE if for_update else ""
         rec = await conn.fetchrow(
             f"SELECT {EXECUTION_COLUMNS} FROM executions WHERE execution_id = $1{lock}", execution_id
         )
         return Execution.from_record(rec) if rec is not None else None
 
-    async def lock_owned(self, conn: Any, execution_id: str, owner: str) -> Execution:
+    async def lock_owned(self, conn: Connection, execution_id: str, owner: str) -> Execution:
         """Lock the row for this transaction and check that ``owner`` still owns it (fencing).
 
         Ownership only moves away from a worker that looked dead (see :meth:`claim_orphan`); a
@@ -108,7 +108,7 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
         return row
 
     async def write(
-        self, conn: Any, rows: Sequence[NewExecution], changes: Sequence[Change]
+        self, conn: Connection, rows: Sequence[NewExecution], changes: Sequence[Change]
     ) -> tuple[list[Execution | None], list[Execution | None]]:
         """``insert`` and ``change`` together, for executions that are not both new and changed
         here. A backend whose statements commit on their own (``ONE_STATEMENT_COMMITS``) writes
@@ -118,14 +118,14 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
             await self.change(conn, changes) if changes else [],
         )
 
-    async def change(self, conn: Any, changes: Sequence[Change]) -> list[Execution | None]:
+    async def change(self, conn: Connection, changes: Sequence[Change]) -> list[Execution | None]:
         """Apply guarded changes (see :class:`Change`); None for one whose guard refused it.
         Raises IllegalTransitionError (nothing written) for a move the table forbids."""
         for c in changes:
             transition(c.before.status, c.status)
         return [await self._change_one(conn, c) for c in changes]
 
-    async def _change_one(self, conn: Any, c: Change) -> Execution | None:
+    async def _change_one(self, conn: Connection, c: Change) -> Execution | None:
         rec = await conn.fetchrow(
             f"UPDATE executions SET {_CHANGE_SET.format(append=self.APPEND)} WHERE {_CHANGE_GUARD}"
             f" RETURNING {EXECUTION_COLUMNS}",
@@ -134,7 +134,7 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
         )
         return Execution.from_record(rec) if rec is not None else None
 
-    async def reconcile(self, conn: Any, c: Change) -> Execution:
+    async def reconcile(self, conn: Connection, c: Change) -> Execution:
         """The one change only a person with evidence may make: UNKNOWN to an outcome, on a row
         this transaction locked."""
         transition(c.before.status, c.status, reconcile=True)
@@ -142,7 +142,7 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
         assert row is not None, f"execution {c.before.execution_id} moved under its reconcile's lock"
         return row
 
-    async def release(self, conn: Any, execution_id: str, owner: str) -> bool:
+    async def release(self, conn: Connection, execution_id: str, owner: str) -> bool:
         """Hand an open execution of ``owner`` to a name no live worker has (see Executor)."""
         status = await conn.execute(
             """UPDATE executions SET owner = 'released-by:' || owner, updated_at = now()
@@ -152,7 +152,7 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
         )
         return str(status).endswith(" 1")
 
-    async def release_owners(self, conn: Any, owners: Sequence[str], died: bool = True) -> int:
+    async def release_owners(self, conn: Connection, owners: Sequence[str], died: bool = True) -> int:
         """Hand the open executions of workers presumed dead (or retiring) to released names no live
         worker has, in the transaction that records their death: from then on their late commits
         are refused (fenced by owner), and any worker's recovery scan takes them over by the replay
@@ -167,7 +167,7 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
             released += int(str(status).split()[-1])
         return released
 
-    async def request_cancel(self, conn: Any, execution_id: str) -> Execution | None:
+    async def request_cancel(self, conn: Connection, execution_id: str) -> Execution | None:
         rec = await conn.fetchrow(
             f"UPDATE executions SET cancel_requested = true, updated_at = now() WHERE execution_id = $1"
             f" RETURNING {EXECUTION_COLUMNS}",
@@ -177,7 +177,7 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
 
     # ---- output ------------------------------------------------------------------------
 
-    async def add_output(self, conn: Any, row: Execution, data: str) -> tuple[int, int]:
+    async def add_output(self, conn: Connection, row: Execution, data: str) -> tuple[int, int]:
         """Append one output page of ``row`` (locked); returns its (byte offset, seq)."""
         size = len(data.encode("utf-8"))
         rec = await conn.fetchrow(
@@ -187,6 +187,7 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
             row.execution_id,
             size,
         )
+        assert rec is not None, f"execution {row.execution_id} is not in the ledger"  # its caller locked it
         await conn.execute(
             "INSERT INTO output_chunks (execution_id, byte_offset, seq, data) VALUES ($1, $2, $3, $4)",
             row.execution_id,
@@ -196,7 +197,7 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
         )
         return int(rec["offset"]), int(rec["last_seq"])
 
-    async def has_output(self, conn: Any, execution_id: str, offset: int, data: str) -> bool:
+    async def has_output(self, conn: Connection, execution_id: str, offset: int, data: str) -> bool:
         """Whether the page ``data`` is stored at ``offset`` (did an unclear commit land?)."""
         found = await conn.fetchval(
             "SELECT data = $3 FROM output_chunks WHERE execution_id = $1 AND byte_offset = $2",
@@ -206,7 +207,7 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
         )
         return bool(found)
 
-    async def pages(self, conn: Any, execution_id: str, from_seq: int) -> list[Any]:
+    async def pages(self, conn: Connection, execution_id: str, from_seq: int) -> list[Any]:
         """Output pages with their seqs, from ``from_seq`` on (the pages of earlier versions, kept
         in the row's events, have no seq here)."""
         return list(
@@ -220,7 +221,7 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
 
     # ---- recovery ----------------------------------------------------------------------
 
-    async def open_orphans(self, conn: Any, route: str, me: str, limit: int) -> list[tuple[str, str]]:
+    async def open_orphans(self, conn: Connection, route: str, me: str, limit: int) -> list[tuple[str, str]]:
         """(execution_id, owner) of open executions of ``route`` whose owner is dead, oldest first."""
         recs = await conn.fetch(
             f"""SELECT e.execution_id, e.owner FROM executions e
@@ -233,7 +234,7 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
         return [(r["execution_id"], r["owner"]) for r in recs]
 
     async def open_owned(
-        self, conn: Any, route: str, owner: str, skip: Sequence[str], limit: int
+        self, conn: Connection, route: str, owner: str, skip: Sequence[str], limit: int
     ) -> list[str]:
         """Open executions of ``route`` that ``owner`` holds, except those in ``skip``, oldest
         first: rows the owner has no task for (see ``RecoveryScanner``)."""
@@ -246,7 +247,9 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
         skipped = set(skip)
         return [r["execution_id"] for r in recs if r["execution_id"] not in skipped][:limit]
 
-    async def claim_orphan(self, conn: Any, execution_id: str, dead_owner: str, me: str) -> Execution | None:
+    async def claim_orphan(
+        self, conn: Connection, execution_id: str, dead_owner: str, me: str
+    ) -> Execution | None:
         """Compare-and-set the owner from ``dead_owner`` to ``me``; None if someone else won."""
         rec = await conn.fetchrow(
             f"""UPDATE executions AS e SET owner = $3, updated_at = now()
@@ -260,7 +263,7 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
 
     # ---- reconciliations ---------------------------------------------------------------
 
-    async def insert_reconciliation(self, conn: Any, execution_id: str, **audit: Any) -> int:
+    async def insert_reconciliation(self, conn: Connection, execution_id: str, **audit: Any) -> int:
         rid: int = await conn.fetchval(
             """INSERT INTO reconciliations (execution_id, outcome, result, error, evidence, actor)
                VALUES ($1, $2, $3, $4, $5, $6) RETURNING id""",
@@ -273,7 +276,7 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
         )
         return rid
 
-    async def list_reconciliations(self, conn: Any, execution_id: str) -> list[Any]:
+    async def list_reconciliations(self, conn: Connection, execution_id: str) -> list[Any]:
         return list(
             await conn.fetch(
                 "SELECT id, outcome, result, error, evidence, actor, at, sent_at FROM reconciliations"
@@ -282,7 +285,7 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
             )
         )
 
-    async def unsent_reconciliations(self, conn: Any, route: str) -> list[tuple[int, str]]:
+    async def unsent_reconciliations(self, conn: Connection, route: str) -> list[tuple[int, str]]:
         """(audit id, execution id) of this route's reconciliations whose event nobody published."""
         recs = await conn.fetch(
             """SELECT r.id, r.execution_id FROM reconciliations r JOIN executions e USING (execution_id)
@@ -291,5 +294,5 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
         )
         return [(r["id"], r["execution_id"]) for r in recs]
 
-    async def reconciliation_sent(self, conn: Any, audit_id: int) -> None:
+    async def reconciliation_sent(self, conn: Connection, audit_id: int) -> None:
         await conn.execute("UPDATE reconciliations SET sent_at = now() WHERE id = $1", audit_id)

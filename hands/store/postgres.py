@@ -9,7 +9,7 @@ from typing import Any
 from hands.rules.states import OPEN_STATUSES, LedgerStatus, transition
 from hands.store.ledger import Ledger
 from hands.store.records import STAMPED, Change, Execution, NewExecution
-from infra.db import Json
+from infra.db import Connection, Json
 from infra.db.rows import row_args, rows_from
 
 # Every column a new row may set, and its array type.
@@ -83,17 +83,17 @@ class PostgresLedger(Ledger):
     async def exists(self) -> bool:
         return bool(await self.read(lambda c: c.fetchval("SELECT to_regclass('executions') IS NOT NULL")))
 
-    async def insert(self, conn: Any, rows: Sequence[NewExecution]) -> list[Execution | None]:
+    async def insert(self, conn: Connection, rows: Sequence[NewExecution]) -> list[Execution | None]:
         return _inserted(rows, await conn.fetch(_INSERT, *_insert_columns(rows)))
 
-    async def change(self, conn: Any, changes: Sequence[Change]) -> list[Execution | None]:
+    async def change(self, conn: Connection, changes: Sequence[Change]) -> list[Execution | None]:
         columns, first = _change_columns(changes)
         one = len(columns[0]) == 1
         recs = await conn.fetch(_CHANGES[one], *row_args(columns, one=one))
         return _changed(changes, first, recs)
 
     async def write(
-        self, conn: Any, rows: Sequence[NewExecution], changes: Sequence[Change]
+        self, conn: Connection, rows: Sequence[NewExecution], changes: Sequence[Change]
     ) -> tuple[list[Execution | None], list[Execution | None]]:
         if not rows or not changes:
             return await super().write(conn, rows, changes)
@@ -104,7 +104,7 @@ class PostgresLedger(Ledger):
             _changed(changes, first, [r for r in recs if not r["new"]]),
         )
 
-    async def release_owners(self, conn: Any, owners: Sequence[str], died: bool = True) -> int:
+    async def release_owners(self, conn: Connection, owners: Sequence[str], died: bool = True) -> int:
         status = await conn.execute(
             """UPDATE executions SET owner = 'released-by:' || owner, updated_at = now()
                 WHERE owner = ANY($1::text[]) AND open""",

@@ -10,9 +10,8 @@ command run again: commands older than the horizon are judged by their age inste
 
 from __future__ import annotations
 
-from typing import Any
-
 from hands.rules.states import TERMINAL_STATUSES
+from infra.db import Connection
 
 _FINISHED = ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATUSES))
 # The oldest finished executions first; the same rows for both statements of one prune (a
@@ -23,7 +22,7 @@ _PRUNABLE = f"""SELECT execution_id FROM executions
 
 
 class LedgerRetention:
-    async def prune_finished(self, conn: Any, horizon_seconds: float, limit: int) -> int:
+    async def prune_finished(self, conn: Connection, horizon_seconds: float, limit: int) -> int:
         """Delete up to ``limit`` executions finished ``horizon_seconds`` ago or more, and their
         output; returns how many executions went."""
         cutoff = await conn.fetchval("SELECT ts_add(now(), $1)", -horizon_seconds)

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from infra.db import reading, transact
+from infra.db.connection import Connection, Pool
 from infra.db.held import HeldConnection
 from infra.db.sqlite import parse_ts
 
@@ -34,11 +35,11 @@ class StoreBase:
     # Whether a user that commits one transaction at a time may keep a connection between them.
     HOLDS_CONNECTIONS = False
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
     async def transact(
-        self, work: Callable[[Any], Awaitable[T]], *, single_statement: bool = False, **options: Any
+        self, work: Callable[[Connection], Awaitable[T]], *, single_statement: bool = False, **options: Any
     ) -> T:
         """``infra.db.transact`` on this store's pool; ``single_statement`` only where it holds here."""
         return await transact(
@@ -50,12 +51,12 @@ class StoreBase:
         pools them; None where it does not."""
         return HeldConnection(self.pool) if self.HOLDS_CONNECTIONS else None
 
-    async def read_consistent(self, work: Callable[[Any], Awaitable[T]]) -> T:
+    async def read_consistent(self, work: Callable[[Connection], Awaitable[T]]) -> T:
         """``work(conn)`` with every read seeing the same moment (a snapshot and its cursor). A
         transaction is that here: the backend runs one at a time (SQLite)."""
         return await self.transact(work)
 
-    async def read(self, work: Callable[[Any], Awaitable[T]]) -> T:
+    async def read(self, work: Callable[[Connection], Awaitable[T]]) -> T:
         """``work(conn)`` on a pooled connection, outside any transaction (reads only)."""
         async with reading(self.pool) as conn:
             return await work(conn)

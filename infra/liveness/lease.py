@@ -54,7 +54,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
-from infra.db import lock_class
+from infra.db import Connection, lock_class
 from infra.process.logging import get_logger
 from infra.transport import Transport
 from protocol import StaleOwnerError, new_id
@@ -296,7 +296,7 @@ class Liveness:
         transaction. Returns their ids."""
         mark, suspects_sql, dead_sql = _judge_sql(self.held_sql, self.gone_sql)
 
-        async def record(conn: Any, gone: list[str]) -> list[str]:
+        async def record(conn: Connection, gone: list[str]) -> list[str]:
             dead = [r["id"] for r in await conn.fetch(dead_sql, self.worker_id, self.grace, gone)]
             if dead and self._release is not None:
                 await self._release(conn, dead, True)

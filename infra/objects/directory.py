@@ -15,7 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from infra.objects.payloads import expected_key, object_key, verify_content
+from infra.objects.keys import expected_key, object_key, verify_content
 from protocol import ObjectRef, ObjectRefError
 
 __all__ = ["DirectoryObjectStore"]

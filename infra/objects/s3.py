@@ -20,7 +20,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from s3transfer.exceptions import RetriesExceededError
 
-from infra.objects.payloads import expected_key, object_key, verify_content
+from infra.objects.keys import expected_key, object_key, verify_content
 from protocol import ObjectRef, ObjectRefError, TransientError
 
 _MISSING = {"404", "NoSuchKey", "NotFound", "NoSuchBucket"}

@@ -22,7 +22,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from infra.db import is_transient, patiently
+from infra.db import Connection, is_transient, patiently
 from infra.process.logging import get_logger
 from infra.transport import REASON_HEADER, Delivery, Topology, Transport
 from protocol import NotFoundError, ProtocolError, TendonError, decode
@@ -113,7 +113,9 @@ class ParkedConsumer:
             return storable(f"logged: telling {getattr(envelope, 'execution_id', '?')} failed: {detail}")
         return done or "logged: nothing was left to tell"
 
-    async def _record(self, conn: Any, message: Delivery, reason: str, envelope: Any, surfaced: str) -> None:
+    async def _record(
+        self, conn: Connection, message: Delivery, reason: str, envelope: Any, surfaced: str
+    ) -> None:
         headers = {storable(str(k)): storable(str(v)) for k, v in (message.headers or {}).items()}
         named = getattr(envelope, "execution_id", None) or _first_execution(envelope)
         await self.store.record_parked(
@@ -139,7 +141,7 @@ def _first_execution(envelope: Any) -> str | None:
 class ParkedRows:
     """The statements on a component's ``parked`` table; mixed into its store."""
 
-    async def record_parked(self, conn: Any, **row: Any) -> None:
+    async def record_parked(self, conn: Connection, **row: Any) -> None:
         await conn.execute(
             """INSERT INTO parked (queue, message_id, reason, headers, body, kind, execution_id, surfaced)
                VALUES ($1, $2, $3, $4, $5, $6, $7, $8)""",
@@ -153,7 +155,7 @@ class ParkedRows:
             row["surfaced"],
         )
 
-    async def parked_listing(self, conn: Any, limit: int) -> list[Any]:
+    async def parked_listing(self, conn: Connection, limit: int) -> list[Any]:
         return list(
             await conn.fetch(
                 """SELECT id, parked_at, queue, message_id, kind, execution_id, reason, surfaced
@@ -162,10 +164,10 @@ class ParkedRows:
             )
         )
 
-    async def parked_one(self, conn: Any, parked_id: int) -> Any:
+    async def parked_one(self, conn: Connection, parked_id: int) -> Any:
         return await conn.fetchrow("SELECT * FROM parked WHERE id = $1", parked_id)
 
-    async def prune_parked(self, conn: Any, horizon_seconds: float, limit: int) -> int:
+    async def prune_parked(self, conn: Connection, horizon_seconds: float, limit: int) -> int:
         """Delete up to ``limit`` parked messages recorded ``horizon_seconds`` ago or more (what
         they did to their turn or execution was done when they were recorded)."""
         gone = await conn.fetch(

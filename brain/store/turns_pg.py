@@ -1,19 +1,17 @@
-"""The PostgreSQL backend of the turn and journal parts: the same facts as the portable ones,
-written with many turns per statement (arrays unnested) and one round trip per commit where
-data-modifying CTEs allow it."""
+"""Turns on PostgreSQL: the same facts as the portable statements, written with many turns per
+statement (arrays unnested) and one round trip per commit where data-modifying CTEs allow it."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Sequence
-from typing import Any, TypeVar
+from collections.abc import Collection, Sequence
+from typing import Any
 
-from brain.rules.records import TURN_COLUMNS, Claimed, Move, Moved, TurnRow, qualified
-from brain.store.pg_submits import PgSubmitRows
-from brain.store.turns import CLAIM_SET, CLAIMABLE_FROM, TurnRows
-from infra.db import as_json, reading
+from brain.rules.records import Claimed, Move, Moved, TurnRow
+from brain.store.journal_pg import JOURNAL_ENTRIES
+from brain.store.sql import TURN_COLUMNS, qualified
+from brain.store.turns import CLAIM_SET, CLAIMABLE_FROM, Turns
+from infra.db import Connection, as_json
 from infra.db.rows import row_args, rows_from
-
-T = TypeVar("T")
 
 # One walk of the claimable turns: one more is locked than is claimed, and finding it says there
 # is more to claim (a second walk to count them read as much again as the claim itself).
@@ -26,33 +24,6 @@ claimed AS (
 SELECT {qualified("claimed", TURN_COLUMNS)}, now() AS now,
        (SELECT count(*) FROM candidate) AS claimable
   FROM claimed ORDER BY claimed.id"""
-
-# The journal entries of a statement's ``entry`` CTE (turn_id, session_id, thread_id, run, status,
-# phase, facts, and its nth of n in its session): each session's seq bumped once by n, the
-# entries numbered in order after its last one. Returns (turn_id, seq) as ``written``.
-#
-# By whether the entries may span sessions: then the bump walks them in id order (the sessions
-# a batch of submits locks are locked in that order too: brain/store/pg_submits.py). The plan
-# PostgreSQL makes for it, a nested loop over the sorted entries, locks each session as it comes;
-# walked in the order of a hash of their ids, two batches that share sessions, one in each order,
-# would each hold one the other waits for until the deadlock check (a second) failed one, which
-# ``transact`` tries again. Locking them first, in a step of its own, cost about 6 % of the calls
-# at 50 in flight (a row locked is a row written). One session has no order to keep.
-_JOURNAL_ENTRIES = """bump AS (
-    UPDATE sessions s SET last_seq = s.last_seq + e.n
-      FROM ({sessions}) AS e WHERE s.id = e.session_id
- RETURNING s.id, s.last_seq),
-written AS (
-    INSERT INTO journal (session_id, seq, thread_id, turn_id, run, status, phase, facts)
-    SELECT e.session_id, b.last_seq - e.n + e.nth, e.thread_id, e.turn_id, e.run, e.status, e.phase, e.facts
-      FROM entry e JOIN bump b ON b.id = e.session_id
- RETURNING turn_id, seq)"""
-JOURNAL_ENTRIES = {
-    False: _JOURNAL_ENTRIES.format(sessions="SELECT DISTINCT session_id, n FROM entry"),
-    True: _JOURNAL_ENTRIES.format(
-        sessions="SELECT DISTINCT ON (session_id) session_id, n FROM entry ORDER BY session_id"
-    ),
-}  # by whether the entries may span sessions
 
 # The columns of a move: the guard (the turn as its run knew it) and what it becomes.
 _MOVE = [
@@ -119,41 +90,9 @@ _MOVE_STATEMENTS = {
     for one in (False, True)
 }
 
-_APPEND = """
-WITH bump AS (UPDATE sessions SET last_seq = last_seq + 1 WHERE id = $1 RETURNING last_seq)
-INSERT INTO journal (session_id, seq, thread_id, turn_id, run, status, phase, facts)
-SELECT $1, last_seq, $2, $3, $4, $5, $6, $7 FROM bump RETURNING seq"""
 
-
-class PgTurnRows(PgSubmitRows, TurnRows):
-    FOR_UPDATE = " FOR UPDATE"
-    SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
-    ONE_STATEMENT_COMMITS = True
-    HOLDS_CONNECTIONS = True
-
-    async def append(
-        self,
-        conn: Any,
-        session_id: str,
-        turn_id: str | None,
-        facts: list[dict[str, Any]],
-        *,
-        thread_id: str | None = None,
-        run: int | None = None,
-        status: str | None = None,
-        phase: str | None = None,
-    ) -> int:
-        return int(
-            await conn.fetchval(
-                _APPEND, session_id, thread_id or session_id, turn_id, run, status, phase, facts
-            )
-        )
-
-    async def read_consistent(self, work: Callable[[Any], Awaitable[T]]) -> T:
-        async with reading(self.pool) as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-            return await work(conn)
-
-    async def claim(self, conn: Any, owner: str, lease_seconds: float, limit: int) -> Claimed:
+class PgTurns(Turns):
+    async def claim(self, conn: Connection, owner: str, lease_seconds: float, limit: int) -> Claimed:
         recs = await conn.fetch(_CLAIM, owner, lease_seconds, limit)
         if not recs:
             return Claimed([], False)
@@ -162,7 +101,7 @@ class PgTurnRows(PgSubmitRows, TurnRows):
         )
 
     async def commit_moves(
-        self, conn: Any, moves: Sequence[Move], lease_seconds: float
+        self, conn: Connection, moves: Sequence[Move], lease_seconds: float
     ) -> list[Moved | None]:
         owners = {m.before.lease_owner for m in moves}
         assert len(owners) == 1, "one batch of moves comes from one Brain"
@@ -197,7 +136,7 @@ class PgTurnRows(PgSubmitRows, TurnRows):
         return [done.get(m.before.id) for m in moves]
 
     async def renew_leases(
-        self, conn: Any, owner: str, turn_ids: Collection[str], lease_seconds: float
+        self, conn: Connection, owner: str, turn_ids: Collection[str], lease_seconds: float
     ) -> None:
         if turn_ids:
             await conn.execute(
@@ -209,7 +148,7 @@ class PgTurnRows(PgSubmitRows, TurnRows):
             )
 
     async def statuses(self, turn_ids: Sequence[str]) -> dict[str, str]:
-        rows = await self.read(
+        rows = await self.store.read(
             lambda c: c.fetch("SELECT id, status FROM turns WHERE id = ANY($1::text[])", list(turn_ids))
         )
         return {r["id"]: r["status"] for r in rows}

@@ -1,5 +1,5 @@
-"""The PostgreSQL backend of submits: the submits of many sessions in one statement, each with
-its own checks and outcome, so that a Brain's concurrent submits share a statement and a commit
+"""Submits on PostgreSQL: the submits of many sessions in one statement, each with its own checks
+and outcome, so that a Brain's concurrent submits share a statement and a commit
 (``brain.run.claims.Served``) and a lone one is still a single statement committed on its own."""
 
 from __future__ import annotations
@@ -8,12 +8,10 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from brain.rules.records import TERMINAL_SQL, TURN_COLUMNS, TurnRow
-from brain.store.submits import (
-    KNOWN_SQL,
+from brain.rules.records import TurnRow
+from brain.rules.submits import (
     Start,
     Submit,
-    SubmitRows,
     Submitted,
     check_submit,
     frozen_by,
@@ -21,7 +19,9 @@ from brain.store.submits import (
     started_facts,
     submit_facts,
 )
-from infra.db import as_json
+from brain.store.sql import TERMINAL_SQL, TURN_COLUMNS
+from brain.store.submits import KNOWN_SQL, Submits
+from infra.db import Connection, as_json
 from infra.db.rows import row_args, rows_from
 from protocol import TendonError, new_id
 
@@ -142,11 +142,11 @@ def waves(items: Sequence[Asked]) -> list[list[int]]:
     return out
 
 
-class PgSubmitRows(SubmitRows):
+class PgSubmits(Submits):
     def submits_in_one_statement(self, items: Sequence[Asked]) -> bool:
         return len(waves(items)) == 1
 
-    async def submit_batch(self, conn: Any, items: Sequence[Asked]) -> list[Submitted | TendonError]:
+    async def submit_batch(self, conn: Connection, items: Sequence[Asked]) -> list[Submitted | TendonError]:
         done: list[Submitted | TendonError | None] = [None] * len(items)
         for wave in waves(items):
             recs = await self._submit_wave(conn, [items[i] for i in wave])
@@ -154,7 +154,7 @@ class PgSubmitRows(SubmitRows):
                 done[i] = _submitted(rec, *items[i])
         return [d for d in done if d is not None]
 
-    async def _submit_wave(self, conn: Any, items: Sequence[Asked]) -> list[Any]:
+    async def _submit_wave(self, conn: Connection, items: Sequence[Asked]) -> list[Any]:
         cols: list[list[Any]] = [[] for _ in _ROW]
         for ord_, (s, start) in enumerate(items):
             tools, mark = start.announced if start and start.announced else (None, (None, None))
@@ -174,7 +174,7 @@ class PgSubmitRows(SubmitRows):
         recs = await conn.fetch(_SUBMIT_STATEMENTS[one], wake_channel, *row_args(cols, one=one))
         return sorted(recs, key=lambda r: r["ord"])
 
-    async def submit_in(self, conn: Any, s: Submit, start: Start | None) -> Submitted:
+    async def submit_in(self, conn: Connection, s: Submit, start: Start | None) -> Submitted:
         (done,) = await self.submit_batch(conn, [(s, start)])
         return raised(done)
 

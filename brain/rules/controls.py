@@ -1,0 +1,74 @@
+"""What a control does to a turn in a given state, as a pure rule (:func:`decide`); the verbs that
+record and carry it out are ``brain.verbs.controls``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from brain.rules.states import TERMINAL_TURN, TurnStatus
+
+
+class Kind(StrEnum):
+    STEER = "steer"
+    INJECT = "inject"
+    WITHDRAW = "withdraw"
+    PAUSE = "pause"
+    RESUME = "resume"
+    CANCEL = "cancel"
+
+
+class Outcome(StrEnum):
+    APPLY = "applied"  # done in the control's own commit
+    DEFER = "received"  # done at the turn's next boundary (or once its executions are settled)
+    REJECT = "rejected"
+
+
+INPUTS = (Kind.STEER, Kind.INJECT)
+
+
+@dataclass(frozen=True)
+class TurnView:
+    """What :func:`decide` needs to know of a turn."""
+
+    status: TurnStatus
+    leased: bool  # a run holds it right now (mid-phase)
+    revision: int
+    open_executions: int  # not settled yet (UNKNOWN ones are)
+    cancelling: bool
+    pause_pending: bool  # a pause was received and waits for the turn's boundary
+
+
+def decide(kind: Kind, turn: TurnView, body: Mapping[str, Any]) -> tuple[Outcome, str | None]:
+    """What a control does to a turn in this state: applied now, deferred to the boundary, or
+    rejected (with the reason)."""
+    if turn.status in TERMINAL_TURN:
+        return Outcome.REJECT, f"the turn is {turn.status} already"
+    if turn.cancelling:
+        if kind is Kind.CANCEL:
+            return Outcome.DEFER, None  # decided with the cancel under way
+        return Outcome.REJECT, "the turn is being cancelled"
+    if kind in INPUTS:
+        return Outcome.DEFER, None
+    if kind is Kind.PAUSE:
+        if turn.status is TurnStatus.PAUSED:
+            return Outcome.APPLY, "it was paused already"
+        return (Outcome.DEFER, None) if turn.leased else (Outcome.APPLY, None)
+    if kind is Kind.RESUME:
+        if turn.status is TurnStatus.PAUSED:
+            seen = body.get("revision")
+            if seen != turn.revision:
+                return Outcome.REJECT, (
+                    f"the turn is at revision {turn.revision}, not {seen}: look at it again, then resume"
+                )
+            return Outcome.APPLY, None
+        if turn.pause_pending:
+            return Outcome.APPLY, "the pause not applied yet is withdrawn"
+        return Outcome.REJECT, "the turn is not paused"
+    if kind is Kind.CANCEL:
+        if turn.status is TurnStatus.QUEUED or turn.open_executions == 0:
+            return Outcome.APPLY, None
+        return Outcome.DEFER, None
+    raise AssertionError(kind)  # withdraw is decided by its target, in ``_withdraw``
