@@ -1,6 +1,6 @@
 """``python -m bench.statements``: SQL statements per 1-call turn, by statement, all processes.
 
-Every statement is a round trip (see docs/benchmarks/README.md). This runs a Brain and a Hands
+Every statement is a round trip (see docs/benchmarks/NOTES.md, the third and fifth rounds). This runs a Brain and a Hands
 pool of 2 in a database of its own with ``log_statement = 'all'`` set on that database only,
 keeps ``--in-flight`` 1-call turns going for ``--seconds``, and counts the statements
 PostgreSQL logged for it, per completed turn. With ``--durations`` it sets

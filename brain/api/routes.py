@@ -82,7 +82,7 @@ async def until_ended(api: Api, namespace: str, turn_id: str, wait: float, *, lo
 # The submit starts every turn, so it is the API's hot path: it reads its own arguments from the
 # request, where FastAPI's general machinery for them (the path, the query, the body, the
 # caller's dependency, the answer's model) cost about 0.17 ms a request, the database work left
-# out (416 against 246 us on a slow host, FastAPI 0.165; docs/benchmarks, twenty-fourth round).
+# out (416 against 246 us on a slow host, FastAPI 0.165; docs/benchmarks/NOTES.md, twenty-fourth round).
 # Its OpenAPI entry says what a declared signature would have said (``SUBMIT_DOC``).
 SUBMIT_DOC: dict[str, Any] = {
     "parameters": [

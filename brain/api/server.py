@@ -53,7 +53,7 @@ async def serving(api: Api, where: tuple[str, int], *, required: bool) -> AsyncI
         yield None
         return
     # httptools, not h11 (pure Python): about a tenth of the Brain's CPU per call at 50 turns in
-    # flight, each submitted over HTTP (docs/benchmarks, twenty-first round).
+    # flight, each submitted over HTTP (docs/benchmarks/NOTES.md, twenty-first round).
     config = uvicorn.Config(
         create_app(api), http="httptools", log_config=None, access_log=False, lifespan="off"
     )

@@ -13,7 +13,7 @@ connection drops: every event once, in order.
 
 It speaks HTTP through aiohttp: a request costs its client about a tenth of the CPU httpx
 spends on one (0.2 to 0.4 ms against 1.3 to 3 ms here, 1 to 50 requests in flight; see
-docs/benchmarks/README.md), and a client that submits many turns pays that on each. aiohttp is
+docs/benchmarks/NOTES.md), and a client that submits many turns pays that on each. aiohttp is
 imported when the first request is made, so a CLI verb that never speaks HTTP does not load it.
 """
 

@@ -90,7 +90,7 @@ class Scheduler:
         """Few runs in progress here (under a quarter of the capacity): a turn submitted to this
         Brain now starts in its submit's commit. Busier, it is queued instead, and a claim takes
         several at once, which costs less per turn than a submit that claims alone (measured in
-        docs/benchmarks/README.md, ninth round)."""
+        docs/benchmarks/NOTES.md, ninth round)."""
         return not self.closed and len(self.tasks) < max(1, self.capacity // 4)
 
     def close(self) -> None:

@@ -39,7 +39,7 @@ def run_async(main: Coroutine[Any, Any, T]) -> T:
     """Run a command's coroutine to its end on uvloop's event loop (asyncio's own where uvloop
     is not installed, as on Windows). The loop's own work (scheduling tasks, socket reads and
     writes) is a good part of what a call costs: on uvloop, 8 % more calls/s at 50 in flight and
-    3 % less latency for a lone turn (docs/benchmarks/README.md, twentieth round).
+    3 % less latency for a lone turn (docs/benchmarks/NOTES.md, twentieth round).
 
     A Ctrl-C that comes before the loop started ``main`` (while uvloop loads, say) closes it, so
     that the one line the command prints is not followed by "coroutine was never awaited"."""

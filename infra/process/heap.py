@@ -6,7 +6,7 @@ walks all of it again at every full collection; it also runs a young collection 
 objects, which a busy server makes in well under a millisecond. Profiled over a drain of 3,000
 waiting turns, the Brain spent 0.9 to 1.0 s of its 4.6 to 5.1 s of CPU collecting; with what
 start-up built frozen out of the collector and young collections every 10,000 objects, 0.26 s
-(docs/benchmarks/README.md, the twelfth round).
+(docs/benchmarks/NOTES.md, the twelfth round).
 
 Only the ``serve`` commands call this: they own their process. The embedded mode runs in its
 user's process, whose collector is the user's to set.
