@@ -40,6 +40,8 @@ from protocol import (
     AcceptedEvent,
     ConflictError,
     IllegalTransitionError,
+    OutputPageBody,
+    OutputPageEvent,
     RoutingError,
     StaleOwnerError,
     StartedBody,
@@ -724,6 +726,37 @@ async def test_two_sibling_executions_finishing_at_once_wake_their_turn(pg_store
     assert (await asyncio.wait_for(second, 10)).woken == 1
     # ... and, seeing its sibling's committed result, wakes the turn
     assert (await _turn(store, turn_id)).status is TurnStatus.RUNNING
+
+
+async def test_a_replay_that_brings_a_held_event_again_in_one_batch_leaves_nothing_held(store):
+    # Given a tool that wrote two output pages and runs on: its first page (seq 3) was lost on the
+    # way, so the Brain holds the second (seq 4) behind the gap
+    turn_id = await _submit(store)
+    await _waiting_on(store, turn_id, "e7")
+    accepted, started, _ = _events("e7")
+    h = _header("e7")
+    page = [
+        OutputPageEvent(seq=s, body=OutputPageBody(offset=o, data="x" * 10), **h)
+        for s, o in ((3, 0), (4, 10))
+    ]
+    await _apply(store, [accepted, started])
+    await _apply(store, [page[1]])
+    assert await store.pool.fetchval("SELECT holding FROM executions WHERE id = 'e7'")
+
+    # When the Hands answer the replay request with seqs 3 and 4 in one batch
+    await _apply(store, page)
+
+    # Then both are applied, and nothing is held any more: the gap scan has nothing to ask for
+    row = await store.pool.fetchrow("SELECT status, last_seq, holding FROM executions WHERE id = 'e7'")
+    assert (row["status"], row["last_seq"], row["holding"]) == ("running", 4, False)
+    assert await store.pool.fetchval("SELECT count(*) FROM held_events") == 0
+    async with store.pool.acquire() as conn:
+        assert await store.repairs.gaps_to_replay(conn, 0.0) == []
+    # and the tool's end applies as the next seq, leaving no orphan behind
+    done = SucceededEvent(seq=5, body=SucceededBody(result={"ok": True}), **h)
+    await _apply(store, [done])
+    assert await store.pool.fetchval("SELECT status FROM executions WHERE id = 'e7'") == "succeeded"
+    assert await store.pool.fetchval("SELECT count(*) FROM held_events") == 0
 
 
 async def test_an_event_applied_while_a_later_one_is_being_held_drains_it(pg_store):
