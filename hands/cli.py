@@ -264,8 +264,9 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
         content = ev["body"] if ev["body"] is not None else {"body_ref": ev["body_ref"]}
         print(f"  {ev['seq']:>3} {ev['kind']:<12} {json.dumps(content)[:200]}")
     for audit in audits:
+        request = f" (request {audit['request_id']})" if audit["request_id"] else ""
         print(
-            f"reconciled #{audit['id']}: {audit['outcome'].upper()} by {audit['actor']} at "
+            f"reconciled #{audit['id']}: {audit['outcome'].upper()} by {audit['actor']}{request} at "
             f"{audit['at']}; evidence: {audit['evidence']}"
         )
     return 0
