@@ -437,6 +437,11 @@ async def test_a_reconcile_of_an_execution_that_is_not_unknown_or_not_known_or_m
             assert "exactly one of result (any JSON) or failure" in bad.json()["error"]["message"]
         blank = await operator.post(path, json={**good, "evidence": "  ", "result": 1})
         assert blank.status_code == 422 and "needs evidence" in blank.json()["error"]["message"]
+        nul = await operator.post(path, json={**good, "result": {"note": "a\u0000b"}})
+        assert nul.status_code == 422 and "NUL" in nul.json()["error"]["message"]
+        raw = b'{"request_id": "rec-1", "evidence": "e", "actor": "ops", "result": 1e400}'
+        huge = await operator.post(path, content=raw, headers={"Content-Type": "application/json"})
+        assert huge.status_code == 422, huge.text
         bad_wait = await operator.post(path, json={**good, "result": 1}, params={"wait": "soon"})
         assert bad_wait.status_code == 422
     # Then nothing was sent to the Hands, and nothing recorded on the turn

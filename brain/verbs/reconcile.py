@@ -35,6 +35,7 @@ from protocol import (
     ReconcileControl,
     SchemaError,
     digest,
+    dumps,
 )
 from protocol.storable import unstorable
 
@@ -61,10 +62,15 @@ def message_id(execution_id: str, request_id: str) -> str:
 def reconcile_body(*, request_id: str, evidence: str, actor: str, outcome: dict[str, Any]) -> ReconcileBody:
     """The control's body (``outcome``: ``{"result": ...}`` or ``{"failure": ...}``), refused here
     with a SchemaError when the Hands could not carry it out or store it."""
-    for name, value in [("evidence", evidence), ("actor", actor), *outcome.items()]:
+    given = {"request_id": request_id, "evidence": evidence, "actor": actor, **outcome}
+    for name, value in given.items():
         problem = unstorable(value)
         if problem is not None:
             raise SchemaError(f"the reconcile's {name} cannot be stored: it {problem}")
+    try:
+        dumps(outcome)  # strict JSON: no NaN or infinity, no integer a double cannot hold
+    except ValueError as exc:
+        raise SchemaError(f"the reconcile's result cannot be sent: {exc}") from exc
     if not evidence.strip():
         raise SchemaError("reconcile needs evidence: say how you know what happened")
     if not actor.strip():
