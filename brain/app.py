@@ -111,6 +111,7 @@ async def serve_api(
         endings=ctx.endings,
         metrics=ctx.metrics,
         controls=ctx.controls.send,
+        codec=ctx.codec,
         served=served.submit if served is not None else None,
     )
     if api.tokens.open:

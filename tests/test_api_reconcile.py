@@ -73,10 +73,12 @@ class Unknown:
         return httpx.AsyncClient(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=90)
 
     def evidence(self) -> dict[str, Any]:
-        """What the mailbox's own log says of the operation: the receipt and where it was read."""
+        """What the mailbox's own log says of the operation: the receipt, with the log's lines
+        about it (over the offload threshold), and where it was read."""
         deliveries = self.mailbox.stats()["deliveries"]
         (receipt,) = [d for d in deliveries if d["idempotency_key"] == self.execution_id]
-        return {"result": receipt, "evidence": f"the mailbox log lists {receipt['message_id']} for this key"}
+        result = {**receipt, "log": [f"line {i}: delivered" for i in range(500)]}
+        return {"result": result, "evidence": f"the mailbox log lists {receipt['message_id']} for this key"}
 
 
 @pytest.fixture
@@ -88,6 +90,8 @@ async def unknown(tendon: TendonEnv, processes: Processes, blind_mailbox: Mailbo
         "TENDON_HTTP": f"127.0.0.1:{port}",
         "TENDON_API_TOKENS": f"acme:{hash_token(TENANT)}",
         "TENDON_OPERATOR_TOKENS": hash_token(OPERATOR),
+        # Above what the turn's own messages weigh: a big reconcile goes by reference.
+        "TENDON_OFFLOAD_THRESHOLD": "4096",
     }
     await processes.start_ready("brain", BRAIN, env)
     doomed = await processes.start_ready("hands", HANDS, {**env, "TENDON_KILL_AT": DIE_AFTER_THE_SEND})
@@ -151,8 +155,8 @@ async def test_an_operator_reconciles_an_unknown_execution_through_the_api_and_i
     assert (again.status_code, again.json()) == (200, first.json())
     assert (other.status_code, other.json()["error"]["code"]) == (409, "conflict")
     assert len(await obs.fetch("SELECT * FROM {hands}.reconciliations")) == 1
-    queued = await obs.fetch("SELECT message_id FROM {brain}.outbox WHERE queue LIKE '%.email.controls'")
-    assert len(queued) == 1
+    (queued,) = await obs.fetch("SELECT payload FROM {brain}.outbox WHERE queue LIKE '%.email.controls'")
+    assert json.loads(bytes(queued["payload"]))["body_ref"] is not None  # the big body went by reference
 
 
 async def test_a_reconcile_while_no_worker_serves_the_route_is_requested_and_done_once_one_does(

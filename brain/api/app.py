@@ -22,6 +22,7 @@ from brain.run.metrics import BrainMetrics
 from brain.run.previews import Previews
 from brain.store import BrainStore, Control
 from brain.store.submits import Submit
+from infra.objects.payloads import PayloadCodec
 from infra.process.logging import get_logger
 from infra.transport import Topology
 from protocol import (
@@ -72,6 +73,8 @@ class Api:
     # Hands committed controls (an operator's reconcile) to this Brain's control relay, to be
     # published at once (None: the relay's sweep of the outbox finds them).
     controls: Callable[[list[Control]], None] | None = None
+    # Packs a control whose body is big (an operator's reconcile) by reference (None: inline).
+    codec: PayloadCodec | None = None
     # This Brain's own submit, which may start a turn's run in the submit's commit (None: a plain
     # submit, the turn claimed by whichever Brain looks first).
     served: Callable[[Submit], Awaitable[tuple[str, bool]]] | None = None

@@ -50,7 +50,7 @@ async def reconcile(
         request_id=body.request_id or new_id(), evidence=body.evidence, actor=body.actor,
         outcome=body.outcome(),
     )  # fmt: skip
-    requested = await reconciling.request(api.store, api.topology, execution_id, control)
+    requested = await reconciling.request(api.store, api.topology, execution_id, control, api.codec)
     if requested.controls and api.controls is not None:
         api.controls(requested.controls)  # committed: published now (the relay's sweep otherwise)
     answer = Reconciled(

@@ -26,6 +26,7 @@ from brain.rules import facts
 from brain.rules.records import Control
 from brain.rules.states import ExecutionStatus
 from brain.store import BrainStore
+from infra.objects.payloads import PayloadCodec
 from infra.transport import Topology
 from protocol import (
     ConflictError,
@@ -34,6 +35,7 @@ from protocol import (
     ReconcileBody,
     ReconcileControl,
     SchemaError,
+    decode,
     digest,
     dumps,
 )
@@ -83,8 +85,15 @@ def reconcile_body(*, request_id: str, evidence: str, actor: str, outcome: dict[
         raise SchemaError(where + first["msg"].removeprefix("Value error, ")) from exc
 
 
-async def request(store: BrainStore, topology: Topology, execution_id: str, body: ReconcileBody) -> Requested:
-    """Take an operator's reconcile of ``execution_id`` (in any namespace) in one commit.
+async def request(
+    store: BrainStore,
+    topology: Topology,
+    execution_id: str,
+    body: ReconcileBody,
+    codec: PayloadCodec | None = None,
+) -> Requested:
+    """Take an operator's reconcile of ``execution_id`` (in any namespace) in one commit; with
+    ``codec``, a body over its threshold goes to object storage first, as every big envelope does.
 
     Raises NotFoundError for an execution this Brain does not know, IllegalTransitionError for one
     its record says is not UNKNOWN (unless this request id asked before: then it is that request),
@@ -97,15 +106,18 @@ async def request(store: BrainStore, topology: Topology, execution_id: str, body
     # the execution's once their event is applied.
     kept = {"execution_id": execution_id, "actor": body.actor,
             "outcome": "succeeded" if body.succeeded else "failed"}  # fmt: skip
+    # Made (and its body stored, when big) before the transaction: its header is what never changes
+    # of an execution, and an object no commit names is only an object nobody reads.
+    control = await store.read(lambda conn: _control(store, conn, execution_id, body))
+    if codec is not None:
+        control = decode(await codec.pack(control))
 
     async def work(conn: Any) -> Requested:
-        found = await store.executions_by_id(conn, [execution_id])
-        if execution_id not in found:
-            raise NotFoundError(f"there is no execution {execution_id!r}")
-        seen = await store.load(conn, found[execution_id]["turn_id"])
+        execution = await _execution(store, conn, execution_id)
+        seen = await store.load(conn, execution["turn_id"])
         turn = await store.lock_turn(conn, seen.namespace, seen.id)  # as every control of the turn
         assert turn is not None, "a turn is never deleted"
-        execution = (await store.executions_by_id(conn, [execution_id]))[execution_id]  # under the lock
+        execution = await _execution(store, conn, execution_id)  # as it is under the lock
         route = execution["route"]
         earlier = await store.control_by_request(conn, turn.id, body.request_id)
         if earlier is not None:
@@ -121,14 +133,6 @@ async def request(store: BrainStore, topology: Topology, execution_id: str, body
                 f"execution {execution_id} is {execution['status'].upper()}{how}, not UNKNOWN: "
                 "only an UNKNOWN execution can be reconciled"
             )
-        control = ReconcileControl(
-            message_id=message_id(execution_id, body.request_id),
-            execution_id=execution_id,
-            namespace=turn.namespace,
-            session_id=turn.session_id,
-            request_digest=execution["request_digest"],
-            body=body,
-        )
         queued = await store.add_control(conn, topology.controls(route), control)
         reason = f"sent to the Hands of route {route}"
         row = await store.record_control(
@@ -141,6 +145,27 @@ async def request(store: BrainStore, topology: Topology, execution_id: str, body
         return Requested(execution_id, turn.id, route, body.request_id, [queued])
 
     return await store.transact(work)
+
+
+async def _execution(store: BrainStore, conn: Any, execution_id: str) -> Any:
+    found = await store.executions_by_id(conn, [execution_id])
+    if execution_id not in found:
+        raise NotFoundError(f"there is no execution {execution_id!r}")
+    return found[execution_id]
+
+
+async def _control(store: BrainStore, conn: Any, execution_id: str, body: ReconcileBody) -> ReconcileControl:
+    """The control for the Hands: the execution's header, the body, the request's message id."""
+    execution = await _execution(store, conn, execution_id)
+    turn = await store.load(conn, execution["turn_id"])
+    return ReconcileControl(
+        message_id=message_id(execution_id, body.request_id),
+        execution_id=execution_id,
+        namespace=turn.namespace,
+        session_id=turn.session_id,
+        request_digest=execution["request_digest"],
+        body=body,
+    )
 
 
 async def execution_status(store: BrainStore, execution_id: str) -> dict[str, Any]:
