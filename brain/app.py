@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -20,8 +20,7 @@ from brain.run.runs import Scheduler, Wakeups
 from brain.run.scanner import RepairScanner
 from brain.run.updates import BindingsConsumer, UpdateConsumer
 from brain.store import BrainStore, open_store, wake_channel
-from hands.store import Ledger, ledger_for
-from infra.db import Connection, create_pool, keep_statistics
+from infra.db import Connection, keep_statistics
 from infra.db.notify import Listener
 from infra.db.retention import DAY, Horizon, keep_pruned
 from infra.liveness import Liveness
@@ -48,8 +47,6 @@ class Backends:
     codec: PayloadCodec
     register: Callable[..., Liveness]  # the worker registration, given its options
     listen: Callable[[str, Callable[..., Any]], Awaitable[None]]  # wake-up hints
-    # The Hands ledger, for an operator's reconcile through the HTTP API (opened when asked).
-    ledger: Callable[[], AbstractAsyncContextManager[Ledger]] | None = None
 
 
 @asynccontextmanager
@@ -71,16 +68,7 @@ async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
         )
         listener = await stack.enter_async_context(Listener(settings.database_url))
         register = partial(WorkerRegistration, settings.database_url, settings.brain_schema, "brain")
-
-        @asynccontextmanager
-        async def ledger() -> AsyncIterator[Ledger]:
-            pool = await create_pool(settings.ledger_database_url, settings.hands_schema, max_size=2)
-            try:
-                yield ledger_for(pool)
-            finally:
-                await pool.close()
-
-        yield Backends(store, broker, codec, register, listener.add, ledger)
+        yield Backends(store, broker, codec, register, listener.add)
 
 
 async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event) -> int:
@@ -103,7 +91,7 @@ RESTART = -1
 
 @asynccontextmanager
 async def serve_api(
-    backends: Backends, settings: Settings, ctx: BrainContext, served: Served | None = None
+    settings: Settings, ctx: BrainContext, served: Served | None = None
 ) -> AsyncIterator[str | None]:
     """The HTTP API of this Brain, while the block runs (``TENDON_HTTP``; its address in use is an
     error only when it was asked for); yields where it listens."""
@@ -113,12 +101,6 @@ async def serve_api(
         return
     from brain.api import Api, Tokens
     from brain.api.server import serving
-    from hands.run.reconcile import reconcile
-
-    async def reconciler(execution_id: str, **options: Any) -> Any:
-        assert backends.ledger is not None
-        async with backends.ledger() as ledger:
-            return await reconcile(ledger, backends.codec, execution_id, **options)
 
     api = Api(
         store=ctx.store,
@@ -128,7 +110,8 @@ async def serve_api(
         previews=ctx.previews,
         endings=ctx.endings,
         metrics=ctx.metrics,
-        reconciler=reconciler if backends.ledger is not None else None,
+        controls=ctx.controls.send,
+        codec=ctx.codec,
         served=served.submit if served is not None else None,
     )
     if api.tokens.open:
@@ -249,7 +232,7 @@ async def run(
         await ParkedConsumer(store, broker, bindings.queue).start()
 
         served = Served(ctx, scheduler.quiet, scheduler.adopt)
-        http = await stack.enter_async_context(serve_api(backends, settings, ctx, served))
+        http = await stack.enter_async_context(serve_api(settings, ctx, served))
         if on_ready is not None:
             on_ready()
         log.info("brain_ready", worker=worker_id, schema=settings.brain_schema, http=http)

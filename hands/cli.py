@@ -26,7 +26,7 @@ import asyncpg
 from aio_pika import exceptions as amqp
 
 from hands.app import HandsApp
-from hands.run.reconcile import reconcile
+from hands.run.reconcile import publish, reconcile
 from hands.run.relay import stored_events
 from hands.store import Execution, Ledger, ledger_for
 from infra.db import create_pool
@@ -38,7 +38,7 @@ from infra.process.logging import configure_logging, get_logger
 from infra.process.settings import Settings, bad_setting
 from infra.transport.broker import Broker, Topology
 from infra.transport.parked import add_parked_command, show_parked
-from protocol import NotFoundError, StaleOwnerError, TendonError, TransientError, batch_bytes, loads
+from protocol import NotFoundError, StaleOwnerError, TendonError, TransientError, loads
 
 EXIT_ERROR = 2
 log = get_logger(__name__)
@@ -240,6 +240,7 @@ def _audit_view(rec: Any) -> dict[str, Any]:
         "error": rec["error"],
         "evidence": rec["evidence"],
         "actor": rec["actor"],
+        "request_id": rec["request_id"],
         "at": rec["at"].isoformat(),
         "sent_at": rec["sent_at"].isoformat() if rec["sent_at"] else None,
     }
@@ -263,8 +264,9 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
         content = ev["body"] if ev["body"] is not None else {"body_ref": ev["body_ref"]}
         print(f"  {ev['seq']:>3} {ev['kind']:<12} {json.dumps(content)[:200]}")
     for audit in audits:
+        request = f" (request {audit['request_id']})" if audit["request_id"] else ""
         print(
-            f"reconciled #{audit['id']}: {audit['outcome'].upper()} by {audit['actor']} at "
+            f"reconciled #{audit['id']}: {audit['outcome'].upper()} by {audit['actor']}{request} at "
             f"{audit['at']}; evidence: {audit['evidence']}"
         )
     return 0
@@ -321,10 +323,7 @@ async def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
                     delivery_limit=settings.delivery_limit,
                 )
             )
-            await broker.publish(
-                broker.topology.updates, batch_bytes([done.event]), message_id=done.event["message_id"]
-            )
-            await ledger.transact(lambda conn: ledger.reconciliation_sent(conn, done.audit_id))
+            await publish(ledger, broker, done)
             published = 1
         except Exception as exc:  # committed already: the pool's relay publishes it later
             print(

@@ -137,12 +137,7 @@ async def run_local(
         ]
         stop = asyncio.Event()
         register = partial(LocalWorkerRegistration, brain_pool, "brain")
-
-        @asynccontextmanager
-        async def the_ledger() -> AsyncIterator[Ledger]:
-            yield ledger
-
-        backends = Backends(brain, transport, codec, register, brain_pool.add_listener, the_ledger)
+        backends = Backends(brain, transport, codec, register, brain_pool.add_listener)
         brain_task = asyncio.create_task(run_brain(backends, settings, killpoints, stop))
         hands_tasks = [asyncio.create_task(h.serve()) for h in hands]
         try:

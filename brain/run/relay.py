@@ -6,10 +6,11 @@
   got out (the Brain died between its commit and its confirm, or the broker lost it) is still in
   its execution's row, INTENDED: the repair scan sends it again from there (``brain.run.scanner``),
   and the Hands take a duplicate for what it is (by execution id).
-- :class:`ControlRelay` publishes cancels. They are rare (a turn that ends with executions still
-  open) and must not be lost (a cancel that comes before its command leaves a tombstone), so
-  each is an outbox row, committed with the turn's failure and marked once confirmed; what a
-  crash left unmarked is published again by the relay's periodic sweep.
+- :class:`ControlRelay` publishes cancels and an operator's reconciles. They are rare (a turn that
+  ends with executions still open, an UNKNOWN execution resolved by hand) and must not be lost (a
+  cancel that comes before its command leaves a tombstone), so each is an outbox row, committed
+  with the change that made it and marked once confirmed; what a crash left unmarked is published
+  again by the relay's periodic sweep.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ class CommandRelay:
 
 
 class ControlRelay:
-    """Publishes cancels from the outbox: at once when handed over, and by a periodic sweep."""
+    """Publishes controls from the outbox: at once when handed over, and by a periodic sweep."""
 
     def __init__(self, store: BrainStore, transport: Transport, *, interval: float) -> None:
         self.store = store

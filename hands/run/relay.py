@@ -221,7 +221,8 @@ class EventRelay:
         return len(events)
 
     async def sweep(self) -> None:
-        """Publish the events of reconciliations whose `hands reconcile` command could not."""
+        """Publish the events of reconciliations that could not be published when they were made
+        (by `hands reconcile`, or by a worker for a Brain's reconcile control)."""
         unsent = await self._ledger.read(lambda conn: self._ledger.unsent_reconciliations(conn, self._route))
         for audit_id, execution_id in unsent:
             await self.replay(execution_id)

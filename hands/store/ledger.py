@@ -265,22 +265,23 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
 
     async def insert_reconciliation(self, conn: Connection, execution_id: str, **audit: Any) -> int:
         rid: int = await conn.fetchval(
-            """INSERT INTO reconciliations (execution_id, outcome, result, error, evidence, actor)
-               VALUES ($1, $2, $3, $4, $5, $6) RETURNING id""",
+            """INSERT INTO reconciliations (execution_id, outcome, result, error, evidence, actor, request_id)
+               VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id""",
             execution_id,
             LedgerStatus(audit["outcome"]).value,
             Json(audit["result"]),
             audit["error"],
             audit["evidence"],
             audit["actor"],
+            audit.get("request_id"),
         )
         return rid
 
     async def list_reconciliations(self, conn: Connection, execution_id: str) -> list[Any]:
         return list(
             await conn.fetch(
-                "SELECT id, outcome, result, error, evidence, actor, at, sent_at FROM reconciliations"
-                " WHERE execution_id = $1 ORDER BY id",
+                "SELECT id, outcome, result, error, evidence, actor, request_id, at, sent_at"
+                " FROM reconciliations WHERE execution_id = $1 ORDER BY id",
                 execution_id,
             )
         )
