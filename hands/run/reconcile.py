@@ -65,12 +65,7 @@ async def reconcile(
     that one is returned, as a duplicate. The caller publishes the event (:func:`publish`); until
     that is confirmed (``reconciliation_sent``), the pool's relay sends it from the ledger.
     """
-    if (result is _NO_RESULT) == (failure is None):
-        raise SchemaError("reconcile needs exactly one of a result or a failure message")
-    if not evidence.strip():
-        raise SchemaError("reconcile needs evidence: say how you know what happened")
-    if not actor.strip():
-        raise SchemaError("reconcile needs an actor: who is vouching for this")
+    _check(evidence, actor, has_result=result is not _NO_RESULT, failure=failure)
     succeeded = failure is None
     error = None if succeeded else {"code": "reconciled_failure", "message": failure or ""}
     writer = LedgerWriter(ledger, codec, lambda events: None)
@@ -98,14 +93,11 @@ async def reconcile(
             actor=actor,
             request_id=request_id,
         )
-        body: Any
-        if succeeded:
-            body = SucceededBody(
-                result=result, output_bytes=row.output_bytes, how="reconciled", evidence=evidence
-            )
-        else:
-            assert error is not None
-            body = FailedBody(error=error, output_bytes=row.output_bytes, how="reconciled", evidence=evidence)
+        body = (
+            SucceededBody(result=result, output_bytes=row.output_bytes, how="reconciled", evidence=evidence)
+            if error is None
+            else FailedBody(error=error, output_bytes=row.output_bytes, how="reconciled", evidence=evidence)
+        )
         event = await writer.event(execution_id, row.header, row.last_seq + 1, body)
         updated = await ledger.reconcile(conn, Change(row, outcome, [event], error=error))
         return Reconciliation(updated, audit_id, event["seq"], event)
@@ -113,8 +105,18 @@ async def reconcile(
     return await ledger.transact(work)
 
 
+def _check(evidence: str, actor: str, *, has_result: bool, failure: str | None) -> None:
+    """Refuse a reconcile that does not say what happened, how it is known, and who vouches."""
+    if has_result == (failure is not None):
+        raise SchemaError("reconcile needs exactly one of a result or a failure message")
+    if not evidence.strip():
+        raise SchemaError("reconcile needs evidence: say how you know what happened")
+    if not actor.strip():
+        raise SchemaError("reconcile needs an actor: who is vouching for this")
+
+
 async def _made_by(
-    ledger: Ledger, conn: Any, row: Execution, request_id: str | None
+    ledger: Ledger, conn: Connection, row: Execution, request_id: str | None
 ) -> Reconciliation | None:
     """The reconcile ``request_id`` made of this execution, if it made one."""
     if request_id is None:
