@@ -19,7 +19,7 @@ from brain.rules.records import Applied, ClaimBudget, Ended, TurnRow
 from brain.rules.sequencing import drainable
 from brain.rules.states import TERMINAL_EXECUTION, ExecutionStatus, TurnStatus
 from brain.store.part import Part
-from brain.store.sql import FINAL_SQL, TURN_COLUMNS, turn_becomes
+from brain.store.sql import FINAL_SQL, TURN_COLUMNS, owner_not_dead, turn_becomes
 from infra.db import Connection, Json, Row, as_json
 from infra.db.store import as_time
 from infra.process.logging import get_logger
@@ -68,7 +68,7 @@ _PROGRESS = "replay_requested_at = NULL, stall_backoff = 1, nudges = 0, command 
 SETTLED = f"""NOT EXISTS (SELECT 1 FROM executions e WHERE e.turn_id = t.id AND e.tool_step = t.tool_step
                             AND e.status NOT IN {FINAL_SQL}
                             AND NOT (t.cancel_requested AND e.status = 'unknown'))"""
-_CLAIM_NOW = "(CAST($3 AS text) IS NOT NULL AND pending = 0)"
+_CLAIM_NOW = f"(CAST($3 AS text) IS NOT NULL AND pending = 0 AND {owner_not_dead('CAST($3 AS text)')})"
 # A waiting turn whose tools all answered goes on (its run, or a claim, applies their results).
 WOKEN = turn_becomes(TurnStatus.RUNNING, from_={TurnStatus.WAITING})
 _WAKE = f"""
