@@ -10,12 +10,12 @@ every so often, in small transactions so that no prune holds locks that turns wa
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from infra.process.logging import get_logger
+from infra.process.loops import BackgroundLoop
 from protocol import id_time
 
 log = get_logger(__name__)
@@ -76,13 +76,11 @@ async def prune_once(transact: Callable[..., Awaitable[Any]], horizons: Sequence
 
 async def keep_pruned(transact: Callable[..., Awaitable[Any]], horizons: Sequence[Horizon]) -> None:
     """:func:`prune_once` at start and then every :func:`every`, forever; failures are logged
-    (the next round tries again)."""
-    while True:
-        try:
-            counts = await prune_once(transact, horizons)
-        except Exception as exc:  # noqa: BLE001 - pruning may wait; the work may not
-            log.warning("retention_failed", error=repr(exc))
-        else:
-            if counts:
-                log.info("retention_pruned", **counts)
-        await asyncio.sleep(every(horizons))
+    (the next round tries again: pruning may wait, the work may not)."""
+
+    async def prune() -> None:
+        counts = await prune_once(transact, horizons)
+        if counts:
+            log.info("retention_pruned", **counts)
+
+    await BackgroundLoop("retention", prune, period=every(horizons)).run()
