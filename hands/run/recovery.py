@@ -16,13 +16,12 @@ liveness keeper's business (``hands.app``), not the scan's.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from functools import partial
 
 from hands.run.executor import Executor
 from infra.db import Connection
 from infra.process.logging import get_logger
+from infra.process.loops import BackgroundLoop
 
 log = get_logger(__name__)
 
@@ -35,12 +34,11 @@ class RecoveryScanner:
         self._ledger = executor.ledger
         self._route = route
         self._executor = executor
-        self._interval = interval
-        self._woken = asyncio.Event()
+        self._loop = BackgroundLoop("recovery-scan", self.scan_once, period=interval)
 
     def wake(self) -> None:
         """Scan now: a worker was just presumed dead, its executions are orphans."""
-        self._woken.set()
+        self._loop.wake()
 
     async def scan_once(self) -> int:
         """One scan; returns how many executions this worker took over (strays included)."""
@@ -101,13 +99,4 @@ class RecoveryScanner:
 
     async def run(self) -> None:
         """Scan forever; a failed scan (the database away) is logged and tried again."""
-        while True:
-            try:
-                await self.scan_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("recovery_scan_failed", error=repr(exc))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), self._interval)
-            self._woken.clear()
+        await self._loop.run()
