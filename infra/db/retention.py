@@ -4,7 +4,7 @@ from ever letting a side effect run twice.
 Each process prunes its own store: a Brain the journal of long-closed sessions and its parked
 messages, a Hands pool its finished executions (with their output) and its parked messages.
 What each prune may touch is the store's rule (``brain.store.retention``,
-``hands.store.retention``, ``infra.transport.parked``); this module only runs them: at start and then
+``hands.store.retention``, ``infra.db.parked``); this module only runs them: at start and then
 every so often, in small transactions so that no prune holds locks that turns wait on.
 """
 
