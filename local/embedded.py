@@ -31,7 +31,8 @@ from pathlib import Path
 from brain.app import Backends
 from brain.app import run as run_brain
 from brain.store import BrainStore, open_brain_store, wake_channel
-from hands.app import HandsApp, HandsBackends
+from hands.app import HandsApp
+from hands.backends import HandsBackends
 from hands.store import Ledger, ledger_for
 from infra.db.sqlite import open_pool
 from infra.liveness.registrations import LocalWorkerRegistration

@@ -16,7 +16,7 @@ from brain.api.routes import CallerDep, api_of, seconds
 from brain.rules.states import ExecutionStatus
 from brain.run.metrics import CONTENT_TYPE
 from brain.verbs import reconcile as reconciling
-from infra.transport.parked import listing as parked_listing
+from infra.db.parked import listing as parked_listing
 from protocol import new_id
 
 router = APIRouter(prefix="/v1/operator", tags=["operator"])

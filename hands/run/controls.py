@@ -30,10 +30,11 @@ from typing import Any
 from structlog.contextvars import bound_contextvars
 
 from hands.rules.states import LedgerStatus
-from hands.run.executor import Executor
 from hands.run.reconcile import publish, reconcile
 from hands.run.relay import EventRelay
-from hands.store import Execution, NewExecution
+from hands.run.tasks import Tasks
+from hands.run.writer import LedgerWriter
+from hands.store import Execution, Ledger, NewExecution
 from infra.db import Connection
 from infra.objects.payloads import PayloadCodec
 from infra.process.logging import get_logger
@@ -65,15 +66,18 @@ class ControlConsumer:
         broker: Transport,
         codec: PayloadCodec,
         relay: EventRelay,
-        executor: Executor,
+        ledger: Ledger,
+        writer: LedgerWriter,
+        tasks: Tasks,
     ) -> None:
         self.route = route
         self.queue = queue
-        self._ledger = executor.ledger
+        self._ledger = ledger
+        self._writer = writer
         self._broker = broker
         self._codec = codec
         self._relay = relay
-        self._executor = executor
+        self._tasks = tasks
 
     async def handle(self, message: Delivery) -> None:
         """aio-pika callback: every delivery ends acked, dead-lettered or handed back."""
@@ -147,11 +151,10 @@ class ControlConsumer:
 
     async def _cancel(self, control: CancelControl) -> None:
         reason = control.body.reason if control.body is not None else ""
-        ex = self._executor
         header = {"namespace": control.namespace, "session_id": control.session_id,
                   "request_digest": control.request_digest}  # fmt: skip
         body = CancelledBody(reason=f"cancelled before its command arrived: {reason}".rstrip(": "))
-        tombstone = await ex.writer.events(control.execution_id, header, 1, body)
+        tombstone = await self._writer.events(control.execution_id, header, 1, body)
 
         async def work(conn: Connection) -> bool:
             row = await self._ledger.get(conn, control.execution_id)
@@ -162,7 +165,7 @@ class ControlConsumer:
                     "execution_id": control.execution_id,
                     "route": self.route,
                     **header,
-                    "owner": ex.worker_id,
+                    "owner": self._tasks.worker_id,
                     "status": LedgerStatus.CANCELLED,
                 }
                 (inserted,) = await self._ledger.insert(conn, [NewExecution(values, tombstone)])
@@ -177,5 +180,5 @@ class ControlConsumer:
             self._relay.send(tombstone)
             log.info("cancel_before_command", reason=reason)
             return
-        local = ex.cancel_local(control.execution_id)
+        local = self._tasks.cancel_local(control.execution_id)
         log.info("cancel_requested", running_here=local)

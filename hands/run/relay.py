@@ -236,6 +236,9 @@ class EventRelay:
     async def run(self) -> None:
         """Publish on every hand-over (after its linger); every ``interval``, what could not be
         published before."""
+        # Not a BackgroundLoop: a round's wait is the linger left of what is pending, cut short by
+        # a hand-over that is due but never by one that may linger; the sweep is due on a clock of
+        # its own; and a refused publish pauses the relay, which is no failure of the round.
         loop = asyncio.get_running_loop()
         next_sweep = 0.0
         while True:

@@ -18,9 +18,9 @@ from hands.rules.states import OPEN_STATUSES, LedgerStatus, transition
 from hands.store.records import EXECUTION_COLUMNS, Change, Execution, NewExecution
 from hands.store.retention import LedgerRetention
 from infra.db import Connection, Json
+from infra.db.parked import ParkedRows
 from infra.db.store import StoreBase
 from infra.liveness import ALIVE_SQL
-from infra.transport.parked import ParkedRows
 from protocol import NotFoundError, StaleOwnerError
 
 # An owner missing from ``workers`` counts as dead too: NOT EXISTS covers both. An owner presumed
