@@ -21,16 +21,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from infra.db import Connection, is_transient, patiently
-from infra.db.parked import ParkedRows as ParkedRows
 from infra.process.logging import get_logger
 from infra.transport import REASON_HEADER, Delivery, Topology, Transport
 from protocol import ProtocolError, TendonError, decode
 from protocol.storable import storable
 
 log = get_logger(__name__)
-
-# ParkedRows lives in infra.db.parked; brain.store still imports it from here (the name is kept
-# for it, not used here).
 
 # What a component does about a parked message that it could decode, in the caller's
 # transaction; returns what it did (one sentence), or None when it had nothing to do.
