@@ -26,10 +26,11 @@ from brain.rules import facts
 from brain.rules.records import Control
 from brain.rules.states import ExecutionStatus
 from brain.store import BrainStore
+from brain.verbs.controls import locked_turn
+from infra.db import Connection
 from infra.objects.payloads import PayloadCodec
 from infra.transport import Topology
 from protocol import (
-    ConflictError,
     IllegalTransitionError,
     NotFoundError,
     ReconcileBody,
@@ -112,20 +113,14 @@ async def request(
     if codec is not None:
         control = decode(await codec.pack(control))
 
-    async def work(conn: Any) -> Requested:
+    async def work(conn: Connection) -> Requested:
         execution = await _execution(store, conn, execution_id)
         seen = await store.turns.load(conn, execution["turn_id"])
-        turn = await store.turns.lock_turn(conn, seen.namespace, seen.id)  # as every control of the turn
-        assert turn is not None, "a turn is never deleted"
+        # Locked as every control of the turn is, with the receipt its request id may have already.
+        turn, earlier = await locked_turn(store, conn, seen.namespace, seen.id, body.request_id, input_digest)
         execution = await _execution(store, conn, execution_id)  # as it is under the lock
         route = execution["route"]
-        earlier = await store.controls.control_by_request(conn, turn.id, body.request_id)
         if earlier is not None:
-            if earlier["input_digest"] != input_digest:
-                raise ConflictError(
-                    f"request id {body.request_id!r} of turn {turn.id} was already used for another "
-                    f"control ({earlier['kind']} #{earlier['id']})"
-                )
             return Requested(execution_id, turn.id, route, body.request_id, [])
         if execution["status"] != ExecutionStatus.UNKNOWN:
             how = f" ({execution['how']})" if execution["how"] else ""
@@ -147,14 +142,16 @@ async def request(
     return await store.transact(work)
 
 
-async def _execution(store: BrainStore, conn: Any, execution_id: str) -> Any:
+async def _execution(store: BrainStore, conn: Connection, execution_id: str) -> Any:
     found = await store.executions.executions_by_id(conn, [execution_id])
     if execution_id not in found:
         raise NotFoundError(f"there is no execution {execution_id!r}")
     return found[execution_id]
 
 
-async def _control(store: BrainStore, conn: Any, execution_id: str, body: ReconcileBody) -> ReconcileControl:
+async def _control(
+    store: BrainStore, conn: Connection, execution_id: str, body: ReconcileBody
+) -> ReconcileControl:
     """The control for the Hands: the execution's header, the body, the request's message id."""
     execution = await _execution(store, conn, execution_id)
     turn = await store.turns.load(conn, execution["turn_id"])
