@@ -188,11 +188,14 @@ async def test_a_tool_frozen_before_its_side_effect_does_not_act_when_it_wakes_a
 async def test_a_frozen_brain_is_taken_over_after_its_lease_and_its_late_commit_is_refused(
     world: TendonEnv, processes: Processes, tmp_path: Path
 ) -> None:
-    # Given a Brain with a 2 s lease whose model call takes 4 s, and a standby Brain
+    # Given two Brains with a 2 s lease, one of them running a turn whose model call takes 4 s
+    # (both are up before the submit: a Brain started meanwhile on a slow machine could take
+    # longer than the model call, which would end before the freeze)
     env = {**world.env, "TENDON_LEASE_SECONDS": "2"}
     obs = Observer(world)
     agent = _agent(tmp_path, [{"content": "slow answer", "delay": 4}], [])
     first = await processes.start_ready("brain", BRAIN, env)
+    standby = await processes.start_ready("brain", BRAIN, env)
     turn_id = await _submit(env, agent)
 
     async def first_run() -> Any:
@@ -200,7 +203,6 @@ async def test_a_frozen_brain_is_taken_over_after_its_lease_and_its_late_commit_
         return runs[0]["owner"] if runs else None
 
     owner_id = await wait_for(first_run, timeout=30, what="the first run")
-    standby = await processes.start_ready("brain", BRAIN, env)
     owner, other = (first, standby) if owner_id == await _worker_id(processes, first) else (standby, first)
 
     # When the owner freezes in the middle of its model call
