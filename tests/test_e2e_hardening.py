@@ -78,11 +78,13 @@ async def _running(world: TendonEnv, tool: str, count: int = 1) -> list[tuple[st
 async def _two_workers_one_running_slow(bus: Bus, processes: Processes, env: dict[str, str]) -> Any:
     """Two workers, one of them inside a safe tool that takes a few seconds: (the command,
     its started event, the worker running it, the other one)."""
+    # Both are up before the command goes out: a worker started meanwhile on a slow machine could
+    # take longer than the tool, which would end before the test acts on it.
     first = await processes.start_ready("hands", SERVE, env)
+    second = await processes.start_ready("hands", SERVE, env)
     cmd = command(lab.slow, {"pages": 40, "delay": 0.1})
     await bus.publish_command(cmd)
     started = await bus.wait_kind(cmd.execution_id, "started")
-    second = await processes.start_ready("hands", SERVE, env)
     if started.body.worker == await _worker_id(processes, first):
         return cmd, started, first, second
     return cmd, started, second, first
