@@ -146,11 +146,12 @@ def test_a_crash_loop_says_where_the_brains_keep_dying() -> None:
     assert "phase wait_tools (tool step 4)" in crash_loop(_row(crashes=3, crash_at="wait_tools#2#4"))
 
 
-def _intent(status: str = "intended") -> Intent:
+def _intent(status: str = "intended", awaits: str | None = None, call_id: str = "c1") -> Intent:
     return Intent(
-        execution_id="e1", tool_step=2, call_id="c1", route="r", tool="send_email", binding_digest="d",
-        replay_policy="unsafe", request_digest="-", command_message_id="m", command=None, queue="q",
-        status=status, error={"code": "invalid_tool_call", "message": "no"} if status == "failed" else None,
+        execution_id=f"e-{call_id}", tool_step=2, call_id=call_id, route="r", tool="send_email",
+        binding_digest="d", replay_policy="unsafe", request_digest="-", command_message_id="m", command=None,
+        queue="q", status=status, awaits=awaits,
+        error={"code": "invalid_tool_call", "message": "no"} if status == "failed" else None,
     )  # fmt: skip
 
 
@@ -167,6 +168,33 @@ def test_a_reply_whose_every_call_was_refused_goes_back_to_the_model_at_once() -
         TurnPhase.WAIT_TOOLS,
         True,
     )
+
+
+def test_a_call_that_waits_for_a_person_is_journaled_pending_not_failed() -> None:
+    # Given a reply whose calls wait for an approval and for a manual tool's result, beside one
+    # sent at once and one the Brain refused
+    calls = [call(), call(), call(), call()]
+    intents = [
+        _intent("pending", awaits="approval", call_id="c1"),
+        _intent("pending", awaits="result", call_id="c2"),
+        _intent(call_id="c3"),
+        _intent("failed", call_id="c4"),
+    ]
+    for move in (
+        moves.reply(_row(), {"text": None, "tool_calls": calls}, {}, intents=intents, first_look=1.0),
+        moves.dispatch(_row(phase=TurnPhase.DISPATCH_TOOLS), intents, first_look=1.0),
+    ):
+        # Then only the refused one failed; the other two are pending, saying for what
+        said = [(f["kind"], f.get("call_id"), f.get("how"), f.get("awaits")) for f in move.facts]
+        outcomes = [s for s in said if s[0] not in ("execution.intended", "turn.model_replied")]
+        assert outcomes == [
+            ("execution.pending", "c1", None, "approval"),
+            ("execution.pending", "c2", None, "result"),
+            ("execution.failed", "c4", "rejected", None),
+        ]
+        assert move.waiting_for == (
+            "1 tool execution(s); approval of send_email c1; a person's result for send_email c2"
+        )
 
 
 # ---- controls: what each does to a turn in each state (a pure table) ------------------------

@@ -14,6 +14,8 @@ kind                            what happened
 ``turn.waiting``                the turn waits (for tool bindings, or its executions): why
 ``turn.model_replied``          the model's reply (the assistant message) and its usage
 ``execution.intended``          a tool call committed as an execution, with its command
+``execution.pending``           a call waits for a person: their approval, or a manual tool's
+                                result (``awaits``: ``approval`` or ``result``)
 ``execution.<status>``          an execution's event applied (outcomes always; the others on
                                 ``journal: detailed``)
 ``execution.reported_late``     Hands reported on an execution its turn settled already

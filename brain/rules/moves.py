@@ -115,12 +115,7 @@ def reply(
     calls = message.get("tool_calls") or []
     model_calls = row.model_calls + 1
     if calls and intents is not None:
-        replied += [facts.intended(i.execution_id, i.call_id, i.tool) for i in intents]
-        replied += [
-            facts.execution_event("failed", i.execution_id, i.call_id, i.tool, how="rejected")
-            for i in intents
-            if not i.sends
-        ]
+        replied += intent_facts(intents)
         if all(i.status == ExecutionStatus.FAILED for i in intents):
             # The Brain refused every call itself: their failures go to the model at once.
             replied.append(facts.results_applied([i.execution_id for i in intents]))
@@ -162,9 +157,22 @@ def dispatch(row: TurnRow, intents: Sequence[Intent], *, first_look: float) -> M
     return move(
         row, S.WAITING, [P.WAIT_TOOLS], release=True, tool_step=row.tool_step + 1,
         waiting_for=intents_reason(intents), wake_in=first_look,
-        facts=tuple(facts.intended(i.execution_id, i.call_id, i.tool) for i in intents),
-        intents=tuple(intents),
+        facts=tuple(intent_facts(intents)), intents=tuple(intents),
     )  # fmt: skip
+
+
+def intent_facts(intents: Sequence[Intent]) -> list[dict[str, Any]]:
+    """What the journal says of a step's intents: each one committed, then those that are not
+    sent at once and why. A call the Brain refused failed from the start (how="rejected"); a
+    call that waits for a person's approval, or for a person's result (a manual tool), is
+    PENDING: it has not failed, and nothing was refused."""
+    said = [facts.intended(i.execution_id, i.call_id, i.tool) for i in intents]
+    for i in intents:
+        if i.status == ExecutionStatus.FAILED:
+            said.append(facts.execution_event("failed", i.execution_id, i.call_id, i.tool, how="rejected"))
+        elif i.awaits is not None:
+            said.append(facts.execution_event("pending", i.execution_id, i.call_id, i.tool, awaits=i.awaits))
+    return said
 
 
 def finalize(row: TurnRow, last_message: dict[str, Any]) -> Move:
