@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -81,6 +82,13 @@ class Api:
     poll: float = 0.25  # seconds between looks at the journal while a stream is idle
     # Seconds between looks at a waited-for turn that does not end here (another Brain runs it).
     wait_poll: float = 0.2
+
+
+    def ended(self, turn_id: str, status: str, created_at: datetime) -> None:
+        """A request ended a turn in its own commit (a cancel with nothing running): its waiters
+        hear it now, and it is measured like a turn that ended in a run."""
+        self.endings.ended(turn_id)
+        self.metrics.turn_ended(status, created_at)
 
 
 async def caller_of(request: Request) -> Caller:

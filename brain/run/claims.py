@@ -15,7 +15,7 @@ from typing import Any
 
 from brain.rules import facts, moves
 from brain.rules.agents import AgentDefinition
-from brain.rules.states import TurnPhase, TurnStatus
+from brain.rules.states import TERMINAL_TURN, TurnPhase, TurnStatus
 from brain.rules.submits import Mark, Start, Submit, Submitted
 from brain.run.context import BrainContext
 from brain.run.history import ReadAhead
@@ -86,6 +86,8 @@ async def claim_turns(ctx: BrainContext, limit: int) -> Claim:
         if moved.froze and move.freeze is not None:
             ctx.threads.keep_frozen(claim.threads[move.before.id], move.freeze)
         ctx.history.committed(move.before, moved.row, moved.seq, move.facts)
+        if moved.row.status in TERMINAL_TURN:  # a cancel applied at this boundary, or a finalize
+            ctx.ended(moved.row.id, str(moved.row.status), moved.row.created_at)
     if claim.history is not None:
         ctx.history.keep(claim.history, claim.runs)
     for settled in claim.settled:

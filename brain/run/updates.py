@@ -87,9 +87,14 @@ class UpdateConsumer:
         )
         read = self._read_ahead(applied)
         results: list[Any] = []
+        # Each execution this apply ended goes to the first range that names it: two ranges of one
+        # execution (an event that came again beside the first delivery) end it once, and it is
+        # measured once.
+        told: set[str] = set()
         for events, (refused, claimed) in zip(ranges, applied.by_range(), strict=True):
-            mine = dict.fromkeys(e.execution_id for e in events)
+            mine = [e for e in dict.fromkeys(e.execution_id for e in events) if e not in told]
             ended = [applied.ended[e] for e in mine if e in applied.ended]
+            told.update(mine)
             results.append(refused if refused is not None else (claimed, ended, applied, read))
         return results
 

@@ -26,8 +26,9 @@ turn in a given state is a pure rule: ``brain.rules.controls.decide``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from brain.rules import facts
@@ -97,20 +98,34 @@ async def control(
     text: str | None = None,
     revision: int | None = None,
     target: int | None = None,
+    ended: Callable[[str, str, datetime], None] | None = None,
 ) -> Receipt:
-    """Record a control on a turn and do what it does now (one commit); returns its receipt."""
+    """Record a control on a turn and do what it does now (one commit); returns its receipt.
+    ``ended``: told (turn id, status, when the turn was accepted) once a control that ended the
+    turn in its own commit (a cancel with nothing running) committed."""
     body = _body(kind, text, revision, target)
     input_digest = digest({"kind": str(kind), **body})
+    ends: list[TurnRow] = []
 
     async def work(conn: Connection) -> Receipt:
+        ends.clear()  # a transaction tried again starts over
         turn, earlier = await locked_turn(store, conn, namespace, turn_id, request_id, input_digest)
         if earlier is not None:
             return earlier
         if kind is Kind.WITHDRAW:
             return await _withdraw(store, conn, turn, request_id, body, input_digest)
-        return await _record(store, conn, turn, kind, body, request_id, input_digest, topology, wake_channel)
+        receipt = await _record(
+            store, conn, turn, kind, body, request_id, input_digest, topology, wake_channel
+        )
+        if kind is Kind.CANCEL and receipt.status == "applied":
+            ends.append(turn)
+        return receipt
 
-    return await store.transact(work)
+    receipt = await store.transact(work)
+    if ended is not None:
+        for turn in ends:
+            ended(turn.id, str(TurnStatus.CANCELLED), turn.created_at)
+    return receipt
 
 
 async def locked_turn(
