@@ -91,7 +91,7 @@ RESTART = -1
 
 @asynccontextmanager
 async def serve_api(
-    settings: Settings, ctx: BrainContext, served: Served | None = None
+    settings: Settings, ctx: BrainContext, served: Served | None = None, transport: Transport | None = None
 ) -> AsyncIterator[str | None]:
     """The HTTP API of this Brain, while the block runs (``TENDON_HTTP``; its address in use is an
     error only when it was asked for); yields where it listens."""
@@ -113,6 +113,7 @@ async def serve_api(
         controls=ctx.controls.send,
         codec=ctx.codec,
         served=served.submit if served is not None else None,
+        transport=transport,
     )
     if api.tokens.open:
         log.warning(
@@ -175,7 +176,9 @@ async def run(
     """
     async with AsyncExitStack() as stack:
         brain = await _start(stack, backends, settings, killpoints)
-        http = await stack.enter_async_context(serve_api(settings, brain.ctx, brain.served))
+        http = await stack.enter_async_context(
+            serve_api(settings, brain.ctx, brain.served, backends.transport)
+        )
         if on_ready is not None:
             on_ready()
         worker_id = brain.liveness.worker_id

@@ -396,7 +396,13 @@ async def test_each_namespace_sees_and_controls_only_its_own(server: Server) -> 
             "/v1/sessions/s-own/turns", json={"request_id": "r1", "input": "go", "agent": TOOL_THEN_DONE}
         )
         assert taken.status_code == 409 and "acme" not in taken.text and turn not in taken.text
-        for method, path in [("GET", "/v1/operator/parked"), ("POST", "/v1/operator/executions/x/reconcile")]:
+        operator_routes = [
+            ("GET", "/v1/operator/parked"),
+            ("GET", "/v1/operator/unknown"),
+            ("GET", "/v1/operator/routes"),
+            ("POST", "/v1/operator/executions/x/reconcile"),
+        ]
+        for method, path in operator_routes:
             answer = await acme.request(method, path, json={"evidence": "e", "actor": "a", "result": 1})
             assert answer.status_code == 403, path
         assert (await operator.get("/v1/operator/parked")).status_code == 200
@@ -405,6 +411,14 @@ async def test_each_namespace_sees_and_controls_only_its_own(server: Server) -> 
         async with server.client(token="not-a-token") as stranger:
             assert (await stranger.get(f"/v1/turns/{turn}")).status_code == 401
         assert (await acme.get(f"/v1/turns/{turn}", params={"wait": "30"})).json()["status"] == "completed"
+        (execution,) = (await acme.get(f"/v1/turns/{turn}/executions")).json()
+        output = f"/v1/executions/{execution['id']}/output"
+        assert (await acme.get(output)).status_code == 200
+        assert (await other.get(output)).status_code == 404
+        assert (await operator.get(output)).status_code == 403
+        assert [s["id"] for s in (await other.get("/v1/sessions")).json()["sessions"]] == []
+        routes = (await operator.get("/v1/operator/routes")).json()
+        assert {"route": "bulk", "workers": 1} in [{k: r[k] for k in ("route", "workers")} for r in routes]
 
 
 async def test_a_reconcile_of_an_execution_that_is_not_unknown_or_not_known_or_malformed_is_refused(

@@ -3,7 +3,8 @@ observe) behind routes that check whose namespace a request acts in, with every 
 a structured body (``{"error": {"code", "message"}}``) and a status that says what kind it is.
 
 Leases, commits and the Hands' ledger are not reachable from here; the operator routes (reconcile,
-which goes to the Hands as a control, and parked messages) need an operator token.
+which goes to the Hands as a control, UNKNOWN executions, parked messages, routes and their
+workers) need an operator token.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from brain.run.previews import Previews
 from brain.store import BrainStore, Control
 from infra.objects.payloads import PayloadCodec
 from infra.process.logging import get_logger
-from infra.transport import Topology
+from infra.transport import Topology, Transport
 from protocol import (
     AuthError,
     ConflictError,
@@ -79,10 +80,11 @@ class Api:
     # This Brain's own submit, which may start a turn's run in the submit's commit (None: a plain
     # submit, the turn claimed by whichever Brain looks first).
     served: Callable[[Submit], Awaitable[tuple[str, bool]]] | None = None
+    # The Brain's transport: who consumes each route's commands now (None: not known here).
+    transport: Transport | None = None
     poll: float = 0.25  # seconds between looks at the journal while a stream is idle
     # Seconds between looks at a waited-for turn that does not end here (another Brain runs it).
     wait_poll: float = 0.2
-
 
     def ended(self, turn_id: str, status: str, created_at: datetime) -> None:
         """A request ended a turn in its own commit (a cancel with nothing running): its waiters

@@ -1,6 +1,6 @@
-"""The operator routes: what only an operator token reaches (reconciling an UNKNOWN execution with
-evidence, through the Hands of its route; the messages the broker parked; the Prometheus
-metrics)."""
+"""The operator routes: what only an operator token reaches (the UNKNOWN executions, and
+reconciling one with evidence through the Hands of its route; the messages the broker parked; the
+routes and how many workers serve each; the Prometheus metrics)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from brain.api.models import Reconciled, ReconcileRequest
 from brain.api.routes import CallerDep, api_of, seconds
 from brain.rules.states import ExecutionStatus
 from brain.run.metrics import CONTENT_TYPE
+from brain.verbs import browse
 from brain.verbs import reconcile as reconciling
 from infra.db.parked import listing as parked_listing
-from protocol import new_id
+from protocol import TransientError, new_id
 
 router = APIRouter(prefix="/v1/operator", tags=["operator"])
 metrics = APIRouter(tags=["operator"])
@@ -80,6 +81,29 @@ async def until_settled(api: Api, execution_id: str, wait: float) -> dict[str, A
         if now["status"] != ExecutionStatus.UNKNOWN or loop.time() >= deadline:
             return now
         await asyncio.sleep(min(api.wait_poll, deadline - loop.time()))
+
+
+@router.get("/unknown")
+async def unknown(
+    request: Request, caller: CallerDep, limit: Annotated[int, Query(ge=1, le=500)] = 100
+) -> list[dict[str, Any]]:
+    """The UNKNOWN executions of every namespace, oldest first: each with why its Hands could not
+    tell what happened (``reason``), its worker and attempts, and the turn that waits for its
+    reconcile (``POST /v1/operator/executions/{id}/reconcile``)."""
+    caller.operate()
+    return await browse.unknown(api_of(request).store, limit=limit)
+
+
+@router.get("/routes")
+async def routes(request: Request, caller: CallerDep) -> list[dict[str, Any]]:
+    """Every route a Hands pool announced tools for: its tools, when they were last announced,
+    and how many workers consume its commands right now (0: nobody serves it, and its calls wait
+    for one)."""
+    caller.operate()
+    api = api_of(request)
+    if api.transport is None:
+        raise TransientError("this Brain's API does not see its transport: the routes' workers are unknown")
+    return await browse.routes(api.store, api.transport, api.topology)
 
 
 @router.get("/parked")

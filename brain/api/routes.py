@@ -30,7 +30,7 @@ from brain.api.models import (
 )
 from brain.rules.states import TERMINAL_TURN, TurnStatus
 from brain.run.endings import wake_or_timeout
-from brain.verbs import controls, observe
+from brain.verbs import browse, controls, observe
 from brain.verbs.describe import describe
 from protocol import SchemaError, new_id
 
@@ -126,6 +126,22 @@ async def submit(request: Request) -> Response:
     )
 
 
+@router.get("/sessions", tags=["sessions"])
+async def sessions(
+    request: Request,
+    caller: CallerDep,
+    search: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 20,
+    after: Annotated[str | None, Query(max_length=400)] = None,
+) -> dict[str, Any]:
+    """The caller's sessions, newest first, each with its counts and its latest turn (status,
+    agent, input, times): a page of ``limit``, the next one from ``after=`` its ``next``.
+    ``search`` keeps the sessions whose id, an agent's name or a turn's request id holds it."""
+    return await browse.sessions(
+        api_of(request).store, namespace=caller.tenant(), search=search, limit=limit, after=after
+    )
+
+
 @router.get("/sessions/{session_id}/threads", tags=["sessions"])
 async def threads(session_id: str, request: Request, caller: CallerDep) -> list[dict[str, Any]]:
     return await verbs.threads(api_of(request).store, namespace=caller.tenant(), session_id=session_id)
@@ -187,6 +203,23 @@ async def executions(turn_id: str, request: Request, caller: CallerDep) -> list[
     """The turn's tool executions (an UNKNOWN one waits for an operator's reconcile)."""
     found = await describe(api_of(request).store, caller.tenant(), turn_id)
     return found["executions"]  # type: ignore[no-any-return]
+
+
+@router.get("/executions/{execution_id}/output", tags=["turns"])
+async def output(
+    execution_id: str,
+    request: Request,
+    caller: CallerDep,
+    offset: Annotated[int, Query(ge=0, le=INT64)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> dict[str, Any]:
+    """What a tool wrote as it ran, from byte ``offset`` on: its pages (each at its byte offset; a
+    range that never arrived is a gap between two, never hidden), and the offset to ask from
+    next. Pages come as the Brain applies them, before the tool ends."""
+    return await browse.output(
+        api_of(request).store, namespace=caller.tenant(), execution_id=execution_id, offset=offset,
+        limit=limit,
+    )  # fmt: skip
 
 
 @router.get("/turns/{turn_id}/controls", response_model=list[Receipt], tags=["controls"])

@@ -41,6 +41,7 @@ class Effect:
     status: ExecutionStatus
     last_seq: int
     attempts: int | None = None  # None: unchanged
+    worker: str | None = None  # the Hands worker that accepted or started it (None: unchanged)
     outcome: dict[str, Any] | None = None  # result, how, evidence, output_bytes, error: all set together
     error: dict[str, Any] | None = None  # an UNKNOWN's reason (set without an outcome)
     pages: list[tuple[int, str]] = field(default_factory=list)  # (byte offset, data)
@@ -84,9 +85,13 @@ def effect(start: ExecutionStatus, events: Sequence[Any], execution: Execution) 
         status = execution_transition(status, new)
         detail: dict[str, Any] = {}
         attempt = None
-        if event.kind == "started":
+        if event.kind == "accepted":
+            out.worker = body.worker
+            detail["worker"] = body.worker
+        elif event.kind == "started":
             out.attempts = attempt = body.attempt
-            detail.update(attempt=body.attempt, reason=body.reason)
+            out.worker = body.worker
+            detail.update(attempt=body.attempt, reason=body.reason, worker=body.worker)
         elif event.kind == "succeeded":
             out.outcome = {
                 "result": body.result,

@@ -83,6 +83,16 @@ class Bindings(Part):
 
         return await self.store.read(work)
 
+    async def routes(self, conn: Connection) -> list[Row]:
+        """Every route a Hands pool announced tools for: each tool's name and the last time one was
+        announced (a pool announces when it starts)."""
+        return list(
+            await conn.fetch(
+                """SELECT route, name, max(announced_at) AS announced_at FROM bindings
+                    GROUP BY route, name ORDER BY route, name"""
+            )
+        )
+
     async def thread(self, conn: Connection, thread_id: str) -> Row | None:
         return await conn.fetchrow("SELECT * FROM threads WHERE id = $1", thread_id)
 

@@ -57,7 +57,7 @@ log = get_logger(__name__)
 NAMED_COLUMNS = """e.id, e.turn_id, e.tool_step, e.call_id, e.tool, e.status, e.last_seq, e.attempts,
                    e.result,
                    e.how, e.evidence, e.output_bytes, e.error, e.request_digest, e.holding, e.nudges,
-                   e.journal_detail, e.created_at"""
+                   e.journal_detail, e.created_at, e.worker"""
 _NAMED = f"""SELECT {NAMED_COLUMNS}, t.namespace, t.session_id, t.thread_id, t.status AS turn_status,
                      t.phase AS turn_phase, t.cancel_requested AS turn_cancelling
               FROM executions e JOIN turns t ON t.id = e.turn_id WHERE e.id = $1"""
@@ -85,8 +85,7 @@ _WAKE = f"""
 
 
 def effect_values(row: Any, done: Effect) -> list[Any]:
-    """The new status, last seq, attempts, result, how, evidence, output bytes and error of an
-    execution after ``done``, from its row as read."""
+    """An execution's columns after ``done``, in ``events_pg._EFFECT``'s order (status... worker)."""
     outcome = done.outcome or {}
     keep = done.outcome is None
     error = done.error if done.error is not None else (row["error"] if keep else outcome["error"])
@@ -102,12 +101,13 @@ def effect_values(row: Any, done: Effect) -> list[Any]:
         row["evidence"] if keep else outcome["evidence"],
         row["output_bytes"] if keep else outcome["output_bytes"],
         as_json(error),
+        row["worker"] if done.worker is None else done.worker,
     ]
 
 
 def outcome_read(row: Any, done: Effect) -> dict[str, Any]:
     """An execution after ``done`` as a read of its row gives what the history tells the model."""
-    status, _, _, result, how, _, _, error = effect_values(row, done)
+    status, _, _, result, how, _, _, error, _ = effect_values(row, done)
     read = {"id": row["id"], "call_id": row["call_id"], "tool": row["tool"], "status": status, "how": how}
     values = {"result": result, "error": error}
     return read | {k: v.value if isinstance(v, Json) else v for k, v in values.items()}
@@ -333,7 +333,8 @@ class Events(Part):
         for plan in planned:
             await conn.execute(
                 f"""UPDATE executions SET status = $2, last_seq = $3, attempts = $4, result = $5, how = $6,
-                           evidence = $7, output_bytes = $8, error = $9, {_PROGRESS} WHERE id = $1""",
+                           evidence = $7, output_bytes = $8, error = $9, worker = $10, {_PROGRESS}
+                     WHERE id = $1""",
                 plan.row["id"],
                 *effect_values(plan.row, plan.effect),
             )

@@ -31,37 +31,38 @@ _TURN_COLS = qualified("t", TURN_COLUMNS)
 
 # Effects, wake-ups (a claim for this Brain where ``f.claim``), journal entries and the hint, in
 # one statement. Its snapshot is taken after the turns were locked, so a sibling execution that
-# ended in another transaction is seen; the ones this statement ends are in $14. The effects are
-# $1-$9, the turns $10-$13, as rows of values when there is one of each (``infra.db.rows``).
+# ended in another transaction is seen; the ones this statement ends are in $15. The effects are
+# $1-$10, the turns $11-$14, as rows of values when there is one of each (``infra.db.rows``).
 _EFFECT = [
     ("id", "text"), ("status", "text"), ("last_seq", "int"), ("attempts", "int"), ("result", "jsonb"),
-    ("how", "text"), ("evidence", "text"), ("output_bytes", "bigint"), ("error", "jsonb"),
+    ("how", "text"), ("evidence", "text"), ("output_bytes", "bigint"), ("error", "jsonb"), ("worker", "text"),
 ]  # fmt: skip
 _WAKE = [("turn_id", "text"), ("facts", "jsonb"), ("step", "int"), ("claim", "bool")]
 _COMMIT_APPLY = f"""
 WITH eff AS (
     UPDATE executions e
        SET status = m.status, last_seq = m.last_seq, attempts = m.attempts, result = m.result, how = m.how,
-           evidence = m.evidence, output_bytes = m.output_bytes, error = m.error, replay_requested_at = NULL,
+           evidence = m.evidence, output_bytes = m.output_bytes, error = m.error, worker = m.worker,
+           replay_requested_at = NULL,
            stall_backoff = 1, nudges = 0, command = NULL, updated_at = now()
       FROM {{effects}}
      WHERE e.id = m.id),
-f AS (SELECT x.turn_id, x.facts, x.step, x.claim AND {owner_not_dead("CAST($15 AS text)")} AS claim
+f AS (SELECT x.turn_id, x.facts, x.step, x.claim AND {owner_not_dead("CAST($16 AS text)")} AS claim
         FROM {{wakes}}),
 woken AS (
     UPDATE turns t
        SET {WOKEN.set}, wake_at = now(), waiting_for = NULL, updated_at = now(),
            revision = t.revision + 1,
-           lease_owner = CASE WHEN f.claim AND t.pending = 0 THEN $15 END,
+           lease_owner = CASE WHEN f.claim AND t.pending = 0 THEN $16 END,
            lease_epoch = CASE WHEN f.claim AND t.pending = 0 THEN t.lease_epoch + 1 ELSE t.lease_epoch END,
            runs = CASE WHEN f.claim AND t.pending = 0 THEN t.runs + 1 ELSE t.runs END,
-           lease_expires_at = CASE WHEN f.claim AND t.pending = 0 THEN ts_add(now(), $16) END,
+           lease_expires_at = CASE WHEN f.claim AND t.pending = 0 THEN ts_add(now(), $17) END,
            phase = CASE WHEN f.claim AND t.pending = 0 THEN 'model_request' ELSE t.phase END
       FROM f
      WHERE t.id = f.turn_id AND f.step IS NOT NULL AND {WOKEN_T.guard} AND t.phase = 'wait_tools'
        AND t.tool_step = f.step
        AND NOT EXISTS (SELECT 1 FROM executions e WHERE e.turn_id = t.id AND e.tool_step = t.tool_step
-                         AND e.status NOT IN {FINAL_SQL} AND NOT e.id = ANY($14::text[])
+                         AND e.status NOT IN {FINAL_SQL} AND NOT e.id = ANY($15::text[])
                          AND NOT (t.cancel_requested AND e.status = 'unknown'))
  RETURNING {_TURN_COLS}, f.claim AND t.pending = 0 AS claim),
 entry AS (
@@ -79,12 +80,12 @@ entry AS (
       FROM f JOIN turns t ON t.id = f.turn_id LEFT JOIN woken w ON w.id = f.turn_id
      WHERE f.facts IS NOT NULL OR w.claim),
 {{entries}},
-hint AS (SELECT pg_notify($17, '') WHERE EXISTS (SELECT 1 FROM woken WHERE NOT woken.claim))
+hint AS (SELECT pg_notify($18, '') WHERE EXISTS (SELECT 1 FROM woken WHERE NOT woken.claim))
 SELECT woken.*, (SELECT count(*) FROM hint) AS hinted, w.seq AS entry_seq, e.facts AS entry_facts
   FROM woken LEFT JOIN written w ON w.turn_id = woken.id LEFT JOIN entry e ON e.turn_id = woken.id"""
 _COMMIT_APPLIES = {
     one: _COMMIT_APPLY.replace("{effects}", rows_from("m", _EFFECT, 1, one=one))
-    .replace("{wakes}", rows_from("x", _WAKE, 10, one=one))
+    .replace("{wakes}", rows_from("x", _WAKE, 11, one=one))
     .replace("{entries}", JOURNAL_ENTRIES[not one])
     for one in (False, True)
 }

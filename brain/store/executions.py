@@ -86,3 +86,38 @@ class Executions(Part):
                 turn_id,
             )
         )
+
+    async def unknown(self, conn: Connection, limit: int) -> list[Row]:
+        """UNKNOWN executions of every namespace, oldest first, with why each is (its error) and
+        where it belongs: what an operator reconciles."""
+        return list(
+            await conn.fetch(
+                """SELECT e.id, e.turn_id, t.namespace, t.session_id, e.call_id, e.tool, e.route, e.attempts,
+                          e.worker, e.error, e.created_at, e.updated_at
+                     FROM executions e JOIN turns t ON t.id = e.turn_id
+                    WHERE e.status = 'unknown' ORDER BY e.updated_at, e.id LIMIT $1""",
+                limit,
+            )
+        )
+
+    async def output(
+        self, conn: Connection, namespace: str, execution_id: str, offset: int, limit: int
+    ) -> tuple[Row, list[Row]] | None:
+        """An execution of ``namespace`` (its status and output bytes) and its output pages from
+        byte ``offset`` on, at most ``limit`` of them; None when it is not there."""
+        row = await conn.fetchrow(
+            """SELECT e.id, e.status, e.output_bytes FROM executions e JOIN turns t ON t.id = e.turn_id
+                WHERE e.id = $1 AND t.namespace = $2""",
+            execution_id,
+            namespace,
+        )
+        if row is None:
+            return None
+        pages = await conn.fetch(
+            """SELECT byte_offset, data FROM execution_output
+                WHERE execution_id = $1 AND byte_offset >= $2 ORDER BY byte_offset LIMIT $3""",
+            execution_id,
+            offset,
+            limit,
+        )
+        return row, list(pages)

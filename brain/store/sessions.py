@@ -1,12 +1,41 @@
-"""Sessions and their threads as users see them: listing threads and turns, closing a thread or a
-session once nothing in it is left unfinished."""
+"""Sessions and their threads as users see them: listing sessions, threads and turns (with each
+turn's agent and input), closing a thread or a session once nothing in it is left unfinished."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
 
 from brain.store.part import Part
 from brain.store.sql import TERMINAL_SQL
 from infra.db import Connection, Row
 from protocol import IllegalTransitionError, NotFoundError
+
+# A session as its list shows it: its counts and its latest turn (read with ``turns_by_id``).
+_SESSION = f"""SELECT s.id, s.created_at, s.closed_at,
+       (SELECT count(*) FROM threads th WHERE th.session_id = s.id) AS threads,
+       (SELECT count(*) FROM turns t WHERE t.session_id = s.id) AS turns,
+       (SELECT count(*) FROM turns t
+         WHERE t.session_id = s.id AND t.status NOT IN {TERMINAL_SQL}) AS unfinished,
+       (SELECT t.id FROM turns t WHERE t.session_id = s.id ORDER BY t.seq DESC LIMIT 1) AS last_turn
+  FROM sessions s WHERE s.namespace = $1"""
+# What a search matches: a part of the session's id, of the name of an agent one of its threads
+# runs, or of the request id of one of its turns (case-insensitive; ``{p}``: a LIKE pattern).
+_SEARCH = """ AND (lower(s.id) LIKE {p} ESCAPE '!'
+       OR EXISTS (SELECT 1 FROM threads th
+                   WHERE th.session_id = s.id AND lower(th.agent_name) LIKE {p} ESCAPE '!')
+       OR EXISTS (SELECT 1 FROM turns t
+                   WHERE t.session_id = s.id AND lower(t.request_id) LIKE {p} ESCAPE '!'))"""
+_TURN = """SELECT t.id, t.seq, t.session_id, t.thread_id, th.name AS thread, th.agent_name, th.agent_version,
+       t.request_id, t.status, t.phase, t.waiting_for, t.revision, t.created_at, t.updated_at
+  FROM turns t JOIN threads th ON th.id = t.thread_id"""
+
+
+def like_pattern(text: str) -> str:
+    """``text`` as a case-insensitive LIKE pattern (escaped with ``!``) that matches it anywhere,
+    its own ``%`` and ``_`` taken as they are."""
+    escaped = text.lower().replace("!", "!!").replace("%", "!%").replace("_", "!_")
+    return f"%{escaped}%"
 
 
 class Sessions(Part):
@@ -46,12 +75,10 @@ class Sessions(Part):
         turn's ``seq``: the page before ended there)."""
         return list(
             await conn.fetch(
-                """SELECT id, seq, thread_id, request_id, status, phase, waiting_for, revision, created_at,
-                          updated_at
-                     FROM turns
-                    WHERE session_id = $1 AND (CAST($2 AS text) IS NULL OR thread_id = $2)
-                      AND (CAST($3 AS text) IS NULL OR status = $3) AND seq > $4
-                    ORDER BY seq LIMIT $5""",
+                f"""{_TURN}
+                    WHERE t.session_id = $1 AND (CAST($2 AS text) IS NULL OR t.thread_id = $2)
+                      AND (CAST($3 AS text) IS NULL OR t.status = $3) AND t.seq > $4
+                    ORDER BY t.seq LIMIT $5""",
                 session_id,
                 thread_id,
                 status,
@@ -59,6 +86,58 @@ class Sessions(Part):
                 limit,
             )
         )
+
+    async def sessions_of(
+        self,
+        conn: Connection,
+        namespace: str,
+        *,
+        search: str | None,
+        limit: int,
+        before: tuple[datetime, str] | None,
+    ) -> list[Row]:
+        """A namespace's sessions, newest first: a page of ``limit`` after ``before`` (the time
+        and id of the last session of the page before), those ``search`` matches (``_SEARCH``)."""
+        sql = _SESSION
+        args: list[object] = [namespace]  # parameters, numbered in the order they are added
+        if search:
+            args.append(like_pattern(search))
+            sql += _SEARCH.format(p=f"${len(args)}")
+        if before is not None:
+            at, key = f"${len(args) + 1}", f"${len(args) + 2}"
+            args += [before[0], before[1]]
+            sql += f" AND (s.created_at < {at} OR (s.created_at = {at} AND s.id < {key}))"
+        sql += f" ORDER BY s.created_at DESC, s.id DESC LIMIT ${len(args) + 1}"
+        return list(await conn.fetch(sql, *args, limit))
+
+    async def turns_by_id(self, conn: Connection, turn_ids: Sequence[str]) -> list[Row]:
+        """Turns as their lists show them (with their thread's agent), by id."""
+        found = []
+        for turn_id in turn_ids:
+            row = await conn.fetchrow(f"{_TURN} WHERE t.id = $1", turn_id)
+            if row is not None:
+                found.append(row)
+        return found
+
+    async def inputs(self, conn: Connection, session_id: str, turn_ids: Sequence[str]) -> dict[str, str]:
+        """The input of each of ``turn_ids`` (turns of ``session_id``), read from the journal's
+        ``turn.accepted`` facts (the turn's row keeps only its digest)."""
+        if not turn_ids:
+            return {}
+        marks = ", ".join(f"${i + 2}" for i in range(len(turn_ids)))
+        rows = await conn.fetch(
+            f"""SELECT turn_id, facts FROM journal
+                 WHERE session_id = $1 AND turn_id IN ({marks})
+                   AND CAST(facts AS text) LIKE '%turn.accepted%' ORDER BY seq""",
+            session_id,
+            *turn_ids,
+        )
+        found: dict[str, str] = {}
+        for r in rows:
+            for fact in r["facts"]:
+                if fact.get("kind") == "turn.accepted" and r["turn_id"] not in found:
+                    found[r["turn_id"]] = str((fact.get("input") or {}).get("text", ""))
+        return found
 
     async def close_thread(self, conn: Connection, thread_id: str, what: str) -> bool:
         """Close a thread (True), or say that it was closed already (False); refused while a turn

@@ -1,7 +1,8 @@
 """The verbs room: what users ask the Brain to do, over its store, one place for the CLI and the
 HTTP API (``sessions``: submit, threads, turns, history, close; ``controls``: controls and answers;
 ``reconcile``: an operator's reconcile, sent to the Hands of the execution's route; ``describe``: a
-turn as shown; ``observe``: a session's journal as events)."""
+turn as shown; ``observe``: a session's journal as events; ``browse``: what the console lists, the
+sessions of a namespace, a tool's output, and for operators the UNKNOWN executions and the routes)."""
 
 from brain.verbs.sessions import (
     check_thread_name,

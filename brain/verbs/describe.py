@@ -2,16 +2,45 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from brain.rules.history import ThreadHistory
-from brain.store import BrainStore
+from brain.store import BrainStore, Entry
 from protocol import NotFoundError
+
+# What a description shows of each execution, as its row has it (``VIEW_EXECUTION_COLUMNS``).
+SHOWN = (
+    "id", "call_id", "tool", "route", "status", "attempts", "how", "evidence", "result", "error", "last_seq",
+    "tool_step", "worker", "output_bytes", "created_at", "updated_at",
+)  # fmt: skip
+
+
+def call_arguments(entries: Iterable[Entry]) -> dict[str, Any]:
+    """Each tool call's arguments as the model made them, by call id (read from its replies in the
+    journal: the execution's row keeps only its packed command)."""
+    found: dict[str, Any] = {}
+    for entry in entries:
+        for fact in entry.facts:
+            if fact.get("kind") == "turn.model_replied":
+                for call in (fact.get("message") or {}).get("tool_calls") or []:
+                    found[call.get("call_id")] = call.get("args")
+    return found
+
+
+def turn_input(entries: Iterable[Entry]) -> str | None:
+    """The user's input of the turn (its ``turn.accepted`` fact)."""
+    for entry in entries:
+        for fact in entry.facts:
+            if fact.get("kind") == "turn.accepted":
+                return (fact.get("input") or {}).get("text")  # type: ignore[no-any-return]
+    return None
 
 
 async def describe(store: BrainStore, namespace: str, turn_id: str) -> dict[str, Any]:
-    """Everything `show` prints, as plain data: the turn's row, its executions, and what its
-    journal entries say (its conversation, and how many runs it took)."""
+    """Everything `show` prints, as plain data: the turn's row, its executions (with the arguments
+    the model gave each, and what a pending one awaits), and what its journal entries say (its
+    input, its conversation, and how many runs it took)."""
     view = await store.read(lambda conn: store.views.turn_view(conn, namespace, turn_id))
     if view is None:
         raise NotFoundError(f"there is no turn {turn_id!r}")
@@ -19,6 +48,7 @@ async def describe(store: BrainStore, namespace: str, turn_id: str) -> dict[str,
     history = ThreadHistory()
     history.extend(entries, {e["id"]: e for e in exes}, t.thread_id)
     runs = sum(1 for entry in entries for fact in entry.facts if fact.get("kind") == "turn.run_started")
+    args = call_arguments(entries)
     return {
         "turn_id": t.id,
         "session_id": t.session_id,
@@ -29,25 +59,17 @@ async def describe(store: BrainStore, namespace: str, turn_id: str) -> dict[str,
         "phase": str(t.phase),
         "waiting_for": t.waiting_for,
         "runs": runs,
+        "created_at": t.created_at,
+        "input": turn_input(entries),
         "result": t.result,
         "error": t.error,
         "history": [{"role": m.role, **m.content} for m in history.messages],
         "executions": [
             {
-                k: e[k]
-                for k in (
-                    "id",
-                    "call_id",
-                    "tool",
-                    "route",
-                    "status",
-                    "attempts",
-                    "how",
-                    "evidence",
-                    "result",
-                    "error",
-                    "last_seq",
-                )
+                **{k: e[k] for k in SHOWN},
+                "args": args.get(e["call_id"]),
+                # A pending call waits for a person: their approval, or a manual tool's result.
+                "awaits": (e["how"] or "").removeprefix("awaiting_") if e["status"] == "pending" else None,
             }
             for e in exes
         ],

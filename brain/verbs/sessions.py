@@ -85,16 +85,19 @@ async def turns(
     limit: int = 50,
     after: int = 0,
 ) -> list[dict[str, Any]]:
-    """A session's turns in accepted order, a page of ``limit`` after turn number ``after``."""
+    """A session's turns in accepted order, a page of ``limit`` after turn number ``after``, each
+    with its agent and input."""
     if thread is not None:
         check_thread_name(thread)
 
-    async def read(conn: Connection) -> list[Any]:
+    async def read(conn: Connection) -> list[dict[str, Any]]:
         await _session(store, conn, namespace, session_id)
         chosen = thread_id(session_id, thread) if thread is not None else None
-        return await store.sessions.turns_of(conn, session_id, chosen, status, limit, after)
+        rows = await store.sessions.turns_of(conn, session_id, chosen, status, limit, after)
+        inputs = await store.sessions.inputs(conn, session_id, [r["id"] for r in rows])
+        return [{**dict(r), "input": inputs.get(r["id"])} for r in rows]
 
-    return [dict(r) for r in await store.read(read)]
+    return await store.read(read)
 
 
 async def history(store: BrainStore, *, namespace: str, turn_id: str) -> dict[str, Any]:
