@@ -15,7 +15,7 @@ from brain.face.commands import EXIT_USAGE
 from hands.tools.registry import declared_routes
 from infra.process.killpoints import KillPoints
 from infra.process.logging import configure_logging
-from infra.process.settings import Settings
+from infra.process.settings import Settings, http_address
 from local.embedded import DataDir, run_local
 from protocol import SchemaError, TendonError
 
@@ -51,9 +51,15 @@ class LocalSystem:
         if "http" not in settings.model_fields_set:  # asked for: an address in use is an error
             settings = settings.model_copy(update={"http": settings.http})
         async with run_local(settings, data, pools=pools, killpoints=KillPoints(settings.kill_at)) as system:
+            started = asyncio.create_task(system.ready.wait())
+            await asyncio.wait([started, system.brain_task], return_when=asyncio.FIRST_COMPLETED)
+            started.cancel()
+            where = http_address(settings.http)
             print(
-                f"tendon: serving {data.root} with pools {', '.join(r for r, _ in pools) or 'none'}",
+                f"tendon: serving {data.root} with pools {', '.join(r for r, _ in pools) or 'none'}"
+                + (f"; the console at http://{settings.http}/console" if where is not None else ""),
                 file=sys.stderr,
+                flush=True,
             )
             waiting = asyncio.create_task(stop.wait())
             await asyncio.wait([waiting, system.brain_task], return_when=asyncio.FIRST_COMPLETED)

@@ -97,6 +97,7 @@ class LocalSystem:
     hands: list[HandsApp]
     stop: asyncio.Event
     wake_channel: str
+    ready: asyncio.Event  # set once the Brain serves (its HTTP API too, when it has one)
 
 
 @asynccontextmanager
@@ -136,13 +137,13 @@ async def run_local(
             )
             for route, tools in pools
         ]
-        stop = asyncio.Event()
+        stop, ready = asyncio.Event(), asyncio.Event()
         register = partial(LocalWorkerRegistration, brain_pool, "brain")
         backends = Backends(brain, transport, codec, register, brain_pool.add_listener)
-        brain_task = asyncio.create_task(run_brain(backends, settings, killpoints, stop))
+        brain_task = asyncio.create_task(run_brain(backends, settings, killpoints, stop, on_ready=ready.set))
         hands_tasks = [asyncio.create_task(h.serve()) for h in hands]
         try:
-            yield LocalSystem(brain, ledger, brain_task, hands, stop, wake_channel(settings))
+            yield LocalSystem(brain, ledger, brain_task, hands, stop, wake_channel(settings), ready)
         finally:
             stop.set()
             for h in hands:

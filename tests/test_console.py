@@ -1,96 +1,313 @@
-"""The live console in a real headless browser (the system's Chromium, driven by Playwright),
-against `brain serve --local`: a Brain, a Hands pool and the HTTP API in one process on the
-embedded backend. The page lists the session's turns, follows one, shows its tool call appear,
-run and complete with its output, and sends controls that come back with their receipts. And
-`brain watch`, the same in a terminal, stopped (Ctrl-C, or killed) and resumed."""
+"""The console in a real headless browser (the system's Chromium, driven by Playwright) against
+`brain serve --local`: a Brain, Hands pools and the HTTP API in one process on the embedded
+backend. Each view is kept as a screenshot (``TENDON_TEST_ARTIFACTS``/console, else the test's
+tmp dir) and checked for what it shows: the sessions and a session's turns; a turn followed live
+through a crash of its process and a restart (the five-email story: the crash, the verification
+by query, five sends, every journal entry once); a tool's output as it comes, an approval and a
+manual tool's answer given from the page, controls enabled only where they apply; an UNKNOWN
+execution reconciled from the operator's view, with the routes and the workers serving them.
+And `brain watch`, the same in a terminal, stopped (Ctrl-C, or killed) and resumed."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
-import shutil
 import signal
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from playwright.async_api import async_playwright, expect
+from playwright.async_api import Page, async_playwright, expect
 
+from examples.mailbox import MailboxServer
 from tests.support import REPO, Processes, free_port, wait_for
 from tests.test_api import agent
+
+CHROMIUM = "/usr/bin/chromium"
+# Headless, and nothing of Chromium's own that would reach for a network these machines lack.
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+SEEN = 30_000  # ms an expectation of the page may wait (a busy machine runs the turn slowly)
 
 APPROVED = agent(
     [{"tool_calls": [{"tool": "wire_money", "args": {"amount": 5, "to": "x"}}]}, {"content": "all done"}],
     name="approved",
     tools=["wire_money"],
 )
-SLOW = agent([{"tool_calls": [{"tool": "slow_step", "args": {"seconds": 3}}]}, {"content": "all done"}])
 
 
-def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
-    pytest.fail("no Chromium on this machine: install the system package (apt-get install chromium)")
+@pytest.fixture
+def screens(tmp_path: Path, request: pytest.FixtureRequest, record_property: Any) -> Path:
+    """Where the test keeps its screenshots (said in the report)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"no Chromium at {CHROMIUM}: install the system package (apt-get install chromium)")
+    base = os.environ.get("TENDON_TEST_ARTIFACTS")
+    folder = Path(base) / "console" / request.node.name if base else tmp_path / "screens"
+    folder.mkdir(parents=True, exist_ok=True)
+    record_property("screenshots", str(folder))
+    return folder
 
 
-async def local_server(processes: Processes, tmp_path: Path, env: dict[str, str] | None = None) -> str:
-    port = free_port()
-    args = ["-m", "brain", "serve", "--local", "--data-dir", str(tmp_path / "data")]
-    args += ["--tools", "tests.brain_e2e_tools", "--http", f"127.0.0.1:{port}"]
-    await processes.start_ready("local", args, {"TENDON_LOG_FORMAT": "json", **(env or {})})
-    url = f"http://127.0.0.1:{port}"
+@asynccontextmanager
+async def browser(screens: Path) -> AsyncIterator[Page]:
+    async with async_playwright() as p:
+        chromium = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = await chromium.new_page(viewport={"width": 1300, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            yield page
+            assert errors == [], errors  # the page's own scripts never failed
+        finally:
+            await chromium.close()
+
+
+async def shot(page: Page, screens: Path, name: str) -> None:
+    await page.screenshot(path=screens / f"{name}.png", full_page=True)
+
+
+async def local_server(
+    processes: Processes, tmp_path: Path, tools: list[str], port: int, env: dict[str, str] | None = None
+) -> Any:
+    """`brain serve --local` on ``tmp_path``'s data directory with ``tools``, once its API answers."""
+    args = [
+        "-m",
+        "brain",
+        "serve",
+        "--local",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--http",
+        f"127.0.0.1:{port}",
+    ]
+    for module in tools:
+        args += ["--tools", module]
+    proc = await processes.start_ready("local", args, {"TENDON_LOG_FORMAT": "json", **(env or {})})
 
     async def answers() -> bool:
         # The Hands pools of the process may be ready before its Brain's HTTP API.
-        async with httpx.AsyncClient(base_url=url) as http:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
             try:
                 return (await http.get("/openapi.json")).status_code == 200
             except httpx.TransportError:
                 return False
 
     await wait_for(answers, timeout=30, what="the local server's HTTP API")
-    return url
+    return proc
 
 
-async def test_the_console_follows_a_turn_as_its_tool_call_appears_runs_and_completes(
-    processes: Processes, tmp_path: Path
+async def submit(url: str, session: str, definition: dict[str, Any], text: str = "go") -> str:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        answer = await http.post(
+            f"/v1/sessions/{session}/turns", json={"request_id": "r1", "input": text, "agent": definition}
+        )
+    assert answer.status_code == 201, answer.text
+    return str(answer.json()["turn_id"])
+
+
+async def journal_seqs(page: Page) -> list[int]:
+    seqs = await page.locator("#journal .entry").evaluate_all(
+        "(rows) => rows.map((r) => Number(r.dataset.seq))"
+    )
+    return list(dict.fromkeys(seqs))
+
+
+# ---- the five-email story, followed live through a crash -----------------------------------
+
+
+def notices(gate: Path) -> dict[str, Any]:
+    """The example's notice agent, its first model call held until ``gate`` exists (so that the
+    page follows the turn before its process dies)."""
+    definition = json.loads((REPO / "examples" / "notice_agent.json").read_text())
+    definition["model"]["script"][0]["gate"] = str(gate)
+    return definition  # type: ignore[no-any-return]
+
+
+async def test_a_crashed_and_resumed_five_email_turn_shows_the_crash_the_verification_and_five_sends(
+    processes: Processes, tmp_path: Path, screens: Path
 ) -> None:
-    url = await local_server(processes, tmp_path)
-    async with async_playwright() as p, httpx.AsyncClient(base_url=url, timeout=30) as http:
-        browser = await p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
-        try:
-            page = await browser.new_page()
-            await page.goto(f"{url}/console?session=s-console")
-            body = {"request_id": "r1", "input": "take your time", "agent": SLOW}
-            answer = await http.post("/v1/sessions/s-console/turns", json=body)
-            assert answer.status_code == 201, answer.text
-            turn = answer.json()["turn_id"]
+    port, gate = free_port(), tmp_path / "go"
+    url = f"http://127.0.0.1:{port}"
+    with MailboxServer(port=0, state_path=tmp_path / "mailbox.json") as mailbox:
+        env = {"TENDON_MAILBOX_URL": mailbox.url}
+        # Given a local server whose process dies while email 4 is inside send_email
+        server = await local_server(
+            processes,
+            tmp_path,
+            ["examples.email_tools"],
+            port,
+            {**env, "TENDON_KILL_AT": "hands.after_tool_body@call-4"},
+        )
+        async with browser(screens) as page:
+            await page.goto(f"{url}/")
+            await expect(page.locator("#sessions")).to_contain_text("No session yet")
+            turn = await submit(url, "notices", notices(gate), "Send the maintenance notice")
+            # When a person finds the turn from the list of sessions and opens it
+            await page.goto(f"{url}/")
+            await expect(page.locator("#sessions tr[data-session='notices']")).to_contain_text(
+                "notice-sender v1"
+            )
+            await shot(page, screens, "sessions")
+            await page.click("#sessions tr[data-session='notices']")
+            await expect(page.locator("#turns tr")).to_contain_text("Send the maintenance notice")
+            await shot(page, screens, "session")
+            await page.click(f"#turns tr[data-turn='{turn}']")
+            await expect(page.locator("#live")).to_have_text("live", timeout=SEEN)
+            # And follows it live while its process dies and is started again
+            gate.write_text("go")
+            assert await processes.wait_exit(server, timeout=60) == -signal.SIGKILL
+            await expect(page.locator("#live")).to_contain_text("reconnecting", timeout=SEEN)
+            await shot(page, screens, "turn-reconnecting")
+            await local_server(processes, tmp_path, ["examples.email_tools"], port, env)
+            await expect(page.locator("#turn-status")).to_have_text("completed", timeout=60_000)
+            await expect(page.locator("#live")).to_have_text("ended", timeout=SEEN)
+            # Then the page shows five emails sent, the fourth verified by query after its worker died
+            calls = page.locator("#calls .call[data-status='succeeded']")
+            await expect(calls).to_have_count(5, timeout=SEEN)
+            fourth = page.locator("#calls .call[data-call='call-4']")
+            await expect(fourth).to_contain_text("verified by query")
+            await expect(fourth).to_contain_text("customer4@example.com")
+            await expect(page.locator("#timeline g.mark[data-mark='died']")).to_have_count(1)
+            await expect(page.locator("#timeline g.mark[data-mark='verified']")).to_have_count(1)
+            await expect(page.locator("#timeline .marks")).to_contain_text("died inside the tool")
+            await expect(page.locator("#journal")).to_contain_text(
+                "send_email (call-4) succeeded: verified by query"
+            )
+            await expect(page.locator("#messages .msg.assistant").last).to_contain_text("Sent the notice")
+            await shot(page, screens, "turn-five-emails")
+            await page.locator("#timeline-part").screenshot(path=screens / "timeline-five-emails.png")
+            # And every journal entry is shown once, across the reconnect, in order
+            async with httpx.AsyncClient(base_url=url) as http:
+                events = (await http.get("/v1/sessions/notices/events", params={"limit": 1000})).json()
+            assert await journal_seqs(page) == [e["seq"] for e in events["events"]]
+        assert len(mailbox.stats()["deliveries"]) == 5  # nothing was sent twice
 
-            await page.click("#list")
-            await page.click(f"tr[data-turn='{turn}']")
-            await expect(page.locator("#turn-id")).to_have_text(turn)
-            await expect(page.locator("#messages")).to_contain_text("take your time")
-            call = page.locator("#calls tr").filter(has_text="slow_step")
-            await expect(call).to_have_attribute("data-status", "running", timeout=30_000)
 
-            # A control from the page: applied, with its receipt shown, and the turn goes on.
-            await page.click("button[data-kind='pause']")
-            await expect(page.locator("#receipt")).to_have_text("pause: applied", timeout=10_000)
-            await page.click("button[data-kind='resume']")
-            await expect(page.locator("#receipt")).to_have_text("resume: applied", timeout=10_000)
+# ---- a person at the page: output, approvals, a manual tool, controls, an operator -----------
 
-            await expect(call).to_have_attribute("data-status", "succeeded", timeout=30_000)
-            await expect(call).to_contain_text('"slept":3')
-            await expect(page.locator("#turn-status")).to_have_text("completed", timeout=30_000)
-            await expect(page.locator("#messages")).to_contain_text("all done")
-        finally:
-            await browser.close()
-    done = (await httpx.AsyncClient(base_url=url).get(f"/v1/turns/{turn}")).json()
-    assert done["status"] == "completed"  # watching and controlling from the page lost nothing
+
+def desk(gate: Path) -> dict[str, Any]:
+    """An agent that writes a report (waiting for ``gate`` before its last line), pays once a
+    person approves, and asks a person (a manual tool)."""
+    script: list[dict[str, Any]] = [
+        {"tool_calls": [{"tool": "write_report", "args": {"lines": 3, "gate": str(gate)}}]},
+        {"tool_calls": [{"tool": "pay", "args": {"amount": 5, "to": "ann"}}]},
+        {"tool_calls": [{"tool": "ask_person", "args": {"question": "ship it?"}}]},
+        {"content": "{results}"},
+    ]
+    manual = [{"name": "ask_person", "description": "ask a person", "input_schema": {"type": "object"}}]
+    return agent(script, name="desk", tools=["write_report", "pay"], manual_tools=manual)
+
+
+async def enabled(page: Page) -> dict[str, bool]:
+    buttons = page.locator(".controls button")
+    return {
+        kind: await buttons.nth(i).is_enabled()
+        for i, kind in enumerate(await buttons.evaluate_all("(b) => b.map((x) => x.dataset.kind)"))
+    }
+
+
+async def test_a_person_follows_output_answers_an_approval_and_a_manual_tool_from_the_page(
+    processes: Processes, tmp_path: Path, screens: Path
+) -> None:
+    port, gate = free_port(), tmp_path / "last-line"
+    url = f"http://127.0.0.1:{port}"
+    server = await local_server(processes, tmp_path, ["tests.console_tools"], port)
+
+    async def said_where() -> bool:
+        return f"the console at {url}/console" in processes.output(server)
+
+    await wait_for(said_where, timeout=10, what="the server to say where its console is")
+    async with browser(screens) as page:
+        turn = await submit(url, "desk", desk(gate), "write the report, pay Ann, ask me")
+        await page.goto(f"{url}/?session=desk&turn={turn}")
+        # The report's output shows as it is written, before the tool ends
+        report = page.locator("#calls .call[data-call='call-1']")
+        await expect(report.locator(".output")).to_contain_text("line 2 of 3", timeout=SEEN)
+        await expect(report).to_have_attribute("data-status", "running")
+        assert await enabled(page) == {
+            "pause": True, "resume": False, "cancel": True, "steer": True, "inject": True,
+        }  # fmt: skip
+        await shot(page, screens, "turn-output")
+        gate.write_text("go")
+        await expect(report.locator(".output")).to_contain_text("line 3 of 3", timeout=SEEN)
+        # The payment waits for the person, who approves it from the page
+        approval = page.locator("#approvals .approval[data-call='call-2']")
+        await expect(approval).to_contain_text('"to": "ann"', timeout=SEEN)
+        await expect(page.locator("#waits")).to_contain_text("approval of pay call-2")
+        await shot(page, screens, "turn-approval")
+        await approval.locator("button.approve").click()
+        await expect(page.locator("#receipt")).to_have_text("approve call-2: applied", timeout=SEEN)
+        await expect(page.locator("#calls .call[data-call='call-2']")).to_have_attribute(
+            "data-status", "succeeded", timeout=SEEN
+        )
+        # The manual tool's answer is given from the page
+        manual = page.locator("#approvals .approval[data-call='call-3']")
+        await manual.locator("textarea").fill('{"answer": "yes"}', timeout=SEEN)
+        await manual.locator("button.give").click()
+        await expect(page.locator("#turn-status")).to_have_text("completed", timeout=SEEN)
+        await expect(page.locator("#messages")).to_contain_text('"answer": "yes"')
+        assert await enabled(page) == dict.fromkeys(("pause", "resume", "cancel", "steer", "inject"), False)
+        journal = page.locator("#journal")
+        await expect(journal).to_contain_text("pay (call-2) waits for a person's approval")
+        await expect(journal).to_contain_text("A person approved pay (call-2)")
+        await expect(journal.locator(".entry .at").first).to_have_text(re.compile(r"^\d\d:\d\d:\d\d\.\d{3}$"))
+        await shot(page, screens, "turn-answered")
+
+
+def letter(marker: Path) -> dict[str, Any]:
+    script: list[dict[str, Any]] = [
+        {"tool_calls": [{"tool": "post_letter", "args": {"to": "ann", "marker": str(marker)}}]},
+        {"content": "{results}"},
+    ]
+    return agent(script, name="letters", tools=["post_letter"])
+
+
+async def test_an_operator_reconciles_an_unknown_execution_from_the_page_and_sees_who_serves_each_route(
+    processes: Processes, tmp_path: Path, screens: Path
+) -> None:
+    port, marker = free_port(), tmp_path / "posted"
+    url = f"http://127.0.0.1:{port}"
+    # Given a letter whose posting took its process down after it acted: UNKNOWN once restarted
+    server = await local_server(processes, tmp_path, ["tests.console_tools"], port)
+    turn = await submit(url, "letters", letter(marker), "post the letter to Ann")
+    assert await processes.wait_exit(server, timeout=60) == -signal.SIGKILL
+    await local_server(processes, tmp_path, ["tests.console_tools"], port)
+    async with browser(screens) as page:
+        await page.goto(f"{url}/?view=operator")
+        unknown = page.locator("#unknown .unknown")
+        await expect(unknown).to_contain_text("post_letter (call-1)", timeout=SEEN)
+        await expect(unknown).to_contain_text("worker died inside the body of unsafe tool post_letter")
+        await expect(page.locator("#routes tr[data-route='desk'] .workers")).to_have_text("1 worker(s)")
+        await expect(page.locator("#parked")).to_contain_text("Nothing is parked")
+        await shot(page, screens, "operator-unknown")
+        # When the operator says what happened and how they know
+        await unknown.locator("textarea.value").fill('{"posted_to": "ann"}')
+        await unknown.locator("input.evidence").fill("the post office's receipt 4411")
+        await unknown.locator("input.actor").fill("ops")
+        await unknown.locator("button.reconcile").click()
+        await expect(unknown.locator(".said")).to_contain_text("reconciled: succeeded", timeout=SEEN)
+        # Then the turn goes on, and its timeline shows the UNKNOWN and its reconcile
+        await page.goto(f"{url}/?session=letters&turn={turn}")
+        await expect(page.locator("#turn-status")).to_have_text("completed", timeout=SEEN)
+        await expect(page.locator("#timeline g.mark[data-mark='died']")).to_have_count(1)
+        await expect(page.locator("#timeline g.mark[data-mark='unknown']")).to_have_count(1)
+        await expect(page.locator("#timeline g.mark[data-mark='reconciled']")).to_have_count(1)
+        card = page.locator("#calls .call[data-call='call-1']")
+        await expect(card).to_contain_text("reconciled by an operator")
+        await expect(card).to_contain_text("the post office's receipt 4411")
+        await shot(page, screens, "turn-reconciled")
+        await page.locator("#timeline-part").screenshot(path=screens / "timeline-reconciled.png")
+        await page.goto(f"{url}/?view=operator")
+        await expect(page.locator("#unknown")).to_contain_text("No execution is UNKNOWN", timeout=SEEN)
 
 
 async def _watch(url: str, turn: str, cache: Path, *, stop_after: str | None, sig: int) -> tuple[int, str]:
@@ -124,7 +341,9 @@ def shown_seqs(out: str) -> list[int]:
 async def test_brain_watch_follows_a_turn_and_resumes_where_it_stopped(
     processes: Processes, tmp_path: Path, sig: int
 ) -> None:
-    url = await local_server(processes, tmp_path)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    await local_server(processes, tmp_path, ["tests.brain_e2e_tools"], port)
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
         # The turn waits for a person's approval until the first watch has been stopped, so the
         # stop lands mid-turn however slowly the watch starts.

@@ -190,3 +190,15 @@ def _binding(name: str, route: str) -> ToolBinding:
     return ToolBinding.build(
         name=name, version="1", route=route, input_schema={"type": "object"}, replay_policy=ReplayPolicy.SAFE
     )
+
+
+async def test_the_root_keeps_its_query_and_the_console_serves_its_own_files_only(local: Any) -> None:
+    _, http = local
+    answer = await http.get("/", params={"session": "s", "turn": "t"})
+    assert answer.status_code == 307 and answer.headers["location"] == "/console?session=s&turn=t"
+    page = await http.get("/console")
+    assert page.status_code == 200 and 'src="/console/app.js"' in page.text
+    script = await http.get("/console/app.js")
+    assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
+    for name in ("../app.py", "nothing.js", "..%2Fconsole.py"):
+        assert (await http.get(f"/console/{name}")).status_code == 404, name
