@@ -79,7 +79,7 @@ async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event)
     """
     while True:
         async with open_backends(settings) as backends:
-            code = await run(backends, settings, killpoints, stop, on_ready=settle_heap)
+            code = await run(backends, settings, killpoints, stop, on_ready=lambda http: settle_heap())
         if code != RESTART or stop.is_set():
             return 0 if code == RESTART else code
         log.warning("starting_over", reason="presumed dead by the other Brains")
@@ -165,10 +165,11 @@ async def run(
     settings: Settings,
     killpoints: KillPoints,
     stop: asyncio.Event,
-    on_ready: Callable[[], object] | None = None,
+    on_ready: Callable[[str | None], object] | None = None,
 ) -> int:
     """Run a Brain on ``backends`` until ``stop`` is set; then stop and close in reverse order.
-    ``on_ready`` is called once it serves (``serve`` settles the heap of the process it owns).
+    ``on_ready`` is called once it serves, with the address its HTTP API listens on (None: none)
+    (``serve`` settles the heap of the process it owns).
 
     Returns 0 after a requested stop, ``RESTART`` when the others presumed this Brain dead,
     1 when a background task ended on its own (which should never happen: it is logged and the
@@ -180,7 +181,7 @@ async def run(
             serve_api(settings, brain.ctx, brain.served, backends.transport)
         )
         if on_ready is not None:
-            on_ready()
+            on_ready(http)
         worker_id = brain.liveness.worker_id
         log.info("brain_ready", worker=worker_id, schema=settings.brain_schema, http=http)
         if settings.ready_file:

@@ -15,7 +15,7 @@ from brain.face.commands import EXIT_USAGE
 from hands.tools.registry import declared_routes
 from infra.process.killpoints import KillPoints
 from infra.process.logging import configure_logging
-from infra.process.settings import Settings, http_address
+from infra.process.settings import Settings
 from local.embedded import DataDir, run_local
 from protocol import SchemaError, TendonError
 
@@ -54,10 +54,9 @@ class LocalSystem:
             started = asyncio.create_task(system.ready.wait())
             await asyncio.wait([started, system.brain_task], return_when=asyncio.FIRST_COMPLETED)
             started.cancel()
-            where = http_address(settings.http)
             print(
                 f"tendon: serving {data.root} with pools {', '.join(r for r, _ in pools) or 'none'}"
-                + (f"; the console at http://{settings.http}/console" if where is not None else ""),
+                + (f"; the console at http://{system.http}/console" if system.http else ""),
                 file=sys.stderr,
                 flush=True,
             )

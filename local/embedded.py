@@ -98,6 +98,7 @@ class LocalSystem:
     stop: asyncio.Event
     wake_channel: str
     ready: asyncio.Event  # set once the Brain serves (its HTTP API too, when it has one)
+    http: str | None = None  # HOST:PORT of its HTTP API, once ready (None: it serves none)
 
 
 @asynccontextmanager
@@ -137,13 +138,19 @@ async def run_local(
             )
             for route, tools in pools
         ]
-        stop, ready = asyncio.Event(), asyncio.Event()
+        stop = asyncio.Event()
         register = partial(LocalWorkerRegistration, brain_pool, "brain")
         backends = Backends(brain, transport, codec, register, brain_pool.add_listener)
-        brain_task = asyncio.create_task(run_brain(backends, settings, killpoints, stop, on_ready=ready.set))
+
+        def ready(http: str | None) -> None:  # called from the Brain's task, once ``system`` exists
+            system.http = http
+            system.ready.set()
+
+        brain_task = asyncio.create_task(run_brain(backends, settings, killpoints, stop, ready))
+        system = LocalSystem(brain, ledger, brain_task, hands, stop, wake_channel(settings), asyncio.Event())
         hands_tasks = [asyncio.create_task(h.serve()) for h in hands]
         try:
-            yield LocalSystem(brain, ledger, brain_task, hands, stop, wake_channel(settings), ready)
+            yield system
         finally:
             stop.set()
             for h in hands:

@@ -202,6 +202,20 @@ class AsyncClient:
         """The turn's runs, steps and model calls."""
         return await self._request("GET", f"/v1/turns/{turn_id}/history")  # type: ignore[no-any-return]
 
+    async def sessions(
+        self, *, search: str | None = None, limit: int = 20, after: str | None = None
+    ) -> dict[str, Any]:
+        """A page of the caller's sessions, newest first (``next``: the cursor of the page after)."""
+        params = {
+            k: v for k, v in {"search": search, "limit": limit, "after": after}.items() if v is not None
+        }
+        return await self._request("GET", "/v1/sessions", params=params)  # type: ignore[no-any-return]
+
+    async def output(self, execution_id: str, *, offset: int = 0) -> dict[str, Any]:
+        """What a tool wrote as it ran, from byte ``offset`` on (its ``pages``, and ``next``)."""
+        path = f"/v1/executions/{execution_id}/output"
+        return await self._request("GET", path, params={"offset": offset})  # type: ignore[no-any-return]
+
     async def threads(self, session: str) -> list[dict[str, Any]]:
         return await self._request("GET", f"/v1/sessions/{session}/threads")  # type: ignore[no-any-return]
 
