@@ -333,7 +333,7 @@ async def _watch(url: str, turn: str, cache: Path, *, stop_after: str | None, si
 
 def shown_seqs(out: str) -> list[int]:
     """The entries a watch printed (each prints its facts' lines, numbered with its seq)."""
-    seqs = [int(m.group(1)) for m in re.finditer(r"^#\s*(\d+) ", out, re.M)]
+    seqs = [int(m.group(1)) for m in re.finditer(r"^\d\d:\d\d:\d\d\.\d{3} #\s*(\d+) ", out, re.M)]
     return list(dict.fromkeys(seqs))
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from brain.face import commands
 from brain.face.commands import (
+    EXIT_CANCELLED,
     EXIT_CONFLICT,
     EXIT_FAILED,
     EXIT_REJECTED,
@@ -26,13 +27,14 @@ from infra.process.settings import Settings, bad_setting
 EXIT_CODES = f"""exit codes:
   0  done (submit: the turn is accepted and durable; wait: it completed; a control: received or
      applied, as its receipt says)
-  {EXIT_FAILED}  the turn failed (wait)
+  {EXIT_FAILED}  the turn failed (wait, watch)
   {EXIT_USAGE}  bad input (an id that does not exist, a closed thread...) or a bad TENDON_* setting
   {EXIT_TIMEOUT}  still not finished after --timeout (wait); the turn goes on
   {EXIT_CONFLICT}  CONFLICT: the request id was used before with a different input (or the agent
      version exists with other content, or the thread is pinned to another); nothing was changed
   {EXIT_UNAVAILABLE}  a service (PostgreSQL, RabbitMQ, S3) could not be reached or refused the request
   {EXIT_REJECTED}  the control was rejected: its receipt says why (the turn ended, a stale revision...)
+  {EXIT_CANCELLED}  the turn was cancelled (wait, watch)
   130  interrupted (Ctrl-C)"""
 EXITS = ExitCodes(conflict=EXIT_CONFLICT, usage=EXIT_USAGE, unavailable=EXIT_UNAVAILABLE)
 
@@ -201,7 +203,7 @@ def _parser() -> argparse.ArgumentParser:
         help="follow a turn live in the terminal (through the HTTP API); Ctrl-C and run it again to resume",
         description="Prints each journal entry of the turn as it commits, and the model's reply as it "
         "streams; the last entry shown is saved, so watching again goes on from there. Exits when "
-        "the turn ends: 0 completed, 1 failed or cancelled. Watching changes nothing of the turn.",
+        "the turn ends: 0 completed, 1 failed, 7 cancelled. Watching changes nothing of the turn.",
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -17,7 +17,7 @@ from rich.console import Console
 from brain import verbs
 from brain.face.access import Direct, access
 from brain.face.client import AsyncClient
-from brain.face.render import print_history, print_turn, waiting_line
+from brain.face.render import EXIT_BY_END, print_history, print_turn, waiting_line
 from brain.face.watch import watch as follow
 from brain.rules.agents import AgentDefinition
 from brain.rules.states import TERMINAL_TURN, TurnStatus
@@ -30,6 +30,7 @@ from infra.transport.broker import Broker
 from protocol import ProtocolError, SchemaError, loads
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_CONFLICT, EXIT_UNAVAILABLE, EXIT_REJECTED = 1, 2, 3, 4, 5, 6
+EXIT_CANCELLED = EXIT_BY_END["cancelled"]
 
 
 async def with_store(settings: Settings, work: Callable[[BrainStore], Awaitable[int]]) -> int:
@@ -96,7 +97,7 @@ async def wait(settings: Settings, args: argparse.Namespace) -> int:
                 print(f"brain: {waiting_line(d)}", file=sys.stderr, flush=True)
             if TurnStatus(d["status"]) in TERMINAL_TURN:
                 print(json.dumps(d, indent=2, default=str)) if args.json else print_turn(d)
-                return 0 if d["status"] == TurnStatus.COMPLETED else EXIT_FAILED
+                return EXIT_BY_END[d["status"]]
             if time.monotonic() > deadline:
                 # Observers never change work: the turn goes on.
                 print(

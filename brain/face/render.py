@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
+
+from brain.rules.words import latency, usage_words
+
+# What `brain wait` and `brain watch` exit with for a turn that ended (``brain.face.cli`` lists
+# every exit code): a cancelled turn neither completed nor failed.
+EXIT_BY_END = {"completed": 0, "failed": 1, "cancelled": 7}
 
 RECONCILE_HINT = (
     "resolve each with `hands reconcile EXECUTION_ID --result JSON --evidence TEXT` "
@@ -41,31 +48,49 @@ def waiting_line(d: dict[str, Any]) -> str:
     return line
 
 
+def clock(at: str | None) -> str:
+    """An ISO timestamp as the local time of day, to the millisecond (blank when unknown)."""
+    if not at:
+        return " " * 12
+    return datetime.fromisoformat(at).astimezone().strftime("%H:%M:%S.%f")[:-3]
+
+
+def _began(h: dict[str, list[dict[str, Any]]]) -> str:
+    first = next((s["at"] for s in h["steps"] if s.get("at")), None)
+    if first is None:
+        return ""
+    moment = datetime.fromisoformat(first).astimezone()
+    return f" (local times, {moment:%Z %z}; the turn began {moment:%Y-%m-%d %H:%M:%S})"
+
+
+def _model_call(c: dict[str, Any]) -> str:
+    line = f"  {clock(c.get('at'))}  #{c['number']} attempt {c['attempt']}: "
+    if c["status"] == "replied":
+        used = usage_words(c["usage"])
+        line += f"replied in {latency(c.get('latency_ms'))}" + (f" by {c['model']}" if c.get("model") else "")
+        line += (f" ({used})" if used else "") + (
+            f"; asked for {c['tool_calls']} tool call(s)" if c["tool_calls"] else ""
+        )
+    elif c["status"] == "failed":
+        line += f"failed: {c['error']} (retried after {c['retry_in_seconds']:g} s)"
+    else:
+        line += "LOST: the Brain making it died; its reply and usage are unknown"
+    return line
+
+
 def print_history(h: dict[str, list[dict[str, Any]]]) -> None:
-    """`brain history` for people."""
-    print("runs:")
+    """`brain history` for people: each run, model call and committed step with its time, the steps
+    in words."""
+    print("runs" + _began(h) + ":")
     for r in h["runs"]:
         print(
-            f"  run {r['run']} (epoch {r['epoch']}) from {r['began_at']} on {r['owner']}: "
-            f"{r['ended'] or 'running'}"
+            f"  {clock(r.get('at'))}  run {r['run']} (epoch {r['epoch']}) began at phase {r['began_at']} on "
+            f"{r['owner']}: {r['ended'] or 'running'}"
         )
     print("model calls:")
     for c in h["model_calls"]:
-        line = f"  #{c['number']} attempt {c['attempt']}: {c['status']}"
-        if c["status"] == "replied":
-            usage = ", ".join(f"{k} {v}" for k, v in sorted(c["usage"].items()))
-            latency = f"{c['latency_ms']} ms" if c.get("latency_ms") is not None else "latency not recorded"
-            line += (
-                f" in {latency}"
-                + (f" by {c['model']}" if c.get("model") else "")
-                + (f"; {usage}" if usage else "")
-            )
-            line += f"; {c['tool_calls']} tool call(s)" if c["tool_calls"] else ""
-        elif c["status"] == "failed":
-            line += f": {c['error']} (retried after {c['retry_in_seconds']:g}s)"
-        else:
-            line += ": the Brain making it died; its reply and usage are unknown"
-        print(line)
-    print(f"steps: {len(h['steps'])} committed")
+        print(_model_call(c))
+    print(f"steps ({len(h['steps'])} committed, each a journal entry):")
     for s in h["steps"]:
-        print(f"  #{s['seq']} {s['status']}/{s['phase']}: {', '.join(s['facts'])}")
+        said = s.get("said") or s["facts"]
+        print(f"  {clock(s.get('at'))}  #{s['seq']:<4} {s['status']}/{s['phase']}: {'; '.join(said)}")

@@ -1,10 +1,10 @@
 """`brain watch TURN`: follow a turn live in the terminal, through the HTTP API.
 
-Each journal entry of the turn prints as it commits (messages, tool calls and what became of
-them, controls, runs); the model's reply streams in as it is written. The id of the last entry
-shown is saved after each one, so a watch stopped with Ctrl-C (or cut off) resumes where it
-stopped: nothing shown twice, nothing skipped. Watching changes nothing of the turn.
-"""
+Each journal entry of the turn prints as it commits, with its time, in words (messages, tool
+calls and what became of them, controls, runs); the model's reply streams in as it is written.
+The id of the last entry shown is saved after each one, so a watch stopped with Ctrl-C (or cut
+off) resumes where it stopped: nothing shown twice, nothing skipped. Watching changes nothing of
+the turn."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from brain.face.client import AsyncClient
+from brain.face.render import EXIT_BY_END, clock
+from brain.rules.words import latency, said
 
 ENDED = {"turn.completed": "completed", "turn.failed": "failed", "turn.cancelled": "cancelled"}
 STYLE = {"succeeded": "green", "completed": "green", "failed": "red", "unknown": "red", "cancelled": "yellow"}
@@ -28,44 +30,40 @@ def cursor_file(turn_id: str) -> Path:
     return base / "tendon" / "watch" / f"{turn_id}.cursor"
 
 
+def _tone(kind: str, fact: dict[str, Any]) -> str | None:
+    """The colour of a fact's line: how it ended, or that it waits."""
+    status = kind.rpartition(".")[2]
+    if kind in ENDED:
+        return STYLE[ENDED[kind]]
+    if kind == "turn.run_lost" or (kind == "execution.running" and fact.get("reason") == "rerun_after_crash"):
+        return "yellow"
+    if fact.get("how") not in (None, "ran", "manual"):  # verified by query, reconciled, refused, denied
+        return "magenta" if status == "succeeded" else "red"
+    if kind.startswith("execution.") and status in STYLE:
+        return STYLE[status]
+    if kind in ("turn.waiting", "execution.pending", "control.rejected"):
+        return "yellow"
+    return "dim" if kind in ("turn.run_started", "turn.prepared", "turn.results_applied") else None
+
+
 def describe(fact: dict[str, Any]) -> str:
-    """One fact of the journal as a line (rich markup)."""
+    """One fact of the journal as a line in words (rich markup): the conversation as it is said,
+    everything else as ``brain.rules.words`` says it."""
     kind = str(fact.get("kind", "?"))
     if kind == "turn.accepted":
         return f"[bold]user[/]: {escape(str(fact['input'].get('text', '')))}"
     if kind == "turn.model_replied":
         message = fact.get("message") or {}
         calls = [f"{c.get('tool')}({c.get('call_id')})" for c in message.get("tool_calls") or []]
-        said = escape(str(message.get("text") or ""))
-        return "[bold]agent[/]: " + (
-            said + (" " if said and calls else "") + ("asks for " + ", ".join(calls) if calls else "")
-        )
-    if kind.startswith("execution."):
-        status = kind.removeprefix("execution.")
-        style = STYLE.get(status, "cyan")
-        extra = fact.get("reason") or (fact.get("error") or {}).get("message") or ""
-        said = f"tool {fact.get('tool')} ({fact.get('call_id')}): [{style}]{status}[/]"
-        return f"{said} {escape(str(extra))}".rstrip()
-    if kind.startswith("control."):
-        reason = f" ({escape(str(fact['reason']))})" if fact.get("reason") else ""
-        status = kind.removeprefix("control.")
-        return f"control {fact.get('control')} #{fact.get('control_id')}: {status}{reason}"
+        took = (fact.get("call") or {}).get("latency_ms")
+        text = escape(str(message.get("text") or ""))
+        asks = "asks for " + ", ".join(calls) if calls else ""
+        return f"[bold]agent[/] [dim](in {latency(took)})[/]: " + " ".join(p for p in (text, asks) if p)
     if kind == "turn.input_added":
         return f"[bold]user[/] ({fact.get('control')}): {escape(str(fact.get('text', '')))}"
-    if kind == "turn.run_started":
-        return f"[dim]run {fact.get('run')} started at {fact.get('phase')}[/]"
-    if kind == "turn.run_lost":
-        return f"[yellow]run {fact.get('run')} lost ({fact.get('how')}) at {fact.get('phase')}[/]"
-    if kind == "turn.retry_scheduled":
-        error = escape(str(fact.get("error")))
-        return f"[yellow]retry {fact.get('retry')} in {fact.get('in_seconds')}s[/]: {error}"
-    if kind == "turn.waiting":
-        return f"[dim]waiting for {fact.get('waiting_for')}[/]"
-    if kind in ENDED:
-        status = ENDED[kind]
-        why = (fact.get("error") or {}).get("message")
-        return f"[bold {STYLE[status]}]turn {status}[/]" + (f": {escape(str(why))}" if why else "")
-    return f"[dim]{escape(kind)}[/]"
+    tone = _tone(kind, fact)
+    line = escape(said(fact))
+    return f"[{tone}]{line}[/]" if tone else line
 
 
 async def watch(
@@ -76,7 +74,7 @@ async def watch(
     from_start: bool = False,
     saved: Path | None = None,
 ) -> int:
-    """Follow ``turn_id`` until it ends; 0 completed, 1 failed or cancelled."""
+    """Follow ``turn_id`` until it ends; its exit code says how it ended (``EXIT_BY_END``)."""
     saved = saved or cursor_file(turn_id)
     turn = await client.turn(turn_id)
     cursor = 0 if from_start or not saved.exists() else int(saved.read_text() or 0)
@@ -93,14 +91,14 @@ async def watch(
         console.print(
             f"the turn {turn['status']}" + ("" if shown.entries else f" (nothing after event {cursor})")
         )
-        return 0 if turn["status"] == "completed" else 1
+        return EXIT_BY_END[turn["status"]]
     events = client.events(turn["session_id"], cursor=cursor, previews=True, **where)
     async with contextlib.aclosing(events):
         async for event in events:
             await shown.event(event)
             if shown.ended is not None:
                 break
-    return 0 if shown.ended == "completed" else 1
+    return EXIT_BY_END.get(shown.ended or "failed", 1)
 
 
 class Shown:
@@ -128,8 +126,9 @@ class Shown:
         if self.streaming:
             self.console.print()
             self.streaming = False
+        at = clock(event.get("at"))
         for fact in event["facts"]:
-            self.console.print(f"[dim]#{event['seq']:>4}[/] {describe(fact)}")
+            self.console.print(f"[dim]{at} #{event['seq']:>4}[/] {describe(fact)}")
             self.ended = ENDED.get(str(fact.get("kind")), self.ended)
         # Saved in the same step as shown, with no await between (a small file): Ctrl-C cancels
         # the watch at an await, so it never stops between showing an entry and saving it.

@@ -1,7 +1,8 @@
 """A turn's history as people read it, made from its journal entries (invariant 16: nothing is
 kept beside them): its runs, its steps (one per committed change) and its model calls, each
 attempt with its latency and token usage, and the ones lost with a Brain that died (LOST: nothing
-of their reply was recorded, and their usage is not known; nothing is invented for them)."""
+of their reply was recorded, and their usage is not known; nothing is invented for them). Each
+step says in words what its facts mean (``brain.rules.words``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from brain.rules.states import TurnPhase
+from brain.rules.words import said
 from brain.store import Entry
+
+LEFT = ("waiting", "paused")
 
 
 def turn_history(entries: Iterable[Entry]) -> dict[str, list[dict[str, Any]]]:
@@ -22,8 +26,9 @@ def turn_history(entries: Iterable[Entry]) -> dict[str, list[dict[str, Any]]]:
         at = entry.created_at.isoformat() if entry.created_at is not None else None
         kinds = [str(f.get("kind")) for f in entry.facts]
         steps.append(
-            {"seq": entry.seq, "at": at, "status": entry.status, "phase": entry.phase, "facts": kinds}
-        )
+            {"seq": entry.seq, "at": at, "status": entry.status, "phase": entry.phase, "facts": kinds,
+             "said": [said(f) for f in entry.facts]}
+        )  # fmt: skip
         for fact in entry.facts:
             kind = fact.get("kind")
             if kind == "turn.run_started":
@@ -60,4 +65,7 @@ def turn_history(entries: Iterable[Entry]) -> dict[str, list[dict[str, Any]]]:
                 and runs[-1]["ended"] is None
             ):
                 runs[-1]["ended"] = kind.removeprefix("turn.")
+        # A run that leaves its turn waiting or paused gives its lease up there: it ended.
+        if entry.status in LEFT and runs and runs[-1]["ended"] is None and entry.run == runs[-1]["epoch"]:
+            runs[-1]["ended"] = f"left the turn {entry.status}"
     return {"runs": runs, "steps": steps, "model_calls": calls}

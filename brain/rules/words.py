@@ -1,0 +1,133 @@
+"""What a journal fact means, in plain words (a pure rule): what `brain history` and `brain watch`
+print instead of fact names. The console says the same in its own script (``brain/api/web/words.js``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# How an execution's outcome came about, by its ``how``.
+HOW = {
+    "ran": "ran",
+    "verified_by_query": "verified by query: its worker died inside the tool, and the worker that took it "
+    "over asked the external system about its operation id instead of running it again",
+    "reconciled": "reconciled by an operator, with evidence",
+    "rejected": "refused by the Brain before anything was sent",
+    "denied": "denied by a person",
+    "manual": "answered by a person",
+}
+AWAITS = {"approval": "a person's approval", "result": "a person's result (a manual tool)"}
+
+
+def _call(f: Mapping[str, Any]) -> str:
+    return f"{f.get('tool') or 'a tool'} ({f.get('call_id') or f.get('execution_id') or '?'})"
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def latency(ms: float | None) -> str:
+    """A duration in milliseconds as people read it."""
+    if ms is None:
+        return "an unrecorded time"
+    if 0 < ms < 1:
+        return "<1 ms"
+    return f"{ms:.0f} ms" if ms < 1000 else f"{ms / 1000:.1f} s"
+
+
+def usage_words(usage: Mapping[str, Any] | None) -> str:
+    """A model call's usage: "12 prompt, 30 completion tokens" (other counts by their names)."""
+    counts = {k: v for k, v in (usage or {}).items() if isinstance(v, int | float)}
+    tokens = [
+        f"{v} {k.removesuffix('_tokens').replace('_', ' ')}"
+        for k, v in counts.items()
+        if k.endswith("_tokens")
+    ]
+    other = [f"{v} {k.replace('_', ' ')}" for k, v in counts.items() if not k.endswith("_tokens")]
+    return ", ".join(([", ".join(tokens) + " tokens"] if tokens else []) + other)
+
+
+def _reply(f: Mapping[str, Any]) -> str:
+    message = f.get("message") or {}
+    calls = [f"{c.get('tool')}({c.get('call_id')})" for c in message.get("tool_calls") or []]
+    took = f" in {latency((f.get('call') or {}).get('latency_ms'))}" if f.get("call") else ""
+    used = usage_words(f.get("usage"))
+    said = f": {_short(message['text'])!r}" if message.get("text") else ""
+    asks = f"; it asks for {', '.join(calls)}" if calls else ""
+    return f"the model replied{took}" + (f" ({used})" if used else "") + said + asks
+
+
+def _execution(kind: str, f: Mapping[str, Any]) -> str:
+    status = kind.removeprefix("execution.")
+    how = f.get("how") or "ran"
+    if status == "intended":
+        return f"{_call(f)} was committed as execution {f.get('execution_id')}, before anything was sent"
+    if status == "pending":
+        return f"{_call(f)} waits for {AWAITS.get(f.get('awaits') or '', 'a person')}"
+    if status == "approved":
+        return f"a person approved {_call(f)}: it is sent to its Hands"
+    if status == "accepted":
+        return f"{_call(f)} was accepted by Hands worker {f.get('worker') or '?'}"
+    if status == "running" and f.get("reason") == "rerun_after_crash":
+        where = f.get("worker") or "another worker"
+        return (f"{_call(f)} runs again (attempt {f.get('attempt')}) on {where}: the worker running it died, "
+                "and the tool is safe to run again")  # fmt: skip
+    if status == "running":
+        return (
+            f"{_call(f)} started (attempt {f.get('attempt') or 1}) on {f.get('worker') or 'a Hands worker'}"
+        )
+    if status in ("succeeded", "failed"):
+        return f"{_call(f)} {status}: {HOW.get(how, how)}"
+    if status == "unknown":
+        return f"{_call(f)} is UNKNOWN: {f.get('reason')}; the turn waits until an operator reconciles it"
+    if status == "cancelled":
+        return f"{_call(f)} was cancelled" + (f": {f['reason']}" if f.get("reason") else "")
+    if status == "reported_late":
+        return f"{_call(f)} was reported {f.get('reported')} after its turn had settled it"
+    return f"{_call(f)}: {status}"
+
+
+def _control(kind: str, f: Mapping[str, Any]) -> str:
+    status = kind.removeprefix("control.")
+    what = f"the {f.get('control')} (control #{f.get('control_id')})"
+    if status == "received":
+        return f"{what} was received; it applies at the next boundary"
+    return f"{what} was {status}" + (f": {f['reason']}" if f.get("reason") else "")
+
+
+def said(fact: Mapping[str, Any]) -> str:
+    """One fact of the journal as a sentence (without its final stop)."""
+    kind = str(fact.get("kind", ""))
+    if kind.startswith("execution."):
+        return _execution(kind, fact)
+    if kind.startswith("control."):
+        return _control(kind, fact)
+    if kind == "turn.model_replied":
+        return _reply(fact)
+    if kind == "turn.run_started":
+        return (
+            f"run {fact.get('run')} began at phase {fact.get('phase')}, on {fact.get('owner') or 'a Brain'}"
+        )
+    if kind == "turn.run_lost":
+        why = "its Brain died" if fact.get("how") == "died" else "its Brain stopped"
+        return f"run {fact.get('run')} was lost at phase {fact.get('phase')}: {why}; another run takes over"
+    simple = {
+        "turn.accepted": lambda f: f"the turn was accepted: {(f.get('input') or {}).get('text', '')!r}",
+        "turn.prepared": lambda f: "the input joined the thread's conversation",
+        "turn.waiting": lambda f: f"the turn waits for {f.get('waiting_for')}",
+        "turn.results_applied": lambda f: (
+            f"the results of {len(f.get('executions') or [])} tool call(s) went to the model"
+        ),
+        "turn.retry_scheduled": lambda f: (
+            f"a passing fault ({f.get('error')}): retry {f.get('retry')} in {f.get('in_seconds')} s"
+        ),
+        "turn.input_added": lambda f: f"a {f.get('control')} added: {f.get('text')!r}",
+        "turn.cancelled": lambda f: "the turn was cancelled",
+        "turn.completed": lambda f: "the turn completed",
+        "turn.failed": lambda f: f"the turn failed: {(f.get('error') or {}).get('message')}",
+        "history.message": lambda f: f"a {f.get('role')} message (kept by an earlier version)",
+    }
+    return simple[kind](fact) if kind in simple else kind.replace(".", " ").replace("_", " ")
