@@ -47,6 +47,9 @@ class Backends:
     codec: PayloadCodec
     register: Callable[..., Liveness]  # the worker registration, given its options
     listen: Callable[[str, Callable[..., Any]], Awaitable[None]]  # wake-up hints
+    # A local development server: its API's submits follow edited agents (``Api.edits``); a
+    # deployment keeps strict versions.
+    follows_edits: bool = False
 
 
 @asynccontextmanager
@@ -91,7 +94,7 @@ RESTART = -1
 
 @asynccontextmanager
 async def serve_api(
-    settings: Settings, ctx: BrainContext, served: Served | None = None, transport: Transport | None = None
+    settings: Settings, ctx: BrainContext, served: Served | None = None, backends: Backends | None = None
 ) -> AsyncIterator[str | None]:
     """The HTTP API of this Brain, while the block runs (``TENDON_HTTP``; its address in use is an
     error only when it was asked for); yields where it listens."""
@@ -113,7 +116,8 @@ async def serve_api(
         controls=ctx.controls.send,
         codec=ctx.codec,
         served=served.submit if served is not None else None,
-        transport=transport,
+        transport=backends.transport if backends is not None else None,
+        edits=ctx.threads.forget if backends is not None and backends.follows_edits else None,
     )
     if api.tokens.open:
         log.warning(
@@ -177,9 +181,7 @@ async def run(
     """
     async with AsyncExitStack() as stack:
         brain = await _start(stack, backends, settings, killpoints)
-        http = await stack.enter_async_context(
-            serve_api(settings, brain.ctx, brain.served, backends.transport)
-        )
+        http = await stack.enter_async_context(serve_api(settings, brain.ctx, brain.served, backends))
         if on_ready is not None:
             on_ready(http)
         worker_id = brain.liveness.worker_id

@@ -50,7 +50,11 @@ class LocalSystem:
         data = DataDir(args.data_dir or Path(".tendon/local"))
         if "http" not in settings.model_fields_set:  # asked for: an address in use is an error
             settings = settings.model_copy(update={"http": settings.http})
-        async with run_local(settings, data, pools=pools, killpoints=KillPoints(settings.kill_at)) as system:
+        killpoints = KillPoints(settings.kill_at)
+        # A development server: an edited agent file is taken under its name (no CONFLICT).
+        async with run_local(
+            settings, data, pools=pools, killpoints=killpoints, follows_edits=True
+        ) as system:
             started = asyncio.create_task(system.ready.wait())
             await asyncio.wait([started, system.brain_task], return_when=asyncio.FIRST_COMPLETED)
             started.cancel()

@@ -109,11 +109,12 @@ async def run_local(
     pools: Sequence[tuple[str, str]],
     killpoints: KillPoints,
     before_start: Callable[[BrainStore], Awaitable[None]] | None = None,
+    follows_edits: bool = False,
 ) -> AsyncIterator[LocalSystem]:
     """Start a Brain and a Hands pool per (route, tools module) of ``pools`` on ``data``; stop
     them all on exit.
     ``before_start``: what to read of the store (this process owns the directory now) before
-    anything runs."""
+    anything runs; ``follows_edits``: a development server (``brain.app.Backends``)."""
     async with AsyncExitStack() as stack:
         stack.enter_context(exclusive(data))
         brain_pool = await open_pool(data.brain_db)
@@ -140,7 +141,7 @@ async def run_local(
         ]
         stop = asyncio.Event()
         register = partial(LocalWorkerRegistration, brain_pool, "brain")
-        backends = Backends(brain, transport, codec, register, brain_pool.add_listener)
+        backends = Backends(brain, transport, codec, register, brain_pool.add_listener, follows_edits)
 
         def ready(http: str | None) -> None:  # called from the Brain's task, once ``system`` exists
             system.http = http

@@ -15,7 +15,8 @@ test run a workflow with its activities::
         turn = await tendon.run("examples/hello_agent.json", "Say hello")
         assert turn["status"] == "completed"
 
-Nothing else is needed: no PostgreSQL, RabbitMQ or S3.
+Nothing else is needed: no PostgreSQL, RabbitMQ or S3. Edited agent files are taken under their
+name, as ``brain serve --local`` takes them.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ async def local_tendon(
     base = settings or Settings(scan_interval=0.2, reconnect_grace=0.5)
     chosen = base.model_copy(update={"http": "127.0.0.1:0"})
     data = DataDir(Path(data_dir) / "tendon")
-    async with run_local(chosen, data, pools=pools, killpoints=KillPoints()) as system:
+    async with run_local(chosen, data, pools=pools, killpoints=KillPoints(), follows_edits=True) as system:
         started = asyncio.ensure_future(system.ready.wait())
         await asyncio.wait([started, system.brain_task], return_when=asyncio.FIRST_COMPLETED)
         started.cancel()

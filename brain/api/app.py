@@ -82,6 +82,10 @@ class Api:
     served: Callable[[Submit], Awaitable[tuple[str, bool]]] | None = None
     # The Brain's transport: who consumes each route's commands now (None: not known here).
     transport: Transport | None = None
+    # A local development server's (else None): submits follow edited agents (their versions from
+    # their content, a thread with nothing unfinished moves to the edit), and the Brain is told
+    # which thread moved.
+    edits: Callable[[str], None] | None = None
     poll: float = 0.25  # seconds between looks at the journal while a stream is idle
     # Seconds between looks at a waited-for turn that does not end here (another Brain runs it).
     wait_poll: float = 0.2

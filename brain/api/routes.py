@@ -113,7 +113,7 @@ async def submit(request: Request) -> Response:
     turn_id, created = await verbs.submit(
         api.store, namespace=namespace, session_id=request.path_params["session_id"],
         request_id=body.request_id, user_input=body.input, agent=body.agent, wake_channel=api.wake_channel,
-        thread=body.thread, served=api.served,
+        thread=body.thread, served=api.served, follow_edits=api.edits,
     )  # fmt: skip
     answer = Submitted(turn_id=turn_id, created=created)
     if wait is not None:

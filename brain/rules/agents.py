@@ -152,6 +152,12 @@ class AgentDefinition(BaseModel):
             raise SchemaError(f"agent {self.name} cannot be stored: its text {form.problem}")
         return form
 
+    def versioned_by_content(self) -> AgentDefinition:
+        """This definition under a version its content decides (``1+3fa9c2d1e0ab``): what a local
+        development server registers, so that an edited file is a new version of the same name
+        instead of a CONFLICT (the same content always gets the same version)."""
+        return self.model_copy(update={"version": f"{self.version}+{self.digest[:12]}"})
+
     @classmethod
     def from_file(cls, path: str | Path) -> AgentDefinition:
         """Load a definition from a JSON file, with a clear error for bad content."""

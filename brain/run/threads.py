@@ -16,7 +16,9 @@ class FrozenThreads:
     """Agent definitions and frozen threads, read once per Brain process, not once per run.
 
     Neither changes once written: an agent version is immutable (a different definition under
-    the same version is refused at submit), and a thread's bindings, once frozen, stay. A
+    the same version is refused at submit), and a thread's bindings, once frozen, stay (but on a
+    local development server, which moves a thread with nothing unfinished to an edited agent:
+    :meth:`forget`). A
     thread whose bindings are not frozen yet is read every time. Bounded: when full, it
     starts over (a re-read is always correct).
     """
@@ -78,6 +80,10 @@ class FrozenThreads:
                 ) from exc
             self._keep(self._agents, key, agent)
         return agent, thread
+
+    def forget(self, thread_id: str) -> None:
+        """A thread moved to another agent version (a local development server's): read it again."""
+        self._threads.pop(thread_id, None)
 
     def keep_frozen(self, thread: Mapping[str, Any], bindings: Mapping[str, Any]) -> None:
         """Keep a thread whose bindings a transaction froze (call after it committed)."""

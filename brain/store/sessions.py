@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from brain.rules.agents import AgentDefinition
 from brain.store.part import Part
 from brain.store.sql import TERMINAL_SQL
 from infra.db import Connection, Row
@@ -138,6 +139,35 @@ class Sessions(Part):
                 if fact.get("kind") == "turn.accepted" and r["turn_id"] not in found:
                     found[r["turn_id"]] = str((fact.get("input") or {}).get("text", ""))
         return found
+
+    async def repin_thread(
+        self, conn: Connection, namespace: str, thread_id: str, agent: AgentDefinition
+    ) -> bool:
+        """Move a thread of ``namespace`` from another version of ``agent``'s name to ``agent``
+        (registered here if new), its tool bindings to be frozen again by its next turn: only while
+        it is open and no turn of it is unfinished. True when it moved."""
+        await conn.execute(
+            """INSERT INTO agents (name, version, digest, definition) VALUES ($1, $2, $3, $4)
+               ON CONFLICT DO NOTHING""",
+            agent.name,
+            agent.version,
+            agent.digest,
+            agent.stored,
+        )
+        moved = await conn.fetchval(
+            f"""UPDATE threads SET agent_version = $3, bindings = NULL
+                 WHERE id = $1 AND agent_name = $2 AND agent_version <> $3 AND closed_at IS NULL
+                   AND EXISTS (SELECT 1 FROM sessions s
+                                WHERE s.id = threads.session_id AND s.namespace = $4)
+                   AND NOT EXISTS (SELECT 1 FROM turns t
+                                    WHERE t.thread_id = $1 AND t.status NOT IN {TERMINAL_SQL})
+             RETURNING id""",
+            thread_id,
+            agent.name,
+            agent.version,
+            namespace,
+        )
+        return moved is not None
 
     async def close_thread(self, conn: Connection, thread_id: str, what: str) -> bool:
         """Close a thread (True), or say that it was closed already (False); refused while a turn

@@ -41,6 +41,7 @@ async def submit(
     wake_channel: str,
     thread: str = MAIN_THREAD,
     served: Callable[[Submit], Awaitable[tuple[str, bool]]] | None = None,
+    follow_edits: Callable[[str], None] | None = None,
 ) -> tuple[str, bool]:
     """Accept a turn durably (invariant 1) on ``thread`` of the session (created on first use,
     pinned to ``agent``'s version); returns (turn id, created by this call). ``served``: a Brain's
@@ -49,11 +50,20 @@ async def submit(
     Racing submits of one request id all get the one turn: the one that lost the race to insert
     it is tried again, and then finds it. Text the database cannot store (a NUL) is bad input,
     said so before anything is written.
+
+    ``follow_edits`` (a local development server): the agent's version is taken from its content,
+    and a thread pinned to another version of it, with nothing unfinished, moves to this one (and
+    is told to it) instead of refusing the submit: an edited agent file needs no new version.
     """
     check_thread_name(thread)
     for what, problem in (("the input", unstorable(user_input)), (f"agent {agent.name}", agent.unstorable)):
         if problem is not None:
             raise SchemaError(f"{what} cannot be stored: its text {problem}")
+    if follow_edits is not None:
+        agent = agent.versioned_by_content()
+        chosen, edited = thread_id(session_id, thread), agent
+        if await store.transact(lambda conn: store.sessions.repin_thread(conn, namespace, chosen, edited)):
+            follow_edits(chosen)
     submit = Submit(namespace, session_id, request_id, user_input, agent, wake_channel, thread)
     return await (served or store.submits.submit)(submit)
 
