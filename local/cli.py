@@ -14,7 +14,6 @@ from brain.face.cli import main as brain_main
 from brain.face.commands import EXIT_USAGE
 from hands.tools.registry import declared_routes
 from infra.process.killpoints import KillPoints
-from infra.process.logging import configure_logging
 from infra.process.settings import Settings
 from local.embedded import DataDir, run_local
 from protocol import SchemaError, TendonError
@@ -24,16 +23,15 @@ class LocalSystem:
     """What `brain demo` and `brain serve --local` run (``brain.face.commands.Local``)."""
 
     def demo(self, settings: Settings, args: argparse.Namespace) -> int:
-        # The timeline is the output; logs only for what goes wrong.
-        configure_logging(
-            "console", "WARNING" if "TENDON_LOG_LEVEL" not in os.environ else settings.log_level
-        )
+        # The timeline is the output; logs only for what goes wrong (the demo sets them up).
+        level = "WARNING" if "TENDON_LOG_LEVEL" not in os.environ else settings.log_level
         from local.demo import main_demo
 
         try:
             return main_demo(
-                settings, args.data_dir, fresh=args.fresh, crash_at=args.crash_at, model=args.model
-            )
+                settings, args.data_dir, fresh=args.fresh, crash_at=args.crash_at, model=args.model,
+                log_level=level,
+            )  # fmt: skip
         except TendonError as exc:
             print(f"brain: {exc.message}", file=sys.stderr)
             return EXIT_USAGE

@@ -11,9 +11,9 @@ its operation id instead of sending it again, and sends the rest.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
-import shutil
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -28,9 +28,12 @@ from brain.store import BrainStore, Entry
 from infra.db import Connection
 from infra.process.entry import run_async
 from infra.process.killpoints import KillPoints
+from infra.process.logging import configure_logging
 from infra.process.settings import Settings
 from local.demo_agents import default_data_dir, demo_agent
-from local.embedded import DataDir, LocalSystem, exclusive, run_local
+from local.demo_files import INTERRUPTED_FILE, SEEN_FILE, reset, resume_command
+from local.embedded import DataDir, LocalSystem, run_local
+from local.terminal import Erasing, Progress
 from protocol import TendonError
 
 SESSION, REQUEST = "demo", "five-emails"
@@ -47,10 +50,10 @@ class Timeline:
     """Prints public events as they are committed, plus a progress line."""
 
     out: TextIO
+    bar: Progress
     emails: dict[str, str] = field(default_factory=dict)  # execution id -> "email N (to)"
     delivered: set[str] = field(default_factory=set)
     started: datetime = field(default_factory=lambda: datetime.now(UTC))
-    tty: bool = False
     seen_file: Path | None = None
     runs_shown: int = 0
     # Executions a crash left unfinished: their "sending" is held back until their outcome says
@@ -73,14 +76,16 @@ class Timeline:
         print(f"{stamp}  {text}", file=self.out, flush=True)
 
     def clear_progress(self) -> None:
-        if self.tty:
-            print("\r\033[K", end="", file=self.out)
+        self.bar.erase()
+
+    def say(self, text: str) -> None:
+        """A line of the story that is not an event (what the demo does, where it resumes)."""
+        self.clear_progress()
+        print(text, file=self.out, flush=True)
 
     def progress(self) -> None:
         bar = "#" * len(self.delivered) + "." * (5 - len(self.delivered))
-        text = f"[{bar}] {len(self.delivered)}/5 emails confirmed"
-        if self.tty:
-            print(f"\r{text}", end="", file=self.out, flush=True)
+        self.bar.draw(f"[{bar}] {len(self.delivered)}/5 emails confirmed")
 
     def show(self, kind: str, data: dict[str, Any], label: str, at: datetime) -> None:
         line = functools.partial(self.line, at=at)
@@ -208,6 +213,7 @@ class Previous:
     executions: dict[str, str]  # execution id -> status
     last_seq: int  # last journal entry committed
     last_shown: int  # last journal entry the earlier run printed
+    interrupted: bool  # it ended by a Ctrl-C, not a crash
 
 
 async def previous_run(store: BrainStore, data: DataDir) -> Previous | None:
@@ -224,14 +230,18 @@ async def previous_run(store: BrainStore, data: DataDir) -> Previous | None:
         }
         seen = data.root / SEEN_FILE
         last_shown = int(seen.read_text()) if seen.exists() else 0
-        return Previous(str(turn.status), executions, await store.journal.last_seq(conn, SESSION), last_shown)
+        last = await store.journal.last_seq(conn, SESSION)
+        return Previous(
+            str(turn.status), executions, last, last_shown, (data.root / INTERRUPTED_FILE).exists()
+        )
 
     return await store.read(read)
 
 
 async def run_demo(
-    settings: Settings, data: DataDir, *, crash_at: int | None, out: TextIO, model: str | None = None
-) -> int:
+    settings: Settings, data: DataDir, *, crash_at: int | None, out: TextIO, model: str | None = None,
+    bar: Progress | None = None,
+) -> int:  # fmt: skip
     """Run (or resume) the five-email turn; returns 0 when it completed."""
     from examples.mailbox import MailboxServer
 
@@ -258,6 +268,7 @@ async def run_demo(
         previous = await previous_run(store, data)
         if previous is not None and previous.turn_status in TERMINAL_TURN:
             raise AlreadyDone(previous.turn_status)
+        (data.root / INTERRUPTED_FILE).unlink(missing_ok=True)  # said once, below
         found.append(previous)
 
     with MailboxServer(port=0, state_path=data.root / "mailbox.json", on_accepted=on_accepted) as mailbox:
@@ -267,7 +278,8 @@ async def run_demo(
                 settings, data, pools=[("email", "examples.email_tools")], killpoints=KillPoints(spec),
                 before_start=before_start,
             ) as system:  # fmt: skip
-                return await _tell(system, agent, settings, data, found[0], crash_at, mailbox, out)
+                told = Timeline(out, bar or Progress(out, out.isatty()), seen_file=data.root / SEEN_FILE)
+                return await _tell(system, agent, settings, data, found[0], crash_at, mailbox, told)
         except AlreadyDone as done:
             print(
                 f"the five-email turn in {data.root} already {done.status}; "
@@ -279,13 +291,15 @@ async def run_demo(
 
 async def _tell(
     system: LocalSystem, agent: AgentDefinition, settings: Settings, data: DataDir, previous: Previous | None,
-    crash_at: int | None, mailbox: Any, out: TextIO,
+    crash_at: int | None, mailbox: Any, timeline: Timeline,
 ) -> int:  # fmt: skip
+    out, say = timeline.out, timeline.say
     if crash_at is not None:
-        print(f"(will SIGKILL this process while email {crash_at} is inside send_email)", file=out)
+        say(f"(will SIGKILL this process while email {crash_at} is inside send_email)")
     before = previous.executions if previous else {}
-    unfinished = {e for e, status in before.items() if status not in ("succeeded", "failed", "cancelled")}
-    timeline = Timeline(out, tty=out.isatty(), seen_file=data.root / SEEN_FILE, unfinished=unfinished)
+    timeline.unfinished = {
+        e for e, status in before.items() if status not in ("succeeded", "failed", "cancelled")
+    }
     turn_id, _ = await verbs.submit(
         system.brain,
         namespace=settings.namespace,
@@ -298,17 +312,18 @@ async def _tell(
     cursor = 0
     if previous is not None:
         done = sum(1 for st in before.values() if st == "succeeded")
-        print(f"resuming turn {turn_id} from {data.root}: {done} of 5 emails already confirmed", file=out)
+        after = "it was interrupted" if previous.interrupted else "the crash"
+        say(f"resuming turn {turn_id} from {data.root} after {after}: {done} of 5 emails already confirmed")
         timeline.delivered.update(k for k, st in before.items() if st == "succeeded")
         if previous.last_shown < previous.last_seq:
-            print("committed before the crash, not shown then:", file=out)
+            say(f"committed before {after}, not shown then:")
             calls = _calls(await _entries(system, 0, previous.last_shown))
             _show(await _entries(system, previous.last_shown, previous.last_seq), calls, timeline)
-            print("after the restart:", file=out)
+            say("after the restart:")
             timeline.runs_shown = 0  # this process's first run is news again
         cursor = previous.last_seq
     else:
-        print(f"turn {turn_id} in {data.root}", file=out)
+        say(f"turn {turn_id} in {data.root}")
     row = await _follow(system, turn_id, cursor, timeline)
     timeline.clear_progress()
     await _recap(system, turn_id, before, out)
@@ -323,46 +338,35 @@ async def _tell(
     return 0
 
 
-# What the demo keeps in its data directory; --fresh removes these and nothing else.
-OWNED = (
-    "brain.sqlite3*",
-    "hands.sqlite3*",
-    "queue.sqlite3*",
-    "objects",
-    "mailbox.json",
-    ".mailbox.json*",
-    "timeline.seen*",
-)
-SEEN_FILE = "timeline.seen"
-
-
-def reset(data: DataDir) -> None:
-    """``--fresh``: forget the demo's files in the data directory (refused while in use)."""
-    if not data.root.exists():
-        return
-    with exclusive(data):
-        for pattern in OWNED:
-            for child in data.root.glob(pattern):
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
-
-
 def demo_settings(base: Settings) -> Settings:
     """Snappy defaults for one process: short scans so recovery shows within a second."""
     return base.model_copy(update={"scan_interval": min(base.scan_interval, 0.2), "http": "off"})
 
 
 def main_demo(
-    base: Settings, data_dir: Path | None, *, fresh: bool, crash_at: int | None, model: str | None = None
-) -> int:
+    base: Settings, data_dir: Path | None, *, fresh: bool, crash_at: int | None, model: str | None = None,
+    log_level: str = "WARNING",
+) -> int:  # fmt: skip
     data = DataDir(data_dir or default_data_dir(model))
-    try:
-        if fresh:
-            reset(data)
-        return run_async(run_demo(demo_settings(base), data, crash_at=crash_at, out=sys.stdout, model=model))
-    except KeyboardInterrupt:
-        print("\nbrain: interrupted: run the same command again to resume", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        raise  # the output's reader went away: not the data directory's doing (infra.process.entry)
-    except OSError as exc:
-        raise TendonError(f"cannot use {data.root} as the data directory: {exc.strerror or exc}") from exc
+    # The progress bar is drawn on stdout; whatever goes to stderr (a kill point's last words, a
+    # warning, the line a Ctrl-C leaves) erases it first.
+    bar = Progress(sys.stdout, sys.stdout.isatty())
+    with contextlib.redirect_stderr(Erasing(sys.stderr, bar)):
+        configure_logging("console", log_level)  # the timeline is the output; logs only for trouble
+        try:
+            if fresh:
+                reset(data)
+            return run_async(
+                run_demo(demo_settings(base), data, crash_at=crash_at, out=sys.stdout, model=model, bar=bar)
+            )
+        except KeyboardInterrupt:
+            if data.root.exists():
+                (data.root / INTERRUPTED_FILE).write_text("interrupted by Ctrl-C\n")
+            print(
+                f"brain: interrupted; `{resume_command(data_dir, model)}` resumes the story", file=sys.stderr
+            )
+            return 130
+        except BrokenPipeError:
+            raise  # the output's reader went away: not the data directory's doing (infra.process.entry)
+        except OSError as exc:
+            raise TendonError(f"cannot use {data.root} as the data directory: {exc.strerror or exc}") from exc

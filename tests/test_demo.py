@@ -10,9 +10,13 @@ import contextlib
 import fcntl
 import json
 import os
+import pty
+import re
 import signal
 import sqlite3
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -224,6 +228,88 @@ async def test_the_demo_told_by_a_chat_model_survives_a_crash_at_email_four(tmp_
     ]  # the fourth was asked about, not resent
     assert "mailbox: 5 deliveries" in out and "Sent: msg-1, msg-2, msg-3, msg-4, msg-5" in out
     assert {r["model"] for r in server.requests} == {"story-model"}
+
+
+async def test_ctrl_c_of_a_fresh_demo_says_how_to_resume_and_the_rerun_calls_it_an_interruption(
+    tmp_path: Path,
+) -> None:
+    from tests.chat_server import ChatServer, tool_results
+
+    asked, gate = threading.Event(), threading.Event()
+
+    def held(body: dict) -> object:  # type: ignore[type-arg]
+        # The model call after the second email waits for the test: the Ctrl-C lands mid-story.
+        if len(tool_results(body)) == 3:
+            asked.set()
+            gate.wait(60)
+        return _story_model(body)
+
+    data = tmp_path / "demo"
+    with ChatServer(held) as server:
+        env = {**os.environ, "OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "test"}
+        story = [*DEMO, "--model", "openai:story-model", "--data-dir", str(data)]
+        # Given a --fresh run, interrupted (Ctrl-C) while the model is asked about the third email
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, *story, "--fresh", cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )  # fmt: skip
+        await asyncio.wait_for(asyncio.to_thread(asked.wait, 60), 60)
+        proc.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+        # Then it says how to go on: the same story without --fresh, which would start it over
+        resume = f"brain demo --data-dir {data} --model openai:story-model"
+        assert err.decode().strip() == f"brain: interrupted; `{resume}` resumes the story", err
+        assert proc.returncode == 130
+        # And that command resumes it, calling the stop an interruption, not a crash
+        gate.set()
+        code, out, err_again = await run_cli(story, env)
+    assert code == 0, out + err_again
+    assert "after it was interrupted: 2 of 5 emails already confirmed" in out
+    assert "crash" not in out
+    assert not (data / "interrupted").exists()
+
+
+def _on_a_terminal(args: list[str]) -> tuple[int, str]:
+    """Run the `brain` command with stdout and stderr on one terminal (a pty), as a person sees it."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=follower, stderr=follower)
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the terminal's other side closed: the process is gone
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    return proc.wait(timeout=60), seen.decode(errors="replace")
+
+
+def test_the_progress_bar_is_erased_before_anything_else_is_written_on_its_terminal(tmp_path: Path) -> None:
+    # Given the demo on a terminal, killed while email 4 is inside send_email (its last words on
+    # stderr come while the bar is drawn on stdout)
+    code, seen = _on_a_terminal([*DEMO, "--data-dir", str(tmp_path / "demo"), "--crash-at", "4"])
+    assert code == -signal.SIGKILL, seen
+    # Then nothing is ever written after the bar on its line: each drawing is erased first
+    assert "emails confirmed" in seen
+    assert re.search(r"emails confirmed(?!\r\x1b\[K)", seen) is None, seen
+    assert "\r\x1b[Ktendon: kill point hands.after_tool_body@call-4 reached, SIGKILL" in seen
+
+
+def test_log_lines_written_to_a_file_carry_no_colour_codes(tmp_path: Path) -> None:
+    # Given the demo's log setup (readable lines) writing to a file, not a terminal
+    script = (
+        "from infra.process.logging import configure_logging, get_logger;"
+        "configure_logging('console', 'WARNING'); get_logger('t').warning('something_odd', where='here')"
+    )
+    with open(tmp_path / "err.log", "w") as err:
+        subprocess.run([sys.executable, "-c", script], cwd=REPO, stderr=err, check=True)
+    # Then its line is plain text
+    logged = (tmp_path / "err.log").read_text()
+    assert "something_odd" in logged and "where=here" in logged
+    assert "\x1b[" not in logged
 
 
 async def test_the_demo_refuses_a_model_it_cannot_use_in_one_line() -> None:

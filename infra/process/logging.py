@@ -18,10 +18,14 @@ def configure_logging(fmt: str = "auto", level: str = "INFO", *, process: str | 
     ``structlog.contextvars.bound_contextvars`` by the code that handles them, so every line
     inside carries them: a line says which process wrote it, and about what.
     """
+    terminal = sys.stderr.isatty()
     if fmt == "auto":
-        fmt = "console" if sys.stderr.isatty() else "json"
+        fmt = "console" if terminal else "json"
+    # Colours only on a terminal: in a file they are escape codes nobody reads.
     renderer: structlog.typing.Processor = (
-        structlog.dev.ConsoleRenderer() if fmt == "console" else structlog.processors.JSONRenderer()
+        structlog.dev.ConsoleRenderer(colors=terminal)
+        if fmt == "console"
+        else structlog.processors.JSONRenderer()
     )
 
     def stamp(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
