@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support import Processes
+from tests.support import Processes, free_port
 from tests.test_api import TOOL_THEN_DONE, agent
 from tests.test_console import local_server
 
@@ -52,6 +52,7 @@ def config(ids: dict[str, list[str]]) -> str:
     bindings = {
         "path.session_id": "sessions",
         "path.turn_id": "turns",
+        "path.execution_id": "executions",
         "query.thread": "threads",
         "query.turn": "turns",
     }
@@ -65,7 +66,9 @@ def config(ids: dict[str, list[str]]) -> str:
 
 async def test_no_generated_request_gets_a_server_error(processes: Processes, tmp_path: Path) -> None:
     # Its stop hands the waiting turn's tool back at once instead of letting it run for the drain.
-    url = await local_server(processes, tmp_path, {"TENDON_DRAIN_SECONDS": "0"})
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    await local_server(processes, tmp_path, ["tests.brain_e2e_tools"], port, {"TENDON_DRAIN_SECONDS": "0"})
     (tmp_path / "schemathesis.toml").write_text(config(await seed(url)))
     st = shutil.which("st") or f"{sys.executable} -m schemathesis.cli"
     args = [*st.split(), "--config-file", str(tmp_path / "schemathesis.toml"), "run", f"{url}/openapi.json"]

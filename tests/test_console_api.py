@@ -25,9 +25,11 @@ from infra.transport.localqueue import LocalBroker
 from protocol import (
     AcceptedBody,
     AcceptedEvent,
+    NotFoundError,
     OutputPageBody,
     OutputPageEvent,
     ReplayPolicy,
+    SchemaError,
     StartedBody,
     StartedEvent,
     SucceededBody,
@@ -77,6 +79,11 @@ async def test_sessions_are_listed_newest_first_a_page_at_a_time_searched_and_ke
     for search, found in (("S-3", ["s-3"]), ("mail", ["s-3", "s-1"]), ("req-2", ["s-2"]), ("%", [])):
         page = await browse.sessions(store, namespace="ns", search=search)
         assert [s["id"] for s in page["sessions"]] == found, search
+    # And text no store can hold is refused as such, not sent to the database
+    with pytest.raises(SchemaError, match="search cannot be looked for"):
+        await browse.sessions(store, namespace="ns", search="a\x00b")
+    with pytest.raises(NotFoundError):
+        await browse.output(store, namespace="ns", execution_id="e\x00")
 
 
 async def test_a_turns_list_shows_each_turns_input_and_agent(store: BrainStore) -> None:

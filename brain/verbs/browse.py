@@ -12,6 +12,7 @@ from infra.db import Connection
 from infra.db.store import as_time
 from infra.transport import Topology, Transport
 from protocol import NotFoundError, SchemaError
+from protocol.storable import unstorable
 
 INPUT_SHOWN = 200  # characters of a turn's input a list shows
 SESSION_FIELDS = ("id", "created_at", "closed_at", "threads", "turns", "unfinished")
@@ -40,6 +41,9 @@ async def sessions(
     """A page of ``namespace``'s sessions, newest first, each with its counts and latest turn (its
     status, agent, input and times); ``next`` is the cursor of the page after (None: the last).
     ``search`` keeps those whose id, an agent's name or a request id holds it."""
+    for what, text in (("search", search), ("after", after)):
+        if unstorable(text) is not None:
+            raise SchemaError(f"{what} cannot be looked for: its text {unstorable(text)}")
     before = _cursor(after)
 
     async def read(conn: Connection) -> dict[str, Any]:
@@ -92,6 +96,8 @@ async def output(
 ) -> dict[str, Any]:
     """An execution's output pages from byte ``offset`` on (``next``: where to ask from after
     them), its status, and how many bytes its outcome said it wrote once it ended."""
+    if unstorable(execution_id) is not None:  # an id no store could hold: there is no such execution
+        raise NotFoundError(f"there is no execution {execution_id!r}")
     found = await store.read(
         lambda conn: store.executions.output(conn, namespace, execution_id, offset, limit)
     )
