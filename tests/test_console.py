@@ -237,6 +237,14 @@ async def test_a_person_follows_output_answers_an_approval_and_a_manual_tool_fro
             "pause": True, "resume": False, "cancel": True, "steer": True, "inject": True,
         }  # fmt: skip
         await shot(page, screens, "turn-output")
+        # A pause and a resume from the page: each enabled only while it applies
+        await page.click("button[data-kind='pause']")
+        await expect(page.locator("#receipt")).to_have_text("pause: applied", timeout=SEEN)
+        await expect(page.locator("#turn-status")).to_have_text("paused", timeout=SEEN)
+        await expect(page.locator("button[data-kind='pause']")).to_be_disabled()
+        await page.click("button[data-kind='resume']")
+        await expect(page.locator("#receipt")).to_have_text("resume: applied", timeout=SEEN)
+        await expect(page.locator("button[data-kind='resume']")).to_be_disabled(timeout=SEEN)
         gate.write_text("go")
         await expect(report.locator(".output")).to_contain_text("line 3 of 3", timeout=SEEN)
         # The payment waits for the person, who approves it from the page
