@@ -168,7 +168,7 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser(
         "history",
-        help="a turn's runs, steps and model calls (attempts, latency, usage, LOST)",
+        help="a turn's runs, model calls (attempts, latency, usage, LOST) and steps, with times, in words",
         parents=[remote],
     )
     s.add_argument("turn_id")
@@ -201,8 +201,9 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "watch",
         help="follow a turn live in the terminal (through the HTTP API); Ctrl-C and run it again to resume",
-        description="Prints each journal entry of the turn as it commits, and the model's reply as it "
-        "streams; the last entry shown is saved, so watching again goes on from there. Exits when "
+        description="Prints each journal entry of the turn as it commits, with its time, in words, and the "
+        "model's reply as it streams; the last entry shown is saved, so watching again goes on from there. "
+        "Exits when "
         "the turn ends: 0 completed, 1 failed, 7 cancelled. Watching changes nothing of the turn.",
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
