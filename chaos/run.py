@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
-import asyncpg
-
 from bench.harness import TendonWorld, agent
 from brain import verbs
 from brain.rules.agents import AgentDefinition
@@ -73,10 +71,7 @@ async def patiently(work: Callable[[], Awaitable[T]], limit: float = 120.0) -> T
         try:
             return await work()
         except Exception as exc:
-            # asyncpg may leave a connection cut mid-operation unusable for the next one
-            # (InternalClientError): the pool replaces it on a later try.
-            passing = is_transient(exc) or isinstance(exc, asyncpg.exceptions.InternalClientError)
-            if not passing or time.monotonic() > deadline:
+            if not is_transient(exc) or time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.25)
 

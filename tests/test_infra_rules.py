@@ -1,5 +1,6 @@
 """The rules of infra/, without servers: what a database can store, why a message was parked,
-how long a passing fault is waited out, which transactions are tried again."""
+how long a passing fault is waited out, which transactions are tried again, what a lost connection
+is."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from infra.db import TRANSACT_ATTEMPTS, patiently, transact
+from infra.db import TRANSACT_ATTEMPTS, is_transient, patiently, transact
 from infra.db.sqlite import open_pool
 from infra.process.entry import run_async
 from infra.process.heap import YOUNG_COLLECTION_EVERY, settle_heap
@@ -281,3 +282,12 @@ def test_a_ctrl_c_before_the_loop_starts_leaves_no_coroutine_unawaited(
     del main
     gc.collect()
     assert [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)] == []
+
+
+def test_a_session_the_server_ended_is_a_lost_connection_and_a_bug_is_not() -> None:
+    # asyncpg's refusal of a connection the server's last message left waiting (see
+    # tests/test_db_ended_sessions.py for the real thing), against its errors that are bugs
+    assert is_transient(
+        asyncpg.InternalClientError("cannot switch to state 12; another operation (2) is in progress")
+    )
+    assert not is_transient(asyncpg.InternalClientError("no binary format encoder for type x (OID 1)"))

@@ -30,6 +30,12 @@ _CONNECTION_LOST = (
     ConnectionError,
     OSError,
 )
+# What asyncpg says about a connection whose session the server ended while it was idle (a
+# PostgreSQL shutdown or restart, an administrator's pg_terminate_backend): the server's last
+# message put it in a state that waits for an answer that never comes, so until its socket is
+# seen closed, the next statement on it fails with an InternalClientError ("cannot switch to
+# state 12; another operation (2) is in progress"). The connection is lost, only not closed yet.
+_WEDGED = "cannot switch to state"
 # SQLSTATE classes that a later attempt may not hit: connection, resources, operator
 # intervention (e.g. a restart), transaction rollback.
 _TRANSIENT_SQLSTATE_CLASSES = ("08", "40", "53", "57", "58")
@@ -47,9 +53,20 @@ class _NotStarted(Exception):
 _SQLITE_TRANSIENT = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_FULL", "SQLITE_IOERR")
 
 
+def wedged(exc: BaseException) -> bool:
+    """Whether ``exc`` is asyncpg refusing a connection whose session the server ended (``_WEDGED``):
+    that connection must be dropped (``terminate``), or the pool hands it out again."""
+    return isinstance(exc, asyncpg.InternalClientError) and str(exc).startswith(_WEDGED)
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` says the connection it came from is gone (closed, or ended by the server)."""
+    return isinstance(exc, _CONNECTION_LOST) or wedged(exc)
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether a database error may go away on its own (vs. bad data or a bug)."""
-    if isinstance(exc, (*_CONNECTION_LOST, *_ROLLED_BACK, TransientError)):
+    if isinstance(exc, (*_ROLLED_BACK, TransientError)) or connection_lost(exc):
         return True
     if isinstance(exc, sqlite3.OperationalError):
         return str(getattr(exc, "sqlite_errorname", "")).startswith(_SQLITE_TRANSIENT)
@@ -102,7 +119,11 @@ async def transact(
                     return await work(conn)
                 async with conn.transaction():
                     return await work(conn)
-            except _CONNECTION_LOST as exc:
+            except Exception as exc:
+                if not connection_lost(exc):
+                    raise
+                if wedged(exc):
+                    conn.terminate()
                 raise TransientError(
                     f"database connection lost during a transaction (outcome unknown): {exc}"
                 ) from exc
@@ -124,7 +145,12 @@ async def reading(pool: Any) -> AsyncIterator[Any]:
     ``TransientError``, as from ``transact``: the API answers 503, a loop waits it out."""
     try:
         async with pool.acquire() as conn:
-            yield conn
+            try:
+                yield conn
+            except Exception as exc:
+                if wedged(exc):
+                    conn.terminate()  # before the pool takes it back
+                raise
     except TransientError:
         raise
     except Exception as exc:
