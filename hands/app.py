@@ -24,7 +24,6 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from types import TracebackType
 
 from hands.run.controls import ControlConsumer
@@ -42,6 +41,7 @@ from infra.liveness.registrations import WorkerRegistration
 from infra.objects.payloads import PayloadCodec, open_payload_codec
 from infra.process.killpoints import KillPoints
 from infra.process.logging import bind_worker, get_logger
+from infra.process.ready import ReadyFile, clear
 from infra.process.settings import Settings
 from infra.process.startup import wait_for
 from infra.process.tracing import open_tracing
@@ -221,10 +221,9 @@ class HandsApp:
                 self.topology.commands(self.route), self.commands.handle, prefetch=self.concurrency
             )
         )
-        if s.ready_file:
-            ready = Path(s.ready_file)
-            await asyncio.to_thread(ready.write_text, self.worker_id + "\n")
-            self._stack.callback(ready.unlink, missing_ok=True)
+        if s.ready_file:  # says ready while its database and broker are up
+            services = {"PostgreSQL": lambda: self.liveness.up, "RabbitMQ": lambda: broker.connected}
+            await self._stack.enter_async_context(ReadyFile(s.ready_file, self.worker_id, services))
         log.info(
             "hands_ready",
             worker=self.worker_id,
@@ -258,6 +257,7 @@ class HandsApp:
         """The distributed backends, each waited for (``TENDON_SERVICE_WAIT_SECONDS``), closed with
         the app."""
         s = self.settings
+        clear(s.ready_file)  # a dead predecessor's (the same container), before any wait
         patience = s.service_wait_seconds
         pool = await wait_for(
             partial(create_pool, s.ledger_database_url, s.hands_schema, max_size=s.db_pool_size),
