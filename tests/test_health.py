@@ -22,7 +22,8 @@ import pytest
 
 from chaos.proxy import TcpCutter
 from infra.process.logging import REPEAT_EVERY
-from tests.support import Processes, TendonEnv, wait_for
+from infra.process.ready import ReadyFile
+from tests.support import Processes, TendonEnv, run_cli, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 
@@ -129,3 +130,26 @@ async def test_ready_only_while_the_database_and_the_broker_are_there_and_outage
             for kind in COMMANDS:
                 await appears(ready[kind])
                 assert procs[kind].poll() is None, processes.output(procs[kind])
+
+
+async def test_the_ready_file_comes_back_when_another_process_removed_it(tmp_path: Path) -> None:
+    # Given a ready process whose file someone else removed (a command run in its container with
+    # the same TENDON_READY_FILE, which removes it at its exit)
+    path = tmp_path / "ready"
+    async with ReadyFile(str(path), "brain-1", {"PostgreSQL": lambda: True}, interval=0.05):
+        assert read(path) == "brain-1"
+        path.unlink()
+        # Then it says ready again at its next look
+        assert await appears(path, timeout=5) == "brain-1"
+    assert read(path) is None  # and nothing is left once it stops
+
+
+async def test_a_demo_run_in_a_servers_container_leaves_the_servers_ready_file_alone(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    ready.write_text("brain-serving-1\n")
+    env = {"TENDON_READY_FILE": str(ready), "TENDON_LOG_LEVEL": "ERROR"}
+    code, out, err = await run_cli(
+        ["-m", "brain", "demo", "--data-dir", str(tmp_path / "demo")], env, timeout=120
+    )
+    assert code == 0, out + err
+    assert read(ready) == "brain-serving-1"

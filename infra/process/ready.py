@@ -84,13 +84,13 @@ class ReadyFile:
             await self._say(not lost)
 
     async def _say(self, ready: bool) -> None:
-        if ready == self.ready:
-            return
-        if ready:
+        """Make the file say ``ready``, whatever happened to it since the last look (another
+        process given the same file may have removed it)."""
+        if ready and not (self.ready and self.path.exists()):
             # Written whole under another name, then renamed: a reader never finds half a file.
             part = self.path.with_name(self.path.name + ".part")
             await asyncio.to_thread(part.write_text, self.worker_id + "\n")
             await asyncio.to_thread(part.replace, self.path)
-        else:
+        elif not ready:
             self.path.unlink(missing_ok=True)
         self.ready = ready
