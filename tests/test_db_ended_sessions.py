@@ -1,6 +1,7 @@
-"""A session that PostgreSQL ended while it was idle (a shutdown or a restart under load, an
-administrator's ``pg_terminate_backend``) is a lost connection like any other: the API answers 503,
-a transaction raises ``TransientError``, and the pool's next connection is a new one.
+"""A session that PostgreSQL ended (a shutdown or a restart under load, an administrator's
+``pg_terminate_backend``) is a lost connection like any other: the API answers 503, a transaction
+raises ``TransientError``, and the pool's next connection is a new one; so too for a session ended
+in the middle of a transaction of a group committer, which keeps its connection between them.
 
 asyncpg takes the server's last message ("terminating connection due to administrator command")
 on an idle connection as the start of an answer, and until it sees the socket close it refuses
@@ -25,6 +26,7 @@ from brain.api import Api, Tokens, create_app
 from brain.store import open_brain_store
 from chaos.proxy import LoopbackProxy
 from infra.db import create_pool, reading, transact
+from infra.db.held import HeldConnection
 from infra.transport import Topology
 from protocol import TransientError
 
@@ -153,3 +155,34 @@ async def test_waiting_for_a_turn_on_a_session_the_server_ended_answers_503_then
             assert waited.json()["error"]["code"] == "transient"
             again = await http.get(f"/v1/turns/{turn_id}", params={"wait": "0.2s"})
             assert again.status_code == 200 and again.json()["status"] == "queued", again.text
+
+
+async def test_a_session_ended_in_the_middle_of_a_transaction_raises_transient_held_or_not(
+    pg_url: str,
+) -> None:
+    schema = f"tw_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(pg_url)
+    await admin.execute(f"CREATE SCHEMA {schema}")
+    pool = await create_pool(pg_url, schema, max_size=2)
+    held = HeldConnection(pool, idle=5.0)
+
+    async def ended_by_itself(conn: asyncpg.Connection) -> int:
+        # The server's answer: 57P01, "terminating connection due to administrator command"
+        return int(await conn.fetchval("SELECT pg_terminate_backend(pg_backend_pid())::int"))
+
+    async def ended_meanwhile(conn: asyncpg.Connection) -> int:
+        await admin.execute("SELECT pg_terminate_backend($1)", await conn.fetchval("SELECT pg_backend_pid()"))
+        await asyncio.sleep(0.3)  # its end reached the client: asyncpg handed the connection back itself
+        return int(await conn.fetchval("SELECT 1"))
+
+    try:
+        for work in (ended_by_itself, ended_meanwhile):
+            for keeper in (None, held):
+                with pytest.raises(TransientError, match="connection lost"):
+                    await transact(pool, work, held=keeper)
+                assert await transact(pool, lambda conn: conn.fetchval("SELECT 4"), held=keeper) == 4
+    finally:
+        await held.close()
+        await pool.close()
+        await admin.execute(f"DROP SCHEMA {schema} CASCADE")
+        await admin.close()

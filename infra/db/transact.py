@@ -59,9 +59,16 @@ def wedged(exc: BaseException) -> bool:
     return isinstance(exc, asyncpg.InternalClientError) and str(exc).startswith(_WEDGED)
 
 
+# SQLSTATEs of a session the server ends: an administrator's or a shutdown's (57P01), a crash's
+# (57P02), and every connection exception (class 08).
+_SESSION_ENDED = ("57P01", "57P02", "08")
+
+
 def connection_lost(exc: BaseException) -> bool:
     """Whether ``exc`` says the connection it came from is gone (closed, or ended by the server)."""
-    return isinstance(exc, _CONNECTION_LOST) or wedged(exc)
+    state = getattr(exc, "sqlstate", None)
+    ended = isinstance(state, str) and state.startswith(_SESSION_ENDED)
+    return ended or isinstance(exc, _CONNECTION_LOST) or wedged(exc)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -123,7 +130,8 @@ async def transact(
                 if not connection_lost(exc):
                     raise
                 if wedged(exc):
-                    conn.terminate()
+                    with contextlib.suppress(asyncpg.InterfaceError):  # released on its own since
+                        conn.terminate()
                 raise TransientError(
                     f"database connection lost during a transaction (outcome unknown): {exc}"
                 ) from exc
@@ -149,7 +157,8 @@ async def reading(pool: Any) -> AsyncIterator[Any]:
                 yield conn
             except Exception as exc:
                 if wedged(exc):
-                    conn.terminate()  # before the pool takes it back
+                    with contextlib.suppress(asyncpg.InterfaceError):  # released on its own since
+                        conn.terminate()  # before the pool takes it back
                 raise
     except TransientError:
         raise

@@ -16,7 +16,7 @@ import structlog
 # held back (``repeated``). The libraries' own warnings (asyncpg's, aio-pika's) are held back the
 # same way, by their first words.
 RETRIED = frozenset({
-    "analyze_failed", "claim_failed", "command_publish_failed", "consumer_setup_retry",
+    "analyze_failed", "api_request_unavailable", "claim_failed", "command_publish_failed", "consumer_setup_retry",
     "control_publish_failed", "control_relay_error", "event_publish_failed",
     "event_relay_round_failed", "localqueue_fetch_failed", "presence_unknown", "queue_depth_unknown",
     "read_ahead_failed", "recovery_scan_failed", "repair_scan_error", "retention_failed",
