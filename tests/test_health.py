@@ -153,3 +153,14 @@ async def test_a_demo_run_in_a_servers_container_leaves_the_servers_ready_file_a
     )
     assert code == 0, out + err
     assert read(ready) == "brain-serving-1"
+
+
+async def test_a_ready_file_that_cannot_be_written_is_said_and_tried_again_not_fatal(tmp_path: Path) -> None:
+    # Given a ready file in a directory that is not there (yet)
+    path = tmp_path / "later" / "ready"
+    async with ReadyFile(str(path), "hands-1", {"RabbitMQ": lambda: True}, interval=0.05) as ready:
+        assert ready.failing and read(path) is None  # the process goes on
+        # When the directory comes
+        path.parent.mkdir()
+        # Then the file is written at a next look
+        assert await appears(path, timeout=5) == "hands-1"

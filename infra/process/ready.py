@@ -53,6 +53,7 @@ class ReadyFile:
         self.services = services
         self.interval = interval
         self.ready = False
+        self.failing = False  # the last write failed (said once)
         self._watch: asyncio.Task[None] | None = None
 
     def lost(self) -> list[str]:
@@ -85,12 +86,20 @@ class ReadyFile:
 
     async def _say(self, ready: bool) -> None:
         """Make the file say ``ready``, whatever happened to it since the last look (another
-        process given the same file may have removed it)."""
-        if ready and not (self.ready and self.path.exists()):
-            # Written whole under another name, then renamed: a reader never finds half a file.
-            part = self.path.with_name(self.path.name + ".part")
-            await asyncio.to_thread(part.write_text, self.worker_id + "\n")
-            await asyncio.to_thread(part.replace, self.path)
-        elif not ready:
-            self.path.unlink(missing_ok=True)
+        process given the same file may have removed it). A file that cannot be written is said
+        once and tried again at the next look: the health check tells, the work goes on."""
+        try:
+            if ready and not (self.ready and self.path.exists()):
+                # Written whole under another name, then renamed: a reader never finds half a file.
+                part = self.path.with_name(self.path.name + ".part")
+                await asyncio.to_thread(part.write_text, self.worker_id + "\n")
+                await asyncio.to_thread(part.replace, self.path)
+            elif not ready:
+                self.path.unlink(missing_ok=True)
+        except OSError as exc:
+            if not self.failing:
+                log.error("ready_file_not_written", path=str(self.path), error=repr(exc))
+            self.failing = True
+            return
+        self.failing = False
         self.ready = ready
