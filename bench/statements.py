@@ -1,8 +1,8 @@
 """``python -m bench.statements``: SQL statements per 1-call turn, by statement, all processes.
 
-Every statement is a round trip (see docs/benchmarks/NOTES.md, the third and fifth rounds). This runs a Brain and a Hands
-pool of 2 in a database of its own with ``log_statement = 'all'`` set on that database only,
-keeps ``--in-flight`` 1-call turns going for ``--seconds``, and counts the statements
+Every statement is a round trip (see docs/benchmarks/NOTES.md, the third and fifth rounds). This
+runs a Brain and a Hands pool of 2 in a database of its own with ``log_statement = 'all'`` set on
+that database only, keeps ``--in-flight`` 1-call turns going for ``--seconds``, and counts the statements
 PostgreSQL logged for it, per completed turn. With ``--durations`` it sets
 ``log_min_duration_statement = 0`` instead and also sums the server's time per statement (its
 parse, bind and execute steps; wall time, so a statement that waits for a lock or for its

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -19,8 +19,7 @@ from brain.run.runs import Scheduler, Wakeups
 from brain.run.scanner import RepairScanner
 from brain.run.updates import BindingsConsumer, UpdateConsumer
 from brain.store import BrainStore, open_store, wake_channel
-from hands.store import Ledger, ledger_for
-from infra.db import Connection, create_pool, keep_statistics
+from infra.db import Connection, keep_statistics
 from infra.db.notify import Listener
 from infra.db.retention import DAY, Horizon, keep_pruned
 from infra.liveness import Liveness
@@ -31,7 +30,7 @@ from infra.process.killpoints import KillPoints
 from infra.process.logging import bind_worker, get_logger
 from infra.process.ready import ReadyFile, clear
 from infra.process.settings import Settings, http_address
-from infra.process.tracing import open_tracing
+from infra.process.tracing import Tracing, open_tracing
 from infra.transport import Topology, Transport
 from infra.transport.broker import Broker
 from infra.transport.parked import ParkedConsumer
@@ -48,8 +47,6 @@ class Backends:
     codec: PayloadCodec
     register: Callable[..., Liveness]  # the worker registration, given its options
     listen: Callable[[str, Callable[..., Any]], Awaitable[None]]  # wake-up hints
-    # The Hands ledger, for an operator's reconcile through the HTTP API (opened when asked).
-    ledger: Callable[[], AbstractAsyncContextManager[Ledger]] | None = None
 
 
 @asynccontextmanager
@@ -71,16 +68,7 @@ async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
         )
         listener = await stack.enter_async_context(Listener(settings.database_url))
         register = partial(WorkerRegistration, settings.database_url, settings.brain_schema, "brain")
-
-        @asynccontextmanager
-        async def ledger() -> AsyncIterator[Ledger]:
-            pool = await create_pool(settings.ledger_database_url, settings.hands_schema, max_size=2)
-            try:
-                yield ledger_for(pool)
-            finally:
-                await pool.close()
-
-        yield Backends(store, broker, codec, register, listener.add, ledger)
+        yield Backends(store, broker, codec, register, listener.add)
 
 
 async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event) -> int:
@@ -104,7 +92,7 @@ RESTART = -1
 
 @asynccontextmanager
 async def serve_api(
-    backends: Backends, settings: Settings, ctx: BrainContext, served: Served | None = None
+    settings: Settings, ctx: BrainContext, served: Served | None = None
 ) -> AsyncIterator[str | None]:
     """The HTTP API of this Brain, while the block runs (``TENDON_HTTP``; its address in use is an
     error only when it was asked for); yields where it listens."""
@@ -114,12 +102,6 @@ async def serve_api(
         return
     from brain.api import Api, Tokens
     from brain.api.server import serving
-    from hands.run.reconcile import reconcile
-
-    async def reconciler(execution_id: str, **options: Any) -> Any:
-        assert backends.ledger is not None
-        async with backends.ledger() as ledger:
-            return await reconcile(ledger, backends.codec, execution_id, **options)
 
     api = Api(
         store=ctx.store,
@@ -129,7 +111,8 @@ async def serve_api(
         previews=ctx.previews,
         endings=ctx.endings,
         metrics=ctx.metrics,
-        reconciler=reconciler if backends.ledger is not None else None,
+        controls=ctx.controls.send,
+        codec=ctx.codec,
         served=served.submit if served is not None else None,
     )
     if api.tokens.open:
@@ -164,6 +147,19 @@ def first_look(settings: Settings) -> float:
     return max(2 * settings.scan_interval, settings.reconnect_grace + settings.scan_interval)
 
 
+@dataclass
+class Running:
+    """What a running Brain is made of, by name: what its shutdown stops, in order."""
+
+    ctx: BrainContext
+    liveness: Liveness
+    scheduler: Scheduler
+    commands: CommandRelay
+    updates: UpdateConsumer
+    served: Served
+    background: dict[str, asyncio.Task[None]]  # by name: the relays, the scan, the keepers, claims
+
+
 async def run(
     backends: Backends,
     settings: Settings,
@@ -178,84 +174,16 @@ async def run(
     1 when a background task ended on its own (which should never happen: it is logged and the
     process exits so a supervisor restarts it).
     """
-    store, broker, codec = backends.store, backends.transport, backends.codec
-    topology = broker.topology
-    channel = wake_channel(settings)
     async with AsyncExitStack() as stack:
-        # The queues this Brain uses exist before anything runs: two first declares of a new
-        # quorum queue at once (the scanner's look at the updates queue and its consumer's
-        # declare) can make RabbitMQ drop the connection (see Broker.consume).
-        for queue in (topology.updates, topology.bindings):
-            await broker.declare(queue)
-        wakeups = Wakeups()
-        await backends.listen(channel, wakeups.hint)
-        active: set[str] = set()
-        metrics = BrainMetrics()
-        liveness = await stack.enter_async_context(
-            backends.register(
-                lease_seconds=settings.lease_seconds,
-                grace=settings.reconnect_grace,
-                interval=settings.scan_interval,
-                release=partial(released, store, channel, metrics),
-                on_renew=lambda conn, me: store.turns.renew_leases(conn, me, active, settings.lease_seconds),
-                presence=broker,
-            )
-        )
-        worker_id = liveness.worker_id
-        bind_worker("brain", worker_id)
-        tracing = stack.enter_context(open_tracing(settings.otlp_endpoint, "tendon-brain"))
-        commands = CommandRelay(broker)
-        controls = ControlRelay(store, broker, interval=settings.scan_interval)
-        ctx = BrainContext(
-            store=store,
-            codec=codec,
-            topology=topology,
-            killpoints=killpoints,
-            commands=commands,
-            controls=controls,
-            owner=worker_id,
-            wake_channel=channel,
-            lease_seconds=settings.lease_seconds,
-            binding_wait_seconds=settings.binding_wait_seconds,
-            first_look=first_look(settings),
-            active=active,
-            metrics=metrics,
-            tracing=tracing,
-        )
-        scheduler = Scheduler(ctx, settings.concurrency, wakeups, settings.scan_interval)
-        scanner = RepairScanner(
-            ctx,
-            gap_timeout=settings.gap_timeout,
-            stall_seconds=settings.stall_seconds,
-            interval=settings.scan_interval,
-            waiting=broker.waiting,
-            consumers=broker.consumers,
-            publish=broker.publish_many,
-            repair_attempts=settings.repair_attempts,
-        )
-        tasks = [
-            asyncio.create_task(commands.run(), name="command-relay"),
-            asyncio.create_task(controls.run(), name="control-relay"),
-            asyncio.create_task(scanner.run(), name="repair-scan"),
-            asyncio.create_task(keep_statistics(store.pool), name="statistics"),
-            asyncio.create_task(keep_pruned(store.transact, horizons(store, settings)), name="retention"),
-            asyncio.create_task(scheduler.run(), name="claims"),
-        ]
-        updates = UpdateConsumer(ctx, broker, scheduler)
-        await broker.consume(updates.queue, updates.handle, prefetch=settings.concurrency * 8)
-        bindings = BindingsConsumer(ctx, broker)
-        await broker.consume(bindings.queue, bindings.handle, prefetch=8)
-        # What the broker parks is read back, recorded and surfaced (infra.transport.parked).
-        await ParkedConsumer(store, broker, updates.queue, updates.surface_parked).start()
-        await ParkedConsumer(store, broker, bindings.queue).start()
-
-        served = Served(ctx, scheduler.quiet, scheduler.adopt)
-        http = await stack.enter_async_context(serve_api(backends, settings, ctx, served))
+        brain = await _start(stack, backends, settings, killpoints)
+        http = await stack.enter_async_context(serve_api(settings, brain.ctx, brain.served))
         if on_ready is not None:
             on_ready()
+        worker_id = brain.liveness.worker_id
         log.info("brain_ready", worker=worker_id, schema=settings.brain_schema, http=http)
         if settings.ready_file:  # says ready while its database and broker are up
-            services = {"PostgreSQL": lambda: liveness.up, "RabbitMQ": lambda: broker.connected}
+            transport = backends.transport
+            services = {"PostgreSQL": lambda: brain.liveness.up, "RabbitMQ": lambda: transport.connected}
             await stack.enter_async_context(ReadyFile(settings.ready_file, worker_id, services))
         crashed: list[asyncio.Task[None]] = []
 
@@ -265,38 +193,135 @@ async def run(
                 crashed.append(task)
                 stop.set()
 
-        for task in tasks:
+        for task in brain.background.values():
             task.add_done_callback(on_task_end)
-        presumed_dead = asyncio.create_task(liveness.lost.wait())
+        presumed_dead = asyncio.create_task(brain.liveness.lost.wait())
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait([presumed_dead, stopping], return_when=asyncio.FIRST_COMPLETED)
         presumed_dead.cancel()
         stopping.cancel()
-        log.info("brain_stopping", presumed_dead=liveness.lost.is_set())
-        # First no new runs: an update applied from now on wakes its turn without claiming it
-        # for this Brain (a run that would never start here).
-        scheduler.close()
-        # Runs in progress may reach their next commit (a model reply, the intents of tools) for
-        # up to TENDON_DRAIN_SECONDS while the relays still publish; a Brain presumed dead is
-        # fenced out already and stops at once. Nothing waits in memory, so cancelling mid-phase
-        # only loses uncommitted work, which the next run redoes from the last committed phase.
-        await scheduler.stop(0.0 if liveness.lost.is_set() else settings.drain_seconds)
-        for task in tasks:
+        for task in brain.background.values():
             task.remove_done_callback(on_task_end)
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        if not liveness.lost.is_set():
-            await commands.flush()
-        await ctx.models.close()
-        for committer in (served.submits, ctx.moves, updates.applier):
-            log.info("batch_sizes", stats=json.dumps(committer.stats(), sort_keys=True))
-        claims = {"committer": "claims", "sizes": dict(scheduler.claimed)}
-        log.info(
-            "batch_sizes", stats=json.dumps(claims, sort_keys=True),
-            command_messages=commands.messages, commands=commands.published,
-        )  # fmt: skip
+        await _stop(brain, settings)
     if crashed:
         return 1
-    return RESTART if liveness.lost.is_set() and not stop.is_set() else 0
+    return RESTART if brain.liveness.lost.is_set() and not stop.is_set() else 0
+
+
+async def _start(
+    stack: AsyncExitStack, backends: Backends, settings: Settings, killpoints: KillPoints
+) -> Running:
+    """Take this Brain's liveness, then start its relays, scan, keepers, claims and consumers."""
+    store, broker = backends.store, backends.transport
+    topology = broker.topology
+    channel = wake_channel(settings)
+    # The queues this Brain uses exist before anything runs: two first declares of a new
+    # quorum queue at once (the scanner's look at the updates queue and its consumer's
+    # declare) can make RabbitMQ drop the connection (see Broker.consume).
+    for queue in (topology.updates, topology.bindings):
+        await broker.declare(queue)
+    wakeups = Wakeups()
+    await backends.listen(channel, wakeups.hint)
+    active: set[str] = set()
+    metrics = BrainMetrics()
+    liveness = await stack.enter_async_context(
+        backends.register(
+            lease_seconds=settings.lease_seconds,
+            grace=settings.reconnect_grace,
+            interval=settings.scan_interval,
+            release=partial(released, store, channel, metrics),
+            on_renew=lambda conn, me: store.turns.renew_leases(conn, me, active, settings.lease_seconds),
+            presence=broker,
+        )
+    )
+    bind_worker("brain", liveness.worker_id)
+    tracing = stack.enter_context(open_tracing(settings.otlp_endpoint, "tendon-brain"))
+    ctx = _context(backends, settings, killpoints, liveness.worker_id, active, metrics, tracing)
+    scheduler = Scheduler(ctx, settings.concurrency, wakeups, settings.scan_interval)
+    scanner = RepairScanner(
+        ctx,
+        gap_timeout=settings.gap_timeout,
+        stall_seconds=settings.stall_seconds,
+        interval=settings.scan_interval,
+        waiting=broker.waiting,
+        consumers=broker.consumers,
+        publish=broker.publish_many,
+        repair_attempts=settings.repair_attempts,
+    )
+    steps = {
+        "command-relay": ctx.commands.run(),
+        "control-relay": ctx.controls.run(),
+        "repair-scan": scanner.run(),
+        "statistics": keep_statistics(store.pool),
+        "retention": keep_pruned(store.transact, horizons(store, settings)),
+        "claims": scheduler.run(),
+    }
+    background = {name: asyncio.create_task(step, name=name) for name, step in steps.items()}
+    updates = UpdateConsumer(ctx, broker, scheduler)
+    await broker.consume(updates.queue, updates.handle, prefetch=settings.concurrency * 8)
+    bindings = BindingsConsumer(ctx, broker)
+    await broker.consume(bindings.queue, bindings.handle, prefetch=8)
+    # What the broker parks is read back, recorded and surfaced (infra.transport.parked).
+    await ParkedConsumer(store, broker, updates.queue, updates.surface_parked).start()
+    await ParkedConsumer(store, broker, bindings.queue).start()
+    served = Served(ctx, scheduler.quiet, scheduler.adopt)
+    return Running(ctx, liveness, scheduler, ctx.commands, updates, served, background)
+
+
+def _context(
+    backends: Backends,
+    settings: Settings,
+    killpoints: KillPoints,
+    owner: str,
+    active: set[str],
+    metrics: BrainMetrics,
+    tracing: Tracing,
+) -> BrainContext:
+    """What the parts of this Brain share (``brain.run.context``)."""
+    store, broker = backends.store, backends.transport
+    return BrainContext(
+        store=store,
+        codec=backends.codec,
+        topology=broker.topology,
+        killpoints=killpoints,
+        commands=CommandRelay(broker),
+        controls=ControlRelay(store, broker, interval=settings.scan_interval),
+        owner=owner,
+        wake_channel=wake_channel(settings),
+        lease_seconds=settings.lease_seconds,
+        binding_wait_seconds=settings.binding_wait_seconds,
+        first_look=first_look(settings),
+        active=active,
+        metrics=metrics,
+        tracing=tracing,
+    )
+
+
+async def _stop(brain: Running, settings: Settings) -> None:
+    """No new runs, the runs in progress to their next commit, the background tasks, the last
+    commands out."""
+    lost = brain.liveness.lost.is_set()
+    log.info("brain_stopping", presumed_dead=lost)
+    # First no new runs: an update applied from now on wakes its turn without claiming it
+    # for this Brain (a run that would never start here).
+    brain.scheduler.close()
+    # Runs in progress may reach their next commit (a model reply, the intents of tools) for
+    # up to TENDON_DRAIN_SECONDS while the relays still publish; a Brain presumed dead is
+    # fenced out already and stops at once. Nothing waits in memory, so cancelling mid-phase
+    # only loses uncommitted work, which the next run redoes from the last committed phase.
+    await brain.scheduler.stop(0.0 if lost else settings.drain_seconds)
+    for task in brain.background.values():
+        task.cancel()
+    for task in brain.background.values():
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+    if not lost:
+        await brain.commands.flush()
+    await brain.ctx.models.close()
+    for committer in (brain.served.submits, brain.ctx.moves, brain.updates.applier):
+        log.info("batch_sizes", stats=json.dumps(committer.stats(), sort_keys=True))
+    claims = {"committer": "claims", "sizes": dict(brain.scheduler.claimed)}
+    log.info(
+        "batch_sizes", stats=json.dumps(claims, sort_keys=True),
+        command_messages=brain.commands.messages, commands=brain.commands.published,
+    )  # fmt: skip

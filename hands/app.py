@@ -10,7 +10,7 @@ orphans, let running tools finish for up to ``grace`` seconds, publish what is p
 close everything in reverse order. Nothing is lost if this is cut short: the rows are the truth.
 
 If the worker loses its liveness while the process lives on (its lock session ended), other
-workers may already be claiming its executions: the recovery scan cancels every local body
+workers may already be claiming its executions: the liveness watch cancels every local body
 at once, nothing more is committed, and :meth:`HandsApp.serve` raises StaleOwnerError (the
 CLI exits with code 2; whatever runs the process restarts it under a new worker id).
 """
@@ -20,33 +20,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from functools import partial
 from types import TracebackType
 
+from hands.backends import HandsBackends, open_backends
 from hands.run.controls import ControlConsumer
 from hands.run.executor import Executor
+from hands.run.outcomes import Outcomes
 from hands.run.recovery import RecoveryScanner
 from hands.run.relay import EventRelay
+from hands.run.tasks import Tasks
 from hands.run.worker import CommandConsumer
 from hands.run.writer import LedgerWriter
-from hands.store import Ledger, ledger_for, open_ledger
+from hands.store import Ledger, open_ledger
 from hands.tools.registry import ToolRegistry, load_tools
-from infra.db import create_pool, keep_statistics
+from infra.db import keep_statistics
 from infra.db.retention import DAY, Horizon, keep_pruned
-from infra.liveness import Liveness
-from infra.liveness.registrations import WorkerRegistration
-from infra.objects.payloads import PayloadCodec, open_payload_codec
+from infra.objects.payloads import PayloadCodec
 from infra.process.killpoints import KillPoints
 from infra.process.logging import bind_worker, get_logger
 from infra.process.ready import ReadyFile, clear
 from infra.process.settings import Settings
-from infra.process.startup import wait_for
 from infra.process.tracing import open_tracing
 from infra.transport import Consumer, Transport
-from infra.transport.broker import Broker, Topology
+from infra.transport.broker import Topology
 from infra.transport.parked import ParkedConsumer
 from protocol import BindingsAnnouncement, BindingsBody, StaleOwnerError
 
@@ -54,14 +52,25 @@ log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
-class HandsBackends:
-    """What a pool runs on. Opened by someone else (the embedded mode), the app uses but never
-    closes them; ``HandsApp`` opens the distributed ones itself."""
+class Background:
+    """The pool's background tasks, by what each does."""
 
-    ledger: Ledger
-    transport: Transport
-    codec: PayloadCodec
-    register: Callable[..., Liveness]  # the worker registration, given its options
+    relay: asyncio.Task[None]  # publishes the events commits hand it: the last to stop
+    recovery: asyncio.Task[None]  # takes over what dead workers left open
+    statistics: asyncio.Task[None]
+    retention: asyncio.Task[None]
+    liveness: asyncio.Task[None]  # ends serve() once the others presumed this worker dead
+
+    def all(self) -> list[asyncio.Task[None]]:
+        return [self.relay, self.recovery, self.statistics, self.retention, self.liveness]
+
+
+@dataclass(frozen=True)
+class Consuming:
+    """The pool's consumers of its route's queues."""
+
+    controls: Consumer
+    commands: Consumer
 
 
 class HandsApp:
@@ -92,8 +101,8 @@ class HandsApp:
         self.worker_id = ""
         self._stack = AsyncExitStack()
         self._stop = asyncio.Event()
-        self._background: list[asyncio.Task[None]] = []
-        self._channels: list[Consumer] = []
+        self._background: Background | None = None  # once started
+        self._consuming: Consuming | None = None  # once it consumes both queues
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -121,7 +130,8 @@ class HandsApp:
     async def serve(self) -> None:
         """Run until :meth:`stop`; a background loop that dies takes the process down."""
         stop = asyncio.create_task(self._stop.wait())
-        done, _ = await asyncio.wait([stop, *self._background], return_when=asyncio.FIRST_COMPLETED)
+        background = self._background.all() if self._background is not None else []
+        done, _ = await asyncio.wait([stop, *background], return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()
         for task in done:
             if task is not stop and not task.cancelled() and task.exception() is not None:
@@ -132,11 +142,12 @@ class HandsApp:
     async def _start(self) -> None:
         s = self.settings
         self.registry = load_tools(self.tools_spec, self.route)
-        schema = s.hands_schema
-
-        backends = self.backends or await self._open_backends()
+        backends = self.backends
+        if backends is None:  # the distributed ones, closed with the app
+            clear(s.ready_file)  # a dead predecessor's (the same container), before any wait
+            backends = await self._stack.enter_async_context(open_backends(s, self.topology))
         ledger, broker, codec = backends.ledger, backends.transport, backends.codec
-        _, applied = await open_ledger(ledger.pool, schema)
+        _, applied = await open_ledger(ledger.pool, s.hands_schema)
         self.ledger = ledger
         self.liveness = backends.register(
             lease_seconds=s.lease_seconds,
@@ -150,53 +161,17 @@ class HandsApp:
         self.worker_id = self.liveness.worker_id
         bind_worker("hands", self.worker_id)
 
-        self.relay = EventRelay(
-            ledger, broker, route=self.route, interval=s.scan_interval, kill=self.kill,
-            max_bytes=max(256 * 1024, s.offload_threshold), linger=s.event_linger,
-        )  # fmt: skip
-        self.writer = LedgerWriter(ledger, codec, self.relay.send)
-        self.executor = Executor(
-            ledger=ledger,
-            writer=self.writer,
-            registry=self.registry,
-            worker_id=self.worker_id,
-            kill=self.kill,
-            concurrency=self.concurrency,
-            tracing=self._stack.enter_context(open_tracing(s.otlp_endpoint, "tendon-hands")),
-            confirm_owner=self.liveness.confirm,
+        self._compose(ledger, broker, codec)
+        self._background = Background(
+            relay=asyncio.create_task(self.relay.run(), name="event-relay"),
+            recovery=asyncio.create_task(self.recovery.run(), name="recovery-scan"),
+            statistics=asyncio.create_task(keep_statistics(ledger.pool), name="statistics"),
+            retention=asyncio.create_task(
+                keep_pruned(ledger.transact, self._horizons(ledger)), name="retention"
+            ),
+            liveness=asyncio.create_task(self._watch_liveness(), name="liveness"),
         )
-        self.recovery = RecoveryScanner(
-            route=self.route,
-            executor=self.executor,
-            interval=s.scan_interval,
-        )
-        self.commands = CommandConsumer(
-            route=self.route,
-            queue=self.topology.commands(self.route),
-            broker=broker,
-            codec=codec,
-            registry=self.registry,
-            executor=self.executor,
-            relay=self.relay,
-            kill=self.kill,
-            ledger_horizon=self.settings.retain_ledger_days * DAY,
-        )
-        self.controls = ControlConsumer(
-            route=self.route,
-            queue=self.topology.controls(self.route),
-            broker=broker,
-            codec=codec,
-            relay=self.relay,
-            executor=self.executor,
-        )
-        self._background = [
-            asyncio.create_task(self.relay.run(), name="event-relay"),
-            asyncio.create_task(self.recovery.run(), name="recovery-scan"),
-            asyncio.create_task(keep_statistics(ledger.pool), name="statistics"),
-            asyncio.create_task(keep_pruned(ledger.transact, self._horizons(ledger)), name="retention"),
-            asyncio.create_task(self._watch_liveness(), name="liveness"),
-        ]
-        self._stack.push_async_callback(self._cancel_background)
+        self._stack.push_async_callback(self._cancel, self._background.all())
 
         announcement = BindingsAnnouncement(
             body=BindingsBody(route=self.route, worker=self.worker_id, bindings=self.registry.bindings)
@@ -206,21 +181,7 @@ class HandsApp:
             await codec.pack(announcement),
             message_id=announcement.message_id,
         )
-        # What the broker parks is read back, recorded and surfaced (infra.transport.parked).
-        await ParkedConsumer(
-            ledger, broker, self.topology.commands(self.route), self.commands.surface_parked
-        ).start()
-        await ParkedConsumer(ledger, broker, self.topology.controls(self.route)).start()
-        self._channels.append(
-            await broker.consume(
-                self.topology.controls(self.route), self.controls.handle, prefetch=self.concurrency
-            )
-        )
-        self._channels.append(
-            await broker.consume(
-                self.topology.commands(self.route), self.commands.handle, prefetch=self.concurrency
-            )
-        )
+        await self._consume(ledger, broker)
         if s.ready_file:  # says ready while its database and broker are up
             services = {"PostgreSQL": lambda: self.liveness.up, "RabbitMQ": lambda: broker.connected}
             await self._stack.enter_async_context(ReadyFile(s.ready_file, self.worker_id, services))
@@ -232,7 +193,67 @@ class HandsApp:
             concurrency=self.concurrency,
             migrations_applied=applied,
             object_store=codec.store is not None,
-            schema=schema,
+            schema=s.hands_schema,
+        )
+
+    def _compose(self, ledger: Ledger, broker: Transport, codec: PayloadCodec) -> None:
+        """The parts of the pool, each given what it uses by name: the ledger, the writer that
+        commits to it, this worker's tasks (slots, reservations), the executor that runs bodies."""
+        s = self.settings
+        assert self.registry is not None
+        self.relay = EventRelay(
+            ledger, broker, route=self.route, interval=s.scan_interval, kill=self.kill,
+            max_bytes=max(256 * 1024, s.offload_threshold), linger=s.event_linger,
+        )  # fmt: skip
+        self.writer = LedgerWriter(ledger, codec, self.relay.send)
+        self.tasks = Tasks(self.worker_id, self.concurrency)
+        self.executor = Executor(
+            tasks=self.tasks,
+            outcomes=Outcomes(self.tasks, ledger=ledger, writer=self.writer),
+            writer=self.writer,
+            registry=self.registry,
+            kill=self.kill,
+            tracing=self._stack.enter_context(open_tracing(s.otlp_endpoint, "tendon-hands")),
+            confirm_owner=self.liveness.confirm,
+        )
+        self.recovery = RecoveryScanner(
+            route=self.route, ledger=ledger, tasks=self.tasks, executor=self.executor,
+            interval=s.scan_interval,
+        )  # fmt: skip
+        self.commands = CommandConsumer(
+            route=self.route,
+            queue=self.topology.commands(self.route),
+            broker=broker,
+            codec=codec,
+            registry=self.registry,
+            ledger=ledger,
+            writer=self.writer,
+            tasks=self.tasks,
+            executor=self.executor,
+            relay=self.relay,
+            kill=self.kill,
+            ledger_horizon=s.retain_ledger_days * DAY,
+        )
+        self.controls = ControlConsumer(
+            route=self.route,
+            queue=self.topology.controls(self.route),
+            broker=broker,
+            codec=codec,
+            relay=self.relay,
+            ledger=ledger,
+            writer=self.writer,
+            tasks=self.tasks,
+        )
+
+    async def _consume(self, ledger: Ledger, broker: Transport) -> None:
+        """Consume the route's dead-letter queues, then its controls, then its commands."""
+        commands, controls = self.topology.commands(self.route), self.topology.controls(self.route)
+        # What the broker parks is read back, recorded and surfaced (infra.transport.parked).
+        await ParkedConsumer(ledger, broker, commands, self.commands.surface_parked).start()
+        await ParkedConsumer(ledger, broker, controls).start()
+        self._consuming = Consuming(
+            controls=await broker.consume(controls, self.controls.handle, prefetch=self.concurrency),
+            commands=await broker.consume(commands, self.commands.handle, prefetch=self.concurrency),
         )
 
     def _horizons(self, ledger: Ledger) -> list[Horizon]:
@@ -250,57 +271,37 @@ class HandsApp:
             "lost database connection was not taken again within the grace), so they may be "
             "taking over its executions; stopping its work"
         )
-        self.executor.abandon(reason)
+        self.tasks.abandon(reason)
         raise StaleOwnerError(reason)
-
-    async def _open_backends(self) -> HandsBackends:
-        """The distributed backends, each waited for (``TENDON_SERVICE_WAIT_SECONDS``), closed with
-        the app."""
-        s = self.settings
-        clear(s.ready_file)  # a dead predecessor's (the same container), before any wait
-        patience = s.service_wait_seconds
-        pool = await wait_for(
-            partial(create_pool, s.ledger_database_url, s.hands_schema, max_size=s.db_pool_size),
-            service="PostgreSQL",
-            url=s.ledger_database_url,
-            patience=patience,
-        )
-        self._stack.push_async_callback(pool.close)
-        ledger = ledger_for(pool)
-        codec = await self._stack.enter_async_context(open_payload_codec(s, patience=patience))
-        broker = await self._stack.enter_async_context(
-            Broker(s.amqp_url, self.topology, delivery_limit=s.delivery_limit, patience=patience)
-        )
-        register = partial(WorkerRegistration, s.ledger_database_url, s.hands_schema, "hands")
-        return HandsBackends(ledger, broker, codec, register)
 
     # ---- stop ---------------------------------------------------------------------------
 
     async def _drain(self) -> None:
-        if not self._channels:  # never got to consuming
+        consuming, background = self._consuming, self._background
+        if consuming is None or background is None:  # never got to consuming
             return
-        log.info("hands_draining", worker=self.worker_id, in_flight=self.executor.in_flight)
+        log.info("hands_draining", worker=self.worker_id, in_flight=self.tasks.in_flight)
         self.commands.stop()
         await self.commands.wait_idle(5.0)
         await self.relay.ack_held()  # accepted: not handed back with the channel
-        commands_channel = self._channels[-1]
         # Closing the channel hands unacked (not yet accepted) deliveries back to the queue.
         with contextlib.suppress(Exception):
-            await commands_channel.close()
-        await self._cancel(self._background[1:])  # no new claims while draining
-        await self.executor.drain(self.grace)
+            await consuming.commands.close()
+        # No new claims while draining (nor pruning, statistics or a watch on the liveness).
+        await self._cancel(
+            [background.recovery, background.statistics, background.retention, background.liveness]
+        )
+        await self.tasks.drain(self.grace)
+        # Controls are consumed until the running tools are done: a cancel still reaches them.
         with contextlib.suppress(Exception):
-            await self._channels[0].close()
-        await self._cancel(self._background[:1])
+            await consuming.controls.close()
+        await self._cancel([background.relay])
         try:  # what the last commits produced, so the Brain hears it without waiting for a scan
             await self.relay.flush()
         except Exception:
             log.exception("final_publish_failed")
         log.info("batch_sizes", stats=json.dumps(self.writer.committer.stats(), sort_keys=True),
                  messages=self.relay.messages, events=self.relay.events)  # fmt: skip
-
-    async def _cancel_background(self) -> None:
-        await self._cancel(self._background)
 
     @staticmethod
     async def _cancel(tasks: list[asyncio.Task[None]]) -> None:

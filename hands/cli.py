@@ -22,25 +22,24 @@ from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
-import asyncpg
-from aio_pika import exceptions as amqp
-
 from hands.app import HandsApp
-from hands.run.reconcile import reconcile
+from hands.run.reconcile import publish, reconcile
 from hands.run.relay import stored_events
 from hands.store import Execution, Ledger, ledger_for
 from infra.db import create_pool
+from infra.db.parked import show_parked
 from infra.objects.payloads import PayloadCodec, open_payload_codec
+from infra.process.cli import ExitCodes, add_parked_command, reported
 from infra.process.entry import run_async
 from infra.process.heap import settle_heap
 from infra.process.killpoints import KillPoints
 from infra.process.logging import configure_logging, get_logger
 from infra.process.settings import Settings, bad_setting
 from infra.transport.broker import Broker, Topology
-from infra.transport.parked import add_parked_command, show_parked
-from protocol import NotFoundError, StaleOwnerError, TendonError, TransientError, batch_bytes, loads
+from protocol import NotFoundError, StaleOwnerError, TransientError, loads
 
 EXIT_ERROR = 2
+EXITS = ExitCodes(conflict=EXIT_ERROR, usage=EXIT_ERROR, unavailable=EXIT_ERROR)  # one code for every error
 log = get_logger(__name__)
 
 
@@ -135,38 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hands: {bad_setting(exc)}", file=sys.stderr)
         return EXIT_ERROR
     configure_logging(settings.log_format, settings.log_level, process="hands")
-    try:
-        return int(run_async(args.func(args, settings)))
-    except KeyboardInterrupt:
-        return 130
-    except Exception as exc:
-        line = _one_line(exc)
-        if line is None:
-            raise  # a bug: the traceback is what helps
-        print("hands: " + " ".join(line.split()), file=sys.stderr)  # one line, even with a DETAIL
-        return EXIT_ERROR
-
-
-def _one_line(exc: BaseException) -> str | None:
-    """What to tell the user about ``exc`` in one line, or None if it is a bug."""
-    if isinstance(exc, TendonError):
-        return exc.message
-    if isinstance(exc, amqp.ProbableAuthenticationError):
-        return f"the broker refused the login: {exc}"
-    if isinstance(exc, OSError | asyncpg.PostgresConnectionError | asyncpg.InterfaceError):
-        # Refused, unreachable or dropped connections (AMQP connection errors are OSErrors too).
-        return f"cannot reach a service: {type(exc).__name__}: {exc}"
-    if isinstance(exc, asyncpg.InvalidAuthorizationSpecificationError):
-        return f"the database refused the login: {exc}"
-    if isinstance(exc, asyncpg.PostgresError):
-        return f"the database refused the request: {type(exc).__name__}: {exc}"
-    if isinstance(exc, amqp.AMQPError):
-        return f"the broker refused the request: {type(exc).__name__}: {exc}"
-    # botocore is only imported when S3 is configured: if it is not loaded, this is no S3 error.
-    boto = sys.modules.get("botocore.exceptions")
-    if boto is not None and isinstance(exc, boto.BotoCoreError | boto.ClientError):
-        return f"the object store refused the request: {type(exc).__name__}: {exc}"
-    return None
+    return reported("hands", lambda: int(run_async(args.func(args, settings))), EXITS)
 
 
 # ---- serve ------------------------------------------------------------------------------
@@ -240,6 +208,7 @@ def _audit_view(rec: Any) -> dict[str, Any]:
         "error": rec["error"],
         "evidence": rec["evidence"],
         "actor": rec["actor"],
+        "request_id": rec["request_id"],
         "at": rec["at"].isoformat(),
         "sent_at": rec["sent_at"].isoformat() if rec["sent_at"] else None,
     }
@@ -263,8 +232,9 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
         content = ev["body"] if ev["body"] is not None else {"body_ref": ev["body_ref"]}
         print(f"  {ev['seq']:>3} {ev['kind']:<12} {json.dumps(content)[:200]}")
     for audit in audits:
+        request = f" (request {audit['request_id']})" if audit["request_id"] else ""
         print(
-            f"reconciled #{audit['id']}: {audit['outcome'].upper()} by {audit['actor']} at "
+            f"reconciled #{audit['id']}: {audit['outcome'].upper()} by {audit['actor']}{request} at "
             f"{audit['at']}; evidence: {audit['evidence']}"
         )
     return 0
@@ -321,10 +291,7 @@ async def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
                     delivery_limit=settings.delivery_limit,
                 )
             )
-            await broker.publish(
-                broker.topology.updates, batch_bytes([done.event]), message_id=done.event["message_id"]
-            )
-            await ledger.transact(lambda conn: ledger.reconciliation_sent(conn, done.audit_id))
+            await publish(ledger, broker, done)
             published = 1
         except Exception as exc:  # committed already: the pool's relay publishes it later
             print(

@@ -31,7 +31,8 @@ from pathlib import Path
 from brain.app import Backends
 from brain.app import run as run_brain
 from brain.store import BrainStore, open_brain_store, wake_channel
-from hands.app import HandsApp, HandsBackends
+from hands.app import HandsApp
+from hands.backends import HandsBackends
 from hands.store import Ledger, ledger_for
 from infra.db.sqlite import open_pool
 from infra.liveness.registrations import LocalWorkerRegistration
@@ -137,12 +138,7 @@ async def run_local(
         ]
         stop = asyncio.Event()
         register = partial(LocalWorkerRegistration, brain_pool, "brain")
-
-        @asynccontextmanager
-        async def the_ledger() -> AsyncIterator[Ledger]:
-            yield ledger
-
-        backends = Backends(brain, transport, codec, register, brain_pool.add_listener, the_ledger)
+        backends = Backends(brain, transport, codec, register, brain_pool.add_listener)
         brain_task = asyncio.create_task(run_brain(backends, settings, killpoints, stop))
         hands_tasks = [asyncio.create_task(h.serve()) for h in hands]
         try:

@@ -17,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -95,6 +96,46 @@ class ReplayBody(_Model):
     """Ask Hands to send an execution's events again, from ``from_seq`` on, from its ledger."""
 
     from_seq: int = Field(ge=1)
+
+
+class ReconcileBody(_Model):
+    """An operator's resolution of an UNKNOWN execution: what happened, how they know, who says
+    so. Exactly one of ``result`` (any JSON, null included: the execution succeeded) or
+    ``failure`` (a message: it failed) is present. ``request_id`` is the operator's idempotency
+    key: the Hands take a second reconcile of one execution with the same key as a duplicate."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"oneOf": [{"required": ["result"]}, {"required": ["failure"]}]}
+    )
+
+    result: Any = None
+    failure: str | None = Field(default=None, min_length=1)
+    evidence: str = Field(min_length=1)
+    actor: str = Field(min_length=1)
+    request_id: str = Field(min_length=1, max_length=200)
+
+    @model_validator(mode="after")
+    def _one_outcome(self) -> ReconcileBody:
+        given = self.model_fields_set
+        failing = self.failure is not None
+        # A null result is a result; a null failure is no failure, and not a way to send both keys.
+        if ("result" in given) == failing or ("failure" in given and not failing):
+            raise ValueError("a reconcile carries exactly one of result (any JSON) or failure (a message)")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _given_keys_only(self, handler: Any) -> Any:
+        # Absent and null differ for a result, so the key not given stays off the wire.
+        data = handler(self)
+        if "result" not in self.model_fields_set:
+            data.pop("result", None)
+        if self.failure is None:
+            data.pop("failure", None)
+        return data
+
+    @property
+    def succeeded(self) -> bool:
+        return self.failure is None
 
 
 class AcceptedBody(_Model):
@@ -192,6 +233,14 @@ class CancelControl(_ExecutionEnvelope):
 class ReplayControl(_ExecutionEnvelope):
     kind: Literal["replay"] = "replay"
     body: ReplayBody | None = None
+
+
+class ReconcileControl(_ExecutionEnvelope):
+    """Resolve an UNKNOWN execution (a Brain sends it for an operator; its message id is derived
+    from the execution and the request id, so a repeated request is the same message)."""
+
+    kind: Literal["reconcile"] = "reconcile"
+    body: ReconcileBody | None = None
 
 
 class _Event(_ExecutionEnvelope):
@@ -310,11 +359,12 @@ class CommandBatch(_Batch):
         return self
 
 
-Control = CancelControl | ReplayControl
+Control = CancelControl | ReplayControl | ReconcileControl
 Envelope = Annotated[
     ExecuteCommand
     | CancelControl
     | ReplayControl
+    | ReconcileControl
     | AcceptedEvent
     | StartedEvent
     | OutputPageEvent

@@ -256,11 +256,13 @@ def test_a_new_thread_freezes_the_newest_version_of_the_latest_announcement() ->
 
 
 class _Threads:
-    """A store as ``FrozenThreads`` reads it: threads and agent definitions by key."""
+    """A store as ``FrozenThreads`` reads it: threads and agent definitions by key (its bindings
+    part)."""
 
     def __init__(self, threads: list[str], agents: dict[str, Any]) -> None:
         self.rows = {t: {"id": t, "agent_name": t, "agent_version": "1", "bindings": {}} for t in threads}
         self.agents = agents
+        self.bindings = self
 
     async def thread(self, conn: Any, thread_id: str) -> Any:
         return self.rows.get(thread_id)

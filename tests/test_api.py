@@ -407,6 +407,49 @@ async def test_each_namespace_sees_and_controls_only_its_own(server: Server) -> 
         assert (await acme.get(f"/v1/turns/{turn}", params={"wait": "30"})).json()["status"] == "completed"
 
 
+async def test_a_reconcile_of_an_execution_that_is_not_unknown_or_not_known_or_malformed_is_refused(
+    server: Server, tendon: TendonEnv
+) -> None:
+    # Given a turn whose tool ran and succeeded
+    async with server.client() as acme:
+        turn = await submit(acme, "s-reconcile", "r1", TOOL_THEN_DONE)
+        assert (await acme.get(f"/v1/turns/{turn}", params={"wait": "30"})).json()["status"] == "completed"
+        (execution,) = (await acme.get(f"/v1/turns/{turn}/executions")).json()
+    path = f"/v1/operator/executions/{execution['id']}/reconcile"
+    good = {"request_id": "rec-1", "evidence": "seen in the log", "actor": "ops"}
+
+    async with server.client(namespace=None) as operator:
+        # When an operator reconciles it, then the refusal says it is not UNKNOWN, and how it ended
+        refused = await operator.post(path, json={**good, "result": {"ok": True}})
+        assert refused.status_code == 409
+        assert refused.json()["error"]["code"] == "illegal_transition"
+        assert (
+            f"execution {execution['id']} is SUCCEEDED (ran), not UNKNOWN"
+            in refused.json()["error"]["message"]
+        )
+        # an execution nobody knows is not found; a body with both or neither outcome, or a bad
+        # wait, is refused before anything is looked up
+        missing = await operator.post("/v1/operator/executions/nope/reconcile", json={**good, "result": 1})
+        assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
+        for outcome in ({}, {"result": 1, "failure": "no"}, {"result": None, "failure": "no"}):
+            bad = await operator.post(path, json={**good, **outcome})
+            assert (bad.status_code, bad.json()["error"]["code"]) == (422, "schema_error"), outcome
+            assert "exactly one of result (any JSON) or failure" in bad.json()["error"]["message"]
+        blank = await operator.post(path, json={**good, "evidence": "  ", "result": 1})
+        assert blank.status_code == 422 and "needs evidence" in blank.json()["error"]["message"]
+        nul = await operator.post(path, json={**good, "result": {"note": "a\u0000b"}})
+        assert nul.status_code == 422 and "NUL" in nul.json()["error"]["message"]
+        raw = b'{"request_id": "rec-1", "evidence": "e", "actor": "ops", "result": 1e400}'
+        huge = await operator.post(path, content=raw, headers={"Content-Type": "application/json"})
+        assert huge.status_code == 422, huge.text
+        bad_wait = await operator.post(path, json={**good, "result": 1}, params={"wait": "soon"})
+        assert bad_wait.status_code == 422
+    # Then nothing was sent to the Hands, and nothing recorded on the turn
+    obs = Observer(tendon)
+    assert await obs.fetch("SELECT * FROM {brain}.outbox") == []
+    assert await obs.fetch("SELECT * FROM {brain}.controls") == []
+
+
 async def test_the_python_client_submits_calls_controls_and_follows_events(
     server: Server, tmp_path: Path
 ) -> None:

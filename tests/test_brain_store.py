@@ -16,6 +16,7 @@ import pytest
 from brain import verbs
 from brain.rules import moves
 from brain.rules.states import TurnPhase, TurnStatus
+from brain.rules.submits import Start, Submit
 from brain.store import (
     BrainStore,
     ClaimBudget,
@@ -40,6 +41,8 @@ from protocol import (
     AcceptedEvent,
     ConflictError,
     IllegalTransitionError,
+    OutputPageBody,
+    OutputPageEvent,
     RoutingError,
     StaleOwnerError,
     StartedBody,
@@ -724,6 +727,92 @@ async def test_two_sibling_executions_finishing_at_once_wake_their_turn(pg_store
     assert (await asyncio.wait_for(second, 10)).woken == 1
     # ... and, seeing its sibling's committed result, wakes the turn
     assert (await _turn(store, turn_id)).status is TurnStatus.RUNNING
+
+
+async def test_a_replay_that_brings_a_held_event_again_in_one_batch_leaves_nothing_held(store):
+    # Given a tool that wrote two output pages and runs on: its first page (seq 3) was lost on the
+    # way, so the Brain holds the second (seq 4) behind the gap
+    turn_id = await _submit(store)
+    await _waiting_on(store, turn_id, "e7")
+    accepted, started, _ = _events("e7")
+    h = _header("e7")
+    page = [
+        OutputPageEvent(seq=s, body=OutputPageBody(offset=o, data="x" * 10), **h)
+        for s, o in ((3, 0), (4, 10))
+    ]
+    await _apply(store, [accepted, started])
+    await _apply(store, [page[1]])
+    assert await store.pool.fetchval("SELECT holding FROM executions WHERE id = 'e7'")
+
+    # When the Hands answer the replay request with seqs 3 and 4 in one batch
+    await _apply(store, page)
+
+    # Then both are applied, and nothing is held any more: the gap scan has nothing to ask for
+    row = await store.pool.fetchrow("SELECT status, last_seq, holding FROM executions WHERE id = 'e7'")
+    assert (row["status"], row["last_seq"], row["holding"]) == ("running", 4, False)
+    assert await store.pool.fetchval("SELECT count(*) FROM held_events") == 0
+    async with store.pool.acquire() as conn:
+        assert await store.repairs.gaps_to_replay(conn, 0.0) == []
+    # and the tool's end applies as the next seq, leaving no orphan behind
+    done = SucceededEvent(seq=5, body=SucceededBody(result={"ok": True}), **h)
+    await _apply(store, [done])
+    assert await store.pool.fetchval("SELECT status FROM executions WHERE id = 'e7'") == "succeeded"
+    assert await store.pool.fetchval("SELECT count(*) FROM held_events") == 0
+
+
+async def _recorded_dead(store: BrainStore, worker_id: str) -> None:
+    """A Brain the others judged dead (its turns handed back), which may not know it yet."""
+    await store.pool.execute(
+        "INSERT INTO workers (id, kind, lock_key, dead_at) VALUES ($1, 'brain', 0, now())", worker_id
+    )
+
+
+async def test_a_brain_recorded_dead_claims_nothing_when_it_wakes(store):
+    # Given a queued turn, and a Brain the others recorded dead while it was frozen
+    turn_id = await _submit(store)
+    await _recorded_dead(store, "brain-zombie")
+
+    # When it wakes and claims (before its liveness tells it what happened)
+    claimed = await _claim(store, "brain-zombie", limit=5)
+
+    # Then it takes nothing, and says there is nothing more for it: a live Brain claims the turn
+    assert (claimed.rows, claimed.more) == ([], False)
+    (row,) = (await _claim(store, "brain-live")).rows
+    assert (row.id, row.lease_owner) == (turn_id, "brain-live")
+
+
+async def test_an_apply_by_a_brain_recorded_dead_wakes_the_turn_without_claiming_it(store):
+    # Given a turn that waits on its tool, and a Brain recorded dead that held the tool's outcome
+    turn_id = await _submit(store)
+    await _waiting_on(store, turn_id, "z1")
+    await store.pool.execute(
+        "UPDATE turns SET lease_owner = NULL, lease_expires_at = NULL WHERE id = $1", turn_id
+    )
+    await _recorded_dead(store, "brain-zombie")
+
+    # When it applies the outcome with room for a run of its own
+    applied = await _apply(store, list(_events("z1")), budget=ClaimBudget("brain-zombie", 30.0, 4))
+
+    # Then the turn is woken for any Brain to claim, not claimed for the dead one
+    assert applied.claimed == [] and applied.woken == 1
+    row = await store.pool.fetchrow("SELECT status, lease_owner FROM turns WHERE id = $1", turn_id)
+    assert (row["status"], row["lease_owner"]) == ("running", None)
+    assert [r.id for r in (await _claim(store, "brain-live")).rows] == [turn_id]
+
+
+async def test_a_served_submit_by_a_brain_recorded_dead_leaves_its_turn_queued(store):
+    # Given a Brain recorded dead that still serves a submit it received before its freeze
+    await _recorded_dead(store, "brain-zombie")
+    asked = Submit(
+        namespace="ns", session_id="s9", request_id="r", user_input="hi", agent=AGENT, wake_channel="wake"
+    )
+
+    # When it offers to start the turn in the submit's commit
+    done = await store.submits.submit_served(asked, Start("brain-zombie", 30.0, {}))
+
+    # Then the turn is accepted but not started: queued, for a live Brain to claim
+    assert done.created and done.started is None
+    assert await store.pool.fetchval("SELECT status FROM turns WHERE id = $1", done.turn_id) == "queued"
 
 
 async def test_an_event_applied_while_a_later_one_is_being_held_drains_it(pg_store):

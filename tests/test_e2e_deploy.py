@@ -228,11 +228,14 @@ async def test_a_hands_worker_stopped_mid_tool_finishes_it_before_it_exits(
 async def test_a_tool_that_outlasts_the_drain_is_handed_back_and_run_again_by_the_pool(
     env: dict[str, str], obs: Observer, processes: Processes, tmp_path: Path
 ) -> None:
-    # Given two Hands workers with a drain of half a second, one of them running a 6 s safe tool
+    # Given two Hands workers with a drain of half a second, one of them running a safe tool that
+    # goes on until the test opens its gate (however slow the machine, it is still running)
     env = {**env, "TENDON_DRAIN_SECONDS": "0.5"}
+    gate = tmp_path / "gate"
     await processes.start_ready("brain", BRAIN, env)
     first = await processes.start_ready("hands", HANDS, env)
-    turn = await _submit(env, tmp_path, _agent([_step(6.0), {"content": "done"}]))
+    step = {"tool_calls": [{"tool": "slow_step", "args": {"seconds": 600.0, "gate": str(gate)}}]}
+    turn = await _submit(env, tmp_path, _agent([step, {"content": "done"}]))
     await wait_for(lambda: _started(env), timeout=30, what="the tool to start")
     await processes.start_ready("hands", HANDS, env)
 
@@ -242,6 +245,8 @@ async def test_a_tool_that_outlasts_the_drain_is_handed_back_and_run_again_by_th
     # Then it exits once the drain ran out, and the other worker takes the execution over by
     # the replay rule (a safe tool: run again, to its end)
     assert await processes.wait_exit(first, timeout=30) == 0
+    await wait_for(lambda: _started(env, times=2), timeout=60, what="the tool to run again")
+    gate.touch()
     done = await obs.wait_turn(turn, "completed", timeout=60)
     assert done["result"] == {"text": "done"}
     assert [line.split()[1] for line in _runs(env)] == ["started", "started", "finished"]
@@ -252,8 +257,8 @@ def _step(seconds: float, label: str = "step") -> dict[str, Any]:
     return {"tool_calls": [{"tool": "slow_step", "args": {"seconds": seconds, "label": label}}]}
 
 
-async def _started(env: dict[str, str]) -> bool:
-    return any(" started " in line for line in _runs(env))
+async def _started(env: dict[str, str], times: int = 1) -> bool:
+    return sum(" started " in line for line in _runs(env)) >= times
 
 
 # ---- a rolling restart under load ---------------------------------------------------------

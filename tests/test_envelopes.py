@@ -30,6 +30,8 @@ from protocol import (
     OutputPageBody,
     OutputPageEvent,
     ProtocolError,
+    ReconcileBody,
+    ReconcileControl,
     ReplayBody,
     ReplayControl,
     ReplayPolicy,
@@ -89,6 +91,13 @@ SAMPLES: dict[str, tuple[type[BaseModel], BaseModel, dict[str, Any]]] = {
     "execute": (ExecuteCommand, execute_body(), {}),
     "cancel": (CancelControl, CancelBody(reason="user pressed stop"), {}),
     "replay": (ReplayControl, ReplayBody(from_seq=3), {}),
+    "reconcile": (
+        ReconcileControl,
+        ReconcileBody(
+            result={"charge": "ch_1"}, evidence="the provider lists ch_1", actor="ops", request_id="rec-1"
+        ),
+        {},
+    ),
     "accepted": (AcceptedEvent, AcceptedBody(worker="hands-7"), {"seq": 1}),
     "started": (
         StartedEvent,
@@ -473,6 +482,45 @@ def test_an_unknown_replay_policy_is_a_schema_error():
     message = schema_error(data)
     assert "execute.body.replay_policy" in message
     assert "'safe'" in message and "'unsafe'" in message
+
+
+RECONCILE_BODY = {"evidence": "the provider lists ch_1", "actor": "ops", "request_id": "rec-1"}
+
+
+@pytest.mark.parametrize(
+    "outcome", [{"result": None}, {"result": {"charge": "ch_1"}}, {"result": 0}, {"failure": "declined"}]
+)
+def test_a_reconcile_carries_its_one_outcome_through_the_wire_a_null_result_included(outcome):
+    envelope = make("reconcile", body=ReconcileBody(**RECONCILE_BODY, **outcome))
+    raw = encode(envelope)
+    assert json.loads(raw)["body"] == {**RECONCILE_BODY, **outcome}  # the other key is absent
+    decoded = decode(raw)
+    assert decoded == envelope and encode(decoded) == raw
+    assert decoded.body.succeeded is ("result" in outcome)
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [{}, {"result": 1, "failure": "x"}, {"result": None, "failure": "x"}, {"result": 1, "failure": None},
+     {"failure": None}],
+    ids=["neither", "both", "null-result-and-failure", "result-and-null-failure", "null-failure"],
+)  # fmt: skip
+def test_a_reconcile_with_both_or_neither_of_result_and_failure_is_refused(outcome):
+    with pytest.raises(ValidationError, match="exactly one of result"):
+        ReconcileBody(**RECONCILE_BODY, **outcome)
+    data = wire("reconcile")
+    data["body"] = {**RECONCILE_BODY, **outcome}
+    message = schema_error(data)
+    assert "reconcile.body" in message and "exactly one of result (any JSON) or failure" in message
+
+
+@pytest.mark.parametrize("field", ["evidence", "actor", "request_id"])
+def test_a_reconcile_without_evidence_actor_or_request_id_is_refused(field):
+    data = wire("reconcile")
+    data["body"][field] = ""
+    assert f"reconcile.body.{field}" in schema_error(data)
+    del data["body"][field]
+    assert f"reconcile.body.{field}" in schema_error(data)
 
 
 @pytest.mark.parametrize("field", ["bound_to", "scope"])

@@ -28,6 +28,8 @@ from protocol import (
     CancelControl,
     ExecuteCommand,
     ObjectRef,
+    ReconcileBody,
+    ReconcileControl,
     ReplayBody,
     ReplayControl,
     encode,
@@ -685,6 +687,76 @@ async def test_a_worker_killed_inside_an_unsafe_tool_without_query_stays_unknown
     assert story["execution"]["status"] == "succeeded"
     assert [e["kind"] for e in story["events"]] == ["accepted", "started", "unknown", "succeeded"]
     assert story["reconciliations"][0]["actor"] == "alice"
+
+
+def reconcile_control(cmd: ExecuteCommand, request_id: str, **outcome: Any) -> ReconcileControl:
+    """An operator's reconcile of ``cmd``'s execution, as a Brain sends it on the controls queue."""
+    body = ReconcileBody(request_id=request_id, evidence="the provider's log", actor="ops", **outcome)
+    header = {"namespace": cmd.namespace, "session_id": cmd.session_id, "request_digest": cmd.request_digest}
+    return ReconcileControl(execution_id=cmd.execution_id, **header, body=body)
+
+
+async def logged(processes: Processes, event: str) -> list[dict[str, Any]]:
+    """The log lines of ``event`` every worker of the test wrote, once one did."""
+
+    async def found() -> list[dict[str, Any]] | None:
+        lines = []
+        for proc in processes.children:
+            text = await asyncio.to_thread(Path(proc.log_path).read_text, errors="replace")
+            lines += [json.loads(x) for x in text.splitlines() if x.startswith("{") and f'"{event}"' in x]
+        return [x for x in lines if x["event"] == event] or None
+
+    return await wait_for(found, timeout=WAIT, what=f"a worker to log {event}")
+
+
+@pytest.mark.chaos
+async def test_a_reconcile_control_resolves_an_unknown_execution_once_and_a_repeated_or_late_one_is_acked(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given an execution left UNKNOWN by a worker killed inside unsafe charge_noquery
+    cmd = command(lab.charge_noquery, {"amount": 5})
+    await _crash_then_recover(world, bus, processes, cmd, "hands.after_tool_body")
+    assert (await bus.wait_seqs(cmd.execution_id, 3))[3].kind == "unknown"
+
+    # When a Brain sends an operator's reconcile on the route's control queue
+    control = reconcile_control(cmd, "op-1", result={"charged": 5})
+    await bus.publish_control(control)
+
+    # Then the pool resolves it from its ledger: succeeded how=reconciled, audited with the
+    # operator's request id, its event published and marked so
+    done = (await bus.wait_seqs(cmd.execution_id, 4))[4]
+    assert (done.kind, done.body.how, done.body.result) == ("succeeded", "reconciled", {"charged": 5})
+    assert done.body.evidence == "the provider's log"
+
+    async def audited() -> list[asyncpg.Record] | None:
+        rows = await ledger_fetch(
+            world, "SELECT request_id, actor, outcome, sent_at FROM reconciliations WHERE execution_id = $1",
+            cmd.execution_id,
+        )  # fmt: skip
+        return rows if rows and rows[0]["sent_at"] is not None else None
+
+    (audit,) = await wait_for(audited, timeout=WAIT, what="the reconcile's event marked sent")
+    assert (audit["request_id"], audit["actor"], audit["outcome"]) == ("op-1", "ops", "succeeded")
+
+    # When the same request comes again (a repeated request, a redelivery), and another request
+    # reconciles the execution, which is not UNKNOWN any more
+    await bus.publish_control(control)
+    await bus.publish_control(reconcile_control(cmd, "op-2", failure="it bounced"))
+
+    # Then both are acked: the first as a duplicate, the second with a warning naming the
+    # status; nothing is written, published again, or dead-lettered, and nothing ran again
+    (duplicate,) = await logged(processes, "reconcile_duplicate")
+    assert (duplicate["request_id"], duplicate["execution_id"]) == ("op-1", cmd.execution_id)
+    (refused,) = await logged(processes, "reconcile_refused")
+    assert refused["level"] == "warning" and refused["request_id"] == "op-2"
+    assert "is SUCCEEDED, not UNKNOWN" in refused["reason"]
+    rows = await ledger_fetch(
+        world, "SELECT request_id FROM reconciliations WHERE execution_id = $1", cmd.execution_id
+    )
+    assert [r["request_id"] for r in rows] == ["op-1"]
+    assert await ledger_fetch(world, "SELECT * FROM parked") == []
+    assert [e.seq for e in bus.events(cmd.execution_id) if e.seq >= 4] == [4]
+    assert runs(world) == [("charge_noquery", cmd.execution_id, 1)]
 
 
 # ---- replay and big payloads ------------------------------------------------------------

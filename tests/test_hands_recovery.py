@@ -18,8 +18,10 @@ import pytest
 
 from hands.rules.states import OPEN_STATUSES, LedgerStatus
 from hands.run.executor import Executor
+from hands.run.outcomes import Outcomes
 from hands.run.recovery import RecoveryScanner
 from hands.run.relay import stored_events
+from hands.run.tasks import Tasks
 from hands.run.writer import LedgerWriter
 from hands.store import MIGRATIONS, Execution, Ledger, NewExecution, ledger_for
 from hands.tools.registry import ToolRegistry, load_tools
@@ -44,7 +46,7 @@ class Lab:
 
     @property
     def me(self) -> str:
-        return self.executor.worker_id
+        return self.executor.tasks.worker_id
 
     async def add(self, tool: str, args: dict[str, Any], status: LedgerStatus, owner: str) -> str:
         """An execution row as a worker would have left it; returns its id."""
@@ -114,17 +116,19 @@ async def _lab(
             registry = load_tools("tests.hands_test_tools", "lab")
             # No relay: what the commits hand over is dropped; the events are in the ledger.
             writer = LedgerWriter(ledger, PayloadCodec(None, 1024 * 1024), lambda events: None)
+            tasks = Tasks(registration.worker_id, concurrency=4)
             executor = Executor(
-                ledger=ledger,
+                tasks=tasks,
+                outcomes=Outcomes(tasks, ledger=ledger, writer=writer),
                 writer=writer,
                 registry=registry,
-                worker_id=registration.worker_id,
                 kill=KillPoints(),
-                concurrency=4,
             )
-            scanner = RecoveryScanner(route="lab", executor=executor, interval=0.2)
+            scanner = RecoveryScanner(
+                route="lab", ledger=ledger, tasks=tasks, executor=executor, interval=0.2
+            )
             yield Lab(ledger, registry, executor, scanner, runs_file, charges_file)
-            await executor.drain(5.0)
+            await tasks.drain(5.0)
     finally:
         await pool.close()
 

@@ -1,6 +1,6 @@
 """The rules of infra/, without servers: what a database can store, why a message was parked,
 how long a passing fault is waited out, which transactions are tried again, what a lost connection
-is, how often a repeated warning is written."""
+is, how often a repeated warning is written, how a command reports an error."""
 
 from __future__ import annotations
 
@@ -12,16 +12,18 @@ from typing import Any
 
 import asyncpg
 import pytest
+from aio_pika import exceptions as amqp
 
 from infra.db import TRANSACT_ATTEMPTS, is_transient, patiently, transact
 from infra.db.sqlite import open_pool
+from infra.process.cli import ExitCodes, Fault, explained, reported
 from infra.process.entry import run_async
 from infra.process.heap import YOUNG_COLLECTION_EVERY, settle_heap
 from infra.process.logging import Repeats
 from infra.process.settings import http_address
 from infra.transport import REASON_HEADER
 from infra.transport.parked import reason_of
-from protocol import SchemaError, TransientError
+from protocol import ConflictError, NotFoundError, SchemaError, TransientError
 from protocol.storable import storable, unstorable
 
 
@@ -308,3 +310,86 @@ def test_a_session_the_server_ended_is_a_lost_connection_and_a_bug_is_not() -> N
         asyncpg.InternalClientError("cannot switch to state 12; another operation (2) is in progress")
     )
     assert not is_transient(asyncpg.InternalClientError("no binary format encoder for type x (OID 1)"))
+
+
+# ---- how a command reports an error (infra.process.cli) -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "fault", "said"),
+    [
+        (ConflictError("request id 'r' was used with another input"), Fault.CONFLICT,
+         "CONFLICT: request id 'r' was used with another input"),
+        (NotFoundError("no turn t-1"), Fault.USAGE, "no turn t-1"),
+        (TransientError("the database is briefly away"), Fault.UNAVAILABLE, "the database is briefly away"),
+        (ConnectionRefusedError(111, "Connect call failed"), Fault.UNAVAILABLE,
+         "cannot reach a service: ConnectionRefusedError: [Errno 111] Connect call failed"),
+        (asyncpg.PostgresConnectionError("gone"), Fault.UNAVAILABLE,
+         "cannot reach the database: PostgresConnectionError: gone"),
+        (asyncpg.InterfaceError("connection is closed"), Fault.UNAVAILABLE,
+         "cannot reach the database: InterfaceError: connection is closed"),
+        (amqp.AMQPConnectionError("down"), Fault.UNAVAILABLE,
+         "cannot reach the broker: AMQPConnectionError: down"),
+        (amqp.ProbableAuthenticationError("ACCESS_REFUSED"), Fault.UNAVAILABLE,
+         "the broker refused the login: ACCESS_REFUSED"),
+        (amqp.ChannelClosed(404, "NOT_FOUND"), Fault.UNAVAILABLE,
+         "the broker refused the request: ChannelClosed"),
+        (asyncpg.InvalidAuthorizationSpecificationError("role x"), Fault.UNAVAILABLE,
+         "the database refused the login: role x"),
+        (asyncpg.CannotConnectNowError("starting up"), Fault.UNAVAILABLE,
+         "the database refused the request: CannotConnectNowError: starting up"),
+        (asyncpg.UniqueViolationError("dup"), Fault.USAGE,
+         "the database refused the request: UniqueViolationError: dup"),
+        (asyncpg.InvalidTextRepresentationError("bad"), Fault.USAGE, "the database refused the request"),
+    ],
+)  # fmt: skip
+def test_an_error_that_is_no_bug_is_told_as_one_line_of_its_kind(error, fault, said) -> None:
+    explanation = explained(error)
+    assert explanation is not None
+    assert explanation[0] is fault and explanation[1].startswith(said)
+
+
+def test_a_bug_is_not_explained_and_keeps_its_traceback(capsys) -> None:
+    def buggy() -> int:
+        raise ValueError("a bug")
+
+    assert explained(ValueError("a bug")) is None
+    with pytest.raises(ValueError, match="a bug"):
+        reported("brain", buggy, ExitCodes(conflict=4, usage=2, unavailable=5))
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("error", "brain", "hands"),
+    [
+        (ConflictError("c"), 4, 2),
+        (NotFoundError("n"), 2, 2),
+        (TransientError("t"), 5, 2),
+        (ConnectionResetError("r"), 5, 2),
+        (asyncpg.UniqueViolationError("dup"), 2, 2),
+        (asyncpg.CannotConnectNowError("starting up"), 5, 2),
+    ],
+)
+def test_each_command_gives_each_kind_of_error_its_own_exit_code(capsys, error, brain, hands) -> None:
+    def failing() -> int:
+        raise error
+
+    assert reported("brain", failing, ExitCodes(conflict=4, usage=2, unavailable=5)) == brain
+    assert reported("hands", failing, ExitCodes(conflict=2, usage=2, unavailable=2)) == hands
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 2 and said[0].startswith("brain: ") and said[1].startswith("hands: ")
+
+
+def test_a_reported_error_is_one_line_even_with_a_detail_and_ctrl_c_is_130(capsys) -> None:
+    codes = ExitCodes(conflict=4, usage=2, unavailable=5)
+
+    def detailed() -> int:
+        raise NotFoundError("no such thing\nDETAIL:  it was never there")
+
+    def interrupted_by_the_user() -> int:
+        raise KeyboardInterrupt
+
+    assert reported("brain", detailed, codes) == 2
+    assert capsys.readouterr().err == "brain: no such thing DETAIL: it was never there\n"
+    assert reported("brain", interrupted_by_the_user, codes) == 130
+    assert reported("brain", lambda: 3, codes) == 3

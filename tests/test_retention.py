@@ -100,7 +100,7 @@ async def _close(s: BrainStore, session: str, seconds_ago: float, *, finish: boo
     async def work(conn: Any) -> None:
         if finish:
             await conn.execute("UPDATE turns SET status = 'completed' WHERE session_id = $1", session)
-            assert await s.close_session(conn, session)
+            assert await s.sessions.close_session(conn, session)
         else:  # what closing refuses; pruning must not trust that it never happens
             await conn.execute("UPDATE sessions SET closed_at = now() WHERE id = $1", session)
         await conn.execute(

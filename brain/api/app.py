@@ -2,8 +2,8 @@
 observe) behind routes that check whose namespace a request acts in, with every error
 a structured body (``{"error": {"code", "message"}}``) and a status that says what kind it is.
 
-Leases, commits and the ledger are not reachable from here; the operator routes (reconcile, parked
-messages) need an operator token.
+Leases, commits and the Hands' ledger are not reachable from here; the operator routes (reconcile,
+which goes to the Hands as a control, and parked messages) need an operator token.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from brain.rules.submits import Submit
 from brain.run.endings import Endings
 from brain.run.metrics import BrainMetrics
 from brain.run.previews import Previews
-from brain.store import BrainStore
+from brain.store import BrainStore, Control
 from infra.db import is_transient
+from infra.objects.payloads import PayloadCodec
 from infra.process.logging import get_logger
 from infra.transport import Topology
 from protocol import (
@@ -70,8 +71,11 @@ class Api:
     previews: Previews = field(default_factory=Previews)
     endings: Endings = field(default_factory=Endings)  # wakes a wait for a turn that ends here
     metrics: BrainMetrics = field(default_factory=BrainMetrics)
-    # Opens the Hands ledger and payload codec for an operator's reconcile (None: not here).
-    reconciler: Callable[..., Awaitable[Any]] | None = None
+    # Hands committed controls (an operator's reconcile) to this Brain's control relay, to be
+    # published at once (None: the relay's sweep of the outbox finds them).
+    controls: Callable[[list[Control]], None] | None = None
+    # Packs a control whose body is big (an operator's reconcile) by reference (None: inline).
+    codec: PayloadCodec | None = None
     # This Brain's own submit, which may start a turn's run in the submit's commit (None: a plain
     # submit, the turn claimed by whichever Brain looks first).
     served: Callable[[Submit], Awaitable[tuple[str, bool]]] | None = None

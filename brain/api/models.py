@@ -88,14 +88,42 @@ class Receipt(BaseModel):
 
 
 class ReconcileRequest(BaseModel):
-    """An operator's resolution of an UNKNOWN execution, with evidence (audited)."""
+    """An operator's resolution of an UNKNOWN execution, with evidence (audited by the Hands of its
+    route): exactly one of ``result`` and ``failure``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    evidence: str = Field(min_length=1)
+    evidence: str = Field(min_length=1, description="how you know what happened")
     actor: str = Field(min_length=1, description="who vouches for it")
-    result: Any = Field(default=None, description="what the operation returned (for a success)")
-    failure: str | None = Field(default=None, description="what went wrong (for a failure); not with result")
+    result: Any = Field(
+        default=None, description="what the operation returned, for a success (any JSON, null included)"
+    )
+    failure: str | None = Field(default=None, min_length=1, description="what went wrong, for a failure")
+    request_id: str | None = Field(
+        default=None, min_length=1, max_length=200,
+        description="idempotency key (per turn, like every control's): the same request again answers "
+        "the same, and is carried out once; without one, each request is a new one",
+    )  # fmt: skip
+
+    def outcome(self) -> dict[str, Any]:
+        """``result`` and ``failure`` as given (both, one or neither: the control's body decides)."""
+        return {name: getattr(self, name) for name in ("result", "failure") if name in self.model_fields_set}
+
+
+class Reconciled(BaseModel):
+    """Where an operator's reconcile stands, as the Brain's record says."""
+
+    execution_id: str
+    turn_id: str
+    route: str = Field(description="the route whose Hands carry it out")
+    request_id: str
+    status: str = Field(
+        description="the execution's status once it left UNKNOWN (`succeeded` or `failed`); `requested` "
+        "while no worker of the route has carried the reconcile out (202)"
+    )
+    how: str | None = Field(default=None, description="`reconciled` (by this or an earlier reconcile)")
+    evidence: str | None = None
+    message: str | None = Field(default=None, description="with 202: what the reconcile waits for")
 
 
 class EventPage(BaseModel):

@@ -9,8 +9,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
 from brain.face import commands
 from brain.face.commands import (
     EXIT_CONFLICT,
@@ -20,11 +18,10 @@ from brain.face.commands import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
+from infra.process.cli import ExitCodes, add_parked_command, reported
 from infra.process.entry import run_async
 from infra.process.logging import configure_logging
 from infra.process.settings import Settings, bad_setting
-from infra.transport.parked import add_parked_command
-from protocol import ConflictError, TendonError
 
 EXIT_CODES = f"""exit codes:
   0  done (submit: the turn is accepted and durable; wait: it completed; a control: received or
@@ -37,6 +34,7 @@ EXIT_CODES = f"""exit codes:
   {EXIT_UNAVAILABLE}  a service (PostgreSQL, RabbitMQ, S3) could not be reached or refused the request
   {EXIT_REJECTED}  the control was rejected: its receipt says why (the turn ended, a stale revision...)
   130  interrupted (Ctrl-C)"""
+EXITS = ExitCodes(conflict=EXIT_CONFLICT, usage=EXIT_USAGE, unavailable=EXIT_UNAVAILABLE)
 
 
 def _remote() -> argparse.ArgumentParser:
@@ -293,23 +291,7 @@ def main(argv: list[str] | None = None, *, local: commands.Local | None = None) 
         **{kind: commands.control for kind in ("steer", "inject", "withdraw", "pause", "resume", "cancel")},
     }
     command = commands_by_name[args.command]
-    try:
-        return run_async(command(settings, args))
-    except ConflictError as exc:
-        print(f"brain: CONFLICT: {exc.message}", file=sys.stderr)
-        return EXIT_CONFLICT
-    except TendonError as exc:
-        print(f"brain: {exc.message}", file=sys.stderr)
-        return EXIT_UNAVAILABLE if exc.retryable else EXIT_USAGE
-    except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
-        print(f"brain: cannot reach a service: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
-    except asyncpg.PostgresError as exc:
-        print(f"brain: the database refused the request: {exc}", file=sys.stderr)
-        # Data it cannot take (class 22, 23) is the input's fault; anything else the service's.
-        return EXIT_USAGE if str(exc.sqlstate or "")[:2] in ("22", "23") else EXIT_UNAVAILABLE
-    except KeyboardInterrupt:
-        return 130
+    return reported("brain", lambda: run_async(command(settings, args)), EXITS)
 
 
 if __name__ == "__main__":

@@ -22,11 +22,11 @@ from brain.face.watch import watch as follow
 from brain.rules.agents import AgentDefinition
 from brain.rules.states import TERMINAL_TURN, TurnStatus
 from brain.store import BrainStore, open_store
+from infra.db.parked import show_parked
 from infra.process.killpoints import KillPoints
 from infra.process.settings import Settings
 from infra.transport import Topology
 from infra.transport.broker import Broker
-from infra.transport.parked import show_parked
 from protocol import ProtocolError, SchemaError, loads
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_CONFLICT, EXIT_UNAVAILABLE, EXIT_REJECTED = 1, 2, 3, 4, 5, 6

@@ -6,7 +6,8 @@ from typing import Any
 
 RECONCILE_HINT = (
     "resolve each with `hands reconcile EXECUTION_ID --result JSON --evidence TEXT` "
-    "(or --failed MESSAGE) once you know what happened"
+    "(or --failed MESSAGE), or an operator's POST /v1/operator/executions/EXECUTION_ID/reconcile, "
+    "once you know what happened"
 )
 
 

@@ -216,7 +216,8 @@ class TurnView:
 
 @dataclass
 class Control:
-    """A control message (cancel) committed in the outbox, to publish after the commit."""
+    """A control message (a cancel, a reconcile) committed in the outbox, to publish after the
+    commit."""
 
     queue: str
     message_id: str

@@ -6,10 +6,11 @@
   got out (the Brain died between its commit and its confirm, or the broker lost it) is still in
   its execution's row, INTENDED: the repair scan sends it again from there (``brain.run.scanner``),
   and the Hands take a duplicate for what it is (by execution id).
-- :class:`ControlRelay` publishes cancels. They are rare (a turn that ends with executions still
-  open) and must not be lost (a cancel that comes before its command leaves a tombstone), so
-  each is an outbox row, committed with the turn's failure and marked once confirmed; what a
-  crash left unmarked is published again by the relay's periodic sweep.
+- :class:`ControlRelay` publishes cancels and an operator's reconciles. They are rare (a turn that
+  ends with executions still open, an UNKNOWN execution resolved by hand) and must not be lost (a
+  cancel that comes before its command leaves a tombstone), so each is an outbox row, committed
+  with the change that made it and marked once confirmed; what a crash left unmarked is published
+  again by the relay's periodic sweep.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Iterable
 
 from brain.store import BrainStore, Control
 from infra.process.logging import get_logger
+from infra.process.loops import BackgroundLoop
 from infra.transport import Transport
 from protocol import command_batch_bytes, new_id
 
@@ -78,6 +80,8 @@ class CommandRelay:
         self._wake.set()
 
     async def run(self) -> None:
+        # Not a BackgroundLoop: it has no period (only a hand-over wakes it), a refusal is an
+        # answer rather than an error, and the pause after one is not cut short by a hand-over.
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -119,19 +123,20 @@ class CommandRelay:
 
 
 class ControlRelay:
-    """Publishes cancels from the outbox: at once when handed over, and by a periodic sweep."""
+    """Publishes controls from the outbox: at once when handed over, and by a periodic sweep."""
 
     def __init__(self, store: BrainStore, transport: Transport, *, interval: float) -> None:
         self.store = store
         self.transport = transport
         self.interval = interval
         self._handed: list[Control] = []
-        self._wake = asyncio.Event()
+        # Each round, the first too, waits for a hand-over or the interval.
+        self._loop = BackgroundLoop("control-relay", self._round, period=interval, first=interval)
 
     def send(self, controls: Iterable[Control]) -> None:
         """Publish these committed controls soon (call after their commit)."""
         self._handed.extend(controls)
-        self._wake.set()
+        self._loop.wake()
 
     async def publish(self, controls: list[Control]) -> int:
         if not controls:
@@ -153,16 +158,13 @@ class ControlRelay:
         controls = await self.store.read(self.store.outbox.unpublished_controls)
         return await self.publish(controls)
 
+    async def _round(self) -> None:
+        """What was handed over, else a sweep (a failed round leaves the rows to the next sweep)."""
+        handed, self._handed = self._handed, []
+        if handed:
+            await self.publish(handed)
+        else:
+            await self.sweep()
+
     async def run(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval)
-            self._wake.clear()
-            handed, self._handed = self._handed, []
-            try:
-                if handed:
-                    await self.publish(handed)
-                else:
-                    await self.sweep()
-            except Exception as exc:  # noqa: BLE001 - the rows are still there: the next sweep
-                log.warning("control_relay_error", error=repr(exc))
+        await self._loop.run()

@@ -127,6 +127,8 @@ class Scheduler:
         once; otherwise (the periodic scan, the end of a run) a cheap look comes first: a claim
         that finds nothing costs a transaction, the look one read.
         """
+        # Not a BackgroundLoop: what comes next depends on the round (claim again at once, look
+        # first, or wait for a free slot) and on which of two wake-ups ended the wait.
         claim_now = False
         while True:
             if self.free == 0:

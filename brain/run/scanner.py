@@ -26,7 +26,6 @@ command queue has messages waiting (it may be among them; measured: 2,000 waitin
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from brain.run.context import BrainContext
 from brain.store import Settled
 from infra.db import Connection
 from infra.process.logging import get_logger
+from infra.process.loops import BackgroundLoop
 from protocol import NoAnswerError, ReplayBody, ReplayControl, encode
 
 log = get_logger(__name__)
@@ -249,9 +249,5 @@ class RepairScanner:
             return False
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.scan_once()
-            except Exception as exc:  # noqa: BLE001 - the scan must outlive any one bad pass
-                log.warning("repair_scan_error", error=repr(exc))
-            await asyncio.sleep(self.interval)
+        """A pass every ``interval`` seconds, forever: the scan must outlive any one bad pass."""
+        await BackgroundLoop("repair-scan", self.scan_once, period=self.interval).run()

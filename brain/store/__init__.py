@@ -75,10 +75,10 @@ from brain.store.turns_pg import PgTurns
 from brain.store.views import Views
 from brain.store.views_pg import PgViews
 from infra.db import Connection, Pool, create_pool, dialect, migrate, reading
+from infra.db.parked import ParkedRows
 from infra.db.store import StoreBase
 from infra.process.settings import Settings
 from infra.process.startup import wait_for
-from infra.transport.parked import ParkedRows
 
 T = TypeVar("T")
 

@@ -19,7 +19,7 @@ from brain.rules.records import Applied, ClaimBudget, Ended, TurnRow
 from brain.rules.sequencing import drainable
 from brain.rules.states import TERMINAL_EXECUTION, ExecutionStatus, TurnStatus
 from brain.store.part import Part
-from brain.store.sql import FINAL_SQL, TURN_COLUMNS, turn_becomes
+from brain.store.sql import FINAL_SQL, TURN_COLUMNS, owner_not_dead, turn_becomes
 from infra.db import Connection, Json, Row, as_json
 from infra.db.store import as_time
 from infra.process.logging import get_logger
@@ -68,7 +68,7 @@ _PROGRESS = "replay_requested_at = NULL, stall_backoff = 1, nudges = 0, command 
 SETTLED = f"""NOT EXISTS (SELECT 1 FROM executions e WHERE e.turn_id = t.id AND e.tool_step = t.tool_step
                             AND e.status NOT IN {FINAL_SQL}
                             AND NOT (t.cancel_requested AND e.status = 'unknown'))"""
-_CLAIM_NOW = "(CAST($3 AS text) IS NOT NULL AND pending = 0)"
+_CLAIM_NOW = f"(CAST($3 AS text) IS NOT NULL AND pending = 0 AND {owner_not_dead('CAST($3 AS text)')})"
 # A waiting turn whose tools all answered goes on (its run, or a claim, applies their results).
 WOKEN = turn_becomes(TurnStatus.RUNNING, from_={TurnStatus.WAITING})
 _WAKE = f"""
@@ -232,7 +232,9 @@ class Events(Part):
         if ready:
             who = Execution(row["id"], row["call_id"], row["tool"], bool(row["journal_detail"]))
             done = effect(ExecutionStatus(row["status"]), ready, who)  # raises before anything is written
-            await self._rare_writes(conn, row, done, drained)
+            # Held events this apply covered go, whether they drained from the held rows or came
+            # again in this batch (a replay answers with the whole range from the gap on).
+            await self._rare_writes(conn, row, done, ready[-1].seq if row["holding"] else None)
             turn = touched.turn(row)
             turn.facts += done.facts
             if done.terminal or (done.status is ExecutionStatus.UNKNOWN and row["turn_cancelling"]):
@@ -255,7 +257,9 @@ class Events(Part):
         if beyond:
             await conn.execute("UPDATE executions SET holding = true WHERE id = $1", execution_id)
 
-    async def _rare_writes(self, conn: Connection, row: Any, done: Effect, drained: list[int]) -> None:
+    async def _rare_writes(self, conn: Connection, row: Any, done: Effect, covered: int | None) -> None:
+        """Output pages, held events up to ``covered`` (the last seq now applied, when the row was
+        holding any), and a turn's note of why it waits for a reconcile."""
         for offset, data in done.pages:
             await conn.execute(
                 "INSERT INTO execution_output (execution_id, byte_offset, data) VALUES ($1, $2, $3)"
@@ -264,9 +268,9 @@ class Events(Part):
                 offset,
                 data,
             )
-        if drained:
+        if covered is not None:
             await conn.execute(
-                "DELETE FROM held_events WHERE execution_id = $1 AND seq <= $2", row["id"], drained[-1]
+                "DELETE FROM held_events WHERE execution_id = $1 AND seq <= $2", row["id"], covered
             )
             await conn.execute(
                 "UPDATE executions SET holding = EXISTS (SELECT 1 FROM held_events WHERE execution_id = $1)"

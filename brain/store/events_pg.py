@@ -10,7 +10,7 @@ from brain.rules.records import Applied, ClaimBudget, TurnRow
 from brain.rules.states import TurnStatus
 from brain.store.events import NAMED_COLUMNS, WOKEN, Events, Planned, Touched, effect_values
 from brain.store.journal_pg import JOURNAL_ENTRIES
-from brain.store.sql import FINAL_SQL, TURN_COLUMNS, qualified, turn_becomes
+from brain.store.sql import FINAL_SQL, TURN_COLUMNS, owner_not_dead, qualified, turn_becomes
 from infra.db import Connection, Json
 from infra.db.rows import row_args, rows_from
 
@@ -46,7 +46,8 @@ WITH eff AS (
            stall_backoff = 1, nudges = 0, command = NULL, updated_at = now()
       FROM {{effects}}
      WHERE e.id = m.id),
-f AS (SELECT * FROM {{wakes}}),
+f AS (SELECT x.turn_id, x.facts, x.step, x.claim AND {owner_not_dead("CAST($15 AS text)")} AS claim
+        FROM {{wakes}}),
 woken AS (
     UPDATE turns t
        SET {WOKEN.set}, wake_at = now(), waiting_for = NULL, updated_at = now(),
@@ -83,7 +84,7 @@ SELECT woken.*, (SELECT count(*) FROM hint) AS hinted, w.seq AS entry_seq, e.fac
   FROM woken LEFT JOIN written w ON w.turn_id = woken.id LEFT JOIN entry e ON e.turn_id = woken.id"""
 _COMMIT_APPLIES = {
     one: _COMMIT_APPLY.replace("{effects}", rows_from("m", _EFFECT, 1, one=one))
-    .replace("{wakes}", rows_from("f", _WAKE, 10, one=one))
+    .replace("{wakes}", rows_from("x", _WAKE, 10, one=one))
     .replace("{entries}", JOURNAL_ENTRIES[not one])
     for one in (False, True)
 }

@@ -28,6 +28,7 @@ from brain.rules.states import (
     TurnStatus,
     sources,
 )
+from infra.liveness import ALIVE_SQL
 from protocol import IllegalTransitionError
 
 E = TypeVar("E", bound=StrEnum)
@@ -84,6 +85,14 @@ def execution_becomes(
 def control_becomes(new: ControlStatus) -> StatusWrite:
     """A control's status write (from ``received``: a decided control stays as it was decided)."""
     return _becomes(CONTROL_TRANSITIONS, new, None, "", "a control")
+
+
+def owner_not_dead(owner: str) -> str:
+    """Whether the worker ``owner`` (an SQL expression) is not recorded dead: a Brain presumed dead
+    takes no turn. One frozen past its lease wakes and applies the updates it held before it
+    learns it lost its liveness, and would claim the turns they woke under its dead id, to wait
+    out a lease there."""
+    return f"NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = {owner} AND NOT {ALIVE_SQL})"
 
 
 # The columns of ``turns`` a TurnRow is read from, for statements that return turns.

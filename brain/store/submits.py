@@ -23,7 +23,7 @@ from brain.rules.submits import (
 )
 from brain.store.bindings import mark_of
 from brain.store.part import Part
-from brain.store.sql import TERMINAL_SQL, TURN_COLUMNS
+from brain.store.sql import TERMINAL_SQL, TURN_COLUMNS, owner_not_dead
 from infra.db import Connection
 from protocol import ConflictError, IllegalTransitionError, TendonError, new_id
 
@@ -114,6 +114,8 @@ class Submits(Part):
         stale = start is not None and not await self._still_announced(conn, known, start)
         if start is not None and (stale or not starts_now(known, start)):
             start = None
+        if start is not None and not await conn.fetchval(f"SELECT {owner_not_dead('$1')}", start.owner):
+            start = None  # a Brain presumed dead starts no turn: it is queued for the others
         if known["agent_digest"] is None:
             await conn.execute(
                 "INSERT INTO agents (name, version, digest, definition) VALUES ($1, $2, $3, $4)"

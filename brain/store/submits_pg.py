@@ -19,7 +19,7 @@ from brain.rules.submits import (
     started_facts,
     submit_facts,
 )
-from brain.store.sql import TERMINAL_SQL, TURN_COLUMNS
+from brain.store.sql import TERMINAL_SQL, TURN_COLUMNS, owner_not_dead
 from brain.store.submits import KNOWN_SQL, Submits
 from infra.db import Connection, as_json
 from infra.db.rows import row_args, rows_from
@@ -69,7 +69,7 @@ known AS (
               AND (session_ns IS NULL OR (session_ns = ns AND session_closed IS NULL))
               AND (agent_name IS NULL OR (agent_name = aname AND agent_version = aversion
                                           AND thread_closed IS NULL)) AS fits,
-              owner IS NOT NULL AND thread_open = 0
+              owner IS NOT NULL AND thread_open = 0 AND {owner_not_dead("owner")}
               AND (thread_bound OR (agent_name IS NULL AND offered IS NOT NULL AND fresh)) AS starts
       FROM (SELECT r.*, k.turn_id, k.input_digest, k.turn_thread, k.session_ns,
                    -- A new agent's version that an earlier row of this statement registers is

@@ -14,7 +14,7 @@ from brain.rules import facts
 from brain.rules.records import Claimed, Move, Moved, TurnRow
 from brain.rules.states import TurnPhase, TurnStatus, phase_transition, turn_transition
 from brain.store.part import Part
-from brain.store.sql import TERMINAL_SQL, TURN_COLUMNS, turn_becomes
+from brain.store.sql import TERMINAL_SQL, TURN_COLUMNS, owner_not_dead, turn_becomes
 from infra.db import Connection
 from infra.db.store import as_time
 from protocol import NotFoundError, StaleOwnerError
@@ -101,7 +101,7 @@ class Turns(Part):
         for _ in range(limit):
             rec = await conn.fetchrow(
                 f"""UPDATE turns SET {CLAIM_SET}
-                     WHERE id = ({CLAIMABLE_SQL} ORDER BY t.wake_at, t.seq LIMIT 1)
+                     WHERE id = ({CLAIMABLE_SQL} ORDER BY t.wake_at, t.seq LIMIT 1) AND {owner_not_dead("$1")}
                  RETURNING {TURN_COLUMNS}, now() AS now""",
                 owner,
                 lease_seconds,
@@ -110,7 +110,7 @@ class Turns(Part):
                 return Claimed(rows, False, now)
             now = as_time(rec["now"])
             rows.append(TurnRow.from_record(rec))
-        more = bool(await conn.fetchval(f"SELECT EXISTS ({CLAIMABLE_SQL})"))
+        more = bool(await conn.fetchval(f"SELECT EXISTS ({CLAIMABLE_SQL}) AND {owner_not_dead('$1')}", owner))
         return Claimed(rows, more, now)
 
     async def renew_leases(

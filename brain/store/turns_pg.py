@@ -8,7 +8,7 @@ from typing import Any
 
 from brain.rules.records import Claimed, Move, Moved, TurnRow
 from brain.store.journal_pg import JOURNAL_ENTRIES
-from brain.store.sql import TURN_COLUMNS, qualified
+from brain.store.sql import TURN_COLUMNS, owner_not_dead, qualified
 from brain.store.turns import CLAIM_SET, CLAIMABLE_FROM, Turns
 from infra.db import Connection, as_json
 from infra.db.rows import row_args, rows_from
@@ -16,7 +16,7 @@ from infra.db.rows import row_args, rows_from
 # One walk of the claimable turns: one more is locked than is claimed, and finding it says there
 # is more to claim (a second walk to count them read as much again as the claim itself).
 _CLAIM = f"""
-WITH candidate AS (SELECT t.id, t.wake_at, t.seq {CLAIMABLE_FROM}
+WITH candidate AS (SELECT t.id, t.wake_at, t.seq {CLAIMABLE_FROM} AND {owner_not_dead("$1")}
      ORDER BY t.wake_at, t.seq LIMIT $3 + 1 FOR UPDATE OF t SKIP LOCKED),
 chosen AS (SELECT id FROM candidate ORDER BY wake_at, seq LIMIT $3),
 claimed AS (

@@ -103,22 +103,31 @@ async def control(
     input_digest = digest({"kind": str(kind), **body})
 
     async def work(conn: Connection) -> Receipt:
-        turn = await store.turns.lock_turn(conn, namespace, turn_id)
-        if turn is None:
-            raise NotFoundError(f"there is no turn {turn_id!r}")
-        earlier = await store.controls.control_by_request(conn, turn_id, request_id)
+        turn, earlier = await locked_turn(store, conn, namespace, turn_id, request_id, input_digest)
         if earlier is not None:
-            if earlier["input_digest"] != input_digest:
-                raise ConflictError(
-                    f"request id {request_id!r} of turn {turn_id} was already used for another control "
-                    f"({earlier['kind']} #{earlier['id']})"
-                )
-            return Receipt.of(earlier)
+            return earlier
         if kind is Kind.WITHDRAW:
             return await _withdraw(store, conn, turn, request_id, body, input_digest)
         return await _record(store, conn, turn, kind, body, request_id, input_digest, topology, wake_channel)
 
     return await store.transact(work)
+
+
+async def locked_turn(
+    store: BrainStore, conn: Connection, namespace: str, turn_id: str, request_id: str, input_digest: str
+) -> tuple[TurnRow, Receipt | None]:
+    """The turn, locked for the control's commit, and the receipt its request id already has
+    (CONFLICT when that was for another input)."""
+    turn = await store.turns.lock_turn(conn, namespace, turn_id)
+    if turn is None:
+        raise NotFoundError(f"there is no turn {turn_id!r}")
+    earlier = await store.controls.control_by_request(conn, turn_id, request_id)
+    if earlier is not None and earlier["input_digest"] != input_digest:
+        raise ConflictError(
+            f"request id {request_id!r} of turn {turn_id} was already used for another control "
+            f"({earlier['kind']} #{earlier['id']})"
+        )
+    return turn, Receipt.of(earlier) if earlier is not None else None
 
 
 async def _record(
@@ -273,17 +282,9 @@ async def respond(
     input_digest = digest({"kind": "respond", **body})
 
     async def work(conn: Connection) -> Receipt:
-        turn = await store.turns.lock_turn(conn, namespace, turn_id)
-        if turn is None:
-            raise NotFoundError(f"there is no turn {turn_id!r}")
-        earlier = await store.controls.control_by_request(conn, turn_id, request_id)
+        turn, earlier = await locked_turn(store, conn, namespace, turn_id, request_id, input_digest)
         if earlier is not None:
-            if earlier["input_digest"] != input_digest:
-                raise ConflictError(
-                    f"request id {request_id!r} of turn {turn_id} was already used for another control "
-                    f"({earlier['kind']} #{earlier['id']})"
-                )
-            return Receipt.of(earlier)
+            return earlier
         execution = await store.executions.execution_for_call(conn, turn_id, call)
         why = _refuse_response(turn, execution, call, decision)
         status = "rejected" if why else "applied"

@@ -1,4 +1,4 @@
-"""The control consumer: replay requests and cancels for this route's executions.
+"""The control consumer: replay requests, cancels and reconciles for this route's executions.
 
 Controls have their own queue so that a backlog of commands never delays them. A control
 that can never be carried out (malformed, unknown execution, wrong route) is dead-lettered
@@ -14,16 +14,27 @@ after a pause (``infra.transport.delivery``).
   tombstone, a CANCELLED row with its ``cancelled`` event, so that the command, if it comes
   later, is a duplicate that never runs. (Receipts and reaching a body that runs on another
   replica are a later issue.)
+- ``reconcile``: an operator's resolution of an UNKNOWN execution, sent by a Brain for a request
+  to its HTTP API. It is carried out here as ``hands reconcile`` does it
+  (``hands.run.reconcile``: the audit row, the status move and the event in one transaction,
+  then the event published; what could not be is published by the relay's sweep). The same
+  request again (a repeated request, a redelivery) is a duplicate: acked, nothing new published.
+  A reconcile of an execution that is not UNKNOWN here (reconciled first by another request or
+  by ``hands reconcile``) is acked with a warning: trying again would never change the answer.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from structlog.contextvars import bound_contextvars
 
 from hands.rules.states import LedgerStatus
-from hands.run.executor import Executor
+from hands.run.reconcile import publish, reconcile
 from hands.run.relay import EventRelay
-from hands.store import Execution, NewExecution
+from hands.run.tasks import Tasks
+from hands.run.writer import LedgerWriter
+from hands.store import Execution, Ledger, NewExecution
 from infra.db import Connection
 from infra.objects.payloads import PayloadCodec
 from infra.process.logging import get_logger
@@ -32,7 +43,10 @@ from infra.transport.delivery import handle_patiently
 from protocol import (
     CancelControl,
     CancelledBody,
+    ConflictError,
+    IllegalTransitionError,
     NotFoundError,
+    ReconcileControl,
     ReplayControl,
     RoutingError,
     TendonError,
@@ -52,15 +66,18 @@ class ControlConsumer:
         broker: Transport,
         codec: PayloadCodec,
         relay: EventRelay,
-        executor: Executor,
+        ledger: Ledger,
+        writer: LedgerWriter,
+        tasks: Tasks,
     ) -> None:
         self.route = route
         self.queue = queue
-        self._ledger = executor.ledger
+        self._ledger = ledger
+        self._writer = writer
         self._broker = broker
         self._codec = codec
         self._relay = relay
-        self._executor = executor
+        self._tasks = tasks
 
     async def handle(self, message: Delivery) -> None:
         """aio-pika callback: every delivery ends acked, dead-lettered or handed back."""
@@ -69,13 +86,16 @@ class ControlConsumer:
     async def _handle(self, message: Delivery) -> None:
         try:
             control = await self._codec.unpack(message.body)
-            if not isinstance(control, ReplayControl | CancelControl):
+            if not isinstance(control, ReplayControl | CancelControl | ReconcileControl):
                 raise RoutingError(
-                    f"expected a replay or cancel control on {self.queue}, got a {control.kind} envelope"
+                    f"expected a replay, cancel or reconcile control on {self.queue}, "
+                    f"got a {control.kind} envelope"
                 )
             with bound_contextvars(execution_id=control.execution_id):
                 if isinstance(control, ReplayControl):
                     await self._replay(control)
+                elif isinstance(control, ReconcileControl):
+                    await self._reconcile(control)
                 else:
                     await self._cancel(control)
         except TendonError as exc:
@@ -99,13 +119,42 @@ class ControlConsumer:
         count = await self._relay.replay(control.execution_id, control.body.from_seq)
         log.info("replay_requested", from_seq=control.body.from_seq, events=count)
 
+    async def _reconcile(self, control: ReconcileControl) -> None:
+        body = control.body
+        assert body is not None
+        row = self._of_route(
+            await self._ledger.read(lambda conn: self._ledger.get(conn, control.execution_id)),
+            control.execution_id,
+        )
+        if (row.namespace, row.session_id, row.request_digest) != (
+            control.namespace, control.session_id, control.request_digest,
+        ):  # fmt: skip
+            raise ConflictError(f"reconcile of execution {control.execution_id} names another command")
+        outcome: dict[str, Any] = {"result": body.result} if body.succeeded else {"failure": body.failure}
+        with bound_contextvars(request_id=body.request_id, actor=body.actor):
+            try:
+                done = await reconcile(
+                    self._ledger, self._codec, control.execution_id, evidence=body.evidence,
+                    actor=body.actor, request_id=body.request_id, **outcome,
+                )  # fmt: skip
+            except IllegalTransitionError as exc:
+                log.warning("reconcile_refused", reason=exc.message)
+                return
+            if done.duplicate:
+                log.info("reconcile_duplicate", audit_id=done.audit_id)
+                return
+            try:
+                await publish(self._ledger, self._broker, done)
+            except Exception as exc:  # noqa: BLE001 - committed: the relay's sweep publishes it
+                log.warning("reconcile_event_not_published", audit_id=done.audit_id, error=repr(exc))
+            log.info("reconciled", audit_id=done.audit_id, status=done.execution.status.value, seq=done.seq)
+
     async def _cancel(self, control: CancelControl) -> None:
         reason = control.body.reason if control.body is not None else ""
-        ex = self._executor
         header = {"namespace": control.namespace, "session_id": control.session_id,
                   "request_digest": control.request_digest}  # fmt: skip
         body = CancelledBody(reason=f"cancelled before its command arrived: {reason}".rstrip(": "))
-        tombstone = await ex.writer.events(control.execution_id, header, 1, body)
+        tombstone = await self._writer.events(control.execution_id, header, 1, body)
 
         async def work(conn: Connection) -> bool:
             row = await self._ledger.get(conn, control.execution_id)
@@ -116,7 +165,7 @@ class ControlConsumer:
                     "execution_id": control.execution_id,
                     "route": self.route,
                     **header,
-                    "owner": ex.worker_id,
+                    "owner": self._tasks.worker_id,
                     "status": LedgerStatus.CANCELLED,
                 }
                 (inserted,) = await self._ledger.insert(conn, [NewExecution(values, tombstone)])
@@ -131,5 +180,5 @@ class ControlConsumer:
             self._relay.send(tombstone)
             log.info("cancel_before_command", reason=reason)
             return
-        local = ex.cancel_local(control.execution_id)
+        local = self._tasks.cancel_local(control.execution_id)
         log.info("cancel_requested", running_here=local)

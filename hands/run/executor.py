@@ -12,6 +12,8 @@ system may have acted, but nothing about it is saved yet).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Literal
 
 from pydantic_core import to_jsonable_python
@@ -20,9 +22,14 @@ from structlog.contextvars import bound_contextvars
 from hands.rules.replay import Recovery, decide
 from hands.rules.states import OPEN_STATUSES, LedgerStatus
 from hands.run.outcomes import Outcomes
+from hands.run.tasks import Tasks
+from hands.run.writer import LedgerWriter
 from hands.store import Change, Execution
 from hands.tools.declare import Found, NotFound, Tool, ToolContext
+from hands.tools.registry import ToolRegistry
+from infra.process.killpoints import KillPoints
 from infra.process.logging import get_logger
+from infra.process.tracing import Tracing
 from protocol import CancelledBody, StartedBody, codec
 from protocol.storable import describe
 
@@ -47,17 +54,43 @@ def _jsonable(value: Any) -> Any:
 class LedgerOutput:
     """A tool's output writer: every write is one committed page with its byte offset."""
 
-    def __init__(self, executor: Executor, execution_id: str) -> None:
-        self._executor = executor
+    def __init__(self, outcomes: Outcomes, execution_id: str) -> None:
+        self._outcomes = outcomes
         self._execution_id = execution_id
 
     async def write(self, data: str) -> None:
         if data:
-            await self._executor.page(self._execution_id, data)
+            await self._outcomes.page(self._execution_id, data)
 
 
-class Executor(Outcomes):
-    """Runs the bodies of this worker's executions, and the replay rule on recovered ones."""
+class Executor:
+    """Runs the bodies of this worker's executions, and the replay rule on recovered ones: its
+    ``tasks`` keep the bookkeeping, its ``outcomes`` save every change."""
+
+    def __init__(
+        self,
+        *,
+        tasks: Tasks,
+        outcomes: Outcomes,
+        writer: LedgerWriter,
+        registry: ToolRegistry,
+        kill: KillPoints,
+        tracing: Tracing | None = None,
+        confirm_owner: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.tasks = tasks
+        self.outcomes = outcomes
+        self._writer = writer
+        self._registry = registry
+        self._kill = kill
+        self._tracing = tracing or Tracing(None)
+        # A tool's ``ctx.ensure_owner()``: this worker's liveness confirms it still holds its lease.
+        self._confirm_owner = confirm_owner
+
+    def launch(self, execution_id: str, work: Callable[[], Awaitable[None]]) -> None:
+        """Run ``work`` as this (reserved) execution's task (``Tasks.launch``), its failures
+        settled (``Outcomes.settled``)."""
+        self.tasks.launch(execution_id, partial(self.outcomes.settled, execution_id, work))
 
     # ---- running -----------------------------------------------------------------------
 
@@ -70,10 +103,10 @@ class Executor(Outcomes):
         accepted and started in one commit). ``trace``: the span of the Brain's that asked for it
         (a re-run after a crash starts a trace of its own). ``args``: the row's arguments as the
         tool validated them when the command was accepted (else they are validated here)."""
-        row = row or await self._row(execution_id)
-        self._rows[execution_id] = row  # as committed just now: the next change can go by it
+        row = row or await self.outcomes.row(execution_id)
+        self.outcomes.remember(row)
         with bound_contextvars(execution_id=execution_id, turn_id=row.turn_id, tool=row.tool):
-            tool = self.registry.served(row.tool, row.binding_digest)
+            tool = self._registry.served(row.tool, row.binding_digest)
             if tool is None:
                 # Only reachable from ACCEPTED (the replay rule never re-runs an unserved tool),
                 # so nothing ran: rejecting is safe.
@@ -82,13 +115,13 @@ class Executor(Outcomes):
                     "message": f"tool {row.tool} with binding digest {row.binding_digest} "
                     f"is no longer served by route {row.route}",
                 }
-                await self.fail(execution_id, error, how="rejected")
+                await self.outcomes.fail(execution_id, error, how="rejected")
                 return
             if row.status is LedgerStatus.RUNNING and reason == "first_run":
                 attempt: int | None = row.attempts
-                if self.cancel_asked(execution_id):  # a cancel came between the commit and now
+                if self.tasks.cancel_asked(execution_id):  # a cancel came between the commit and now
                     before = CancelledBody(reason="cancel requested before the tool started")
-                    await self._finish(execution_id, LedgerStatus.CANCELLED, before)
+                    await self.outcomes.finish(execution_id, LedgerStatus.CANCELLED, before)
                     return
             else:
                 attempt = await self._start(execution_id, reason, cancel_asked=row.cancel_requested)
@@ -100,7 +133,7 @@ class Executor(Outcomes):
                 "tendon.execution_id": execution_id,
                 "tendon.attempt": attempt,
             }
-            with self.tracing.span(f"execute {row.tool}", attributes, traceparent=trace):
+            with self._tracing.span(f"execute {row.tool}", attributes, traceparent=trace):
                 await self._body(row, tool, attempt, args)
 
     async def _start(self, execution_id: str, reason: StartReason, *, cancel_asked: bool) -> int | None:
@@ -111,14 +144,14 @@ class Executor(Outcomes):
 
         async def start(row: Execution) -> Change:
             nonlocal attempt
-            if cancel_asked or row.cancel_requested or self.cancel_asked(execution_id):
+            if cancel_asked or row.cancel_requested or self.tasks.cancel_asked(execution_id):
                 attempt = None
                 body: Any = CancelledBody(reason="cancel requested before the tool started")
-                events = await self.writer.events(execution_id, row.header, row.last_seq + 1, body)
+                events = await self._writer.events(execution_id, row.header, row.last_seq + 1, body)
                 return Change(row, LedgerStatus.CANCELLED, events)
             attempt = row.attempts + 1
-            body = StartedBody(attempt=attempt, worker=self.worker_id, reason=reason)
-            events = await self.writer.events(execution_id, row.header, row.last_seq + 1, body)
+            body = StartedBody(attempt=attempt, worker=self.tasks.worker_id, reason=reason)
+            events = await self._writer.events(execution_id, row.header, row.last_seq + 1, body)
             return Change(row, LedgerStatus.RUNNING, events, attempts=attempt, unless_cancelled=True)
 
         def landed(row: Execution) -> bool:
@@ -127,25 +160,25 @@ class Executor(Outcomes):
                 return row.status is LedgerStatus.CANCELLED
             return row.status is LedgerStatus.RUNNING and row.attempts == attempt
 
-        await self.save(execution_id, start, landed=landed)
+        await self.outcomes.save(execution_id, start, landed=landed)
         if attempt is not None:
             log.info("execution_started", attempt=attempt, reason=reason)
         return attempt
 
     def _context(self, execution_id: str, attempt: int, *, output: bool) -> ToolContext:
-        cancelled = self._cancelled.setdefault(execution_id, asyncio.Event())
+        cancelled = self.tasks.cancel_signal(execution_id)
         ctx = ToolContext(operation_id=execution_id, attempt=attempt, cancelled=cancelled)
-        if self.confirm_owner is not None:
-            ctx.owner_check = self.confirm_owner
+        if self._confirm_owner is not None:
+            ctx.owner_check = self._confirm_owner
         if output:
-            ctx.output = LedgerOutput(self, execution_id)
+            ctx.output = LedgerOutput(self.outcomes, execution_id)
         return ctx
 
     async def _body(
         self, row: Execution, tool: Tool, attempt: int, args: dict[str, Any] | None = None
     ) -> None:
         execution_id = row.execution_id
-        self.kill.hit("hands.before_tool_body", row.call_id)
+        self._kill.hit("hands.before_tool_body", row.call_id)
         ctx = self._context(execution_id, attempt, output=True)
         try:
             if args is None:
@@ -161,25 +194,25 @@ class Executor(Outcomes):
         except Exception as exc:
             await self._tool_stopped(row, ctx, exc)
             return
-        self.kill.hit("hands.after_tool_body", row.call_id)
-        await self.succeed(execution_id, result)
+        self._kill.hit("hands.after_tool_body", row.call_id)
+        await self.outcomes.succeed(execution_id, result)
 
     async def _tool_stopped(self, row: Execution, ctx: ToolContext, exc: BaseException) -> None:
         """Save the outcome of a body that raised: CANCELLED if a cancel was asked, else FAILED."""
         execution_id = row.execution_id
-        self.kill.hit("hands.after_tool_body", row.call_id)
+        self._kill.hit("hands.after_tool_body", row.call_id)
         if ctx.cancelled.is_set():
             reason = f"cancel requested; the tool stopped with {describe(exc)}"
-            await self._finish(execution_id, LedgerStatus.CANCELLED, CancelledBody(reason=reason))
+            await self.outcomes.finish(execution_id, LedgerStatus.CANCELLED, CancelledBody(reason=reason))
             return
         if isinstance(exc, asyncio.CancelledError):
-            await self.fail(
+            await self.outcomes.fail(
                 execution_id, {"code": "tool_error", "message": "CancelledError: the tool cancelled itself"}
             )
             return
         code = "bad_result" if isinstance(exc, BadResultError) else "tool_error"
         log.info("tool_raised", error=describe(exc))
-        await self.fail(execution_id, {"code": code, "message": describe(exc)})
+        await self.outcomes.fail(execution_id, {"code": code, "message": describe(exc)})
 
     # ---- recovery ----------------------------------------------------------------------
 
@@ -187,8 +220,8 @@ class Executor(Outcomes):
         """Recover an open execution this worker owns but has no task for (an unclear commit that
         landed, or a release that failed): nothing here knows how far the body got, so it is
         treated like an orphan and the replay rule decides."""
-        row = await self._row(execution_id)
-        if row.owner != self.worker_id or row.status not in OPEN_STATUSES:
+        row = await self.outcomes.row(execution_id)
+        if row.owner != self.tasks.worker_id or row.status not in OPEN_STATUSES:
             return  # closed or released meanwhile
         log.warning("execution_adopted", execution_id=execution_id, status=row.status.value)
         await self.recover(row)
@@ -199,8 +232,8 @@ class Executor(Outcomes):
             # Its owner may have died between a commit and its publish: what it committed goes
             # out again first (the Brain drops the seqs it has), so the Brain need not wait for
             # a gap or a stall to ask for it. Output pages are left to the Brain's gap replay.
-            self.writer.sent(row.events)
-            served = self.registry.served(row.tool, row.binding_digest)
+            self._writer.sent(row.events)
+            served = self._registry.served(row.tool, row.binding_digest)
             decision = decide(
                 row.status,
                 row.replay_policy or "unsafe",
@@ -217,7 +250,7 @@ class Executor(Outcomes):
                 assert served is not None
                 await self.query(row, served)
             else:
-                await self.mark_unknown(row.execution_id, decision.reason)
+                await self.outcomes.mark_unknown(row.execution_id, decision.reason)
 
     async def query(self, row: Execution, tool: Tool) -> None:
         """Ask the tool's query about the original operation; never re-run blindly."""
@@ -228,7 +261,7 @@ class Executor(Outcomes):
 
         # No event: the Brain still sees "started". QUERYING -> QUERYING is allowed, so a repeat
         # after an unclear commit is harmless.
-        await self.save(execution_id, to_querying)
+        await self.outcomes.save(execution_id, to_querying)
         assert tool.query is not None
         ctx = self._context(execution_id, max(row.attempts, 1), output=False)
         try:
@@ -239,7 +272,7 @@ class Executor(Outcomes):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            await self.mark_unknown(
+            await self.outcomes.mark_unknown(
                 execution_id,
                 f"worker died inside the body of unsafe tool {tool.name} and its query could "
                 f"not tell whether operation {execution_id} happened: {describe(exc)}",
@@ -247,13 +280,13 @@ class Executor(Outcomes):
             return
         if isinstance(answer, Found):
             log.info("query_found")
-            await self.succeed(execution_id, result, how="verified_by_query")
+            await self.outcomes.succeed(execution_id, result, how="verified_by_query")
         elif isinstance(answer, NotFound):
             # The external system never saw the operation: running it now is its first effect.
             log.info("query_not_found")
             await self.run(execution_id, "rerun_after_crash")
         else:
-            await self.mark_unknown(
+            await self.outcomes.mark_unknown(
                 execution_id,
                 f"the query of {tool.name} returned {type(answer).__name__}, expected Found or NotFound",
             )

@@ -17,11 +17,8 @@ from hands.rules.states import OPEN_STATUSES, LedgerStatus
 from hands.run.tasks import Tasks, passing
 from hands.run.writer import LedgerWriter
 from hands.store import Change, Execution, Ledger
-from hands.tools.registry import ToolRegistry
 from infra.db import Connection
-from infra.process.killpoints import KillPoints
 from infra.process.logging import get_logger
-from infra.process.tracing import Tracing
 from protocol import (
     FailedBody,
     OutputPageBody,
@@ -44,29 +41,48 @@ FailureHow = Literal["ran", "rejected", "verified_by_query", "reconciled"]
 SAVE_PATIENCE = float("inf")
 
 
-class Outcomes(Tasks):
-    """What an executor saves; ``hands.run.executor.Executor`` runs the bodies."""
+class Outcomes:
+    """What the executions of this worker (its ``tasks``) save: each change one fenced commit
+    through the ``writer`` into the ``ledger``. ``hands.run.executor.Executor`` runs the bodies."""
 
-    def __init__(
-        self,
-        *,
-        ledger: Ledger,
-        writer: LedgerWriter,
-        registry: ToolRegistry,
-        worker_id: str,
-        kill: KillPoints,
-        concurrency: int,
-        tracing: Tracing | None = None,
-        confirm_owner: Callable[[], Awaitable[None]] | None = None,
-    ) -> None:
-        super().__init__(worker_id, concurrency)
+    def __init__(self, tasks: Tasks, *, ledger: Ledger, writer: LedgerWriter) -> None:
+        self._tasks = tasks
         self.ledger = ledger
         self.writer = writer
-        self.registry = registry
-        self.kill = kill
-        self.tracing = tracing or Tracing(None)
-        # A tool's ``ctx.ensure_owner()``: this worker's liveness confirms it still holds its lease.
-        self.confirm_owner = confirm_owner
+        # The row as this worker's last commit left it, per execution it runs (see ``save``).
+        self._rows: dict[str, Execution] = {}
+
+    @property
+    def worker_id(self) -> str:
+        return self._tasks.worker_id
+
+    def remember(self, row: Execution) -> None:
+        """``row`` is as this worker just committed it: the next change can go by it."""
+        self._rows[row.execution_id] = row
+
+    async def settled(self, execution_id: str, work: Callable[[], Awaitable[None]]) -> None:
+        """Run an execution's ``work`` (its task, ``Executor.launch``), and if it fails in a way
+        that leaves the row open, close the row or release it: never open with nobody on it."""
+        try:
+            await work()
+        except asyncio.CancelledError:
+            # Shutdown ran out of grace, or the worker was abandoned: the row stays open and,
+            # once this worker counts as dead, the replay rule decides what happens to it.
+            log.warning("execution_interrupted", execution_id=execution_id)
+            raise
+        except StaleOwnerError as exc:
+            log.warning("execution_fenced", execution_id=execution_id, reason=exc.message)
+        except Exception as exc:
+            if self._tasks.abandoned is not None:
+                log.warning("execution_abandoned", execution_id=execution_id, error=describe(exc))
+            elif passing(exc):
+                log.exception("execution_interrupted_by_a_fault", execution_id=execution_id)
+                await self.release(execution_id)
+            else:
+                log.exception("execution_crashed", execution_id=execution_id)
+                await self.salvage(execution_id, exc)
+        finally:
+            self._rows.pop(execution_id, None)
 
     # ---- saving ------------------------------------------------------------------------
 
@@ -86,7 +102,7 @@ class Outcomes(Tasks):
         tried = False
         known = self._rows.pop(execution_id, None)
         if known is not None:
-            self.fence()
+            self._tasks.fence()
             try:
                 change = await build(known)
                 moved = await self.writer.change(change) if change is not None else known
@@ -101,7 +117,7 @@ class Outcomes(Tasks):
         deadline = asyncio.get_running_loop().time() + patience
         failures = 0
         while True:
-            self.fence()
+            self._tasks.fence()
             try:
                 moved = await self.writer.change_locked(
                     execution_id, self.worker_id, build, landed if tried and landed is not None else None
@@ -125,7 +141,7 @@ class Outcomes(Tasks):
         offset: int | None = None  # where the last attempt put the page
         failures = 0
         while True:
-            self.fence()
+            self._tasks.fence()
             try:
 
                 async def work(conn: Connection) -> dict[str, Any] | None:
@@ -152,14 +168,14 @@ class Outcomes(Tasks):
                 self.writer.sent([event])
             return
 
-    async def _row(self, execution_id: str) -> Execution:
+    async def row(self, execution_id: str) -> Execution:
         row = await self.ledger.read(lambda conn: self.ledger.get(conn, execution_id))
         assert row is not None, f"execution {execution_id} vanished from the ledger"
         return row
 
     # ---- outcomes ----------------------------------------------------------------------
 
-    async def _finish(self, execution_id: str, status: LedgerStatus, body: Any, **changes: Any) -> None:
+    async def finish(self, execution_id: str, status: LedgerStatus, body: Any, **changes: Any) -> None:
         """Move to a final (or UNKNOWN) status and append its event, in one commit."""
 
         async def close(row: Execution) -> Change:
@@ -180,14 +196,14 @@ class Outcomes(Tasks):
     async def succeed(self, execution_id: str, result: Any, how: SuccessHow = "ran") -> None:
         # A result that can never be saved (PostgreSQL refuses it, or it is over the offload
         # threshold with no object store) raises here and the task's salvage closes the row.
-        await self._finish(execution_id, LedgerStatus.SUCCEEDED, SucceededBody(result=result, how=how))
+        await self.finish(execution_id, LedgerStatus.SUCCEEDED, SucceededBody(result=result, how=how))
 
     async def fail(self, execution_id: str, error: dict[str, str], how: FailureHow = "ran") -> None:
-        await self._finish(execution_id, LedgerStatus.FAILED, FailedBody(error=error, how=how), error=error)
+        await self.finish(execution_id, LedgerStatus.FAILED, FailedBody(error=error, how=how), error=error)
 
     async def mark_unknown(self, execution_id: str, reason: str) -> None:
         error = {"code": "unknown", "message": reason}
-        await self._finish(execution_id, LedgerStatus.UNKNOWN, UnknownBody(reason=reason), error=error)
+        await self.finish(execution_id, LedgerStatus.UNKNOWN, UnknownBody(reason=reason), error=error)
         # Someone has to act: nothing resolves an UNKNOWN but an explicit reconcile.
         log.warning(
             "execution_unknown",
@@ -210,7 +226,7 @@ class Outcomes(Tasks):
         detail = storable(exc.message) if isinstance(exc, TendonError) else describe(exc)
         code = exc.code if isinstance(exc, TendonError) else "bad_result"
         try:
-            row = await self._row(execution_id)
+            row = await self.row(execution_id)
             if row.owner != self.worker_id or row.status not in OPEN_STATUSES:
                 return  # closed after all (an unclear commit that landed), or not ours now
             if row.status is LedgerStatus.ACCEPTED:
@@ -244,7 +260,7 @@ class Outcomes(Tasks):
         """Give up ownership of an execution this worker could not finish (services down): it goes
         to a released name no live worker has, so the recovery scan applies the replay rule to it,
         exactly as if this process had died. If the release fails too, the scan adopts the row."""
-        if self._abandoned is not None:
+        if self._tasks.abandoned is not None:
             return  # others already take this worker for dead: its rows are theirs to claim
         try:
             await self.ledger.transact(lambda conn: self.ledger.release(conn, execution_id, self.worker_id))

@@ -16,78 +16,78 @@ liveness keeper's business (``hands.app``), not the scan's.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from functools import partial
 
 from hands.run.executor import Executor
+from hands.run.tasks import Tasks
+from hands.store import Ledger
 from infra.db import Connection
 from infra.process.logging import get_logger
+from infra.process.loops import BackgroundLoop
 
 log = get_logger(__name__)
 
 
 class RecoveryScanner:
     """Every ``interval`` seconds, recover what dead workers of this route (or this worker's
-    unclear commits) left open."""
+    unclear commits) left open: found in the ``ledger``, reserved and given a slot among this
+    worker's ``tasks``, run by the ``executor``."""
 
-    def __init__(self, *, route: str, executor: Executor, interval: float) -> None:
-        self._ledger = executor.ledger
+    def __init__(
+        self, *, route: str, ledger: Ledger, tasks: Tasks, executor: Executor, interval: float
+    ) -> None:
+        self._ledger = ledger
         self._route = route
+        self._tasks = tasks
         self._executor = executor
-        self._interval = interval
-        self._woken = asyncio.Event()
+        self._loop = BackgroundLoop("recovery-scan", self.scan_once, period=interval)
 
     def wake(self) -> None:
         """Scan now: a worker was just presumed dead, its executions are orphans."""
-        self._woken.set()
+        self._loop.wake()
 
     async def scan_once(self) -> int:
         """One scan; returns how many executions this worker took over (strays included)."""
-        ex = self._executor
-        if ex.slots.locked():
+        tasks, ex = self._tasks, self._executor
+        if tasks.slots.locked():
             return 0
-        ledger = self._ledger
+        ledger, me = self._ledger, tasks.worker_id
 
         async def look(conn: Connection) -> tuple[list[str], list[tuple[str, str]]]:
-            strays = await ledger.open_owned(
-                conn, self._route, ex.worker_id, sorted(ex.reserved), ex.concurrency
-            )
-            return strays, await ledger.open_orphans(conn, self._route, ex.worker_id, ex.concurrency)
+            strays = await ledger.open_owned(conn, self._route, me, sorted(tasks.reserved), tasks.concurrency)
+            return strays, await ledger.open_orphans(conn, self._route, me, tasks.concurrency)
 
         strays, orphans = await ledger.read(look)
         taken = 0
         for execution_id in strays:
-            if ex.slots.locked():
+            if tasks.slots.locked():
                 return taken
-            await ex.slots.acquire()
+            await tasks.slots.acquire()
             # Checked again after the wait: a handler may have reserved it meanwhile.
-            if not ex.reserve(execution_id):
-                ex.slots.release()
+            if not tasks.reserve(execution_id):
+                tasks.slots.release()
                 continue
             ex.launch(execution_id, partial(ex.adopt, execution_id))
             taken += 1
         for execution_id, dead_owner in orphans:
-            if ex.slots.locked():
+            if tasks.slots.locked():
                 break
-            await ex.slots.acquire()
-            if not ex.reserve(execution_id):
-                ex.slots.release()
+            await tasks.slots.acquire()
+            if not tasks.reserve(execution_id):
+                tasks.slots.release()
                 continue
             try:
                 row = await ledger.transact(
-                    partial(
-                        ledger.claim_orphan, execution_id=execution_id, dead_owner=dead_owner, me=ex.worker_id
-                    )
+                    partial(ledger.claim_orphan, execution_id=execution_id, dead_owner=dead_owner, me=me)
                 )
             except BaseException:
                 # If the claim did land after all, the row is now a stray: the next scan adopts it.
-                ex.unreserve(execution_id)
-                ex.slots.release()
+                tasks.unreserve(execution_id)
+                tasks.slots.release()
                 raise
             if row is None:  # another worker claimed it first, or the owner came back
-                ex.unreserve(execution_id)
-                ex.slots.release()
+                tasks.unreserve(execution_id)
+                tasks.slots.release()
                 continue
             log.info(
                 "execution_claimed",
@@ -101,13 +101,4 @@ class RecoveryScanner:
 
     async def run(self) -> None:
         """Scan forever; a failed scan (the database away) is logged and tried again."""
-        while True:
-            try:
-                await self.scan_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("recovery_scan_failed", error=repr(exc))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), self._interval)
-            self._woken.clear()
+        await self._loop.run()

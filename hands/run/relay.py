@@ -221,7 +221,8 @@ class EventRelay:
         return len(events)
 
     async def sweep(self) -> None:
-        """Publish the events of reconciliations whose `hands reconcile` command could not."""
+        """Publish the events of reconciliations that could not be published when they were made
+        (by `hands reconcile`, or by a worker for a Brain's reconcile control)."""
         unsent = await self._ledger.read(lambda conn: self._ledger.unsent_reconciliations(conn, self._route))
         for audit_id, execution_id in unsent:
             await self.replay(execution_id)
@@ -235,6 +236,9 @@ class EventRelay:
     async def run(self) -> None:
         """Publish on every hand-over (after its linger); every ``interval``, what could not be
         published before."""
+        # Not a BackgroundLoop: a round's wait is the linger left of what is pending, cut short by
+        # a hand-over that is due but never by one that may linger; the sweep is due on a clock of
+        # its own; and a refused publish pauses the relay, which is no failure of the round.
         loop = asyncio.get_running_loop()
         next_sweep = 0.0
         while True:

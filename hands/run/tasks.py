@@ -1,10 +1,11 @@
 """The bookkeeping of a worker's executions: concurrency slots, reservations, one task each,
-their cancel signals, and what happens when a task fails or the worker must stop.
+their cancel signals, and what happens when the worker must stop.
 
 An execution must never stay open under this live worker with nobody working on it: no other
 worker would ever claim it (they only claim rows of dead owners). So a task that fails for good
-closes its row (FAILED or UNKNOWN) or releases it to the replay rule, and the recovery scan
-adopts any open row of this worker that has no task here (see ``hands.run.recovery``).
+closes its row (FAILED or UNKNOWN) or releases it to the replay rule (``Outcomes.settled``, which
+``Executor.launch`` wraps every task's work in), and the recovery scan adopts any open row of
+this worker that has no task here (see ``hands.run.recovery``).
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from hands.store import Execution
 from infra.db import is_transient
 from infra.process.logging import get_logger
 from protocol import StaleOwnerError, is_retryable
-from protocol.storable import describe
 
 log = get_logger(__name__)
 
@@ -31,8 +30,8 @@ class Tasks:
     """Runs this worker's executions as tasks, at most ``concurrency`` at once.
 
     A caller takes a slot (``await slots.acquire()``) and reserves the execution id
-    (:meth:`reserve`) before it commits to new work, then hands both over with :meth:`launch`;
-    the task gives them back when it ends.
+    (:meth:`reserve`) before it commits to new work, then hands both over with
+    ``Executor.launch``; the task gives them back when it ends.
     """
 
     def __init__(self, worker_id: str, concurrency: int) -> None:
@@ -44,8 +43,11 @@ class Tasks:
         self._reserved: set[str] = set()
         self._cancelled: dict[str, asyncio.Event] = {}
         self._abandoned: str | None = None  # why this worker stopped committing, once it did
-        # The row as this worker's last commit left it, per execution it runs (see ``save``).
-        self._rows: dict[str, Execution] = {}
+
+    @property
+    def abandoned(self) -> str | None:
+        """Why this worker stopped committing (:meth:`abandon`), or None while it commits."""
+        return self._abandoned
 
     def fence(self) -> None:
         if self._abandoned is not None:
@@ -81,40 +83,17 @@ class Tasks:
         are released when it ends."""
         assert execution_id in self._reserved and execution_id not in self._tasks, execution_id
         self._cancelled.setdefault(execution_id, asyncio.Event())
-        task = asyncio.create_task(self._guard(execution_id, work), name=f"execution-{execution_id}")
+        task = asyncio.create_task(self._run(execution_id, work), name=f"execution-{execution_id}")
         self._tasks[execution_id] = task
 
-    async def _guard(self, execution_id: str, work: Callable[[], Awaitable[None]]) -> None:
+    async def _run(self, execution_id: str, work: Callable[[], Awaitable[None]]) -> None:
         try:
             await work()
-        except asyncio.CancelledError:
-            # Shutdown ran out of grace, or the worker was abandoned: the row stays open and,
-            # once this worker counts as dead, the replay rule decides what happens to it.
-            log.warning("execution_interrupted", execution_id=execution_id)
-            raise
-        except StaleOwnerError as exc:
-            log.warning("execution_fenced", execution_id=execution_id, reason=exc.message)
-        except Exception as exc:
-            if self._abandoned is not None:
-                log.warning("execution_abandoned", execution_id=execution_id, error=describe(exc))
-            elif passing(exc):
-                log.exception("execution_interrupted_by_a_fault", execution_id=execution_id)
-                await self.release(execution_id)
-            else:
-                log.exception("execution_crashed", execution_id=execution_id)
-                await self.salvage(execution_id, exc)
         finally:
             self._tasks.pop(execution_id, None)
             self._reserved.discard(execution_id)
             self._cancelled.pop(execution_id, None)
-            self._rows.pop(execution_id, None)
             self.slots.release()
-
-    async def salvage(self, execution_id: str, exc: Exception) -> None:
-        raise NotImplementedError
-
-    async def release(self, execution_id: str) -> None:
-        raise NotImplementedError
 
     @property
     def in_flight(self) -> int:
@@ -127,6 +106,10 @@ class Tasks:
             return False
         event.set()
         return True
+
+    def cancel_signal(self, execution_id: str) -> asyncio.Event:
+        """The ``ctx.cancelled`` of a (reserved) execution, made if it has none yet."""
+        return self._cancelled.setdefault(execution_id, asyncio.Event())
 
     def cancel_asked(self, execution_id: str) -> bool:
         event = self._cancelled.get(execution_id)

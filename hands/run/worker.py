@@ -43,7 +43,9 @@ from hands.rules.states import OPEN_STATUSES, LedgerStatus
 from hands.run.executor import Executor
 from hands.run.parts import Batches, Part
 from hands.run.relay import EventRelay
-from hands.store import Execution, NewExecution
+from hands.run.tasks import Tasks
+from hands.run.writer import LedgerWriter
+from hands.store import Execution, Ledger, NewExecution
 from hands.tools.registry import ToolRegistry
 from infra.db import Connection
 from infra.db.retention import may_have_been_pruned
@@ -102,6 +104,9 @@ class CommandConsumer:
         broker: Transport,
         codec: PayloadCodec,
         registry: ToolRegistry,
+        ledger: Ledger,
+        writer: LedgerWriter,
+        tasks: Tasks,
         executor: Executor,
         relay: EventRelay,
         kill: KillPoints,
@@ -113,12 +118,15 @@ class CommandConsumer:
         self._broker = broker
         self._codec = codec
         self._registry = registry
+        self._ledger = ledger
+        self._writer = writer
+        self._tasks = tasks
         self._executor = executor
         self._relay = relay
         self._kill = kill
         self._stopping = asyncio.Event()
         self._batches = Batches(
-            queue=queue, broker=broker, slots=executor.slots, handle_one=self._in_slot, kill=kill,
+            queue=queue, broker=broker, slots=tasks.slots, handle_one=self._in_slot, kill=kill,
             ack=self._ack,
         )  # fmt: skip
         self._busy = 0
@@ -157,13 +165,13 @@ class CommandConsumer:
                 f"schema_error: expected an execute command on {self.queue}, got a {header.kind} envelope",
             )
             return
-        await self._executor.slots.acquire()
+        await self._tasks.slots.acquire()
         await self._in_slot(message, header)
 
     async def _in_slot(self, message: Delivery, header: ExecuteCommand) -> None:
         """Handle one command with the slot its caller took (given back unless it runs)."""
         if self._stopping.is_set():
-            self._executor.slots.release()
+            self._tasks.slots.release()
             return
         self._busy += 1
         self._idle.clear()
@@ -173,7 +181,7 @@ class CommandConsumer:
                 await self._process(message, header, slot)
         finally:
             if not slot.handed_over:
-                self._executor.slots.release()
+                self._tasks.slots.release()
             self._busy -= 1
             if self._busy == 0:
                 self._idle.set()
@@ -229,14 +237,14 @@ class CommandConsumer:
         them so, instead of validating them again)."""
         body = command.body
         assert body is not None
-        ex = self._executor
+        tasks, ex = self._tasks, self._executor
         execution_id = command.execution_id
-        values = row_values(command, command, self.route, self._executor.worker_id) | {
+        values = row_values(command, command, self.route, tasks.worker_id) | {
             "status": LedgerStatus.RUNNING if safe else LedgerStatus.ACCEPTED,
             "replay_policy": str(body.replay_policy),
             "args": body.args,
         }
-        bodies: list[Any] = [AcceptedBody(worker=ex.worker_id)]
+        bodies: list[Any] = [AcceptedBody(worker=tasks.worker_id)]
         if not safe and may_have_been_pruned(execution_id, time.time(), self._ledger_horizon):
             # Absent from the ledger, but old enough that its row may have been pruned: it may
             # have run here already, so nothing is guessed (a person reconciles it).
@@ -244,11 +252,11 @@ class CommandConsumer:
             bodies.append(UnknownBody(reason="the command is older than this pool's ledger keeps"))
         elif safe:
             values["attempts"] = 1
-            bodies.append(StartedBody(attempt=1, worker=ex.worker_id, reason="first_run"))
+            bodies.append(StartedBody(attempt=1, worker=tasks.worker_id, reason="first_run"))
         # Reserved before the commit: from the commit on, the recovery scan would otherwise
         # see a row of this worker with no task here and start it too. If something here has
         # it already (another delivery of the same command), that one starts it.
-        reserved = ex.reserve(execution_id)
+        reserved = tasks.reserve(execution_id)
         try:
             outcome = await self._insert(values, *bodies)
             if outcome.new:
@@ -270,14 +278,14 @@ class CommandConsumer:
             await self._tell_again(execution_id)
             await self._ack(message)
             row = outcome.row
-            if reserved and row.owner == ex.worker_id and row.status in OPEN_STATUSES:
+            if reserved and row.owner == tasks.worker_id and row.status in OPEN_STATUSES:
                 # Our own accept landed although its commit looked failed (the message came
                 # back): nothing here runs it, and no other worker would while we live.
                 ex.launch(execution_id, partial(ex.adopt, execution_id))
                 slot.handed_over = True
         finally:
             if reserved and not slot.handed_over:
-                ex.unreserve(execution_id)
+                tasks.unreserve(execution_id)
 
     async def surface_parked(self, conn: Connection, envelope: Any, reason: str) -> str | None:
         """A command parked for good that never made it into the ledger fails as rejected (so the
@@ -288,7 +296,7 @@ class CommandConsumer:
         its commands not in the ledger go back to the queue alone, each with its own delivery
         limit, so that only one that cannot be handled is parked, and the others run."""
         if isinstance(envelope, CommandBatch):
-            return await self._batches.surface_parked(conn, envelope.commands, self._executor.ledger)
+            return await self._batches.surface_parked(conn, envelope.commands, self._ledger)
         return await self._surface_command(conn, envelope, reason)
 
     async def _surface_command(self, conn: Connection, envelope: Any, reason: str) -> str | None:
@@ -297,19 +305,19 @@ class CommandConsumer:
         body = envelope.body
         if body is not None and request_digest(envelope.execution_id, body) != envelope.request_digest:
             return None
-        ledger = self._executor.ledger
+        ledger = self._ledger
         if await ledger.get(conn, envelope.execution_id) is not None:
             return None
         error = ParkedError(f"the command was parked before it could run: {reason}")
         values = row_values(
-            envelope, envelope if body is not None else None, self.route, self._executor.worker_id
+            envelope, envelope if body is not None else None, self.route, self._tasks.worker_id
         ) | {
             "status": LedgerStatus.FAILED,
             "error": error.as_dict(),
         }
         header = {k: values[k] for k in ("namespace", "session_id", "request_digest")}
         failed = FailedBody(error=error.as_dict(), how="rejected")
-        events = await self._executor.writer.events(envelope.execution_id, header, 1, failed)
+        events = await self._writer.events(envelope.execution_id, header, 1, failed)
         (row,) = await ledger.insert(conn, [NewExecution(values, events)])
         if row is None:
             return None
@@ -331,7 +339,7 @@ class CommandConsumer:
         if isinstance(message, Part):
             await message.ack()
         else:
-            await self._relay.ack(message, hold=not self._executor.slots.locked())
+            await self._relay.ack(message, hold=not self._tasks.slots.locked())
 
     async def _same_request(self, message: Delivery, row: Execution, command: ExecuteCommand) -> bool:
         """For an execution id already in the ledger: True for a duplicate (ack it), or
@@ -351,7 +359,7 @@ class CommandConsumer:
     ) -> _Inserted:
         """Commit a FAILED row with a ``failed`` (how="rejected") event as its seq 1."""
         error = {"code": exc.code, "message": storable(exc.message)}  # it may quote the input
-        values = row_values(header, command, self.route, self._executor.worker_id) | {
+        values = row_values(header, command, self.route, self._tasks.worker_id) | {
             "status": LedgerStatus.FAILED,
             "error": error,
         }
@@ -368,15 +376,15 @@ class CommandConsumer:
 
     async def _insert(self, values: dict[str, Any], *bodies: Any) -> _Inserted:
         """Insert the row with its first events, or find the one already there."""
-        ex = self._executor
+        ledger = self._ledger
         execution_id = values["execution_id"]
-        ex.fence()
+        self._tasks.fence()
         header = {k: values[k] for k in ("namespace", "session_id", "request_digest")}
-        events = await ex.writer.events(execution_id, header, 1, *bodies)
-        row = await ex.writer.insert(NewExecution(values, events))
+        events = await self._writer.events(execution_id, header, 1, *bodies)
+        row = await self._writer.insert(NewExecution(values, events))
         if row is not None:
             return _Inserted(row, new=True)
-        existing = await ex.ledger.read(lambda conn: ex.ledger.get(conn, execution_id))
+        existing = await ledger.read(lambda conn: ledger.get(conn, execution_id))
         assert existing is not None
         return _Inserted(existing, new=False)
 

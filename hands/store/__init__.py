@@ -12,7 +12,7 @@ Tables (in the pool's own schema, ``settings.hands_schema``):
   events (the packed envelopes, in seq order);
 - ``output_chunks``: the tool's output pages by byte offset, with their seq;
 - ``reconciliations``: the audit record of every UNKNOWN resolved by a person;
-- ``parked``: messages the broker parked (``infra.transport.parked``).
+- ``parked``: messages the broker parked (``infra.db.parked``).
 
 What retention prunes, and what it never touches, is in ``retention``.
 """

@@ -18,9 +18,9 @@ from hands.rules.states import OPEN_STATUSES, LedgerStatus, transition
 from hands.store.records import EXECUTION_COLUMNS, Change, Execution, NewExecution
 from hands.store.retention import LedgerRetention
 from infra.db import Connection, Json
+from infra.db.parked import ParkedRows
 from infra.db.store import StoreBase
 from infra.liveness import ALIVE_SQL
-from infra.transport.parked import ParkedRows
 from protocol import NotFoundError, StaleOwnerError
 
 # An owner missing from ``workers`` counts as dead too: NOT EXISTS covers both. An owner presumed
@@ -265,22 +265,23 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
 
     async def insert_reconciliation(self, conn: Connection, execution_id: str, **audit: Any) -> int:
         rid: int = await conn.fetchval(
-            """INSERT INTO reconciliations (execution_id, outcome, result, error, evidence, actor)
-               VALUES ($1, $2, $3, $4, $5, $6) RETURNING id""",
+            """INSERT INTO reconciliations (execution_id, outcome, result, error, evidence, actor, request_id)
+               VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id""",
             execution_id,
             LedgerStatus(audit["outcome"]).value,
             Json(audit["result"]),
             audit["error"],
             audit["evidence"],
             audit["actor"],
+            audit.get("request_id"),
         )
         return rid
 
     async def list_reconciliations(self, conn: Connection, execution_id: str) -> list[Any]:
         return list(
             await conn.fetch(
-                "SELECT id, outcome, result, error, evidence, actor, at, sent_at FROM reconciliations"
-                " WHERE execution_id = $1 ORDER BY id",
+                "SELECT id, outcome, result, error, evidence, actor, request_id, at, sent_at"
+                " FROM reconciliations WHERE execution_id = $1 ORDER BY id",
                 execution_id,
             )
         )

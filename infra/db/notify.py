@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 
 from infra.process.logging import get_logger
+from infra.process.loops import BackgroundLoop, Backoff
 
 log = get_logger(__name__)
 
@@ -35,7 +36,11 @@ class Listener:
 
     async def __aenter__(self) -> Listener:
         self._conn = await asyncpg.connect(self._dsn, timeout=10)
-        self._watcher = asyncio.create_task(self._watch(), name="listener")
+        watch = BackgroundLoop(
+            "listener", self._check, period=self._check_every, first=self._check_every,
+            backoff=Backoff(first=0.05, most=1.0),
+        )  # fmt: skip
+        self._watcher = asyncio.create_task(watch.run(), name="listener")
         return self
 
     async def __aexit__(
@@ -54,26 +59,21 @@ class Listener:
         if self._conn is not None and not self._conn.is_closed():
             await self._conn.add_listener(channel, callback)
 
-    async def _watch(self) -> None:
-        failures = 0
-        while True:
-            await asyncio.sleep(self._check_every if failures == 0 else min(1.0, 0.05 * 2**failures))
-            if self._conn is not None and not self._conn.is_closed():
-                continue
-            self._conn = None
-            try:
-                self._conn = await asyncpg.connect(self._dsn, timeout=10)
-                for channel, callback in self._callbacks:
-                    await self._conn.add_listener(channel, callback)
-            except Exception as exc:  # noqa: BLE001 - the database is away: try again
-                if self._conn is not None:
-                    self._conn.terminate()  # not every channel is listened to on it
-                    self._conn = None
-                failures += 1
-                if failures % 20 == 1:
-                    log.warning("listener_reconnecting", attempts=failures, error=repr(exc))
-                continue
-            failures = 0
-            log.info("listener_restored")
+    async def _check(self) -> None:
+        """Connect again if the connection was lost (the database away: it raises, and the watch
+        tries again), listen to every channel again, and give every callback its hint."""
+        if self._conn is not None and not self._conn.is_closed():
+            return
+        self._conn = None
+        try:
+            self._conn = await asyncpg.connect(self._dsn, timeout=10)
             for channel, callback in self._callbacks:
-                callback(None, 0, channel, "")
+                await self._conn.add_listener(channel, callback)
+        except Exception:
+            if self._conn is not None:
+                self._conn.terminate()  # not every channel is listened to on it
+                self._conn = None
+            raise
+        log.info("listener_restored")
+        for channel, callback in self._callbacks:
+            callback(None, 0, channel, "")

@@ -4,18 +4,18 @@ from ever letting a side effect run twice.
 Each process prunes its own store: a Brain the journal of long-closed sessions and its parked
 messages, a Hands pool its finished executions (with their output) and its parked messages.
 What each prune may touch is the store's rule (``brain.store.retention``,
-``hands.store.retention``, ``infra.transport.parked``); this module only runs them: at start and then
+``hands.store.retention``, ``infra.db.parked``); this module only runs them: at start and then
 every so often, in small transactions so that no prune holds locks that turns wait on.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from infra.process.logging import get_logger
+from infra.process.loops import BackgroundLoop
 from protocol import id_time
 
 log = get_logger(__name__)
@@ -76,13 +76,11 @@ async def prune_once(transact: Callable[..., Awaitable[Any]], horizons: Sequence
 
 async def keep_pruned(transact: Callable[..., Awaitable[Any]], horizons: Sequence[Horizon]) -> None:
     """:func:`prune_once` at start and then every :func:`every`, forever; failures are logged
-    (the next round tries again)."""
-    while True:
-        try:
-            counts = await prune_once(transact, horizons)
-        except Exception as exc:  # noqa: BLE001 - pruning may wait; the work may not
-            log.warning("retention_failed", error=repr(exc))
-        else:
-            if counts:
-                log.info("retention_pruned", **counts)
-        await asyncio.sleep(every(horizons))
+    (the next round tries again: pruning may wait, the work may not)."""
+
+    async def prune() -> None:
+        counts = await prune_once(transact, horizons)
+        if counts:
+            log.info("retention_pruned", **counts)
+
+    await BackgroundLoop("retention", prune, period=every(horizons)).run()

@@ -3,11 +3,11 @@ statements are planned for the tables as they are."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from infra.db.postgres import dialect
 from infra.process.logging import get_logger
+from infra.process.loops import BackgroundLoop
 
 log = get_logger(__name__)
 
@@ -48,13 +48,13 @@ async def analyze_grown(pool: Any, *, floor: int = 100) -> list[str]:
 
 
 async def keep_statistics(pool: Any, interval: float = 5.0, *, floor: int = 100) -> None:
-    """Run :func:`analyze_grown` every ``interval`` seconds, forever; failures are logged."""
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            analyzed = await analyze_grown(pool, floor=floor)
-        except Exception as exc:  # noqa: BLE001 - only a help to the planner
-            log.warning("analyze_failed", error=repr(exc))
-        else:
-            if analyzed:
-                log.info("tables_analyzed", tables=analyzed)
+    """Run :func:`analyze_grown` every ``interval`` seconds, forever (the first after one);
+    failures are logged."""
+
+    async def analyze() -> None:
+        analyzed = await analyze_grown(pool, floor=floor)
+        if analyzed:
+            log.info("tables_analyzed", tables=analyzed)
+
+    # Only a help to the planner: a failed round waits for the next like any other.
+    await BackgroundLoop("statistics", analyze, period=interval, first=interval).run()

@@ -64,6 +64,20 @@ def wedged(exc: BaseException) -> bool:
 _SESSION_ENDED = ("57P01", "57P02", "08")
 
 
+def drop_wedged(conn: Any, exc: BaseException) -> None:
+    """Drop ``conn`` when ``exc`` says it is wedged (``wedged``), so that its pool replaces it."""
+    if wedged(exc):
+        with contextlib.suppress(asyncpg.InterfaceError):  # handed back by asyncpg on its own since
+            conn.terminate()
+
+
+def _lost_during(conn: Any, exc: BaseException) -> TransientError:
+    """What a transaction whose connection was lost raises: the commit may or may not have
+    happened. A wedged connection is dropped first."""
+    drop_wedged(conn, exc)
+    return TransientError(f"database connection lost during a transaction (outcome unknown): {exc}")
+
+
 def connection_lost(exc: BaseException) -> bool:
     """Whether ``exc`` says the connection it came from is gone (closed, or ended by the server)."""
     state = getattr(exc, "sqlstate", None)
@@ -129,12 +143,7 @@ async def transact(
             except Exception as exc:
                 if not connection_lost(exc):
                     raise
-                if wedged(exc):
-                    with contextlib.suppress(asyncpg.InterfaceError):  # released on its own since
-                        conn.terminate()
-                raise TransientError(
-                    f"database connection lost during a transaction (outcome unknown): {exc}"
-                ) from exc
+                raise _lost_during(conn, exc) from exc
             finally:
                 await (held.release(conn) if held is not None else pool.release(conn))
         except retried as exc:
@@ -156,9 +165,7 @@ async def reading(pool: Any) -> AsyncIterator[Any]:
             try:
                 yield conn
             except Exception as exc:
-                if wedged(exc):
-                    with contextlib.suppress(asyncpg.InterfaceError):  # released on its own since
-                        conn.terminate()  # before the pool takes it back
+                drop_wedged(conn, exc)  # before the pool takes it back
                 raise
     except TransientError:
         raise

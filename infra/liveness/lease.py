@@ -56,6 +56,7 @@ from typing import Any
 
 from infra.db import Connection, lock_class
 from infra.process.logging import get_logger
+from infra.process.loops import BackgroundLoop, Backoff
 from infra.transport import Transport
 from protocol import StaleOwnerError, new_id
 
@@ -184,7 +185,7 @@ class Liveness:
         if self._presence is not None:
             await self._presence.announce_presence(self._presence.topology.presence(self.worker_id))
         self._up_since = self._renewed = time.monotonic()
-        self._keeper = asyncio.create_task(self._keep(), name=f"liveness-{self.kind}")
+        self._keeper = asyncio.create_task(self._keeper_loop().run(), name=f"liveness-{self.kind}")
         return self
 
     async def __aexit__(
@@ -228,30 +229,29 @@ class Liveness:
     def _tick(self) -> float:
         return max(0.02, min(self.interval, self.grace / 4, self.lease_seconds / 6))
 
-    async def _keep(self) -> None:
-        tick = self._tick
+    def _keeper_loop(self) -> BackgroundLoop:
+        """The keeper: a turn every tick, at once when the liveness connection closed, and with a
+        short backoff while the database is away; it ends once this worker is presumed dead."""
         # A statement that hangs (a half-open connection) must not stop the renewals for good.
         patience = max(1.0, self.lease_seconds / 3)
-        failures = 0
-        while not self.lost.is_set():
-            pause = tick if failures == 0 else min(RECONNECT_MAX_DELAY, 0.05 * 2**failures)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._nudged.wait(), pause)
-            self._nudged.clear()
+
+        async def turn() -> None:
             try:
                 async with asyncio.timeout(patience):
                     await self.step()
-                failures = 0
-            except Exception as exc:  # noqa: BLE001 - whatever it was, a new session starts clean
-                # A restart shows up as many kinds of errors (refused, shut down, a connection
-                # left mid-operation by a timeout): weather, said at warning level, in one line.
+            except Exception:
+                # Whatever it was, a new session starts clean. A restart shows up as many kinds of
+                # errors (refused, shut down, a connection left mid-operation by a timeout):
+                # weather, which the loop says at warning level, in one line.
                 await self._close(broken=True)
-                failures += 1
                 self._up_since = None
-                if failures in (1, 10) or failures % 50 == 0:
-                    log.warning(
-                        "liveness_reconnecting", worker=self.worker_id, attempts=failures, error=repr(exc)
-                    )
+                raise
+
+        return BackgroundLoop(
+            f"liveness-{self.kind}", turn, period=self._tick, first=self._tick,
+            backoff=Backoff(first=0.05, most=RECONNECT_MAX_DELAY), wake=self._nudged,
+            until=self.lost.is_set, context={"worker": self.worker_id},
+        )  # fmt: skip
 
     async def step(self) -> None:
         """One turn of the keeper: reconnect if needed, renew when due, judge when due."""

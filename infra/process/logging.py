@@ -10,16 +10,16 @@ from typing import Any
 
 import structlog
 
-# Lines that a loop writes each time a round fails, and tries again: a lost database or broker
-# makes every one of them come back every round, five to seven lines a second in all. Each is
-# written once every ``REPEAT_EVERY`` seconds at most; the next one written says how many were
-# held back (``repeated``). The libraries' own warnings (asyncpg's, aio-pika's) are held back the
-# same way, by their first words.
+# Lines that a loop of its own (not an ``infra.process.loops.BackgroundLoop``, which says its
+# failures on the 1st, 10th and every 50th time) or a request writes each time it fails while a
+# service is lost: the database or the broker away made them come back every round, five to seven
+# lines a second in all. Each is written once every ``REPEAT_EVERY`` seconds at most; the next one
+# written says how many were held back (``repeated``). The libraries' own warnings (asyncpg's,
+# aio-pika's) are held back the same way, by their first words.
 RETRIED = frozenset({
-    "analyze_failed", "api_request_unavailable", "claim_failed", "command_publish_failed", "consumer_setup_retry",
-    "control_publish_failed", "control_relay_error", "event_publish_failed",
-    "event_relay_round_failed", "localqueue_fetch_failed", "presence_unknown", "queue_depth_unknown",
-    "read_ahead_failed", "recovery_scan_failed", "repair_scan_error", "retention_failed",
+    "api_request_unavailable", "claim_failed", "command_publish_failed", "consumer_setup_retry",
+    "control_publish_failed", "event_publish_failed", "event_relay_round_failed",
+    "localqueue_fetch_failed", "presence_unknown", "queue_depth_unknown", "read_ahead_failed",
 })  # fmt: skip
 REPEAT_EVERY = 5.0
 

@@ -144,6 +144,8 @@ class LocalConsumer:
 
     async def _fetch(self) -> None:
         broker = self.broker
+        # Not a BackgroundLoop: a consumer's fetch, which fetches again at once while there is
+        # more than its prefetch took, and hands back what it claimed while closing.
         while not self._stopping:
             self._wake.clear()  # before the query: a publish after it sets the event again
             free = self._prefetch - len(self._unsettled)

@@ -1,0 +1,2 @@
+-- See postgres/0006_reconcile_requests.sql: the same change here.
+ALTER TABLE reconciliations ADD COLUMN request_id text;
