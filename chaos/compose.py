@@ -32,7 +32,6 @@ import os
 import random
 import shlex
 import signal
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -127,7 +126,7 @@ class ComposeProject:
         self.services: dict[str, Service] = {}
         self.client: AsyncClient | None = None
         self.project = ""
-        self._started_at = 0  # the run's start, seconds since the epoch (docker events --since)
+        self._starts: asyncio.Task[None] | None = None  # counts container starts into _restarts
         self._ours: set[str] = set()  # the executions of this run's turns (the mailbox keeps others')
         self._restarts = 0
         message = {"to": "chaos@example.com", "subject": "chaos", "body": "an email of a chaos run"}
@@ -200,7 +199,7 @@ class ComposeProject:
             host, _, port = published.rpartition(":")
             self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '[::]') else host}:{port}"
         self.client = AsyncClient(self.url, self.token, timeout=30.0)
-        self._started_at = int(time.time())
+        self._starts = asyncio.create_task(self._count_starts(), name="container-starts")
 
     def describe(self, shape: Shape) -> str:
         return (
@@ -210,27 +209,35 @@ class ComposeProject:
             " exit are restarted by their restart policy"
         )
 
-    async def _count_restarts(self) -> int:
-        """Starts of a Brain or Hands container since the run began: by its restart policy after
-        its process exited, or by ``docker restart`` (a container's RestartCount counts only the
-        first kind, and a ``docker restart`` sets it back to 0)."""
-        events = await self.docker(
-            "events", "--since", str(self._started_at), "--until", str(int(time.time()) + 1),
-            "--filter", f"label=com.docker.compose.project={self.project}", "--filter", "event=start",
-            "--format", '{{index .Actor.Attributes "com.docker.compose.service"}}',
+    async def _count_starts(self) -> None:
+        """Count the starts of Brain and Hands containers as they come (the engine's events): by
+        their restart policy after their process exited, or by ``docker restart``. A container's
+        RestartCount counts only the first kind (and ``docker restart`` sets it back to 0), and
+        the engine keeps its last 256 events only, which health checks fill within minutes."""
+        proc = await asyncio.create_subprocess_exec(
+            "docker", "events", "--filter", f"label=com.docker.compose.project={self.project}",
+            "--filter", "event=start", "--format", '{{index .Actor.Attributes "com.docker.compose.service"}}',
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=self.env,
         )  # fmt: skip
-        return sum(1 for service in events.split() if service in self.tendon)
+        assert proc.stdout is not None
+        try:
+            while line := await proc.stdout.readline():
+                self._restarts += line.decode().strip() in self.tendon
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
 
     @property
     def restarts(self) -> int:
         return self._restarts
 
     async def close(self) -> None:
-        try:
-            self._restarts = await self._count_restarts()
-        finally:
-            if self.client is not None:
-                await self.client.close()
+        if self._starts is not None:
+            self._starts.cancel()
+            await asyncio.gather(self._starts, return_exceptions=True)
+        if self.client is not None:
+            await self.client.close()
 
     # ---- the turns, through the API -------------------------------------------------------
 
