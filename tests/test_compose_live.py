@@ -134,8 +134,9 @@ async def live(tmp_path: Path) -> AsyncIterator[Live]:
     try:
         yield project
     finally:
-        if project.project is not None and project.project.client is not None:
-            await project.project.client.close()
+        if project.project is not None:
+            await project.project.close()  # its API client, its watch on the engine's events
+            project.figures["container_starts"] = project.project.restarts
         # Beside the figures when they are kept (pytest keeps only its last few temporary folders).
         figures = os.environ.get("TENDON_COMPOSE_FIGURES")
         kept = Path(figures).with_suffix(".log") if figures else tmp_path / "compose.log"
