@@ -56,7 +56,8 @@ def why_no_engine() -> str | None:
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"{what}: {exc}"
         if done.returncode != 0:
-            return f"{what} does not answer (`{' '.join(args)}`): {done.stderr.strip()[-300:]}"
+            said = " ".join(done.stderr.split())[-300:]
+            return f"{what} does not answer (`{' '.join(args)}`): {said}"
     return None
 
 
