@@ -16,10 +16,14 @@ COPY examples examples
 # leftovers go in the same layer.
 RUN pip install --no-cache-dir . \
     && rm -rf build tendon.egg-info \
-    && useradd --create-home --uid 10001 tendon
+    && useradd --create-home --uid 10001 tendon \
+    && mkdir -p /app/.tendon /var/lib/tendon \
+    && chown tendon:tendon /app/.tendon /var/lib/tendon
 
-# Not root. Its home keeps `brain watch`'s resume points (~/.cache); /app stays read-only to it.
-# Relative paths such as examples/notice_agent.json resolve from /app.
+# Not root. Its home keeps `brain watch`'s resume points (~/.cache); /app stays read-only to it but
+# for .tendon/, where `brain demo` and `brain serve --local` keep their data. /var/lib/tendon holds
+# what a service of the image keeps (docker-compose.yml's mailbox: a volume mounted there takes
+# its owner). Relative paths such as examples/notice_agent.json resolve from /app.
 USER tendon
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 TENDON_LOG_FORMAT=json
 CMD ["brain", "serve"]

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from brain.run.claims import Served
@@ -29,6 +28,7 @@ from infra.objects.payloads import PayloadCodec, open_payload_codec
 from infra.process.heap import settle_heap
 from infra.process.killpoints import KillPoints
 from infra.process.logging import bind_worker, get_logger
+from infra.process.ready import ReadyFile, clear
 from infra.process.settings import Settings, http_address
 from infra.process.tracing import Tracing, open_tracing
 from infra.transport import Topology, Transport
@@ -80,6 +80,7 @@ async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event)
     A Brain that the others presumed dead (paused or cut off for longer than its lease) starts
     over under a new worker id: its runs were handed over and are fenced out already.
     """
+    clear(settings.ready_file)  # a dead predecessor's (the same container), before any wait
     while True:
         async with open_backends(settings) as backends:
             code = await run(backends, settings, killpoints, stop, on_ready=lambda http: settle_heap())
@@ -186,10 +187,10 @@ async def run(
             on_ready(http)
         worker_id = brain.liveness.worker_id
         log.info("brain_ready", worker=worker_id, schema=settings.brain_schema, http=http)
-        if settings.ready_file:
-            ready = Path(settings.ready_file)
-            await asyncio.to_thread(ready.write_text, worker_id + "\n")
-            stack.callback(ready.unlink, missing_ok=True)
+        if settings.ready_file:  # says ready while its database and broker are up
+            transport = backends.transport
+            services = {"PostgreSQL": lambda: brain.liveness.up, "RabbitMQ": lambda: transport.connected}
+            await stack.enter_async_context(ReadyFile(settings.ready_file, worker_id, services))
         crashed: list[asyncio.Task[None]] = []
 
         def on_task_end(task: asyncio.Task[None]) -> None:

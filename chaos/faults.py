@@ -86,13 +86,14 @@ class Tally:
     safe_reruns: int = 0  # allowed by the contract
 
 
-def tally(posts: dict[str, int], tools: dict[str, str]) -> Tally:
-    """``posts``: POSTs per operation id (all mailboxes); ``tools``: operation id -> tool."""
+def tally(posts: dict[str, int], tools: dict[str, str], safe: frozenset[str] = frozenset({"touch"})) -> Tally:
+    """``posts``: POSTs per operation id (all mailboxes); ``tools``: operation id -> tool;
+    ``safe``: the tools whose re-run is allowed."""
     t = Tally()
     for op, n in posts.items():
         if n <= 1:
             continue
-        if tools.get(op) == "touch":
+        if tools.get(op) in safe:
             t.safe_reruns += n - 1
         else:  # an unsafe tool, or a post nothing here asked for: both are duplicates
             t.blind_resends[op] = n - 1

@@ -4,7 +4,9 @@
 service a URL names; a subclass decides what to do with the bytes (``_connected``).
 ``TcpCutter`` forwards them as they are and can drop every connection through it at once,
 as a network fault would (``cut()``), or hold every byte for a while, as a congested or
-partitioned link would (``stall()``); new connections go through as before. The chaos run
+partitioned link would (``stall()``); new connections go through as before. Or it can play a
+stopped service: every connection dropped and new ones refused (``go_down()``) until
+``come_back()``. The chaos run
 puts one in front of PostgreSQL and one in front of RabbitMQ; the tests use them too.
 """
 
@@ -70,6 +72,7 @@ class TcpCutter(LoopbackProxy):
         self._writers: set[asyncio.StreamWriter] = set()
         self._flowing = asyncio.Event()
         self._flowing.set()
+        self._down = False
         self.cuts = 0  # how many times ``cut()`` was called
 
     async def stall(self, seconds: float) -> None:
@@ -85,6 +88,14 @@ class TcpCutter(LoopbackProxy):
         self.cuts += 1
         self._drop()
 
+    def go_down(self) -> None:
+        """Drop every open connection and refuse new ones, until ``come_back()``."""
+        self._down = True
+        self._drop()
+
+    def come_back(self) -> None:
+        self._down = False
+
     def _drop(self) -> None:
         for writer in list(self._writers):
             writer.transport.abort()
@@ -95,6 +106,9 @@ class TcpCutter(LoopbackProxy):
         await super().__aexit__(*exc)
 
     async def _connected(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if self._down:
+            client_w.transport.abort()
+            return
         try:
             server_r, server_w = await asyncio.open_connection(*self._target)
         except OSError:  # the service is down (a restart): the client sees its connection end

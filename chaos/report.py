@@ -44,14 +44,17 @@ def command(shape: Shape) -> str:
 
 def markdown(out: Outcome, plot: str | None) -> str:
     shape = out.shape
+    deployment = out.deployment or (
+        f"{shape.brains} Brains and {shape.hands} Hands workers (route `chaos`), {shape.in_flight} turns"
+        f" in flight, each tool holding {shape.hold} s before and after its call; processes that exit are"
+        " restarted, as a restart policy would"
+    )
     lines = [
         "# Chaos run results",
         "",
-        f"`{command(shape)}`, {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {out.seconds / 60:.1f} minutes:"
-        f" {shape.brains} Brains and {shape.hands} Hands workers (route `chaos`), {shape.in_flight} turns"
-        f" in flight, each tool holding {shape.hold} s before and after its call; processes that exit are"
-        f" restarted, as a restart policy would ({out.restarts} restarts in all). How the run works:"
-        " [README.md](README.md).",
+        f"`{out.command or command(shape)}`, {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC,"
+        f" {out.seconds / 60:.1f} minutes: {deployment} ({out.restarts} restarts in all). How the run"
+        " works: `docs/chaos/README.md`.",
         "",
         "| verdict | value | |",
         "| --- | ---: | --- |",

@@ -1,32 +1,27 @@
 """One chaos run: a workload of agent turns kept in flight while faults are injected, an
 operator who reconciles each UNKNOWN from the counting service's truth as it comes, every turn
 driven to its end, and the verdicts (lost turns, blind re-sends, UNKNOWNs and whether each was
-really unknown)."""
+really unknown).
+
+What the run drives is a :class:`Target`: a deployment it starts itself on the local services
+(``chaos.topology.Deployment``), or a compose project that runs already (``chaos.compose``). The
+workload, the faults' plan, the recovery measures and the verdicts are the same for both.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-import asyncpg
-
-from bench.harness import TendonWorld, agent
-from brain import verbs
-from brain.rules.agents import AgentDefinition
-from brain.store import wake_channel
 from chaos.faults import Fault, Injected, Tally, plan, tally
-from chaos.topology import Deployment
 from infra.db import is_transient
 
 T = TypeVar("T")
-TOOLS = ("touch", "send", "send_blind")
 TERMINAL = ("completed", "failed", "cancelled")
 RECOVERY_WAIT = 60.0  # longest wait for progress after a fault, before the next one
 
@@ -44,6 +39,54 @@ class Shape:
     settle: float = 240.0  # how long the turns may take to end once the faults stop
 
 
+class Target(Protocol):
+    """What a run drives: turns submitted and looked at, UNKNOWNs reconciled, faults injected."""
+
+    tools: tuple[str, ...]  # the tools the workload's turns call, one a turn, in turn
+    blind: frozenset[str]  # tools that cannot be asked: an UNKNOWN of one is expected
+    safe: frozenset[str]  # tools whose re-run is allowed
+    look_every: float  # seconds between two looks at the turns in flight
+
+    def describe(self, shape: Shape) -> str:
+        """What was run, for the report (a sentence)."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    @property
+    def restarts(self) -> int:
+        """Processes restarted after they exited, as a restart policy does."""
+        ...
+
+    async def submit(self, n: int, tool: str) -> str:
+        """Turn ``n`` (one call of ``tool``); the same ``n`` is the same turn. Its id."""
+        ...
+
+    async def statuses(self, turns: list[str]) -> dict[str, str]: ...
+
+    async def unknown(self, turns: list[str]) -> list[tuple[str, str, str]]:
+        """The UNKNOWN executions of ``turns``: (execution, tool, turn)."""
+        ...
+
+    async def reconcile(self, execution_id: str, happened: bool) -> str | None:
+        """Settle an UNKNOWN execution as an operator would; what went wrong, if anything."""
+        ...
+
+    async def executions(self, turns: list[str]) -> dict[str, str]:
+        """Every execution of ``turns``, with its tool."""
+        ...
+
+    async def errors(self, turns: list[str]) -> dict[str, str]: ...
+
+    async def posts(self) -> dict[str, int]:
+        """What the counting service saw: POSTs per operation id."""
+        ...
+
+    async def inject(self, fault: Fault, rng: random.Random, clock: Callable[[], float]) -> Injected: ...
+
+
 @dataclass
 class Outcome:
     shape: Shape
@@ -55,6 +98,9 @@ class Outcome:
     tally: Tally = field(default_factory=Tally)
     restarts: int = 0
     seconds: float = 0.0
+    blind: frozenset[str] = frozenset({"send_blind"})  # the tools that may go UNKNOWN
+    deployment: str = ""  # what was run (``Target.describe``)
+    command: str = ""  # how the run was asked for
 
     @property
     def lost(self) -> list[str]:
@@ -63,7 +109,7 @@ class Outcome:
     @property
     def unexpected_unknown(self) -> list[str]:
         """UNKNOWNs of a tool that could have been settled (re-run, or asked)."""
-        return [e for e, tool in self.unknown.items() if tool != "send_blind"]
+        return [e for e, tool in self.unknown.items() if tool not in self.blind]
 
 
 async def patiently(work: Callable[[], Awaitable[T]], limit: float = 120.0) -> T:
@@ -73,10 +119,7 @@ async def patiently(work: Callable[[], Awaitable[T]], limit: float = 120.0) -> T
         try:
             return await work()
         except Exception as exc:
-            # asyncpg may leave a connection cut mid-operation unusable for the next one
-            # (InternalClientError): the pool replaces it on a later try.
-            passing = is_transient(exc) or isinstance(exc, asyncpg.exceptions.InternalClientError)
-            if not passing or time.monotonic() > deadline:
+            if not is_transient(exc) or time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.25)
 
@@ -84,71 +127,53 @@ async def patiently(work: Callable[[], Awaitable[T]], limit: float = 120.0) -> T
 class Workload:
     """Keeps ``in_flight`` turns going (tools in turn) and notes when each ends."""
 
-    def __init__(self, world: TendonWorld, shape: Shape) -> None:
-        self.world = world
+    def __init__(self, target: Target, shape: Shape) -> None:
+        self.target = target
         self.shape = shape
-        calls = {t: [[{"tool": t, "args": {"hold": shape.hold}}]] for t in TOOLS}
-        self.agents = {t: AgentDefinition.model_validate(agent(f"chaos-{t}", calls[t], [t])) for t in TOOLS}
         self.status: dict[str, str] = {}
         self.ended_at: dict[str, float] = {}
         self.open = True
 
-    async def submit(self, n: int) -> str:
-        """Turn ``n``; its request id makes a submit tried again after a lost answer the same turn."""
-        s = self.world.settings
-        turn_id, _ = await patiently(
-            lambda: verbs.submit(
-                self.world.store,
-                namespace=s.namespace,
-                session_id=f"chaos-{n}",
-                request_id=f"chaos-{n}",
-                user_input="go",
-                agent=self.agents[TOOLS[n % len(TOOLS)]],
-                wake_channel=wake_channel(s),
-            )  # fmt: skip
-        )
-        return str(turn_id)
-
-    async def held_by_unknown(self) -> set[str]:
-        rows = await patiently(
-            lambda: self.world.fetch("SELECT DISTINCT turn_id FROM executions WHERE status = 'unknown'")
-        )
-        return {r["turn_id"] for r in rows}
+    async def held_by_unknown(self, turns: set[str]) -> set[str]:
+        return {turn for _, _, turn in await patiently(partial(self.target.unknown, sorted(turns)))}
 
     def active(self) -> set[str]:
         return {t for t, s in self.status.items() if s not in TERMINAL}
 
     async def run(self) -> None:
         n = 0
+        tools = self.target.tools
         while True:
             while self.open and len(self.active()) < self.shape.in_flight:
-                self.status[await self.submit(n)] = "queued"
+                # Its number makes a submit tried again after a lost answer the same turn.
+                turn = await patiently(partial(self.target.submit, n, tools[n % len(tools)]))
+                self.status[turn] = "queued"
                 n += 1
             active = list(self.active())
             if active:
-                statuses = await patiently(partial(self.world.statuses, active))
+                statuses = await patiently(partial(self.target.statuses, active))
                 now = time.monotonic()
                 for turn, status in statuses.items():
                     self.status[turn] = status
                     if status in TERMINAL:
                         self.ended_at[turn] = now
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(self.target.look_every)
 
 
-async def run(world: TendonWorld, shape: Shape, say: Any = print) -> Outcome:
-    out = Outcome(shape)
+async def run(target: Target, shape: Shape, say: Any = print) -> Outcome:
+    out = Outcome(shape, blind=target.blind)
     rng = random.Random(shape.seed)
-    deployment = Deployment(world, shape.brains, shape.hands)
     t0 = time.monotonic()
-    await deployment.start()
-    work = Workload(world, shape)
-    tasks = [asyncio.create_task(work.run()), asyncio.create_task(_operate(world, deployment, out, say))]
+    await target.start()
+    out.deployment = target.describe(shape)
+    work = Workload(target, shape)
+    tasks = [asyncio.create_task(work.run()), asyncio.create_task(_operate(target, work, out, say))]
     try:
         for i, fault in enumerate(plan(shape.seed, shape.faults, shape.kinds), 1):
             await asyncio.sleep(shape.spacing)
             _check(tasks)
             before = work.active()
-            hit = await deployment.inject(fault, rng, time.monotonic)
+            hit = await target.inject(fault, rng, time.monotonic)
             before |= work.active()  # and what came in while it lasted (a service down, say)
             await _progress(work, before, hit)
             out.injected.append(hit)
@@ -156,24 +181,18 @@ async def run(world: TendonWorld, shape: Shape, say: Any = print) -> Outcome:
             say(f"[chaos] {i}/{shape.faults} {fault.value} {hit.target}: every turn in flight ended in {rec}")
         work.open = False
         await _settle(work, tasks, shape.settle)
+        out.turns = dict(work.status)
+        turns = sorted(out.turns)
+        tools = await patiently(partial(target.executions, turns))
+        out.tally = tally(await target.posts(), tools, safe=target.safe)
+        failed = [t for t in turns if out.turns[t] == "failed"]
+        out.failures = await patiently(partial(target.errors, failed))
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        out.restarts = sum(s.restarts for s in deployment.slots)
-        posts = await deployment.posts()
-        await deployment.close()
-    tools = {
-        r["id"]: r["tool"] for r in await patiently(lambda: world.fetch("SELECT id, tool FROM executions"))
-    }
-    out.tally = tally(posts, tools)
-    out.turns = dict(work.status)
-    failed = [t for t, s in out.turns.items() if s == "failed"]
-    errors = await patiently(
-        lambda: world.fetch("SELECT id, error FROM turns WHERE id = ANY($1::text[])", failed)
-    )
-    for r in errors:
-        out.failures[r["id"]] = str(r["error"])
+        await target.close()
+        out.restarts = target.restarts
     out.seconds = time.monotonic() - t0
     return out
 
@@ -182,13 +201,17 @@ async def _progress(work: Workload, before: set[str], hit: Injected) -> None:
     """Note when the first and the last turn that were in flight at the fault ended after it
     was lifted (turns held by an UNKNOWN execution wait for a person: they do not count)."""
     deadline = time.monotonic() + RECOVERY_WAIT
+    asked = 0.0  # when the UNKNOWNs were last looked at: once a second is enough
     while time.monotonic() < deadline:
         ended = [work.ended_at[t] for t in before if t in work.ended_at]
         after = [t for t in ended if t >= hit.lifted]
         if after and hit.first is None:
             hit.first = min(after)
-        held = await work.held_by_unknown()
-        if all(t in work.ended_at or t in held for t in before):
+        waiting = {t for t in before if t not in work.ended_at}
+        if waiting and time.monotonic() - asked >= 1.0:
+            asked = time.monotonic()
+            waiting -= await work.held_by_unknown(waiting)
+        if not waiting:
             hit.recovered = max([hit.lifted, *ended])
             hit.first = hit.first if hit.first is not None else hit.recovered
             return
@@ -210,34 +233,18 @@ def _check(tasks: list[asyncio.Task[None]]) -> None:
             task.result()
 
 
-async def _operate(world: TendonWorld, deployment: Deployment, out: Outcome, say: Any) -> None:
-    """What an operator does, all along: reconcile each UNKNOWN execution by what the blind
-    mailbox saw (the provider's own records), so that its turn goes on."""
+async def _operate(target: Target, work: Workload, out: Outcome, say: Any) -> None:
+    """What an operator does, all along: reconcile each UNKNOWN execution by what the counting
+    service saw (the provider's own records), so that its turn goes on."""
     while True:
-        unknown = await patiently(
-            lambda: world.fetch(
-                "SELECT id, tool FROM executions WHERE status = 'unknown' AND NOT (id = ANY($1::text[]))",
-                list(out.unknown),
-            )
-        )
-        for r in unknown:
-            out.unknown[r["id"]] = r["tool"]
-            await _reconcile(world, deployment, r["id"], out, say)
+        active = sorted(work.active())
+        for execution_id, tool, _ in await patiently(partial(target.unknown, active)) if active else []:
+            if execution_id in out.unknown:
+                continue
+            out.unknown[execution_id] = tool
+            happened = (await target.posts()).get(execution_id, 0) > 0
+            out.reconciled[execution_id] = "succeeded" if happened else "failed"
+            problem = await target.reconcile(execution_id, happened)
+            if problem:
+                say(f"[chaos] reconcile of {execution_id} failed: {problem}")
         await asyncio.sleep(1.0)
-
-
-async def _reconcile(
-    world: TendonWorld, deployment: Deployment, execution_id: str, out: Outcome, say: Any
-) -> None:
-    happened = (await deployment.posts()).get(execution_id, 0) > 0
-    seen = json.dumps({"receipt": "seen by the provider"})
-    outcome = ["--result", seen] if happened else ["--failed", "not sent"]
-    args = [sys.executable, "-m", "hands", "reconcile", execution_id, *outcome,
-            "--evidence", "the blind mailbox's own count of posts", "--actor", "chaos"]  # fmt: skip
-    proc = await asyncio.create_subprocess_exec(
-        *args, env={**world.env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-    )
-    text, _ = await proc.communicate()
-    out.reconciled[execution_id] = "succeeded" if happened else "failed"
-    if proc.returncode != 0:
-        say(f"[chaos] reconcile of {execution_id} failed: {text.decode(errors='replace').strip()}")

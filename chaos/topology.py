@@ -1,29 +1,38 @@
-"""The deployment the chaos run injects faults into, and the faults themselves.
+"""The deployment the chaos run starts itself, and injects faults into (a ``chaos.run.Target``).
 
 Several Brains and Hands processes (route ``chaos``) of one isolated world (``bench.harness``),
 each reaching PostgreSQL and RabbitMQ through a loopback proxy that can cut or stall every
 connection; two counting mailboxes (one that can be asked, one that cannot). A supervisor
-restarts whatever exits, as a container's restart policy would.
+restarts whatever exits, as a container's restart policy would. Turns are submitted and looked
+at in the world's database, as `brain submit` without a URL does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from bench.harness import TendonWorld, free_port, wait_for
+from bench.harness import TendonWorld, agent, free_port, wait_for
+from brain import verbs
+from brain.rules.agents import AgentDefinition
+from brain.store import wake_channel
 from chaos.faults import Fault, Injected
 from chaos.proxy import TcpCutter
 from examples.email_tools import http_json
+
+if TYPE_CHECKING:
+    from chaos.run import Shape
 
 BRAIN = ["-m", "brain", "serve"]
 HANDS = ["-m", "hands", "serve", "--route", "chaos", "--tools", "chaos.tools"]
@@ -41,14 +50,34 @@ class Slot:
 
 
 class Deployment:
-    def __init__(self, world: TendonWorld, brains: int, hands: int) -> None:
+    tools: tuple[str, ...] = ("touch", "send", "send_blind")  # chaos/tools.py: safe, asked, blind
+    blind = frozenset({"send_blind"})
+    safe = frozenset({"touch"})
+    look_every = 0.05
+
+    def __init__(self, world: TendonWorld, shape: Shape) -> None:
         self.world = world
-        self.counts = {"brain": brains, "hands": hands}
+        self.counts = {"brain": shape.brains, "hands": shape.hands}
         self.slots: list[Slot] = []
         self.mailboxes: dict[str, str] = {}
         self.pg: TcpCutter | None = None
         self.amqp: TcpCutter | None = None
         self._supervisor: asyncio.Task[None] | None = None
+        calls = {t: [[{"tool": t, "args": {"hold": shape.hold}}]] for t in self.tools}
+        self.agents = {
+            t: AgentDefinition.model_validate(agent(f"chaos-{t}", calls[t], [t])) for t in self.tools
+        }
+
+    def describe(self, shape: Shape) -> str:
+        return (
+            f"{shape.brains} Brains and {shape.hands} Hands workers (route `chaos`) started by the run on"
+            f" the local services, {shape.in_flight} turns in flight, each tool holding {shape.hold} s"
+            " before and after its call; processes that exit are restarted, as a restart policy would"
+        )
+
+    @property
+    def restarts(self) -> int:
+        return sum(s.restarts for s in self.slots)
 
     def env(self) -> dict[str, str]:
         assert self.pg is not None and self.amqp is not None
@@ -103,6 +132,52 @@ class Deployment:
             if proxy is not None:
                 await proxy.__aexit__(None, None, None)
 
+    # ---- the turns ------------------------------------------------------------------------
+
+    async def submit(self, n: int, tool: str) -> str:
+        s = self.world.settings
+        turn_id, _ = await verbs.submit(
+            self.world.store,
+            namespace=s.namespace,
+            session_id=f"chaos-{n}",
+            request_id=f"chaos-{n}",
+            user_input="go",
+            agent=self.agents[tool],
+            wake_channel=wake_channel(s),
+        )
+        return str(turn_id)
+
+    async def statuses(self, turns: list[str]) -> dict[str, str]:
+        return await self.world.statuses(turns)
+
+    async def unknown(self, turns: list[str]) -> list[tuple[str, str, str]]:
+        rows = await self.world.fetch(
+            "SELECT id, tool, turn_id FROM executions WHERE status = 'unknown' AND turn_id = ANY($1::text[])",
+            turns,
+        )
+        return [(r["id"], r["tool"], r["turn_id"]) for r in rows]
+
+    async def executions(self, turns: list[str]) -> dict[str, str]:
+        sql = "SELECT id, tool FROM executions WHERE turn_id = ANY($1::text[])"
+        rows = await self.world.fetch(sql, turns)
+        return {r["id"]: r["tool"] for r in rows}
+
+    async def errors(self, turns: list[str]) -> dict[str, str]:
+        rows = await self.world.fetch("SELECT id, error FROM turns WHERE id = ANY($1::text[])", turns)
+        return {r["id"]: str(r["error"]) for r in rows}
+
+    async def reconcile(self, execution_id: str, happened: bool) -> str | None:
+        """`hands reconcile`, as an operator runs it, from the blind mailbox's own count."""
+        seen = json.dumps({"receipt": "seen by the provider"})
+        outcome = ["--result", seen] if happened else ["--failed", "not sent"]
+        args = [sys.executable, "-m", "hands", "reconcile", execution_id, *outcome,
+                "--evidence", "the blind mailbox's own count of posts", "--actor", "chaos"]  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(
+            *args, env={**self.world.env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        text, _ = await proc.communicate()
+        return None if proc.returncode == 0 else text.decode(errors="replace").strip()
+
     async def posts(self) -> dict[str, int]:
         """POSTs per operation id, both mailboxes together."""
         out: dict[str, int] = {}
@@ -114,7 +189,7 @@ class Deployment:
 
     # ---- faults --------------------------------------------------------------------------
 
-    async def inject(self, fault: Fault, rng: random.Random, clock: Any) -> Injected:
+    async def inject(self, fault: Fault, rng: random.Random, clock: Callable[[], float]) -> Injected:
         """Inject ``fault``; return when it was injected and when it was lifted."""
         if fault in (Fault.PG_CUT, Fault.AMQP_CUT, Fault.PG_STALL, Fault.AMQP_STALL):
             proxy = self.pg if fault in (Fault.PG_CUT, Fault.PG_STALL) else self.amqp

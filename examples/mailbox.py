@@ -4,7 +4,7 @@ It accepts messages idempotently (one delivery per ``Idempotency-Key``), can be 
 whether it saw an operation (``GET /messages/by-key/<key>``), and counts every POST
 attempt per key so a test can prove a tool was never re-sent blindly. Stdlib only.
 
-    python -m examples.mailbox --port 8025 [--host 127.0.0.1] [--no-lookup] [--state FILE]
+    python -m examples.mailbox --port 8025 [--host 127.0.0.1] [--no-lookup] [--state FILE] [--delay S]
 
 Endpoints:
 
@@ -17,7 +17,9 @@ Endpoints:
 - ``GET /stats``: ``{"deliveries": [receipts in order], "posts_per_key": {key: count}}``.
 
 With ``--state FILE`` the state is loaded at start and rewritten atomically after every
-change, so it survives restarts.
+change, so it survives restarts. With ``--delay S`` a POST is answered S seconds after its message
+was stored, as a slow provider would: a sender that dies meanwhile leaves a message the mailbox
+has and its sender never heard of (the chaos run's kills land there).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -134,10 +137,12 @@ class _HTTPServer(ThreadingHTTPServer):
         state: MailboxState,
         lookup: bool,
         on_accepted: Callable[[int], None] | None = None,
+        delay: float = 0.0,
     ) -> None:
         self.state = state
         self.lookup = lookup
         self.on_accepted = on_accepted
+        self.delay = delay
         super().__init__(address, _Handler)
 
 
@@ -206,6 +211,8 @@ class _Handler(BaseHTTPRequestHandler):
         receipt, created = state.accept(key, body["to"])
         if created and self.server.on_accepted is not None:
             self.server.on_accepted(len(state.stats()["deliveries"]))
+        if self.server.delay:
+            time.sleep(self.server.delay)  # this request's own thread
         self._reply(201 if created else 200, receipt)
 
 
@@ -223,10 +230,12 @@ class MailboxServer:
         lookup: bool = True,
         state_path: str | os.PathLike[str] | None = None,
         on_accepted: Callable[[int], None] | None = None,
+        delay: float = 0.0,
     ) -> None:
         self.host = host
         self.port = port
         self.lookup = lookup
+        self.delay = delay
         self.state_path = state_path
         # Called with the number of deliveries once a new one is stored, before it is answered
         # (the demo's crash: the service has the email, its sender never hears so).
@@ -239,7 +248,7 @@ class MailboxServer:
         if self._httpd is not None:
             return
         state = MailboxState(self.state_path)
-        self._httpd = _HTTPServer((self.host, self.port), state, self.lookup, self.on_accepted)
+        self._httpd = _HTTPServer((self.host, self.port), state, self.lookup, self.on_accepted, self.delay)
         self.port = self._httpd.server_address[1]
 
     @property
@@ -310,9 +319,14 @@ def main(argv: list[str] | None = None) -> int:
         help="answer 503 to GET /messages/by-key/<key> (a service that cannot be queried)",
     )
     parser.add_argument("--state", default=None, help="JSON file to persist state across restarts")
+    parser.add_argument(
+        "--delay", type=float, default=0.0, help="seconds between storing a message and answering its POST"
+    )
     args = parser.parse_args(argv)
 
-    server = MailboxServer(args.host, args.port, lookup=not args.no_lookup, state_path=args.state)
+    server = MailboxServer(
+        args.host, args.port, lookup=not args.no_lookup, state_path=args.state, delay=args.delay
+    )
     server.bind()
     signal.signal(signal.SIGTERM, _on_sigterm)
     print(f"mailbox listening on {server.url}", flush=True)

@@ -22,7 +22,6 @@ import contextlib
 import json
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
 
 from hands.backends import HandsBackends, open_backends
@@ -41,6 +40,7 @@ from infra.db.retention import DAY, Horizon, keep_pruned
 from infra.objects.payloads import PayloadCodec
 from infra.process.killpoints import KillPoints
 from infra.process.logging import bind_worker, get_logger
+from infra.process.ready import ReadyFile, clear
 from infra.process.settings import Settings
 from infra.process.tracing import open_tracing
 from infra.transport import Consumer, Transport
@@ -144,6 +144,7 @@ class HandsApp:
         self.registry = load_tools(self.tools_spec, self.route)
         backends = self.backends
         if backends is None:  # the distributed ones, closed with the app
+            clear(s.ready_file)  # a dead predecessor's (the same container), before any wait
             backends = await self._stack.enter_async_context(open_backends(s, self.topology))
         ledger, broker, codec = backends.ledger, backends.transport, backends.codec
         _, applied = await open_ledger(ledger.pool, s.hands_schema)
@@ -181,10 +182,9 @@ class HandsApp:
             message_id=announcement.message_id,
         )
         await self._consume(ledger, broker)
-        if s.ready_file:
-            ready = Path(s.ready_file)
-            await asyncio.to_thread(ready.write_text, self.worker_id + "\n")
-            self._stack.callback(ready.unlink, missing_ok=True)
+        if s.ready_file:  # says ready while its database and broker are up
+            services = {"PostgreSQL": lambda: self.liveness.up, "RabbitMQ": lambda: broker.connected}
+            await self._stack.enter_async_context(ReadyFile(s.ready_file, self.worker_id, services))
         log.info(
             "hands_ready",
             worker=self.worker_id,

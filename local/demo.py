@@ -339,8 +339,11 @@ async def _tell(
 
 
 def demo_settings(base: Settings) -> Settings:
-    """Snappy defaults for one process: short scans so recovery shows within a second."""
-    return base.model_copy(update={"scan_interval": min(base.scan_interval, 0.2), "http": "off"})
+    """Snappy defaults for one process: short scans so recovery shows within a second. No HTTP
+    API, and no ready file: the demo is not a server, and run in a server's container (which sets
+    TENDON_READY_FILE) it must not remove the server's."""
+    update = {"scan_interval": min(base.scan_interval, 0.2), "http": "off", "ready_file": None}
+    return base.model_copy(update=update)
 
 
 def main_demo(

@@ -9,6 +9,8 @@ from collections import Counter
 import pytest
 
 from chaos import report
+from chaos.__main__ import PUBLISHED, out_dir, parse
+from chaos.compose import option, services_of
 from chaos.faults import QUICK, SERVICE_RESTARTS, Fault, Injected, percentile, plan, tally
 from chaos.run import Outcome, Shape
 from tests.support import REPO
@@ -89,8 +91,37 @@ def test_an_unknown_of_the_tool_that_cannot_be_asked_is_expected() -> None:
     assert report.passed(_outcome(unknown={"e1": "send_blind"}))
 
 
-@pytest.mark.parametrize("args", [["run", "--faults", "0"], ["run", "--kinds", "brain_nap"], ["walk"]])
+@pytest.mark.parametrize(
+    "args",
+    [["run", "--faults", "0"], ["run", "--kinds", "brain_nap"], ["walk"], ["run", "--url", "http://x"]],
+)
 def test_bad_arguments_are_one_line_and_exit_2(args: list[str]) -> None:
     done = subprocess.run([sys.executable, "-m", "chaos", *args], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("chaos")
+
+
+def test_only_a_full_run_on_the_local_services_writes_over_the_published_results() -> None:
+    assert out_dir(parse(["run"])) == PUBLISHED
+    for quick_or_compose in (["--quick"], ["--compose"], ["--quick", "--compose"]):
+        written = out_dir(parse(["run", *quick_or_compose]))
+        assert written != PUBLISHED and written.parent == REPO / ".tendon" / "chaos", written
+    assert str(out_dir(parse(["run", "--quick", "--out", "docs/chaos"]))) == "docs/chaos"  # asked for
+
+
+def test_a_compose_projects_services_are_read_from_its_config() -> None:
+    pool = "hands serve --route email --tools examples.email_tools"
+    config = {
+        "name": "p",
+        "services": {
+            "brain": {"command": ["brain", "serve"], "environment": {"TENDON_HTTP": "0.0.0.0:8080"}},
+            "hands-email": {"image": "tendon:local", "command": pool},
+            "db": {"image": "postgres:15", "command": None, "environment": {"POSTGRES_DB": None}},
+        },
+    }
+    services = services_of(config)
+    assert services["hands-email"].command[:2] == ["hands", "serve"]
+    assert option(services["hands-email"].command, "--route") == "email"
+    assert option(services["brain"].command, "--route") is None
+    assert services["brain"].environment == {"TENDON_HTTP": "0.0.0.0:8080"}
+    assert services["db"].environment == {"POSTGRES_DB": ""} and services["db"].command == []

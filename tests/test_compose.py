@@ -1,9 +1,11 @@
 """docker-compose.yml and the Dockerfile say only what Tendon accepts: no servers, no Docker.
 
-No Docker engine runs here, so these tests read the files and hold them to the code: every
-``TENDON_*`` name is a setting (``infra.process.settings.Settings``) and its value validates, every
-Brain or Hands command parses with the real ``brain``/``hands`` parser, a service waits for the
-services it names, restarts, and is healthy only once ready, and the image is the package.
+These tests read the files and hold them to the code: every ``TENDON_*`` name is a setting
+(``infra.process.settings.Settings``) and its value validates, every Brain or Hands command parses
+with the real ``brain``/``hands`` parser, a service waits for the services it names, restarts, and
+is healthy only while ready; only the API is published, on the loopback, at a port a user sets;
+the services' data is kept in named volumes; logs rotate; the image is built once and is the
+package. tests/test_compose_live.py runs the file on a Docker engine (TENDON_TEST_COMPOSE=1).
 """
 
 from __future__ import annotations
@@ -29,6 +31,13 @@ from infra.process.settings import Settings
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
+HOST_PORTS: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.host.yml").read_text())
+# Where the images of the services that keep data keep it.
+DATA = {"postgres": "/var/lib/postgresql/data", "rabbitmq": "/var/lib/rabbitmq", "minio": "/data"}
+# The host's own services hold these: a default that takes one of them fails `up` there.
+TAKEN = {"5432", "5672", "8080"}
+# A published port: [HOST_IP:]HOST_PORT:CONTAINER_PORT, the host port ${VARIABLE:-default}.
+PORT = re.compile(r"(?P<ip>[\d.]+):\$\{(?P<variable>\w+):-(?P<default>\d+)\}:(?P<target>\d+)")
 PARSERS = {"brain": brain_parser, "hands": hands_parser}
 RESTART_POLICIES = {"always", "unless-stopped", "on-failure"}
 # A host as a URL or a HOST:PORT names it: postgres:5432, http://minio:9000, amqp://u:p@rabbitmq:5672/
@@ -172,3 +181,89 @@ def test_the_image_runs_as_a_user_and_holds_the_whole_package() -> None:
     assert "." in copied or needed <= copied, f"the Dockerfile does not copy {sorted(needed - copied)}"
     ignored = [p.strip().rstrip("/") for p in (REPO / ".dockerignore").read_text().splitlines()]
     assert not needed & set(ignored), f".dockerignore leaves out {sorted(needed & set(ignored))}"
+
+
+def published(service: dict[str, Any]) -> list[re.Match[str]]:
+    """Each port a service publishes, read as ``PORT`` (a mismatch fails the test)."""
+    found = []
+    for entry in service.get("ports") or []:
+        match = PORT.fullmatch(str(entry))
+        assert match, f"{entry!r}: not 127.0.0.1:${{TENDON_..._PORT:-default}}:port"
+        found.append(match)
+    return found
+
+
+def test_only_the_api_is_published_on_the_loopback_at_a_port_a_user_sets_that_the_host_leaves_free() -> None:
+    publishing = {name for name, service in SERVICES.items() if service.get("ports")}
+    assert publishing == {"brain"}, f"published: {sorted(publishing)}; the services reach each other inside"
+    (api,) = published(SERVICES["brain"])
+    assert api["ip"] == "127.0.0.1" and api["variable"] == "TENDON_HTTP_PORT"
+    assert api["default"] not in TAKEN, "a development server holds 8080, PostgreSQL and RabbitMQ theirs"
+    assert environment(SERVICES["brain"])["TENDON_HTTP"].endswith(":" + api["target"])
+
+
+def test_the_host_file_publishes_the_services_on_the_loopback_at_ports_a_user_sets() -> None:
+    for name, service in HOST_PORTS["services"].items():
+        assert name in SERVICES
+        for port in published(service):
+            assert port["ip"] == "127.0.0.1" and port["variable"].startswith("TENDON_"), port.group(0)
+
+
+@pytest.mark.parametrize("name", sorted(DATA))
+def test_the_services_keep_their_data_in_named_volumes(name: str) -> None:
+    mounts = dict(str(v).split(":")[1::-1] for v in SERVICES[name].get("volumes") or [])
+    volume = mounts.get(DATA[name])
+    assert volume, f"{name} keeps {DATA[name]} in an anonymous volume: `down` loses it"
+    assert volume in (COMPOSE.get("volumes") or {}), f"{name}: {volume} is not a named volume"
+
+
+def test_the_mailbox_keeps_its_state_in_a_named_volume() -> None:
+    state = command(SERVICES["mailbox"])[command(SERVICES["mailbox"]).index("--state") + 1]
+    mounts = [str(v).split(":") for v in SERVICES["mailbox"].get("volumes") or []]
+    assert any(state.startswith(path + "/") and volume in COMPOSE["volumes"] for volume, path in mounts), (
+        mounts
+    )
+
+
+def test_rabbitmq_keeps_its_node_name_when_its_container_is_re_created() -> None:
+    assert SERVICES["rabbitmq"].get("hostname"), "a new container id would be a new node, its queues gone"
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_service_rotates_its_log(name: str) -> None:
+    logging = SERVICES[name].get("logging") or {}
+    options = logging.get("options") or {}
+    assert logging.get("driver") == "json-file" and options.get("max-size") and options.get("max-file")
+
+
+def test_the_image_is_built_once_and_every_service_of_it_runs_that_one() -> None:
+    builds = [name for name, service in SERVICES.items() if service.get("build")]
+    assert len(builds) == 1, f"built by {builds}: each builds it anew"
+    image = SERVICES[builds[0]].get("image")
+    assert image, "an image name, for the services that run it"
+    ours = [
+        name for name in SERVICES if tendon_process(name) or "examples.mailbox" in command(SERVICES[name])
+    ]
+    assert {SERVICES[name].get("image") for name in ours} == {image}
+
+
+@pytest.mark.parametrize("name", TENDON)
+def test_the_ready_file_is_on_a_tmpfs_of_the_images_user_so_a_restarted_container_starts_without_one(
+    name: str,
+) -> None:
+    ready = environment(SERVICES[name])["TENDON_READY_FILE"]
+    tmpfs = [str(entry).partition(":") for entry in SERVICES[name].get("tmpfs") or []]
+    (options,) = [opts for path, _, opts in tmpfs if ready.startswith(path.rstrip("/") + "/")]
+    # Docker 20.10 makes a restarted container's tmpfs root's (mode 755) unless it names an owner.
+    uid = re.search(r"useradd[^\n]*--uid (\d+)", (REPO / "Dockerfile").read_text())
+    assert uid and f"uid={uid.group(1)}" in options.split(","), options
+
+
+def test_the_cli_in_the_brain_container_goes_through_its_api_and_so_asks_for_a_token() -> None:
+    env = environment(SERVICES["brain"])
+    assert env["TENDON_URL"].endswith(":" + env["TENDON_HTTP"].rpartition(":")[2])
+
+
+def test_brain_demo_can_keep_its_data_in_the_image() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    assert re.search(r"chown [^\n]*/app/\.tendon", text), "/app is read-only to the image's user"

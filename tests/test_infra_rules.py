@@ -1,6 +1,6 @@
 """The rules of infra/, without servers: what a database can store, why a message was parked,
-how long a passing fault is waited out, which transactions are tried again, how a command
-reports an error."""
+how long a passing fault is waited out, which transactions are tried again, what a lost connection
+is, how often a repeated warning is written, how a command reports an error."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ import asyncpg
 import pytest
 from aio_pika import exceptions as amqp
 
-from infra.db import TRANSACT_ATTEMPTS, patiently, transact
+from infra.db import TRANSACT_ATTEMPTS, is_transient, patiently, transact
 from infra.db.sqlite import open_pool
 from infra.process.cli import ExitCodes, Fault, explained, reported
 from infra.process.entry import run_async
 from infra.process.heap import YOUNG_COLLECTION_EVERY, settle_heap
+from infra.process.logging import Repeats
 from infra.process.settings import http_address
 from infra.transport import REASON_HEADER
 from infra.transport.parked import reason_of
@@ -284,6 +285,31 @@ def test_a_ctrl_c_before_the_loop_starts_leaves_no_coroutine_unawaited(
     del main
     gc.collect()
     assert [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)] == []
+
+
+def test_a_repeated_warning_is_written_once_a_period_and_the_next_says_how_many_were_held_back() -> None:
+    now = [0.0]
+    repeats = Repeats(every=5.0, clock=lambda: now[0])
+    written = []
+    for tick in range(60):  # a line of each of two kinds every 0.25 s for 15 s
+        now[0] = tick * 0.25
+        for kind in (("claim_failed",), ("repair_scan_error",)):
+            if (held := repeats.admit(kind)) is not None:
+                written.append((now[0], kind[0], held))
+    assert written == [
+        (0.0, "claim_failed", 0), (0.0, "repair_scan_error", 0),
+        (5.0, "claim_failed", 19), (5.0, "repair_scan_error", 19),
+        (10.0, "claim_failed", 19), (10.0, "repair_scan_error", 19),
+    ]  # fmt: skip
+
+
+def test_a_session_the_server_ended_is_a_lost_connection_and_a_bug_is_not() -> None:
+    # asyncpg's refusal of a connection the server's last message left waiting (see
+    # tests/test_db_ended_sessions.py for the real thing), against its errors that are bugs
+    assert is_transient(
+        asyncpg.InternalClientError("cannot switch to state 12; another operation (2) is in progress")
+    )
+    assert not is_transient(asyncpg.InternalClientError("no binary format encoder for type x (OID 1)"))
 
 
 # ---- how a command reports an error (infra.process.cli) -----------------------------------

@@ -196,6 +196,17 @@ def test_a_mailbox_without_lookup_answers_503_to_lookups_but_still_accepts_messa
     )
 
 
+def test_a_slow_mailbox_has_the_message_before_it_answers_its_post() -> None:
+    with MailboxServer("127.0.0.1", 0, delay=1.0) as slow:
+        with pytest.raises(TimeoutError):  # a sender that gives up (or dies) while it waits...
+            http_timeout = urllib.request.Request(
+                f"{slow.url}/messages", json.dumps(MESSAGE).encode(), {"Idempotency-Key": "op-1"}
+            )
+            urllib.request.urlopen(http_timeout, timeout=0.3)
+        # ...left a message the mailbox has: asking by its key finds it
+        assert http("GET", f"{slow.url}/messages/by-key/op-1")[0] == 200
+
+
 def test_the_state_file_survives_a_restart(tmp_path: Path) -> None:
     state = tmp_path / "mailbox.json"
     with MailboxServer("127.0.0.1", 0, state_path=state) as first:

@@ -24,6 +24,7 @@ from brain.run.endings import Endings
 from brain.run.metrics import BrainMetrics
 from brain.run.previews import Previews
 from brain.store import BrainStore, Control
+from infra.db import is_transient
 from infra.objects.payloads import PayloadCodec
 from infra.process.logging import get_logger
 from infra.transport import Topology, Transport
@@ -131,6 +132,10 @@ def create_app(api: Api) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        if is_transient(exc):  # a passing database fault that no layer below said in its words
+            log.warning("api_request_unavailable", path=request.url.path, error=repr(exc))
+            message = f"the database is unavailable for now: {type(exc).__name__}"
+            return JSONResponse(error_body("transient", message), status_code=503)
         log.exception("api_request_failed", path=request.url.path)
         return JSONResponse(error_body("internal_error", f"{type(exc).__name__}"), status_code=500)
 

@@ -194,6 +194,15 @@ class AsyncClient:
         body = {"call": call, "decision": decision, **fields}
         return await self._request("POST", f"/v1/turns/{turn_id}/respond", body=body)  # type: ignore[no-any-return]
 
+    async def reconcile(
+        self, execution_id: str, *, evidence: str, actor: str, result: Any = None, failure: str | None = None
+    ) -> dict[str, Any]:
+        """An operator's resolution of an UNKNOWN execution: succeeded with ``result``, or failed
+        with ``failure``, on ``evidence`` (an operator's token)."""
+        body = {"evidence": evidence, "actor": actor, "result": result, "failure": failure}
+        path = f"/v1/operator/executions/{execution_id}/reconcile"
+        return await self._request("POST", path, body=body)  # type: ignore[no-any-return]
+
     async def receipts(self, turn_id: str) -> list[dict[str, Any]]:
         """The turn's controls and where each stands."""
         return await self._request("GET", f"/v1/turns/{turn_id}/controls")  # type: ignore[no-any-return]

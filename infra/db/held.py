@@ -31,7 +31,7 @@ class HeldConnection:
             self._timer.cancel()
             self._timer = None
         conn, self._conn = self._conn, None
-        if conn is not None and not conn.is_closed():
+        if conn is not None and not _broken(conn):
             return conn
         if conn is not None:
             await self.pool.release(conn)
@@ -40,7 +40,7 @@ class HeldConnection:
     async def release(self, conn: asyncpg.Connection) -> None:
         # One is kept at most: a second user at the same moment (its owner runs one transaction
         # at a time, but nothing here relies on that) gives its connection back to the pool.
-        if conn.is_closed() or conn.is_in_transaction() or self._conn is not None:
+        if _broken(conn) or conn.is_in_transaction() or self._conn is not None:
             await self.pool.release(conn)
             return
         self._conn = conn
@@ -61,3 +61,13 @@ class HeldConnection:
         conn, self._conn = self._conn, None
         if conn is not None:
             self._returning = asyncio.ensure_future(self.pool.release(conn))
+
+
+def _broken(conn: asyncpg.Connection) -> bool:
+    """Whether ``conn`` is closed. A pooled connection whose session ended (the server's restart,
+    an administrator) is handed back to its pool by asyncpg itself, and every call of its proxy
+    then raises (releasing it again is a no-op): that one is closed too."""
+    try:
+        return conn.is_closed()
+    except asyncpg.InterfaceError:
+        return True

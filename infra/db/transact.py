@@ -30,6 +30,12 @@ _CONNECTION_LOST = (
     ConnectionError,
     OSError,
 )
+# What asyncpg says about a connection whose session the server ended while it was idle (a
+# PostgreSQL shutdown or restart, an administrator's pg_terminate_backend): the server's last
+# message put it in a state that waits for an answer that never comes, so until its socket is
+# seen closed, the next statement on it fails with an InternalClientError ("cannot switch to
+# state 12; another operation (2) is in progress"). The connection is lost, only not closed yet.
+_WEDGED = "cannot switch to state"
 # SQLSTATE classes that a later attempt may not hit: connection, resources, operator
 # intervention (e.g. a restart), transaction rollback.
 _TRANSIENT_SQLSTATE_CLASSES = ("08", "40", "53", "57", "58")
@@ -47,9 +53,41 @@ class _NotStarted(Exception):
 _SQLITE_TRANSIENT = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_FULL", "SQLITE_IOERR")
 
 
+def wedged(exc: BaseException) -> bool:
+    """Whether ``exc`` is asyncpg refusing a connection whose session the server ended (``_WEDGED``):
+    that connection must be dropped (``terminate``), or the pool hands it out again."""
+    return isinstance(exc, asyncpg.InternalClientError) and str(exc).startswith(_WEDGED)
+
+
+# SQLSTATEs of a session the server ends: an administrator's or a shutdown's (57P01), a crash's
+# (57P02), and every connection exception (class 08).
+_SESSION_ENDED = ("57P01", "57P02", "08")
+
+
+def drop_wedged(conn: Any, exc: BaseException) -> None:
+    """Drop ``conn`` when ``exc`` says it is wedged (``wedged``), so that its pool replaces it."""
+    if wedged(exc):
+        with contextlib.suppress(asyncpg.InterfaceError):  # handed back by asyncpg on its own since
+            conn.terminate()
+
+
+def _lost_during(conn: Any, exc: BaseException) -> TransientError:
+    """What a transaction whose connection was lost raises: the commit may or may not have
+    happened. A wedged connection is dropped first."""
+    drop_wedged(conn, exc)
+    return TransientError(f"database connection lost during a transaction (outcome unknown): {exc}")
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` says the connection it came from is gone (closed, or ended by the server)."""
+    state = getattr(exc, "sqlstate", None)
+    ended = isinstance(state, str) and state.startswith(_SESSION_ENDED)
+    return ended or isinstance(exc, _CONNECTION_LOST) or wedged(exc)
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether a database error may go away on its own (vs. bad data or a bug)."""
-    if isinstance(exc, (*_CONNECTION_LOST, *_ROLLED_BACK, TransientError)):
+    if isinstance(exc, (*_ROLLED_BACK, TransientError)) or connection_lost(exc):
         return True
     if isinstance(exc, sqlite3.OperationalError):
         return str(getattr(exc, "sqlite_errorname", "")).startswith(_SQLITE_TRANSIENT)
@@ -102,10 +140,10 @@ async def transact(
                     return await work(conn)
                 async with conn.transaction():
                     return await work(conn)
-            except _CONNECTION_LOST as exc:
-                raise TransientError(
-                    f"database connection lost during a transaction (outcome unknown): {exc}"
-                ) from exc
+            except Exception as exc:
+                if not connection_lost(exc):
+                    raise
+                raise _lost_during(conn, exc) from exc
             finally:
                 await (held.release(conn) if held is not None else pool.release(conn))
         except retried as exc:
@@ -124,7 +162,11 @@ async def reading(pool: Any) -> AsyncIterator[Any]:
     ``TransientError``, as from ``transact``: the API answers 503, a loop waits it out."""
     try:
         async with pool.acquire() as conn:
-            yield conn
+            try:
+                yield conn
+            except Exception as exc:
+                drop_wedged(conn, exc)  # before the pool takes it back
+                raise
     except TransientError:
         raise
     except Exception as exc:

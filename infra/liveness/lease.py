@@ -213,6 +213,12 @@ class Liveness:
     # ---- the keeper ---------------------------------------------------------------------
 
     @property
+    def up(self) -> bool:
+        """Whether this worker's liveness holds now: its session up and its lease renewed since
+        (False while the database is lost, and for good once the others presumed it dead)."""
+        return self._up_since is not None and not self.lost.is_set()
+
+    @property
     def settled(self) -> bool:
         """Whether this process has been continuously alive long enough (the grace, at most
         ``SETTLE_AT_MOST``) to presume others dead: they may be reconnecting, as it just did."""

@@ -169,7 +169,8 @@ class Settings(BaseSettings):
     kill_at: str = Field(default="", description="kill points to arm, e.g. `hands.after_tool_body@call-4`")
     ready_file: str | None = Field(
         default=None,
-        description="a file a server writes (its worker id) once it is ready, and removes at exit",
+        description="a file that says a server is ready (its worker id in it) while it serves with its "
+        "database and broker: removed at start, while either is lost, and at exit",
     )
 
     @property

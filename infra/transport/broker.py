@@ -90,6 +90,11 @@ class Broker:
             await self._connection.close()
 
     @property
+    def connected(self) -> bool:
+        """Whether the connection to RabbitMQ is up now (False while aio-pika reconnects)."""
+        return self._connection is not None and self._connection.connected.is_set()
+
+    @property
     def channel(self) -> AbstractChannel:
         if self._channel is None:
             raise RuntimeError("Broker used outside `async with`")

@@ -120,6 +120,11 @@ class Transport(Protocol):
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None: ...
 
+    @property
+    def connected(self) -> bool:
+        """Whether the transport is connected now (False while it reconnects)."""
+        ...
+
     async def declare(self, queue: str) -> object:
         """Make sure ``queue`` and its dead-letter queue exist (idempotent)."""
         ...

@@ -202,6 +202,11 @@ class LocalBroker:
         self._present: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
+    @property
+    def connected(self) -> bool:
+        """A file in this process: there is no connection to lose while it is open."""
+        return self._db is not None
+
     async def __aenter__(self) -> LocalBroker:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localqueue")
         await self._call(self._open_sync)
