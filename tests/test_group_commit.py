@@ -114,3 +114,33 @@ async def test_a_batch_of_one_statement_commits_without_a_transaction_around_it(
     assert [await group.submit((i, i)) for i in range(3)] == [0, 1, 2]
     assert await _ids(pool, "probe_a") == [0, 1, 2]
     assert not any(in_transaction)
+
+
+async def test_a_change_committed_after_its_caller_gave_up_is_told_to_whoever_must_not_lose_it(pool):
+    # Given a committer whose transaction is held open until the test lets it through, and a
+    # caller inside it
+    gate, inside = asyncio.Event(), asyncio.Event()
+    orphans: list[Any] = []
+
+    async def held(conn: Any, items: list[tuple[int, int]]) -> list[int | BaseException]:
+        inside.set()
+        await gate.wait()
+        return await _two_rows(conn, items)
+
+    group = _group(pool, held, orphaned=orphans.append)
+    caller = asyncio.create_task(group.submit((7, 7)))
+    await asyncio.wait_for(inside.wait(), 10)
+
+    # When the caller is cancelled (a consumer whose channel closed), and the commit then goes on
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    gate.set()
+    for _ in range(200):
+        if orphans:
+            break
+        await asyncio.sleep(0.01)
+
+    # Then the change is committed and its result reaches the one told of orphans, not nowhere
+    assert orphans == [7]
+    assert await _ids(pool, "probe_a") == [7]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from brain.rules import moves
 from brain.run.history import HistoryCache
 from brain.run.runs import Scheduler, Wakeups
@@ -158,3 +160,43 @@ async def test_a_failed_read_after_the_apply_leaves_the_run_to_read_its_own_conv
     monkeypatch.setattr(store, "read", read)
     messages = await store.read(lambda c: ctx.history.messages(c, row))
     assert [m.content.get("result") for m in messages if m.role == "tool"] == ["done"]
+
+
+async def test_a_turn_an_apply_claimed_reaches_the_scheduler_though_its_handler_was_cancelled(
+    store: BrainStore, tmp_path: Any, monkeypatch: Any
+) -> None:
+    # Given a turn waiting on its tool, and an update consumer whose apply of the tool's outcome
+    # is held inside its transaction until the test lets it through
+    await _waiting_on(store, await _submit(store), "e1", freeze={})
+    gate, inside = asyncio.Event(), asyncio.Event()
+    async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
+        ctx = _context(store, transport)
+        scheduler = Scheduler(ctx, 10, Wakeups(), 1.0)
+        adopted: list[str] = []
+        monkeypatch.setattr(scheduler, "adopt", lambda row: adopted.append(row.id))
+        consumer = UpdateConsumer(ctx, transport, scheduler)
+        apply = consumer.applier.apply
+
+        async def held(conn: Any, ranges: Any) -> Any:
+            inside.set()
+            await gate.wait()
+            return await apply(conn, ranges)
+
+        consumer.applier.apply = held
+        handler = asyncio.create_task(consumer._one(list(_events("e1"))))
+        await asyncio.wait_for(inside.wait(), 10)
+
+        # When the handler is cancelled (the broker closed its channel) and the apply commits
+        handler.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        gate.set()
+        for _ in range(500):
+            if adopted:
+                break
+            await asyncio.sleep(0.01)
+
+    # Then the turn the apply claimed for this Brain is handed to its scheduler all the same, not
+    # left to wait out a lease with nobody running it
+    row = await store.pool.fetchrow("SELECT id, lease_owner FROM turns")
+    assert row["lease_owner"] == ctx.owner and adopted == [row["id"]]

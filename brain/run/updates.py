@@ -74,6 +74,7 @@ class UpdateConsumer:
             self._apply,
             name="updates",
             order=lambda r: r[0].execution_id,
+            orphaned=self._orphaned,
         )
 
     async def _apply(self, conn: Connection, ranges: list[Range]) -> list[Any]:
@@ -148,13 +149,6 @@ class UpdateConsumer:
                 if not isinstance(outcome, TendonError) or outcome.retryable:
                     raise outcome  # e.g. the database is away: waited out, the apply is idempotent
                 refused.append((events, str(outcome)))
-            else:
-                for row in outcome:
-                    log.info(
-                        "run_started", turn_id=row.id, run=row.runs, phase="wait_tools", epoch=row.lease_epoch
-                    )
-                    if self.scheduler is not None:
-                        self.scheduler.adopt(row)
         if len(refused) < len(ranges):
             self.ctx.metrics.apply_seconds.observe(time.monotonic() - arrived)
         for events in ranges:
@@ -190,11 +184,31 @@ class UpdateConsumer:
                 seq, facts = applied.entries[row.id]
                 self.ctx.history.woken(row, seq, facts, applied.outcomes)
             if read is not None and claimed:
-                conversations = await read.result()
+                try:
+                    conversations = await read.result()
+                except asyncio.CancelledError:
+                    self._adopt(claimed)  # its runs read their own conversations
+                    raise
                 if conversations is not None:
                     self.ctx.history.keep(conversations, claimed)
+            self._adopt(claimed)
             log.debug("update_applied", events=len(resolved), claimed=len(claimed))
             return claimed  # type: ignore[no-any-return]
+
+    def _adopt(self, claimed: Sequence[TurnRow]) -> None:
+        """Hand the turns an apply claimed for this Brain to its scheduler. Whatever becomes of the
+        handler after the commit (a channel the broker closes cancels its consumers' handlers),
+        this happens, or the turns would wait out a lease with nobody running them."""
+        for row in claimed:
+            log.info("run_started", turn_id=row.id, run=row.runs, phase="wait_tools", epoch=row.lease_epoch)
+            if self.scheduler is not None:
+                self.scheduler.adopt(row)
+
+    def _orphaned(self, result: Any) -> None:
+        """An apply that committed after its handler was cancelled: its claimed turns are still
+        this Brain's to run (the message comes again, and applying it again is a no-op)."""
+        if not isinstance(result, BaseException):
+            self._adopt(result[0])
 
     async def _fail_turn_of(self, header: Any, error: dict[str, str]) -> None:
         """Fail the turn of the execution an unverifiable update names, if the update's header is

@@ -37,7 +37,9 @@ class GroupCommit(Generic[T, R]):
     take row locks in the same order. ``alone(conn, item)`` may commit a lone item with one
     statement and no transaction around it (None: it goes the usual way). ``single(items)``:
     whether ``apply`` writes those items with one statement, which then commits on its own where
-    the backend allows (no BEGIN and COMMIT round trips around it).
+    the backend allows (no BEGIN and COMMIT round trips around it). ``orphaned(result)``: told the
+    result of an item committed after its caller gave up (a cancelled caller), which may hold what
+    must not be lost with it.
     """
 
     def __init__(
@@ -50,12 +52,14 @@ class GroupCommit(Generic[T, R]):
         limit: int = 128,
         alone: Callable[[Any, T], Awaitable[R | None]] | None = None,
         single: Callable[[list[T]], bool] | None = None,
+        orphaned: Callable[[R], None] | None = None,
     ) -> None:
         self.transact = transact
         self.apply = apply
         self.name = name
         self.alone = alone
         self.single = single
+        self.orphaned = orphaned
         self.order = order
         self.limit = limit
         self._queue: list[tuple[T, asyncio.Future[R]]] = []
@@ -114,7 +118,7 @@ class GroupCommit(Generic[T, R]):
             return
         self.sizes[len(batch)] += 1
         for (_, future), result in zip(batch, results, strict=True):
-            _deliver(future, result)
+            self._deliver(future, result)
 
     async def _alone(self, item: T, future: asyncio.Future[R]) -> bool:
         """Try ``alone`` on a lone item; True when that settled its caller."""
@@ -130,7 +134,7 @@ class GroupCommit(Generic[T, R]):
         if result is None:
             return False
         self.sizes[1] += 1
-        _deliver(future, result)
+        self._deliver(future, result)
         return True
 
     async def _one_by_one(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
@@ -144,7 +148,12 @@ class GroupCommit(Generic[T, R]):
                 _settle(future, exc=exc)
             else:
                 self.sizes[1] += 1
-                _deliver(future, result)
+                self._deliver(future, result)
+
+    def _deliver(self, future: asyncio.Future[R], result: R | BaseException) -> None:
+        if future.cancelled() and self.orphaned is not None and not isinstance(result, BaseException):
+            self.orphaned(result)
+        _deliver(future, result)
 
     def stats(self) -> dict[str, Any]:
         """Transactions by batch size (for logs and the benchmark)."""
