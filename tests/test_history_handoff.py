@@ -41,6 +41,14 @@ async def _waiting(store: BrainStore, history: HistoryCache) -> TurnRow:
     return moved.row
 
 
+def _holding(ctx: Any) -> Scheduler:
+    """A scheduler with free slots (so an apply claims turns for this Brain) that starts no run:
+    the test looks at what the apply handed over before any run used it."""
+    scheduler = Scheduler(ctx, 10, Wakeups(), 1.0)
+    scheduler.adopt = lambda row: None  # type: ignore[method-assign]
+    return scheduler
+
+
 async def _claimed_by(store: BrainStore, history: HistoryCache, *ranges: list[Any]) -> TurnRow:
     applied = await _apply(store, *ranges, budget=ClaimBudget("me", 30.0, 1))
     (row,) = applied.claimed
@@ -88,7 +96,7 @@ async def test_turns_an_apply_claims_without_their_conversation_kept_here_are_re
     ranges = [[e.model_copy(update={"session_id": f"s{n}"}) for e in _events(f"e{n}", n)] for n in range(2)]
     async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
         ctx = _context(store, transport)
-        consumer = UpdateConsumer(ctx, transport, Scheduler(ctx, 10, Wakeups(), 1.0))
+        consumer = UpdateConsumer(ctx, transport, _holding(ctx))
         # When this Brain's update consumer applies their outcomes (and so claims the turns)
         with Outermost(store, "entries", "sessions_entries", "thread", "threads") as reads:
             claimed = [row for rows in await asyncio.gather(*map(consumer._one, ranges)) for row in rows]
@@ -122,7 +130,7 @@ async def test_the_read_of_the_conversations_an_apply_claimed_holds_up_no_other_
     monkeypatch.setattr(store, "read", held)
     async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
         ctx = _context(store, transport)
-        consumer = UpdateConsumer(ctx, transport, Scheduler(ctx, 10, Wakeups(), 1.0))
+        consumer = UpdateConsumer(ctx, transport, _holding(ctx))
         # When the first turn's outcome is applied and its conversation's read is held up
         first = asyncio.create_task(consumer._one(ranges[0]))
         await asyncio.wait_for(reading.wait(), 10)
@@ -152,7 +160,7 @@ async def test_a_failed_read_after_the_apply_leaves_the_run_to_read_its_own_conv
     monkeypatch.setattr(store, "read", away)
     async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
         ctx = _context(store, transport)
-        consumer = UpdateConsumer(ctx, transport, Scheduler(ctx, 10, Wakeups(), 1.0))
+        consumer = UpdateConsumer(ctx, transport, _holding(ctx))
         # When its outcome is applied (the turn claimed) and the read of its conversation fails
         (row,) = await consumer._one(list(_events("e1", "done")))
     # Then the claim stands and nothing was kept: its run reads the conversation itself
