@@ -148,6 +148,23 @@ async def gated_effect(ctx: ToolContext, gate: str) -> dict:
     return {"acted": gate}
 
 
+async def find_gated_charge(ctx: ToolContext, amount: int, gate: str) -> Found | NotFound:
+    """Ask the charges service about this operation id."""
+    return await find_charge(ctx, amount)
+
+
+@tool(route="lab", version="1", replay="unsafe", query=find_gated_charge)
+async def gated_charge(ctx: ToolContext, amount: int, gate: str) -> dict:
+    """Charge once the test opens ``gate``, as a careful tool does: only after
+    ``ctx.ensure_owner()`` said this worker still owns the execution (unsafe, with a query)."""
+    opened = Path(os.environ["LAB_GATE_DIR"]) / gate
+    while not opened.exists():  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    await ctx.ensure_owner()
+    _record_run("gated_charge", ctx)
+    return _store_charge(ctx.operation_id, amount)
+
+
 @tool(route="other", version="1", replay="safe")
 async def elsewhere(ctx: ToolContext) -> None:
     """A tool of another route: a pool of route lab must not serve it."""

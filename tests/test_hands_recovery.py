@@ -112,7 +112,10 @@ async def _lab(
     try:
         await migrate(pool, schema, MIGRATIONS)
         ledger = ledger_for(pool)
-        async with WorkerRegistration(tendon.database_url, schema, "hands") as registration:
+        # A lease no test outlives: the keeper renews (and so notices a death recorded by a test)
+        # only every third of it, as a worker that was cut off sees nothing for a while.
+        registration = WorkerRegistration(tendon.database_url, schema, "hands", lease_seconds=600)
+        async with registration:
             registry = load_tools("tests.hands_test_tools", "lab")
             # No relay: what the commits hand over is dropped; the events are in the ledger.
             writer = LedgerWriter(ledger, PayloadCodec(None, 1024 * 1024), lambda events: None)
@@ -123,6 +126,7 @@ async def _lab(
                 writer=writer,
                 registry=registry,
                 kill=KillPoints(),
+                confirm_owner=registration.confirm,
             )
             scanner = RecoveryScanner(
                 route="lab", ledger=ledger, tasks=tasks, executor=executor, interval=0.2
@@ -288,3 +292,51 @@ async def test_a_commit_whose_outcome_was_unclear_but_landed_is_not_repeated(
     kinds = ["started"] + ["output_page"] * pages + ["succeeded"]
     assert await lab.event_kinds(execution_id) == list(enumerate(kinds, start=1))
     assert lab.runs() == [("slow", execution_id, 1)]
+
+
+async def test_a_worker_whose_execution_was_handed_over_does_not_act_when_ensure_owner_asks(
+    tendon: TendonEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    monkeypatch.setenv("LAB_GATE_DIR", str(gates))
+    async with (
+        _lab(tendon, tmp_path, monkeypatch, tendon.database_url) as first,
+        _lab(tendon, tmp_path, monkeypatch, tendon.database_url) as second,
+    ):
+        # Given a worker inside the body of an unsafe tool (with a query), waiting to act, its
+        # lease fresh (renewed a moment ago, valid for minutes)
+        execution_id = await first.add(
+            "gated_charge", {"amount": 7, "gate": "act"}, LedgerStatus.ACCEPTED, "dead-worker"
+        )
+        assert await first.scanner.scan_once() == 1
+
+        async def attempt(n: int) -> bool:
+            row = await first.ledger.read(lambda conn: first.ledger.get(conn, execution_id))
+            return row is not None and row.status is LedgerStatus.RUNNING and row.attempts == n
+
+        await wait_for(lambda: attempt(1), timeout=10, what="the first worker's body")
+
+        # When the others presume it dead another way than by its lease (a lost database session
+        # not taken again within the grace), and hand its execution over in the same transaction,
+        # as a judgement does; the other worker's query finds no charge and runs it again
+        async def judged(conn: Any) -> None:
+            await conn.execute("UPDATE workers SET dead_at = now() WHERE id = $1", first.me)
+            await first.ledger.release_owners(conn, [first.me])
+
+        await first.ledger.transact(judged)
+        assert await second.scanner.scan_once() == 1
+        await wait_for(lambda: attempt(2), timeout=10, what="the second worker's re-run")
+        (gates / "act").touch()
+
+        # Then only the owner acts: the first worker's ensure_owner() refuses, though its lease
+        # is fresh, and the charge happens once
+        row = await second.settled(execution_id)
+
+        async def first_idle() -> bool:
+            return first.executor.tasks.in_flight == 0
+
+        await wait_for(first_idle, timeout=10, what="the first worker's body to end")
+        assert row.status is LedgerStatus.SUCCEEDED and row.owner == second.me and row.attempts == 2
+        assert second.runs() == [("gated_charge", execution_id, 2)]
+        assert list(json.loads(second.charges_file.read_text(encoding="utf-8"))) == [execution_id]

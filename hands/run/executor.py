@@ -84,7 +84,8 @@ class Executor:
         self._registry = registry
         self._kill = kill
         self._tracing = tracing or Tracing(None)
-        # A tool's ``ctx.ensure_owner()``: this worker's liveness confirms it still holds its lease.
+        # Half of a tool's ``ctx.ensure_owner()``: this worker's liveness, which after a freeze
+        # waits for the keeper's next look (the ledger's word is the other half: ``_still_owner``).
         self._confirm_owner = confirm_owner
 
     def launch(self, execution_id: str, work: Callable[[], Awaitable[None]]) -> None:
@@ -168,11 +169,18 @@ class Executor:
     def _context(self, execution_id: str, attempt: int, *, output: bool) -> ToolContext:
         cancelled = self.tasks.cancel_signal(execution_id)
         ctx = ToolContext(operation_id=execution_id, attempt=attempt, cancelled=cancelled)
-        if self._confirm_owner is not None:
-            ctx.owner_check = self._confirm_owner
+        ctx.owner_check = partial(self._still_owner, execution_id)
         if output:
             ctx.output = LedgerOutput(self.outcomes, execution_id)
         return ctx
+
+    async def _still_owner(self, execution_id: str) -> None:
+        """``ctx.ensure_owner()``: the lease this worker's liveness last renewed says nothing of
+        a judgement that presumed it dead another way (a lost session not taken again within the
+        grace), so the ledger has the last word: the row is still this worker's and open."""
+        if self._confirm_owner is not None:
+            await self._confirm_owner()
+        await self.outcomes.confirm_owner(execution_id)
 
     async def _body(
         self, row: Execution, tool: Tool, attempt: int, args: dict[str, Any] | None = None

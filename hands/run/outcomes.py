@@ -168,6 +168,31 @@ class Outcomes:
                 self.writer.sent([event])
             return
 
+    async def confirm_owner(self, execution_id: str) -> None:
+        """Return once the ledger says this worker still holds the execution open; raise
+        StaleOwnerError once it does not (released by a judgement that presumed this worker dead,
+        however the others judged it, and maybe taken over). One read, tried again while the
+        database is away: a tool that asked must not act on a guess."""
+        failures = 0
+        while True:
+            self._tasks.fence()
+            try:
+                owned = await self.ledger.read(
+                    lambda conn: self.ledger.owns(conn, execution_id, self.worker_id)
+                )
+            except Exception as exc:
+                if not passing(exc):
+                    raise
+                failures += 1
+                await asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6)))
+                continue
+            if not owned:
+                raise StaleOwnerError(
+                    f"execution {execution_id} is no longer held by worker {self.worker_id}: it was "
+                    "handed over (or closed) while this worker was not looking"
+                )
+            return
+
     async def row(self, execution_id: str) -> Execution:
         row = await self.ledger.read(lambda conn: self.ledger.get(conn, execution_id))
         assert row is not None, f"execution {execution_id} vanished from the ledger"

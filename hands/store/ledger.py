@@ -107,6 +107,14 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
             )
         return row
 
+    async def owns(self, conn: Connection, execution_id: str, owner: str) -> bool:
+        """Whether ``owner`` still holds the execution open: nobody released it (a judgement, a
+        retire) nor took it over, and it is not closed."""
+        found = await conn.fetchval(
+            "SELECT 1 FROM executions WHERE execution_id = $1 AND owner = $2 AND open", execution_id, owner
+        )
+        return found is not None
+
     async def write(
         self, conn: Connection, rows: Sequence[NewExecution], changes: Sequence[Change]
     ) -> tuple[list[Execution | None], list[Execution | None]]:

@@ -58,10 +58,13 @@ class ToolContext:
     owner_check: Callable[[], Awaitable[None]] = _always_owner
 
     async def ensure_owner(self) -> None:
-        """Call it right before a side effect that must not happen twice. It returns once this
-        worker surely still owns the execution, and raises ``StaleOwnerError`` if it does not:
-        a worker frozen past its lease (a VM pause, SIGSTOP) may wake after another worker took
-        the execution over, and would otherwise go on with the call it was about to make."""
+        """Call it right before a side effect that must not happen twice. It returns only while
+        the pool's ledger says this worker still holds the execution (its row's owner, still
+        open: one read), and raises ``StaleOwnerError`` once it does not: a worker frozen (a VM
+        pause, SIGSTOP) or cut off from the database may wake after the others presumed it dead
+        and handed the execution over, however they judged it, and would otherwise go on with
+        the call it was about to make. What it cannot stop is a freeze between its return and
+        the call: the operation id as the external system's idempotency key covers that."""
         await self.owner_check()
 
 
