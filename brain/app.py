@@ -19,10 +19,10 @@ from brain.run.runs import Scheduler, Wakeups
 from brain.run.scanner import RepairScanner
 from brain.run.updates import BindingsConsumer, UpdateConsumer
 from brain.store import BrainStore, open_store, wake_channel
-from infra.db import Connection, keep_statistics
+from infra.db import Connection, keep_statistics, session_name
 from infra.db.notify import Listener
 from infra.db.retention import DAY, Horizon, keep_pruned
-from infra.liveness import Liveness
+from infra.liveness import Liveness, new_worker_id
 from infra.liveness.registrations import WorkerRegistration
 from infra.objects.payloads import PayloadCodec, open_payload_codec
 from infra.process.heap import settle_heap
@@ -53,12 +53,14 @@ class Backends:
 
 
 @asynccontextmanager
-async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
-    """The distributed backends, opened in order (each waited for, ``TENDON_SERVICE_WAIT_SECONDS``)
-    and closed in reverse."""
+async def open_backends(settings: Settings, worker_id: str) -> AsyncIterator[Backends]:
+    """The distributed backends of Brain ``worker_id``, opened in order (each waited for,
+    ``TENDON_SERVICE_WAIT_SECONDS``) and closed in reverse. Every database session is named after
+    the worker, so that the others end them all when they presume it dead."""
     patience = settings.service_wait_seconds
+    name = session_name(worker_id)
     async with AsyncExitStack() as stack:
-        store = await open_store(settings, patience=patience)
+        store = await open_store(settings, patience=patience, name=name)
         stack.push_async_callback(store.close)
         codec = await stack.enter_async_context(open_payload_codec(settings, patience=patience))
         broker = await stack.enter_async_context(
@@ -69,8 +71,10 @@ async def open_backends(settings: Settings) -> AsyncIterator[Backends]:
                 patience=patience,
             )
         )
-        listener = await stack.enter_async_context(Listener(settings.database_url))
-        register = partial(WorkerRegistration, settings.database_url, settings.brain_schema, "brain")
+        listener = await stack.enter_async_context(Listener(settings.database_url, name=name))
+        register = partial(
+            WorkerRegistration, settings.database_url, settings.brain_schema, "brain", worker_id=worker_id
+        )
         yield Backends(store, broker, codec, register, listener.add)
 
 
@@ -82,7 +86,7 @@ async def serve(settings: Settings, killpoints: KillPoints, stop: asyncio.Event)
     """
     clear(settings.ready_file)  # a dead predecessor's (the same container), before any wait
     while True:
-        async with open_backends(settings) as backends:
+        async with open_backends(settings, new_worker_id("brain")) as backends:
             code = await run(backends, settings, killpoints, stop, on_ready=lambda http: settle_heap())
         if code != RESTART or stop.is_set():
             return 0 if code == RESTART else code

@@ -37,6 +37,7 @@ from hands.store import Ledger, open_ledger
 from hands.tools.registry import ToolRegistry, load_tools
 from infra.db import keep_statistics
 from infra.db.retention import DAY, Horizon, keep_pruned
+from infra.liveness import new_worker_id
 from infra.objects.payloads import PayloadCodec
 from infra.process.killpoints import KillPoints
 from infra.process.logging import bind_worker, get_logger
@@ -145,7 +146,9 @@ class HandsApp:
         backends = self.backends
         if backends is None:  # the distributed ones, closed with the app
             clear(s.ready_file)  # a dead predecessor's (the same container), before any wait
-            backends = await self._stack.enter_async_context(open_backends(s, self.topology))
+            backends = await self._stack.enter_async_context(
+                open_backends(s, self.topology, new_worker_id("hands"))
+            )
         ledger, broker, codec = backends.ledger, backends.transport, backends.codec
         _, applied = await open_ledger(ledger.pool, s.hands_schema)
         self.ledger = ledger

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from hands.store import Ledger, ledger_for
-from infra.db import create_pool
+from infra.db import create_pool, session_name
 from infra.liveness import Liveness
 from infra.liveness.registrations import WorkerRegistration
 from infra.objects.payloads import PayloadCodec, open_payload_codec
@@ -32,14 +32,23 @@ class HandsBackends:
 
 
 @asynccontextmanager
-async def open_backends(settings: Settings, topology: Topology) -> AsyncIterator[HandsBackends]:
-    """The distributed backends, each waited for (``TENDON_SERVICE_WAIT_SECONDS``), closed in
-    reverse order when the block ends."""
+async def open_backends(
+    settings: Settings, topology: Topology, worker_id: str
+) -> AsyncIterator[HandsBackends]:
+    """The distributed backends of worker ``worker_id``, each waited for
+    (``TENDON_SERVICE_WAIT_SECONDS``), closed in reverse order when the block ends. Every ledger
+    session is named after the worker, so that the others end them all when they presume it dead."""
     s = settings
     patience = s.service_wait_seconds
     async with AsyncExitStack() as stack:
         pool = await wait_for(
-            partial(create_pool, s.ledger_database_url, s.hands_schema, max_size=s.db_pool_size),
+            partial(
+                create_pool,
+                s.ledger_database_url,
+                s.hands_schema,
+                max_size=s.db_pool_size,
+                name=session_name(worker_id),
+            ),
             service="PostgreSQL",
             url=s.ledger_database_url,
             patience=patience,
@@ -49,5 +58,7 @@ async def open_backends(settings: Settings, topology: Topology) -> AsyncIterator
         broker = await stack.enter_async_context(
             Broker(s.amqp_url, topology, delivery_limit=s.delivery_limit, patience=patience)
         )
-        register = partial(WorkerRegistration, s.ledger_database_url, s.hands_schema, "hands")
+        register = partial(
+            WorkerRegistration, s.ledger_database_url, s.hands_schema, "hands", worker_id=worker_id
+        )
         yield HandsBackends(ledger_for(pool), broker, codec, register)

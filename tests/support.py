@@ -11,7 +11,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import aio_pika
 import asyncpg
 
+from infra.db import session_name
 from infra.liveness import Liveness
 from infra.liveness.registrations import WorkerRegistration
 from infra.process.settings import Settings
@@ -213,6 +215,44 @@ def crash(registration: Liveness) -> None:
     registration.lost.set()  # so that leaving its ``async with`` retires nothing
     if isinstance(registration, WorkerRegistration) and registration._connection is not None:
         registration._connection.terminate()
+
+
+def freeze(registration: Liveness) -> None:
+    """Stop a worker registration as SIGSTOP would: no renewal, while its sessions live on."""
+    assert registration._keeper is not None
+    registration._keeper.cancel()
+
+
+@asynccontextmanager
+async def session_locking(
+    dsn: str, schema: str, worker_id: str, statement: str, *args: Any
+) -> AsyncIterator[asyncpg.Connection]:
+    """A session named as ``worker_id``'s that runs ``statement`` (a row lock) in a transaction it
+    leaves open, as a process frozen mid-statement does: such a session is not idle in
+    transaction, so no timeout of the server's ends it (here: none is set)."""
+    conn = await asyncpg.connect(
+        dsn,
+        server_settings={
+            "search_path": schema,
+            "application_name": session_name(worker_id),
+            "idle_in_transaction_session_timeout": "0",
+        },
+    )
+    try:
+        await conn.execute("BEGIN")
+        await conn.execute(statement, *args)
+        yield conn
+    finally:
+        conn.terminate()
+
+
+async def sessions_named(pool: Any, worker_id: str) -> int:
+    """How many database sessions bear ``worker_id``'s name."""
+    return int(
+        await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", session_name(worker_id)
+        )
+    )
 
 
 class Processes:

@@ -50,7 +50,16 @@ from protocol import (
     SucceededBody,
     SucceededEvent,
 )
-from tests.support import TableScans, TendonEnv, crash, orphans_sql, wait_for
+from tests.support import (
+    TableScans,
+    TendonEnv,
+    crash,
+    freeze,
+    orphans_sql,
+    session_locking,
+    sessions_named,
+    wait_for,
+)
 
 AGENT_DEF = {"name": "a", "version": "1", "model": {"kind": "scripted", "script": [{"content": "hi"}]}}
 
@@ -474,10 +483,30 @@ async def test_a_frozen_owner_is_presumed_dead_once_its_lease_ran_out(pg_store, 
             # Then its turn is handed back once its lease ran out, though its lock is held
             await wait_for(lambda: _claimable(store), timeout=10, what="the frozen owner's turn")
             assert (await _turn(store, turn_id)).lease_owner is None
-            # and when it wakes, its renewal finds it dead: it must stop (``lost``)
-            assert not await frozen.renew()
+            # and when it wakes, its keeper finds its session ended with its death and, connected
+            # again, its renewal finds it dead: it must stop (``lost``)
+            await frozen.step()
             assert frozen.lost.is_set()
             assert (await _claim(store, judge.worker_id)).rows
+
+
+async def test_a_dead_brains_sessions_are_ended_so_a_turn_row_it_still_locks_is_handed_back(pg_store, tendon):
+    # Given a Brain holding a turn that freezes while one of its sessions holds the turn's row
+    # locked mid-transaction (between a statement's parse and bind: not idle, so no timeout ends it)
+    store, schema = pg_store, tendon.settings().brain_schema
+    turn_id = await _submit(store)
+    lock = "SELECT id FROM turns WHERE id = $1 FOR UPDATE"
+    async with register(store, schema, tendon.database_url, lease_seconds=1.0) as frozen:
+        await _claim(store, frozen.worker_id, 3600)
+        freeze(frozen)
+        async with session_locking(tendon.database_url, schema, frozen.worker_id, lock, turn_id):
+            # When another Brain judges it dead once its lease ran out
+            async with releasing(store, schema, tendon.database_url):
+                # Then the judgement completes in bounded time: its sessions are ended first, so
+                # the turn is handed back instead of waiting on the row lock forever
+                await wait_for(lambda: _claimable(store), timeout=15, what="the turn handed back")
+                assert (await _turn(store, turn_id)).lease_owner is None
+                assert await sessions_named(store.pool, frozen.worker_id) == 0
 
 
 async def test_a_lost_liveness_connection_taken_again_within_the_grace_keeps_the_work(pg_store, tendon):

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from chaos.proxy import TcpCutter
+from infra.db import session_name
 from infra.transport import Topology
 from infra.transport.broker import Broker
 from protocol import SucceededBody, SucceededEvent, encode, new_id
@@ -206,12 +207,16 @@ async def test_a_frozen_brain_is_taken_over_after_its_lease_and_its_late_commit_
 
     owner_id = await wait_for(first_run, timeout=30, what="the first run")
     owner, other = (first, standby) if owner_id == await _worker_id(processes, first) else (standby, first)
+    # Its sessions (its pool, its liveness, its listener) are named after it
+    assert await _sessions_of(world, owner_id) >= 3
 
     # When the owner freezes in the middle of its model call
     owner.send_signal(signal.SIGSTOP)
     try:
-        # Then the standby takes the turn over after the lease and completes it
+        # Then the standby takes the turn over after the lease and completes it, and the judgement
+        # that presumed the owner dead ended every one of its sessions, frozen as they were
         turn = await obs.wait_turn(turn_id, "completed", timeout=40)
+        assert await _sessions_of(world, owner_id) == 0
     finally:
         owner.send_signal(signal.SIGCONT)
     assert turn["result"] == {"text": "slow answer"}
@@ -224,6 +229,13 @@ async def test_a_frozen_brain_is_taken_over_after_its_lease_and_its_late_commit_
     assert [owner for owner, _ in await _model_calls(obs, turn_id)] == [await _worker_id(processes, other)]
     assert "liveness_lost" in processes.output(owner)
     assert owner.poll() is None
+
+
+async def _sessions_of(world: TendonEnv, worker_id: str) -> int:
+    """How many database sessions bear a worker's name."""
+    named = "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = $1"
+    rows = await ledger_fetch(world, named, session_name(worker_id))
+    return int(rows[0]["n"])
 
 
 async def _model_calls(obs: Observer, turn_id: str) -> list[tuple[str, dict[str, Any]]]:

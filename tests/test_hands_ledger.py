@@ -42,7 +42,15 @@ from protocol import (
     loads,
     new_id,
 )
-from tests.support import TableScans, TendonEnv, crash, wait_for
+from tests.support import (
+    TableScans,
+    TendonEnv,
+    crash,
+    freeze,
+    session_locking,
+    sessions_named,
+    wait_for,
+)
 
 HEADER = {"namespace": "tests", "session_id": "s1", "request_digest": "d" * 64}
 
@@ -339,6 +347,32 @@ async def test_a_live_owners_execution_is_never_claimed_and_a_dead_ones_is_hande
                 await ledger.lock_owned(conn, execution_id, reg.worker_id)
             claimed = await ledger.claim_orphan(conn, execution_id, orphans[0][1], "w1")
         assert claimed is not None and claimed.owner == "w1"
+
+
+async def test_a_dead_workers_sessions_are_ended_so_an_execution_row_it_still_locks_is_handed_back(
+    tendon: TendonEnv, pg_pool: asyncpg.Pool
+) -> None:
+    ledger = ledger_for(pg_pool)
+    schema = tendon.settings().hands_schema
+    judging = {"grace": 0.3, "interval": 0.05, "release": ledger.release_owners}
+    lock = "SELECT execution_id FROM executions WHERE execution_id = $1 FOR UPDATE"
+    # Given a worker inside a body that freezes while one of its sessions holds the execution's row
+    # locked mid-transaction (as while it saves a page: not idle, so no timeout ends it)
+    async with WorkerRegistration(tendon.database_url, schema, "hands", lease_seconds=1.0) as frozen:
+        execution_id = await _execution(ledger, frozen.worker_id, LedgerStatus.RUNNING)
+        freeze(frozen)
+        async with session_locking(tendon.database_url, schema, frozen.worker_id, lock, execution_id):
+            # When another worker judges it dead once its lease ran out
+            async with WorkerRegistration(tendon.database_url, schema, "hands", **judging) as judge:
+                # Then its sessions are ended first, and the execution is handed back in bounded
+                # time instead of the judgement waiting on the row lock forever
+                async def handed_back() -> list[tuple[str, str]]:
+                    async with pg_pool.acquire() as conn:
+                        return await ledger.open_orphans(conn, "lab", judge.worker_id, 10)
+
+                orphans = await wait_for(handed_back, timeout=15, what="the execution handed back")
+                assert orphans == [(execution_id, f"released-by:{frozen.worker_id}")]
+                assert await sessions_named(pg_pool, frozen.worker_id) == 0
 
 
 async def test_a_released_execution_becomes_an_orphan_for_every_worker_including_its_owner(

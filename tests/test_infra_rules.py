@@ -14,8 +14,9 @@ import asyncpg
 import pytest
 from aio_pika import exceptions as amqp
 
-from infra.db import TRANSACT_ATTEMPTS, is_transient, patiently, transact
+from infra.db import TRANSACT_ATTEMPTS, is_transient, patiently, session_name, transact
 from infra.db.sqlite import open_pool
+from infra.liveness import new_worker_id
 from infra.process.cli import ExitCodes, Fault, explained, reported
 from infra.process.entry import run_async
 from infra.process.heap import YOUNG_COLLECTION_EVERY, settle_heap
@@ -393,3 +394,19 @@ def test_a_reported_error_is_one_line_even_with_a_detail_and_ctrl_c_is_130(capsy
     assert capsys.readouterr().err == "brain: no such thing DETAIL: it was never there\n"
     assert reported("brain", interrupted_by_the_user, codes) == 130
     assert reported("brain", lambda: 3, codes) == 3
+
+
+def test_a_workers_sessions_bear_its_whole_id_within_postgresqls_63_bytes(monkeypatch) -> None:
+    # Given a host whose name is as long as a name may be (a pod's, a cloud machine's)
+    monkeypatch.setattr("socket.gethostname", lambda: "h" * 253)
+    ids = {new_worker_id("hands") for _ in range(50)}
+    # Then each worker id is cut to fit, still its own, and its sessions' name is it whole
+    assert len(ids) == 50
+    for worker_id in ids:
+        assert worker_id.startswith("hands-hhh") and len(worker_id.encode()) <= 56
+        assert session_name(worker_id) == "tendon:" + worker_id
+    # And an id given from elsewhere, too long or not ASCII, is cut and told apart by a digest
+    long_ids = ["w" * 80 + "-1", "w" * 80 + "-2", "wörker-" + "x" * 70]
+    names = [session_name(w) for w in long_ids]
+    assert len(set(names)) == 3
+    assert all(len(n.encode()) <= 63 and n.isascii() and n.startswith("tendon:") for n in names)

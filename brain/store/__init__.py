@@ -180,11 +180,17 @@ async def open_brain_store(pool: Pool, schema: str = "brain") -> BrainStore:
     return brain_store(pool)
 
 
-async def open_store(settings: Settings, *, patience: float = 0.0) -> BrainStore:
+async def open_store(settings: Settings, *, patience: float = 0.0, name: str | None = None) -> BrainStore:
     """The migrated Brain store on PostgreSQL (used by `serve` and the CLI verbs), waiting up to
-    ``patience`` seconds for the database to answer."""
+    ``patience`` seconds for the database to answer; ``name``: its sessions' (a worker's)."""
     pool = await wait_for(
-        partial(create_pool, settings.database_url, settings.brain_schema, max_size=settings.db_pool_size),
+        partial(
+            create_pool,
+            settings.database_url,
+            settings.brain_schema,
+            max_size=settings.db_pool_size,
+            name=name,
+        ),
         service="PostgreSQL",
         url=settings.database_url,
         patience=patience,

@@ -4,7 +4,7 @@
 module              what it holds
 ==================  =========================================================================
 ``connection``      the typed boundary: what a connection and a pool offer (asyncpg, SQLite)
-``postgres``        the pool every process opens, its session settings, lock and dialect names
+``postgres``        the pool every process opens, its session settings and names, lock and dialect names
 ``sqlite``          SQLite behind the same connection API (the embedded mode)
 ``transact``        the one transaction helper, reads outside it, riding out a lost database
 ``held``            a connection a group committer keeps between its transactions
@@ -24,7 +24,14 @@ The names below are the room's public face; its modules import each other direct
 
 from infra.db.connection import Connection, Pool, Row
 from infra.db.migrate import migrate, migration_files
-from infra.db.postgres import IDLE_IN_TRANSACTION, create_pool, dialect, lock_class, session_settings
+from infra.db.postgres import (
+    IDLE_IN_TRANSACTION,
+    create_pool,
+    dialect,
+    lock_class,
+    session_name,
+    session_settings,
+)
 from infra.db.statistics import analyze_grown, keep_statistics
 from infra.db.transact import (
     OUTAGE_PATIENCE,
@@ -55,6 +62,7 @@ __all__ = [
     "migration_files",
     "patiently",
     "reading",
+    "session_name",
     "session_settings",
     "transact",
 ]

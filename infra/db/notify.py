@@ -27,15 +27,17 @@ Callback = Callable[..., Any]  # asyncpg's (connection, pid, channel, payload)
 class Listener:
     """``async with Listener(dsn) as listener: await listener.add(channel, callback)``."""
 
-    def __init__(self, dsn: str, *, check_every: float = 0.2) -> None:
+    def __init__(self, dsn: str, *, check_every: float = 0.2, name: str | None = None) -> None:
         self._dsn = dsn
+        # The session's application_name: a worker's, so that its death ends this session too.
+        self._settings = {"application_name": name} if name else None
         self._check_every = check_every
         self._conn: asyncpg.Connection | None = None
         self._callbacks: list[tuple[str, Callback]] = []
         self._watcher: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Listener:
-        self._conn = await asyncpg.connect(self._dsn, timeout=10)
+        self._conn = await asyncpg.connect(self._dsn, timeout=10, server_settings=self._settings)
         watch = BackgroundLoop(
             "listener", self._check, period=self._check_every, first=self._check_every,
             backoff=Backoff(first=0.05, most=1.0),
@@ -66,7 +68,7 @@ class Listener:
             return
         self._conn = None
         try:
-            self._conn = await asyncpg.connect(self._dsn, timeout=10)
+            self._conn = await asyncpg.connect(self._dsn, timeout=10, server_settings=self._settings)
             for channel, callback in self._callbacks:
                 await self._conn.add_listener(channel, callback)
         except Exception:

@@ -3,6 +3,7 @@ sessions sets on the server, and the names a schema's advisory locks and dialect
 
 from __future__ import annotations
 
+import hashlib
 import json
 import zlib
 from typing import Any
@@ -46,8 +47,29 @@ def session_settings(schema: str, idle_in_transaction: float = IDLE_IN_TRANSACTI
     }
 
 
-async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
-    """A pool whose connections work inside ``schema`` and speak JSON for json/jsonb."""
+# PostgreSQL keeps this many bytes of an application_name (NAMEDATALEN - 1) and cuts the rest.
+APPLICATION_NAME_BYTES = 63
+SESSION_PREFIX = "tendon:"
+
+
+def session_name(worker_id: str) -> str:
+    """The ``application_name`` of every session a worker opens (its pools, its liveness, its
+    listener), so that the others can end them all when they presume it dead: a process frozen
+    mid-statement keeps its row locks, and no timeout of the server's ends such a session. Worker
+    ids fit (``infra.liveness.new_worker_id``); a longer one is cut and told apart by a digest."""
+    name = SESSION_PREFIX + worker_id
+    if len(name.encode()) <= APPLICATION_NAME_BYTES and name.isascii():
+        return name
+    tail = "~" + hashlib.sha256(worker_id.encode()).hexdigest()[:12]
+    head = name.encode("ascii", "replace")[: APPLICATION_NAME_BYTES - len(tail)].decode()
+    return head + tail
+
+
+async def create_pool(
+    dsn: str, schema: str, *, min_size: int = 1, max_size: int = 10, name: str | None = None
+) -> asyncpg.Pool:
+    """A pool whose connections work inside ``schema`` and speak JSON for json/jsonb. ``name``:
+    their ``application_name`` (a worker's :func:`session_name`; a command's pool has none)."""
     pool = await asyncpg.create_pool(
         dsn,
         min_size=min_size,
@@ -56,7 +78,7 @@ async def create_pool(dsn: str, schema: str, *, min_size: int = 1, max_size: int
         reset=_keep_session,
         server_settings={
             **session_settings(schema),
-            "application_name": f"tendon:{schema}",
+            "application_name": name or f"{SESSION_PREFIX}{schema}",
             # Tendon's statements are prepared once per connection and run with arrays and ids
             # whose values do not change the best plan: planning each execution anew (what
             # PostgreSQL does for a statement's first five runs, and often after) is wasted.

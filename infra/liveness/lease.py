@@ -13,7 +13,11 @@ Every process registers a row in its schema's ``workers`` table and keeps it ali
 Death is a recorded fact, decided by the others (:meth:`Liveness.judge`, run by every settled
 process every ``interval`` seconds) and never undone: ``dead_at`` is set once, in the same
 transaction that hands the dead worker's work back (``release``: its turns or executions), so
-its late commits are fenced at once. A process that finds its own row dead (its renewal
+its late commits are fenced at once; and before that hand-back, the same transaction ends the dead
+worker's database sessions (each session a worker opens is named after it, ``infra.db.session_name``):
+a process frozen mid-statement keeps the row locks of its transaction, which no timeout of the
+server's releases (it is not idle in transaction), and the hand-back would wait for them forever.
+A process that finds its own row dead (its renewal
 matches nothing) sets :attr:`Liveness.lost`: it must stop its work, and may start over under
 a new worker id. A process that stops cleanly retires its row the same way, so that its work
 is taken over without waiting for anything.
@@ -114,8 +118,17 @@ REGISTER_SQL = """INSERT INTO workers (id, kind, lock_key, lease_expires_at)
                VALUES ($1, $2, $3, ts_add(now(), $4))"""
 
 
+# A worker id's length at most: its sessions are named after it (``infra.db.session_name``), and
+# PostgreSQL keeps 63 bytes of a session's name, "tendon:" included.
+WORKER_ID_BYTES = 56
+
+
 def new_worker_id(kind: str) -> str:
-    return f"{kind}-{socket.gethostname()}-{os.getpid()}-{new_id()[:6]}"
+    """A new worker's id: its kind, host, process and a random part; a long host name is cut."""
+    tail = f"-{os.getpid()}-{new_id()[:6]}"
+    host = socket.gethostname().encode("ascii", "replace").decode()
+    room = max(0, WORKER_ID_BYTES - len(kind) - 1 - len(tail))
+    return f"{kind}-{host[:room]}{tail}"
 
 
 class Liveness:
@@ -126,13 +139,15 @@ class Liveness:
     transaction, when it declares a worker dead (and when this worker retires); ``on_death``:
     told once that transaction committed (who may now take over the work: wake them);
     ``on_renew``: what to renew beside the row, each time; ``presence``: the broker, where the
-    worker announces itself with a queue that disappears with its connection (module notes).
+    worker announces itself with a queue that disappears with its connection (module notes);
+    ``worker_id``: chosen by the caller when the sessions it opened before are named after it.
     """
 
     def __init__(
         self,
         kind: str,
         *,
+        worker_id: str | None = None,
         lease_seconds: float = 30.0,
         grace: float = 1.0,
         interval: float = 0.5,
@@ -142,7 +157,7 @@ class Liveness:
         presence: Transport | None = None,
     ) -> None:
         self.kind = kind
-        self.worker_id = new_worker_id(kind)
+        self.worker_id = worker_id or new_worker_id(kind)
         self.lease_seconds = lease_seconds
         self.grace = grace
         self.interval = interval
@@ -177,6 +192,11 @@ class Liveness:
 
     async def _close(self, *, broken: bool = False) -> None:
         raise NotImplementedError
+
+    async def _end_sessions(self, conn: Any, dead: list[str]) -> int:
+        """End the database sessions of workers just recorded dead, in the judgement's
+        transaction; how many. Nothing to end where one process holds the database (SQLite)."""
+        return 0
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -304,6 +324,12 @@ class Liveness:
 
         async def record(conn: Connection, gone: list[str]) -> list[str]:
             dead = [r["id"] for r in await conn.fetch(dead_sql, self.worker_id, self.grace, gone)]
+            if dead:
+                # Before the release: it waits for the rows a dead worker's session still locks
+                # (a process frozen mid-statement holds them, and no timeout ends its session).
+                ended = await self._end_sessions(conn, dead)
+                if ended:
+                    log.info("dead_workers_sessions_ended", workers=dead, sessions=ended)
             if dead and self._release is not None:
                 await self._release(conn, dead, True)
             if time.monotonic() - self._pruned > PRUNE_EVERY:

@@ -16,11 +16,17 @@ from typing import Any
 
 import asyncpg
 
-from infra.db.postgres import init_connection, lock_class, session_settings
+from infra.db.postgres import init_connection, lock_class, session_name, session_settings
 from infra.liveness import REGISTER_SQL, Liveness, lock_held_sql
 from infra.process.logging import get_logger
 
 log = get_logger(__name__)
+
+
+# The sessions named after dead workers (``infra.db.session_name``), ended.
+_END_SESSIONS = """SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                    WHERE application_name = ANY($1::text[]) AND pid <> pg_backend_pid()
+                      AND pg_has_role(usesysid, 'USAGE')"""
 
 
 class WorkerRegistration(Liveness):
@@ -42,7 +48,7 @@ class WorkerRegistration(Liveness):
             timeout=10,
             server_settings={
                 **session_settings(self._schema),
-                "application_name": f"tendon:{self.kind}:liveness",
+                "application_name": session_name(self.worker_id),
             },
         )
         await init_connection(conn)  # a death it records hands work back, journal entries included
@@ -78,6 +84,12 @@ class WorkerRegistration(Liveness):
                 )
             )
         return retaken
+
+    async def _end_sessions(self, conn: Any, dead: list[str]) -> int:
+        # Those of the role's sessions it may end (the same role, as Tendon's processes use);
+        # PostgreSQL ends them at once, and their transactions' locks go with them.
+        ended = await conn.fetchval(_END_SESSIONS, [session_name(w) for w in dead])
+        return int(ended or 0)
 
     @contextlib.asynccontextmanager
     async def _transaction(self) -> AsyncIterator[asyncpg.Connection]:
