@@ -26,6 +26,7 @@ from types import TracebackType
 
 from hands.backends import HandsBackends, open_backends
 from hands.run.controls import ControlConsumer
+from hands.run.controls_first import ControlsFirst
 from hands.run.executor import Executor
 from hands.run.outcomes import Outcomes
 from hands.run.recovery import RecoveryScanner
@@ -223,6 +224,7 @@ class HandsApp:
             route=self.route, ledger=ledger, tasks=self.tasks, executor=self.executor,
             interval=s.scan_interval,
         )  # fmt: skip
+        self.first = ControlsFirst(broker, self.topology.controls(self.route))
         self.commands = CommandConsumer(
             route=self.route,
             queue=self.topology.commands(self.route),
@@ -235,6 +237,7 @@ class HandsApp:
             executor=self.executor,
             relay=self.relay,
             kill=self.kill,
+            first=self.first,
             ledger_horizon=s.retain_ledger_days * DAY,
         )
         self.controls = ControlConsumer(
@@ -246,6 +249,7 @@ class HandsApp:
             ledger=ledger,
             writer=self.writer,
             tasks=self.tasks,
+            first=self.first,
         )
 
     async def _consume(self, ledger: Ledger, broker: Transport) -> None:
@@ -298,6 +302,7 @@ class HandsApp:
         # Controls are consumed until the running tools are done: a cancel still reaches them.
         with contextlib.suppress(Exception):
             await consuming.controls.close()
+        await self.first.close()
         await self._cancel([background.relay])
         try:  # what the last commits produced, so the Brain hears it without waiting for a scan
             await self.relay.flush()

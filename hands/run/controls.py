@@ -25,11 +25,13 @@ after a pause (``infra.transport.delivery``).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from structlog.contextvars import bound_contextvars
 
 from hands.rules.states import LedgerStatus
+from hands.run.controls_first import ControlsFirst
 from hands.run.reconcile import publish, reconcile
 from hands.run.relay import EventRelay
 from hands.run.tasks import Tasks
@@ -69,9 +71,11 @@ class ControlConsumer:
         ledger: Ledger,
         writer: LedgerWriter,
         tasks: Tasks,
+        first: ControlsFirst,
     ) -> None:
         self.route = route
         self.queue = queue
+        self._first = first  # the commands' bodies wait for what it receives to be handled
         self._ledger = ledger
         self._writer = writer
         self._broker = broker
@@ -81,7 +85,7 @@ class ControlConsumer:
 
     async def handle(self, message: Delivery) -> None:
         """aio-pika callback: every delivery ends acked, dead-lettered or handed back."""
-        await handle_patiently(message, self._handle, what="a control")
+        await self._first.handled(message, partial(handle_patiently, handle=self._handle, what="a control"))
 
     async def _handle(self, message: Delivery) -> None:
         try:

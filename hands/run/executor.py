@@ -98,12 +98,18 @@ class Executor:
     async def run(
         self, execution_id: str, reason: StartReason = "first_run", row: Execution | None = None,
         trace: str | None = None, args: dict[str, Any] | None = None,
+        after: Awaitable[bool] | None = None,
     ) -> None:  # fmt: skip
         """Start (or re-start) the body of an execution this worker owns and save its outcome.
         ``row``: the ledger row as the caller just committed it (RUNNING already: a safe tool
         accepted and started in one commit). ``trace``: the span of the Brain's that asked for it
         (a re-run after a crash starts a trace of its own). ``args``: the row's arguments as the
-        tool validated them when the command was accepted (else they are validated here)."""
+        tool validated them when the command was accepted (else they are validated here).
+        ``after``: for a command just accepted, the controls that waited when it came, handled
+        (``ControlsFirst.caught_up``): if there were any, one may have been its cancel, handled
+        here or by another worker, so the row is read again for the flag it would have set."""
+        if after is not None and await after:
+            row = None
         row = row or await self.outcomes.row(execution_id)
         self.outcomes.remember(row)
         with bound_contextvars(execution_id=execution_id, turn_id=row.turn_id, tool=row.tool):
@@ -120,7 +126,8 @@ class Executor:
                 return
             if row.status is LedgerStatus.RUNNING and reason == "first_run":
                 attempt: int | None = row.attempts
-                if self.tasks.cancel_asked(execution_id):  # a cancel came between the commit and now
+                # A cancel came between the commit and now (here, or recorded by any worker).
+                if self.tasks.cancel_asked(execution_id) or row.cancel_requested:
                     before = CancelledBody(reason="cancel requested before the tool started")
                     await self.outcomes.finish(execution_id, LedgerStatus.CANCELLED, before)
                     return

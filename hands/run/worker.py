@@ -15,7 +15,8 @@ in this order (invariants 3 and 4):
    (how="rejected") and ack;
 6. otherwise commit ACCEPTED + ``accepted`` (for a safe tool: RUNNING + ``accepted`` and
    ``started``, since starting it again after a crash is what the replay rule would do anyway),
-   pass the kill point ``hands.after_accept_commit`` (tag = call id), hand it to the executor,
+   pass the kill point ``hands.after_accept_commit`` (tag = call id), hand it to the executor
+   (its body waits for the controls that waited when it came: ``hands.run.controls_first``),
    and ack once the events pending went out (``EventRelay.ack``: with a quick tool's outcome,
    else a linger later; at once when no slot is free; the tool does not wait for it). Accepts of
    commands handled at once share a commit (``hands.run.writer``).
@@ -40,6 +41,7 @@ from structlog.contextvars import bound_contextvars
 
 from hands.rules.commands import row_values, short, unstorable_names, unusable
 from hands.rules.states import OPEN_STATUSES, LedgerStatus
+from hands.run.controls_first import ControlsFirst
 from hands.run.executor import Executor
 from hands.run.parts import Batches, Part
 from hands.run.relay import EventRelay
@@ -110,9 +112,11 @@ class CommandConsumer:
         executor: Executor,
         relay: EventRelay,
         kill: KillPoints,
+        first: ControlsFirst,
         ledger_horizon: float = 0.0,
     ) -> None:
         self.route = route
+        self._first = first  # a body starts once the controls that waited for it are handled
         self._ledger_horizon = ledger_horizon  # seconds a finished row is kept (0: forever)
         self.queue = queue
         self._broker = broker
@@ -257,16 +261,17 @@ class CommandConsumer:
         # see a row of this worker with no task here and start it too. If something here has
         # it already (another delivery of the same command), that one starts it.
         reserved = tasks.reserve(execution_id)
+        # Asked now, while the accept commits: its cancel may wait on the control queue.
+        controls = asyncio.ensure_future(self._first.caught_up())
         try:
             outcome = await self._insert(values, *bodies)
             if outcome.new:
                 log.info("command_accepted", call_id=body.call_id, tool=body.tool, turn_id=body.turn_id)
                 self._kill.hit("hands.after_accept_commit", body.call_id)
                 if reserved and outcome.row.status in OPEN_STATUSES:
-                    ex.launch(
-                        execution_id,
-                        partial(ex.run, execution_id, row=outcome.row, trace=command.trace, args=args),
-                    )
+                    ex.launch(execution_id, partial(
+                        ex.run, execution_id, row=outcome.row, trace=command.trace, args=args, after=controls,
+                    ))  # fmt: skip
                     slot.handed_over = True
                 # After the launch: the tool starts before the ack is framed and written (an ack
                 # says the command is in the ledger, nothing about the tool; a lost one is a
@@ -286,6 +291,8 @@ class CommandConsumer:
         finally:
             if reserved and not slot.handed_over:
                 tasks.unreserve(execution_id)
+            if not slot.handed_over:
+                controls.cancel()
 
     async def surface_parked(self, conn: Connection, envelope: Any, reason: str) -> str | None:
         """A command parked for good that never made it into the ledger fails as rejected (so the
