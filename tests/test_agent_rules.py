@@ -204,7 +204,7 @@ def _view(status: TurnStatus = TurnStatus.RUNNING, **changes: Any) -> Any:
     from brain.rules.controls import TurnView
 
     fields: dict[str, Any] = dict(
-        status=status, leased=False, revision=4, open_executions=0, cancelling=False, pause_pending=False
+        status=status, leased=False, revision=4, accepted_executions=0, cancelling=False, pause_pending=False
     )
     return TurnView(**(fields | changes))
 
@@ -251,12 +251,12 @@ def test_a_resume_needs_the_revision_the_caller_saw_and_can_take_back_a_pause_no
 def test_a_cancel_ends_a_turn_with_nothing_running_at_once_else_once_its_executions_are_settled() -> None:
     from brain.rules.controls import Kind, Outcome, decide
 
-    assert decide(Kind.CANCEL, _view(TurnStatus.QUEUED, open_executions=0), {})[0] is Outcome.APPLY
+    assert decide(Kind.CANCEL, _view(TurnStatus.QUEUED, accepted_executions=0), {})[0] is Outcome.APPLY
     assert decide(Kind.CANCEL, _view(leased=True), {})[0] is Outcome.APPLY  # mid model call: fenced out
-    assert decide(Kind.CANCEL, _view(TurnStatus.WAITING, open_executions=2), {})[0] is Outcome.DEFER
-    assert decide(Kind.CANCEL, _view(TurnStatus.PAUSED, open_executions=1), {})[0] is Outcome.DEFER
+    assert decide(Kind.CANCEL, _view(TurnStatus.WAITING, accepted_executions=2), {})[0] is Outcome.DEFER
+    assert decide(Kind.CANCEL, _view(TurnStatus.PAUSED, accepted_executions=1), {})[0] is Outcome.DEFER
     # while it is being cancelled, nothing else is taken, and another cancel joins the first
-    cancelling = _view(TurnStatus.WAITING, open_executions=1, cancelling=True)
+    cancelling = _view(TurnStatus.WAITING, accepted_executions=1, cancelling=True)
     assert decide(Kind.CANCEL, cancelling, {})[0] is Outcome.DEFER
     assert decide(Kind.STEER, cancelling, {}) == (Outcome.REJECT, "the turn is being cancelled")
 

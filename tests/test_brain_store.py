@@ -49,6 +49,7 @@ from protocol import (
     StartedEvent,
     SucceededBody,
     SucceededEvent,
+    decode,
 )
 from tests.support import (
     TableScans,
@@ -1060,3 +1061,66 @@ async def test_a_lone_move_finds_its_turn_by_key_among_tens_of_turns(pg_store):
         seq, by_index = await scans.since(before)
         assert seq == 0, "the move read the turns whole"
         assert by_index > 0
+
+
+# ---- a cancel settles what no Hands worker accepted -----------------------------------------
+
+
+async def _cancel(store: BrainStore, turn_id: str, sent: list[Any]) -> Any:
+    from brain.verbs.controls import Kind, control
+
+    return await control(
+        store, namespace="ns", turn_id=turn_id, request_id="c1", kind=Kind.CANCEL,
+        topology=Topology("t"), wake_channel="ch", send=sent.extend,
+    )  # fmt: skip
+
+
+async def _executions(store: BrainStore, turn_id: str) -> dict[str, Any]:
+    rows = await store.pool.fetch(
+        "SELECT id, status, command, error FROM executions WHERE turn_id = $1 ORDER BY id", turn_id
+    )
+    return {r["id"]: r for r in rows}
+
+
+async def test_a_cancel_of_calls_no_hands_worker_accepted_ends_the_turn_at_once(store):
+    # Given a turn whose two calls are INTENDED: their commands wait in a queue nobody serves
+    turn_id = await _submit(store)
+    await _waiting_on(store, turn_id, "e1", "e2")
+
+    # When it is cancelled
+    sent: list[Any] = []
+    receipt = await _cancel(store, turn_id, sent)
+
+    # Then the cancel is applied in its own commit: the turn is CANCELLED without waiting for any
+    # pool, each call CANCELLED, never to be sent again, and a cancel for each goes to the route
+    # (handed to the relay at once), which leaves a tombstone there for a late command
+    assert receipt.status == "applied"
+    assert (await _turn(store, turn_id)).status is TurnStatus.CANCELLED
+    executions = await _executions(store, turn_id)
+    assert [(e["status"], e["command"]) for e in executions.values()] == [("cancelled", None)] * 2
+    assert "before any Hands worker accepted it" in str(executions["e1"]["error"])
+    assert sorted(decode(c.payload).execution_id for c in sent) == ["e1", "e2"]
+    assert [c.queue for c in sent] == [Topology("t").controls("lab")] * 2
+    assert await store.pool.fetchval("SELECT count(*) FROM outbox") == 2
+    (*_, (_, last)) = await _facts(store)
+    assert last == ["control.applied", "execution.cancelled", "execution.cancelled", "turn.cancelled"]
+
+
+async def test_a_cancel_waits_only_for_the_calls_a_hands_worker_accepted(store):
+    # Given a turn with one call a Hands worker accepted and one it did not
+    turn_id = await _submit(store)
+    await _waiting_on(store, turn_id, "e1", "e2")
+    await _apply(store, [_events("e1")[0]])
+
+    # When it is cancelled
+    sent: list[Any] = []
+    receipt = await _cancel(store, turn_id, sent)
+
+    # Then the call nobody accepted is settled now, and the turn waits for the accepted one only
+    assert receipt.status == "received"
+    turn = await _turn(store, turn_id)
+    assert (turn.status, turn.cancel_requested) == (TurnStatus.WAITING, True)
+    assert turn.waiting_for == "1 execution(s) to settle after a cancel"
+    executions = await _executions(store, turn_id)
+    assert [executions[e]["status"] for e in ("e1", "e2")] == ["accepted", "cancelled"]
+    assert sorted(decode(c.payload).execution_id for c in sent) == ["e1", "e2"]

@@ -362,16 +362,20 @@ async def test_a_cancel_that_reaches_the_hands_before_its_command_leaves_a_tombs
     assert await world.processes.wait_exit(doomed, timeout=30) == -9
     await world.execution_status(turn, "intended")
 
-    # When the turn is cancelled (its cancel waits in the outbox) and a new Brain comes up: it
-    # publishes the cancel, and never sends the command of a cancelling turn
+    # When the turn is cancelled: no Hands worker accepted its call, so the cancel ends it at
+    # once (its cancel for the Hands waits in the outbox), and a new Brain comes up: it publishes
+    # the cancel, and never sends the command of a cancelled call
     code, receipt = await world.control("cancel", turn)
-    assert receipt["status"] == "received"
-    await world.start(hands=False)
-
-    # Then the Hands keep a tombstone, answer "cancelled", and the tool never runs
-    await world.obs.wait_turn(turn, "cancelled", timeout=30)
+    assert receipt["status"] == "applied"
+    assert (await world.show(turn))["status"] == "cancelled"
     (execution,) = await world.obs.executions(turn)
     assert execution["status"] == "cancelled"
-    (ledger,) = await world.obs.ledger()
+    await world.start(hands=False)
+
+    # Then the Hands keep a tombstone, and the tool never runs
+    async def tombstone() -> Any:
+        return await world.obs.ledger()
+
+    (ledger,) = await wait_for(tombstone, timeout=30, what="the tombstone in the ledger")
     assert (ledger["execution_id"], ledger["status"]) == (execution["id"], "cancelled")
     assert world.runs() == []

@@ -235,7 +235,7 @@ async def control(turn_id: str, body: ControlRequest, request: Request, caller: 
     receipt = await controls.control(
         api.store, namespace=caller.tenant(), turn_id=turn_id, request_id=body.request_id or new_id(),
         kind=controls.Kind(body.kind), topology=api.topology, wake_channel=api.wake_channel, text=body.text,
-        revision=body.revision, target=body.control_id, ended=api.ended,
+        revision=body.revision, target=body.control_id, ended=api.ended, send=api.controls,
     )  # fmt: skip
     return receipt.as_dict()
 

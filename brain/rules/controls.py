@@ -36,7 +36,9 @@ class TurnView:
     status: TurnStatus
     leased: bool  # a run holds it right now (mid-phase)
     revision: int
-    open_executions: int  # not settled yet (UNKNOWN ones are)
+    # Executions a Hands worker accepted that are not settled yet (UNKNOWN ones are): a cancel
+    # waits for those; one that no worker accepted is settled with the cancel.
+    accepted_executions: int
     cancelling: bool
     pause_pending: bool  # a pause was received and waits for the turn's boundary
 
@@ -68,7 +70,7 @@ def decide(kind: Kind, turn: TurnView, body: Mapping[str, Any]) -> tuple[Outcome
             return Outcome.APPLY, "the pause not applied yet is withdrawn"
         return Outcome.REJECT, "the turn is not paused"
     if kind is Kind.CANCEL:
-        if turn.status is TurnStatus.QUEUED or turn.open_executions == 0:
+        if turn.status is TurnStatus.QUEUED or turn.accepted_executions == 0:
             return Outcome.APPLY, None
         return Outcome.DEFER, None
     raise AssertionError(kind)  # withdraw is decided by its target, in ``_withdraw``

@@ -138,6 +138,9 @@ WAITING_FOR_A_PERSON = frozenset({ExecutionStatus.PENDING})
 OPEN_EXECUTION = (
     frozenset(ExecutionStatus) - TERMINAL_EXECUTION - WAITING_FOR_A_PERSON - {ExecutionStatus.UNKNOWN}
 )
+# What a Hands worker accepted, as far as the Brain heard, and may still be working on: a cancel of
+# the turn waits for these; what is open and not among them (INTENDED) the cancel settles itself.
+ACCEPTED_EXECUTION = frozenset({ExecutionStatus.ACCEPTED, ExecutionStatus.RUNNING})
 # Not settled: open, or waiting for a person (UNKNOWN is settled until a reconcile moves it).
 UNSETTLED_EXECUTION = OPEN_EXECUTION | WAITING_FOR_A_PERSON
 # Whose events the Brain still applies in order (and so may hold behind a gap).

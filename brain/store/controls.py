@@ -19,7 +19,6 @@ from brain.store.part import Part
 from brain.store.sql import CONTROL_COLUMNS, control_becomes, execution_becomes, turn_becomes
 from infra.db import Connection
 from infra.transport import Topology
-from protocol import CancelBody, CancelControl
 
 _PAUSED = turn_becomes(TurnStatus.PAUSED)
 _RESUMED = turn_becomes(TurnStatus.RUNNING, from_={TurnStatus.PAUSED})
@@ -29,6 +28,9 @@ _REJECTED = control_becomes(ControlStatus.REJECTED)  # the turn ended before the
 # A call that waited for a person: approved (then sent), or never sent (its turn was cancelled).
 _APPROVED = execution_becomes(ExecutionStatus.INTENDED, from_=WAITING_FOR_A_PERSON)
 _NEVER_SENT = execution_becomes(ExecutionStatus.CANCELLED, from_=WAITING_FOR_A_PERSON)
+# A call no Hands worker accepted (as far as the Brain heard), settled by a cancel of its turn.
+_NOT_ACCEPTED = execution_becomes(ExecutionStatus.CANCELLED, from_={ExecutionStatus.INTENDED})
+NOT_ACCEPTED_REASON = "its turn was cancelled before any Hands worker accepted it"
 # ... or answered by hand: a manual tool's result, or a denial.
 _ANSWERED = {
     str(s): execution_becomes(s, from_=WAITING_FOR_A_PERSON)
@@ -122,46 +124,67 @@ class Controls(Part):
                  WHERE id = $1 AND {_CANCELLED.guard}""",
             turn.id,
         )
-        await conn.execute(
-            f"UPDATE executions SET {_NEVER_SENT.set}, command = NULL, updated_at = now()"
-            f" WHERE turn_id = $1 AND {_NEVER_SENT.guard}",
+        await self._never_sent(conn, turn.id)
+
+    async def settle_not_accepted(
+        self, conn: Connection, turn: TurnRow, topology: Topology
+    ) -> tuple[list[Control], list[dict[str, Any]]]:
+        """Settle, in a cancel's commit, the turn's executions that no Hands worker accepted as
+        far as the Brain heard (INTENDED: their command may wait in a queue whose pool is down):
+        CANCELLED, their command never sent again, and a cancel to their route, which leaves a
+        tombstone there so that the command, when a worker takes it, never runs. So the cancel
+        does not wait for a pool. If a worker did accept one meanwhile, the cancel stops its body
+        before it starts, and what its Hands report afterwards is kept as a late note. Returns
+        the cancels (in the outbox) and the facts."""
+        error = {"code": "cancelled", "message": NOT_ACCEPTED_REASON}
+        rows = await conn.fetch(
+            f"""UPDATE executions SET {_NOT_ACCEPTED.set}, error = $2, holding = false, command = NULL,
+                       updated_at = now()
+                 WHERE turn_id = $1 AND {_NOT_ACCEPTED.guard}
+             RETURNING id, route, request_digest, call_id, tool""",
             turn.id,
+            error,
         )
+        controls, said = [], []
+        for e in sorted(rows, key=lambda r: r["id"]):
+            controls.append(
+                await self.store.outbox.add_cancel(
+                    conn, topology, turn.namespace, turn.session_id, e, NOT_ACCEPTED_REASON
+                )
+            )
+            said.append(facts.cancelled(e["id"], e["call_id"], e["tool"], NOT_ACCEPTED_REASON))
+            await conn.execute("DELETE FROM held_events WHERE execution_id = $1", e["id"])
+        return controls, said
 
     async def begin_cancel(
-        self, conn: Connection, turn: TurnRow, open_executions: Sequence[Any], topology: Topology, reason: str
+        self, conn: Connection, turn: TurnRow, accepted: Sequence[Any], topology: Topology, reason: str
     ) -> list[Control]:
-        """A turn with executions still open is cancelling: fenced (a run in progress dispatches
-        nothing more), waiting until each is settled, while a cancel goes to each one's Hands (a
-        command they have not run yet then never runs). Returns the cancels, in the outbox."""
+        """A turn with executions a Hands worker accepted (and those not accepted settled already:
+        :meth:`settle_not_accepted`) is cancelling: fenced (a run in progress dispatches nothing
+        more), waiting until each is settled, while a cancel goes to each one's Hands. Returns the
+        cancels, in the outbox."""
         await conn.execute(
             f"""UPDATE turns SET {_CANCELLING.set}, cancel_requested = true, lease_owner = NULL,
                       lease_expires_at = NULL, lease_epoch = lease_epoch + 1, revision = revision + 1,
                       waiting_for = $2, wake_at = now(), updated_at = now()
                 WHERE id = $1 AND {_CANCELLING.guard}""",
             turn.id,
-            f"{len(open_executions)} execution(s) to settle after a cancel",
+            f"{len(accepted)} execution(s) to settle after a cancel",
         )
-        controls = []
-        for e in open_executions:
-            if e["status"] == "pending":  # never sent: nothing to tell any Hands
-                continue
-            control = CancelControl(
-                execution_id=e["id"],
-                namespace=turn.namespace,
-                session_id=turn.session_id,
-                request_digest=e["request_digest"],
-                body=CancelBody(reason=reason),
-            )
-            controls.append(await self.store.outbox.add_control(conn, topology.controls(e["route"]), control))
+        controls = [
+            await self.store.outbox.add_cancel(conn, topology, turn.namespace, turn.session_id, e, reason)
+            for e in accepted
+        ]
+        await self._never_sent(conn, turn.id)
+        return controls
+
+    async def _never_sent(self, conn: Connection, turn_id: str) -> None:
+        """Calls that waited for a person, whose turn was cancelled: never sent to any Hands."""
         await conn.execute(
             f"UPDATE executions SET {_NEVER_SENT.set}, command = NULL, updated_at = now()"
             f" WHERE turn_id = $1 AND {_NEVER_SENT.guard}",
-            turn.id,
+            turn_id,
         )
-        return controls
-
-    # ---- what a person's answer does to a PENDING execution ------------------------------------
 
     # ---- what a person's answer does to a PENDING execution ------------------------------------
 

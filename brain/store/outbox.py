@@ -4,13 +4,14 @@ broker confirmed them."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from brain.rules.records import Control
 from brain.store.part import Part
 from infra.db import Connection
-from protocol import encode
+from infra.transport import Topology
+from protocol import CancelBody, CancelControl, encode
 
 
 class Outbox(Part):
@@ -23,6 +24,22 @@ class Outbox(Part):
             payload,
         )
         return Control(queue, control.message_id, payload, outbox_id)
+
+    async def add_cancel(
+        self, conn: Connection, topology: Topology, namespace: str, session_id: str,
+        execution: Mapping[str, Any], reason: str,
+    ) -> Control:  # fmt: skip
+        """A cancel for the Hands of ``execution``'s route (its ``id``, ``route`` and
+        ``request_digest``): a body that runs is asked to stop, one not started never starts, and
+        a command that has not reached them leaves a tombstone that makes it a duplicate."""
+        control = CancelControl(
+            execution_id=execution["id"],
+            namespace=namespace,
+            session_id=session_id,
+            request_digest=execution["request_digest"],
+            body=CancelBody(reason=reason),
+        )
+        return await self.add_control(conn, topology.controls(execution["route"]), control)
 
     async def unpublished_controls(self, conn: Connection, limit: int = 200) -> list[Control]:
         rows = await conn.fetch(

@@ -12,9 +12,12 @@ withdraw   takes back a steer or inject not applied yet
 pause      the turn stops at its next boundary (at once when no run holds it); its tool
            results are still applied, it just does not go on
 resume     a paused turn goes on, if the caller saw its current revision
-cancel     a queued turn (or one with nothing running) is cancelled at once; otherwise a cancel
-           goes to each running execution's Hands and the turn ends CANCELLED once each is
-           settled (cancelled, finished or UNKNOWN)
+cancel     a queued turn (or one with nothing a Hands worker accepted) is cancelled at once;
+           otherwise a cancel goes to each accepted execution's Hands and the turn ends
+           CANCELLED once each is settled (cancelled, finished or UNKNOWN). Calls that no worker
+           accepted are settled CANCELLED in the cancel's own commit, whether a pool serves
+           their route or not, and their Hands get a cancel that stops a late command (the
+           cancel guarantee: docs/design.md)
 respond    a person's answer to a call that waits for one: approve or deny it, or give a
            manual tool's result
 =========  ===================================================================================
@@ -33,8 +36,8 @@ from typing import Any
 
 from brain.rules import facts
 from brain.rules.controls import INPUTS, Kind, Outcome, TurnView, decide
-from brain.rules.states import TERMINAL_TURN, TurnStatus
-from brain.store import BrainStore, TurnRow
+from brain.rules.states import ACCEPTED_EXECUTION, TERMINAL_TURN, TurnStatus
+from brain.store import BrainStore, Control, TurnRow
 from infra.db import Connection, Json
 from infra.transport import Topology
 from protocol import ConflictError, NotFoundError, SchemaError, digest
@@ -99,23 +102,28 @@ async def control(
     revision: int | None = None,
     target: int | None = None,
     ended: Callable[[str, str, datetime], None] | None = None,
+    send: Callable[[list[Control]], object] | None = None,
 ) -> Receipt:
     """Record a control on a turn and do what it does now (one commit); returns its receipt.
     ``ended``: told (turn id, status, when the turn was accepted) once a control that ended the
-    turn in its own commit (a cancel with nothing running) committed."""
+    turn in its own commit (a cancel with nothing running) committed. ``send``: hands the cancels
+    that commit put in the outbox to a relay to publish now (else a serving Brain's relay sweep
+    publishes them)."""
     body = _body(kind, text, revision, target)
     input_digest = digest({"kind": str(kind), **body})
     ends: list[TurnRow] = []
+    queued: list[Control] = []
 
     async def work(conn: Connection) -> Receipt:
         ends.clear()  # a transaction tried again starts over
+        queued.clear()
         turn, earlier = await locked_turn(store, conn, namespace, turn_id, request_id, input_digest)
         if earlier is not None:
             return earlier
         if kind is Kind.WITHDRAW:
             return await _withdraw(store, conn, turn, request_id, body, input_digest)
         receipt = await _record(
-            store, conn, turn, kind, body, request_id, input_digest, topology, wake_channel
+            store, conn, turn, kind, body, request_id, input_digest, topology, wake_channel, queued
         )
         if kind is Kind.CANCEL and receipt.status == "applied":
             ends.append(turn)
@@ -125,6 +133,8 @@ async def control(
     if ended is not None:
         for turn in ends:
             ended(turn.id, str(TurnStatus.CANCELLED), turn.created_at)
+    if queued and send is not None:
+        send(list(queued))
     return receipt
 
 
@@ -155,16 +165,19 @@ async def _record(
     input_digest: str,
     topology: Topology,
     wake_channel: str,
+    queued: list[Control],
 ) -> Receipt:
     """Decide a new control by the turn as it stands, record it with its receipt, do what it does
-    now, and journal what it did."""
+    now, and journal what it did; the cancels it put in the outbox go to ``queued``."""
     received = await store.controls.controls_of(conn, turn.id, received_only=True)
-    open_executions = await store.executions.open_executions(conn, turn.id)
+    accepted = [
+        e for e in await store.executions.open_executions(conn, turn.id) if e["status"] in ACCEPTED_EXECUTION
+    ]
     view = TurnView(
         status=turn.status,
         leased=turn.lease_owner is not None,
         revision=turn.revision,
-        open_executions=len(open_executions),
+        accepted_executions=len(accepted),
         cancelling=turn.cancel_requested,
         pause_pending=any(c["kind"] == Kind.PAUSE for c in received),
     )
@@ -173,12 +186,18 @@ async def _record(
         conn, turn.id, request_id, str(kind), input_digest, body, str(outcome), reason
     )
     said = [facts.control(row["id"], str(kind), str(outcome), reason)]
+    if kind is Kind.CANCEL and outcome is not Outcome.REJECT and not turn.cancel_requested:
+        # What no Hands worker accepted is settled now, whatever the outcome: nothing waits for it.
+        controls, settled = await store.controls.settle_not_accepted(conn, turn, topology)
+        queued += controls
+        said += settled
     if outcome is Outcome.DEFER:
         await store.controls.add_pending(conn, turn.id, 1)
         if kind is Kind.CANCEL and not turn.cancel_requested:
             # The cancels for the Hands are outbox rows: the Brains' control relays send them.
-            await store.controls.begin_cancel(conn, turn, open_executions, topology, "its turn was cancelled")
-            said.append(facts.waiting(f"{len(open_executions)} execution(s) to settle after a cancel"))
+            why = "its turn was cancelled"
+            queued += await store.controls.begin_cancel(conn, turn, accepted, topology, why)
+            said.append(facts.waiting(f"{len(accepted)} execution(s) to settle after a cancel"))
     elif outcome is Outcome.APPLY:
         said += await _apply_now(store, conn, turn, kind, received, wake_channel)
     status = await store.turns.status_of(conn, turn.id)
