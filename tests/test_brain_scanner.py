@@ -21,7 +21,7 @@ from infra.transport.localqueue import LocalBroker
 from protocol import decode
 from tests import test_brain_store
 from tests.support import TendonEnv, wait_for
-from tests.test_brain_store import _submit, _waiting_on
+from tests.test_brain_store import _apply, _cancel, _events, _submit, _waiting_on
 
 store = test_brain_store.store  # the store fixture, on both backends
 
@@ -217,3 +217,32 @@ def test_the_command_of_a_turn_being_cancelled_is_never_sent_again_its_hands_are
     quiet = {**orphan, "updated_at": NOW - timedelta(seconds=20)}
     assert nudge_for(quiet, stall=10, attempts=8, updates_line=False) is Nudge.REPLAY
     assert nudge_for({**quiet, "nudges": 8}, stall=10, attempts=8, updates_line=False) is Nudge.GIVE_UP
+
+
+async def test_a_replay_nobody_would_take_is_not_sent_and_a_cancelled_turn_is_not_sent_its_cancel_again(
+    store: BrainStore, tendon: TendonEnv, tmp_path: Path
+) -> None:
+    # Given a cancelled turn that waits for an execution a Hands worker accepted before its route's
+    # pool went away (its cancel was published already)
+    turn_id = await _submit(store)
+    await _waiting_on(store, turn_id, "e9", route="gone")
+    tendon.routes.add("gone")
+    await _apply(store, [_events("e9")[0]])
+    assert (await _cancel(store, turn_id, [])).status == "received"
+    await store.pool.execute("UPDATE outbox SET published_at = now()")
+    async with _transport(store, tendon, tmp_path) as transport:
+        scan = Scan(store, transport, tendon.prefix, repair_attempts=2)
+        for attempt in (1, 2):
+            await _quiet(store)
+            # When the scan passes: no replay request is sent (it would pile up for a pool that
+            # comes later, asking about work it never had), but the silence counts
+            assert await scan.once() == []
+            assert await store.pool.fetchval("SELECT nudges FROM executions WHERE id = 'e9'") == attempt
+        await _quiet(store)
+        await scan.once()
+    # Then, the attempts used up, the turn fails naming the route, and its execution is settled
+    # without a second cancel: the cancel of the turn told its Hands already
+    turn = await store.pool.fetchrow("SELECT status, error FROM turns WHERE id = $1", turn_id)
+    assert turn["status"] == "failed" and "route gone" in turn["error"]["message"]
+    assert await store.pool.fetchval("SELECT status FROM executions WHERE id = 'e9'") == "cancelled"
+    assert await store.read(store.outbox.unpublished_controls) == []

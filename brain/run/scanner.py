@@ -15,8 +15,9 @@ wakes waiting turns whose executions have all finished (a lost hint) or whose de
 Every nudge is counted, and an answer resets the count: after ``repair_attempts`` nudges without
 one (about half an hour with the defaults, as each waits twice as long as the one before) the
 turn fails with an error that names the execution and its route, and its executions are settled
-(invariant 15: nothing is asked forever). A command whose route has no consumer at all is not
-sent again, but the silence counts the same.
+(invariant 15: nothing is asked forever). A command or a replay request whose route has no
+consumer at all is not sent (it would pile up in the queue for a pool that comes later), but the
+silence counts the same.
 
 Nothing is nudged while the answer may still be waiting in a line: no stall counts while the
 Brains' updates queue has messages waiting, and a command is not sent again while its route's
@@ -131,7 +132,7 @@ class RepairScanner:
                 if g["nudges"] >= self.repair_attempts:
                     await self._give_up(conn, g, f"event #{g['last_seq'] + 1} never came", done)
                 else:
-                    await self._ask_replay(conn, g, g["last_seq"] + 1, "gap", done)
+                    await self._ask_replay(conn, g, g["last_seq"] + 1, "gap", done, lines)
             # Turns with nothing left to wait for first: the look below pushes the others on.
             await store.repairs.wake_stuck(conn, self.ctx.wake_channel)
             await store.repairs.wake_due(conn, self.ctx.wake_channel)
@@ -173,7 +174,7 @@ class RepairScanner:
             elif action is Nudge.REPLAY:
                 # From the last applied event on: Hands that have the execution answer with at
                 # least that one again, which shows they are there (see the store's apply).
-                await self._ask_replay(conn, e, max(1, e["last_seq"]), "stalled", done)
+                await self._ask_replay(conn, e, max(1, e["last_seq"]), "stalled", done, lines)
                 nudged = True
             later = min(later, next_look(e, stall=self.stall_seconds, nudged=nudged))
         return later
@@ -185,12 +186,9 @@ class RepairScanner:
         line that moves (then nothing, and nothing counted) or nobody serves its route (then
         nothing is sent, but the silence counts towards giving up)."""
         route = e["route"]
-        if route not in lines:
-            lines[route] = await self._line(route)
-        line, served = lines[route]
+        line, served = await self._route(route, lines)
         if not served:
-            await self.ctx.store.repairs.mark_nudged(conn, e["id"])
-            log.warning("route_not_served", execution_id=e["id"], route=route, nudges=e["nudges"] + 1)
+            await self._unserved(conn, e)
             return True
         if line and e["creator_alive"]:
             self.queued_routes.add(route)
@@ -216,7 +214,25 @@ class RepairScanner:
         if settled is not None:
             done.settled.append(settled)
 
-    async def _ask_replay(self, conn: Connection, e: Any, from_seq: int, reason: str, done: Pass) -> None:
+    async def _route(self, route: str, lines: dict[str, tuple[bool, bool]]) -> tuple[bool, bool]:
+        """``_line`` of ``route``, asked once per pass."""
+        if route not in lines:
+            lines[route] = await self._line(route)
+        return lines[route]
+
+    async def _unserved(self, conn: Connection, e: Any) -> None:
+        """Nobody serves the route: nothing is sent (it would only pile up in the queue, to be
+        read by a pool that comes later), but the silence counts towards giving up."""
+        await self.ctx.store.repairs.mark_nudged(conn, e["id"])
+        log.warning("route_not_served", execution_id=e["id"], route=e["route"], nudges=e["nudges"] + 1)
+
+    async def _ask_replay(
+        self, conn: Connection, e: Any, from_seq: int, reason: str, done: Pass,
+        lines: dict[str, tuple[bool, bool]],
+    ) -> None:  # fmt: skip
+        if not (await self._route(e["route"], lines))[1]:
+            await self._unserved(conn, e)
+            return
         control = ReplayControl(
             execution_id=e["id"],
             namespace=e["namespace"],

@@ -15,7 +15,6 @@ from brain.store.sql import execution_becomes, turn_becomes
 from infra.db import Connection
 from infra.db.store import as_time
 from infra.transport import Topology
-from protocol import CancelBody, CancelControl
 
 _FAILED = turn_becomes(TurnStatus.FAILED)
 _SETTLED = execution_becomes(ExecutionStatus.CANCELLED, from_=UNSETTLED_EXECUTION)
@@ -49,7 +48,7 @@ class Failures(Part):
                        waiting_for = NULL, lease_epoch = lease_epoch + 1, revision = revision + 1,
                        updated_at = now()
                  WHERE id = $1 AND {_FAILED.guard} AND ({fence})
-             RETURNING session_id, thread_id, namespace, phase, created_at""",
+             RETURNING session_id, thread_id, namespace, phase, created_at, cancel_requested""",
             turn_id,
             error,
             *owned,
@@ -57,8 +56,9 @@ class Failures(Part):
         if row is None:
             return None
         controls, cancelled = await self._settle_open(
-            conn, turn_id, row["namespace"], row["session_id"], error, topology
-        )
+            conn, turn_id, row["namespace"], row["session_id"], error, topology,
+            told=bool(row["cancel_requested"]),
+        )  # fmt: skip
         written = [*preface, facts.failed(error)] + [facts.cancelled(*one) for one in cancelled]
         written += await self.store.controls.reject_received(conn, turn_id, "the turn failed first")
         await self.store.journal.append(
@@ -77,8 +77,11 @@ class Failures(Part):
         session_id: str,
         error: dict[str, str],
         topology: Topology,
+        *,
+        told: bool = False,
     ) -> tuple[list[Control], list[tuple[str, str, str, str]]]:
-        """Settle the unfinished executions of a turn that ended before them.
+        """Settle the unfinished executions of a turn that ended before them (``told``: a cancel
+        of the turn sent each of them one already, which is not sent again).
 
         Each becomes CANCELLED here, with the turn's error, and its Hands are told: a cancel
         control goes out through the outbox in this same transaction. A command they have not
@@ -98,14 +101,10 @@ class Failures(Part):
         controls: list[Control] = []
         cancelled: list[tuple[str, str, str, str]] = []  # execution, call, tool, reason
         for e in sorted(rows, key=lambda r: r["id"]):
-            control = CancelControl(
-                execution_id=e["id"],
-                namespace=namespace,
-                session_id=session_id,
-                request_digest=e["request_digest"],
-                body=CancelBody(reason=reason),
-            )
-            controls.append(await self.store.outbox.add_control(conn, topology.controls(e["route"]), control))
+            if not told:
+                controls.append(
+                    await self.store.outbox.add_cancel(conn, topology, namespace, session_id, e, reason)
+                )
             cancelled.append((e["id"], e["call_id"], e["tool"], reason))
             await conn.execute("DELETE FROM held_events WHERE execution_id = $1", e["id"])
         return controls, cancelled
