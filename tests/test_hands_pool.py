@@ -794,6 +794,36 @@ async def test_a_replay_control_republishes_events_from_seq_without_rerunning_th
     assert runs(world) == [("echo", cmd.execution_id, 1)]
 
 
+async def test_a_replay_of_an_execution_the_pool_never_had_is_acked_with_a_reason_not_parked(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a pool that never had an execution (its command still waits elsewhere, or never came)
+    worker = await start_worker(processes, world)
+    cmd = command(lab.echo, {"text": "not here"})
+
+    # When the Brain asks for a replay of it
+    await bus.publish_control(
+        ReplayControl(
+            execution_id=cmd.execution_id,
+            namespace=cmd.namespace,
+            session_id=cmd.session_id,
+            request_digest=cmd.request_digest,
+            body=ReplayBody(from_seq=1),
+        )
+    )
+
+    # Then the pool says why there is nothing to send and acks it: it is no poison, so nothing
+    # is parked (hands parked lists what is broken), and the pool goes on
+    async def said() -> bool:
+        log = await asyncio.to_thread(Path(worker.log_path).read_text, errors="replace")
+        return "replay_of_an_execution_not_here" in log and cmd.execution_id in log
+
+    await wait_for(said, timeout=WAIT, what="the pool to answer the replay")
+    await bus.publish_command(cmd)
+    await bus.wait_kind(cmd.execution_id, "succeeded")
+    assert await ledger_fetch(world, "SELECT id FROM parked") == []
+
+
 async def test_a_result_above_the_offload_threshold_arrives_as_a_body_ref_that_verifies(
     world: TendonEnv, bus: Bus, processes: Processes, s3_server: Any
 ) -> None:

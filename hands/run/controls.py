@@ -7,13 +7,15 @@ after a pause (``infra.transport.delivery``).
 
 - ``replay`` (from_seq): the Brain saw a gap, or heard nothing for a while. The events from
   ``from_seq`` on are read from the execution's row and published again as they were; no tool
-  is re-run (invariant 7).
+  is re-run (invariant 7). A replay of an execution this pool never had is acked with a warning:
+  there is nothing to send, and trying again would not change that.
 - ``cancel``: sets the durable ``cancel_requested`` flag and signals ``ctx.cancelled`` if the
   execution runs in this process; a body not started yet never starts (on any worker: the
   start is guarded by the flag). A cancel for an execution not in the ledger yet leaves a
   tombstone, a CANCELLED row with its ``cancelled`` event, so that the command, if it comes
-  later, is a duplicate that never runs. (Receipts and reaching a body that runs on another
-  replica are a later issue.)
+  later, is a duplicate that never runs. A command that a worker reads before its cancel waits
+  for it: its body starts once the controls that waited when it came are handled
+  (``hands.run.controls_first``).
 - ``reconcile``: an operator's resolution of an UNKNOWN execution, sent by a Brain for a request
   to its HTTP API. It is carried out here as ``hands reconcile`` does it
   (``hands.run.reconcile``: the audit row, the status move and the event in one transaction,
@@ -119,6 +121,16 @@ class ControlConsumer:
     async def _replay(self, control: ReplayControl) -> None:
         assert control.body is not None
         row = await self._ledger.read(lambda conn: self._ledger.get(conn, control.execution_id))
+        if row is None:
+            # Nothing to send: its command never reached this pool (it waits in its queue, or it
+            # went elsewhere). Not poison: trying again would not change that, and parking it would
+            # list as broken a question that has no answer here. The Brain counts the silence and,
+            # after its repair attempts, fails the turn naming this route.
+            log.warning(
+                "replay_of_an_execution_not_here", from_seq=control.body.from_seq,
+                reason=f"route {self.route} has no execution {control.execution_id} in its ledger",
+            )  # fmt: skip
+            return
         self._of_route(row, control.execution_id)
         count = await self._relay.replay(control.execution_id, control.body.from_seq)
         log.info("replay_requested", from_seq=control.body.from_seq, events=count)
