@@ -5,12 +5,16 @@ withdraw), approvals and manual tools, request ids replayed after a lost answer.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from infra.transport import Topology
+from infra.transport.broker import Broker
 from tests.support import Observer, Processes, TendonEnv, run_cli, wait_for
 
 BRAIN = ["-m", "brain", "serve"]
@@ -379,3 +383,58 @@ async def test_a_cancel_that_reaches_the_hands_before_its_command_leaves_a_tombs
     (ledger,) = await wait_for(tombstone, timeout=30, what="the tombstone in the ledger")
     assert (ledger["execution_id"], ledger["status"]) == (execution["id"], "cancelled")
     assert world.runs() == []
+
+
+@pytest.mark.timeout(300)  # three processes and a dozen CLI calls, on a busy machine
+async def test_turns_cancelled_while_their_routes_pool_is_down_end_at_once_and_a_pool_that_starts_runs_none(
+    world: World,
+) -> None:
+    # Given a Brain, and a pool of the route that announced its tools and stopped: nobody serves
+    # it, and the repair scan would nudge a quiet execution within half a second
+    world.env["TENDON_STALL_SECONDS"] = "0.5"
+    await world.start(hands=False)
+    pool = await world.processes.start_ready("hands", HANDS_BULK, world.env)
+    pool.send_signal(signal.SIGTERM)
+    assert await world.processes.wait_exit(pool) == 0
+    # and four turns (of four sessions: a thread runs its turns one after another) whose tool
+    # calls were sent to the route's command queue
+    agent = world.agent(SLOW)
+    turns = [await world.submit(agent, session=f"down-{i}") for i in range(4)]
+    for turn in turns:
+        await world.execution_status(turn, "intended")
+
+    # When each is cancelled
+    for turn in turns:
+        code, receipt = await world.control("cancel", turn)
+        # Then the cancel is applied at once: no worker accepted the call, so nothing waits
+        assert (code, receipt["status"]) == (0, "applied")
+        code, out, _ = await world.brain("wait", turn, "--timeout", "5", "--json")
+        assert json.loads(out)["status"] == "cancelled", out
+
+    # And while nobody serves the route, its control queue gets the four cancels and nothing more
+    topology = Topology(world.tendon.prefix)
+    async with Broker(world.tendon.amqp_url, topology) as broker:
+
+        async def cancels_sent() -> bool:
+            return await broker.waiting(topology.controls("bulk")) >= 4
+
+        await wait_for(cancels_sent, timeout=30, what="the cancels on the control queue")
+        await asyncio.sleep(2.0)  # several scan passes, each of which would have asked for replays
+        assert await broker.waiting(topology.controls("bulk")) == 4
+
+    # When a pool of the route starts, with the commands and their cancels waiting
+    pool = await world.processes.start_ready("hands", HANDS_BULK, world.env)
+
+    # Then it runs none of them, whichever queue it reads first: a cancel read first leaves a
+    # tombstone (its command is a duplicate), a command read first waits for its cancel
+    async def all_taken() -> Any:
+        output = world.processes.output(pool)
+        taken = output.count("command_duplicate") + output.count("execution_cancelled")
+        return await world.obs.ledger() if taken >= 4 else None
+
+    ledger = await wait_for(all_taken, timeout=60, what="every command taken and cancelled")
+    assert sorted(r["status"] for r in ledger) == ["cancelled"] * 4
+    assert world.runs() == []
+    # and nothing is parked, on either side
+    assert await world.obs.fetch("SELECT id FROM {hands}.parked") == []
+    assert await world.obs.fetch("SELECT id FROM {brain}.parked") == []
