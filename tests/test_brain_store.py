@@ -1124,3 +1124,23 @@ async def test_a_cancel_waits_only_for_the_calls_a_hands_worker_accepted(store):
     executions = await _executions(store, turn_id)
     assert [executions[e]["status"] for e in ("e1", "e2")] == ["accepted", "cancelled"]
     assert sorted(decode(c.payload).execution_id for c in sent) == ["e1", "e2"]
+
+
+async def test_the_parked_gauge_counts_the_brains_parked_messages_by_queue(store):
+    from brain.run.metrics import BrainMetrics
+
+    # Given messages the broker parked from the Brain's queues, recorded in its schema
+    for queue in ("p.updates", "p.updates", "p.bindings"):
+        await store.transact(
+            lambda c, queue=queue: store.record_parked(
+                c, queue=queue, message_id="m", reason="r", headers={}, body=b"x", kind=None,
+                execution_id=None, surfaced="logged",
+            )
+        )  # fmt: skip
+
+    # When the metrics are scraped
+    text = (await BrainMetrics().render(lambda: store.read(store.gauges.count))).decode()
+
+    # Then the gauge says how many, by the queue they were parked from
+    assert 'tendon_parked_messages{queue="p.updates"} 2.0' in text
+    assert 'tendon_parked_messages{queue="p.bindings"} 1.0' in text

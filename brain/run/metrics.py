@@ -61,9 +61,16 @@ class _StateCollector(Collector):
             "Age of the oldest tool intent that no Hands worker has accepted yet",
             value=s.relay_lag,
         )
-        yield GaugeMetricFamily(
-            "tendon_parked_messages", "Messages the broker parked after too many deliveries", value=s.parked
+        parked = GaugeMetricFamily(
+            "tendon_parked_messages",
+            "Messages parked from the Brain's own queues (updates, bindings), by queue: what "
+            "`brain parked` lists. A Hands pool's (its route's commands and controls) are in its "
+            "ledger: `hands parked`",
+            labels=["queue"],
         )
+        for queue, count in sorted(s.parked.items()):
+            parked.add_metric([queue], count)
+        yield parked
 
 
 class BrainMetrics:

@@ -24,7 +24,9 @@ class Gauges:
     outbox_lag: float = 0.0
     # Seconds since the oldest tool intent no Hands worker has taken yet was committed.
     relay_lag: float = 0.0
-    parked: int = 0
+    # Messages parked from the Brain's own queues (updates, bindings): queue -> how many. A Hands
+    # pool records those of its route's queues (commands, controls) in its own ledger.
+    parked: dict[str, int] = field(default_factory=dict)
 
 
 def _age(now: datetime, oldest: Any) -> float:
@@ -38,9 +40,9 @@ class GaugeRows(Part):
         row = await conn.fetchrow(
             """SELECT now() AS now,
                       (SELECT min(created_at) FROM outbox WHERE published_at IS NULL) AS outbox,
-                      (SELECT min(created_at) FROM executions WHERE status = 'intended') AS intents,
-                      (SELECT count(*) FROM parked) AS parked"""
+                      (SELECT min(created_at) FROM executions WHERE status = 'intended') AS intents"""
         )
+        parked = await conn.fetch("SELECT queue, count(*) AS n FROM parked GROUP BY queue")
         assert row is not None  # a SELECT without FROM returns its one row
         now = as_time(row["now"])
         return Gauges(
@@ -48,5 +50,5 @@ class GaugeRows(Part):
             executions={r["status"]: int(r["n"]) for r in executions},
             outbox_lag=_age(now, row["outbox"]),
             relay_lag=_age(now, row["intents"]),
-            parked=int(row["parked"]),
+            parked={r["queue"]: int(r["n"]) for r in parked},
         )
