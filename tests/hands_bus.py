@@ -20,9 +20,13 @@ import pytest
 from hands.tools.declare import Tool
 from infra.transport.broker import Broker, Topology
 from protocol import (
+    CancelBody,
+    CancelControl,
     EventBatch,
     ExecuteBody,
     ExecuteCommand,
+    ReplayBody,
+    ReplayControl,
     command_batch_bytes,
     decode,
     encode,
@@ -169,6 +173,25 @@ async def start_worker_behind(proxy: CommitCutter, processes: Processes, world: 
     slow to help (so what a lost COMMIT answer leaves is the command handling's to mend)."""
     env = {"TENDON_HANDS_DATABASE_URL": proxy.dsn, "TENDON_SCAN_INTERVAL": "30"}
     return await start_worker(processes, world, **env)
+
+
+def cancel_of(cmd: ExecuteCommand, reason: str) -> CancelControl:
+    """The cancel a Brain sends for ``cmd``'s execution."""
+    return CancelControl(**_scope(cmd), body=CancelBody(reason=reason))
+
+
+def replay_of(cmd: ExecuteCommand, from_seq: int) -> ReplayControl:
+    """The replay request a Brain sends for ``cmd``'s execution."""
+    return ReplayControl(**_scope(cmd), body=ReplayBody(from_seq=from_seq))
+
+
+def _scope(cmd: ExecuteCommand) -> dict[str, str]:
+    return {
+        "execution_id": cmd.execution_id,
+        "namespace": cmd.namespace,
+        "session_id": cmd.session_id,
+        "request_digest": cmd.request_digest,
+    }
 
 
 def runs(world: TendonEnv) -> list[tuple[str, str, int]]:

@@ -17,9 +17,8 @@ import pytest
 from hands.app import Consuming, HandsApp
 from hands.store import Ledger
 from infra.transport import Transport
-from protocol import CancelBody, CancelControl, ExecuteCommand
 from tests import hands_test_tools as lab
-from tests.hands_bus import Bus, command, ledger_fetch, runs
+from tests.hands_bus import Bus, cancel_of, command, ledger_fetch, runs
 from tests.support import TendonEnv, wait_for
 
 TOOLS = "tests.hands_test_tools"
@@ -47,16 +46,6 @@ class OrderedHands(HandsApp):
         self._consuming = Consuming(controls=opened[controls], commands=opened[commands])
 
 
-def _cancel(cmd: ExecuteCommand) -> CancelControl:
-    return CancelControl(
-        execution_id=cmd.execution_id,
-        namespace=cmd.namespace,
-        session_id=cmd.session_id,
-        request_digest=cmd.request_digest,
-        body=CancelBody(reason="its turn was cancelled"),
-    )
-
-
 @pytest.mark.parametrize("first", ["commands", "controls"])
 @pytest.mark.parametrize(("tool", "args"), [(lab.echo, {"text": "never"}), (lab.charge, {"amount": 5})])
 async def test_a_command_whose_cancel_waits_on_the_control_queue_never_starts_whichever_comes_first(
@@ -69,7 +58,7 @@ async def test_a_command_whose_cancel_waits_on_the_control_queue_never_starts_wh
     # route (a safe tool is accepted and started in one commit; an unsafe one in two)
     cmd = command(tool, args)
     await bus.publish_command(cmd)
-    await bus.publish_control(_cancel(cmd))
+    await bus.publish_control(cancel_of(cmd, "its turn was cancelled"))
 
     async def landed() -> Any:
         status = "SELECT status FROM executions WHERE execution_id = $1"

@@ -24,8 +24,6 @@ from infra.objects.payloads import PayloadCodec
 from infra.objects.s3 import S3ObjectStore
 from infra.transport.broker import Broker, Topology
 from protocol import (
-    CancelBody,
-    CancelControl,
     ExecuteCommand,
     ObjectRef,
     ReconcileBody,
@@ -37,7 +35,18 @@ from protocol import (
     request_digest,
 )
 from tests import hands_test_tools as lab
-from tests.hands_bus import SERVE, WAIT, Bus, command, ledger_fetch, runs, start_worker, start_worker_behind
+from tests.hands_bus import (
+    SERVE,
+    WAIT,
+    Bus,
+    cancel_of,
+    command,
+    ledger_fetch,
+    replay_of,
+    runs,
+    start_worker,
+    start_worker_behind,
+)
 from tests.hands_pg_proxy import CommitCutter
 from tests.support import Observer, Processes, TendonEnv, wait_for
 
@@ -296,15 +305,7 @@ async def test_a_cancel_control_signals_the_running_tool_and_the_execution_ends_
     await bus.wait_kind(cmd.execution_id, "output_page")
 
     # When the Brain sends a cancel
-    await bus.publish_control(
-        CancelControl(
-            execution_id=cmd.execution_id,
-            namespace=cmd.namespace,
-            session_id=cmd.session_id,
-            request_digest=cmd.request_digest,
-            body=CancelBody(reason="user changed their mind"),
-        )
-    )
+    await bus.publish_control(cancel_of(cmd, "user changed their mind"))
 
     # Then the tool sees ctx.cancelled and the execution ends CANCELLED as its seq 4
     cancelled = (await bus.wait_seqs(cmd.execution_id, 4))[4]
@@ -325,15 +326,7 @@ async def test_a_cancel_that_comes_before_its_command_leaves_a_tombstone_and_the
     cmd = command(lab.echo, {"text": "too late"})
 
     # When its cancel arrives first (the Brain settled the execution: its turn ended)
-    await bus.publish_control(
-        CancelControl(
-            execution_id=cmd.execution_id,
-            namespace=cmd.namespace,
-            session_id=cmd.session_id,
-            request_digest=cmd.request_digest,
-            body=CancelBody(reason="its turn failed"),
-        )
-    )
+    await bus.publish_control(cancel_of(cmd, "its turn failed"))
 
     # Then the execution is CANCELLED at once, as its seq 1...
     tombstone = await bus.wait_kind(cmd.execution_id, "cancelled")
@@ -772,15 +765,7 @@ async def test_a_replay_control_republishes_events_from_seq_without_rerunning_th
     first = await bus.wait_seqs(cmd.execution_id, 3)
 
     # When the Brain asks for a replay from seq 2
-    await bus.publish_control(
-        ReplayControl(
-            execution_id=cmd.execution_id,
-            namespace=cmd.namespace,
-            session_id=cmd.session_id,
-            request_digest=cmd.request_digest,
-            body=ReplayBody(from_seq=2),
-        )
-    )
+    await bus.publish_control(replay_of(cmd, 2))
 
     # Then seq 2 and 3 arrive again, identical, seq 1 does not, and the tool did not run again
     async def replayed() -> bool:
@@ -802,15 +787,7 @@ async def test_a_replay_of_an_execution_the_pool_never_had_is_acked_with_a_reaso
     cmd = command(lab.echo, {"text": "not here"})
 
     # When the Brain asks for a replay of it
-    await bus.publish_control(
-        ReplayControl(
-            execution_id=cmd.execution_id,
-            namespace=cmd.namespace,
-            session_id=cmd.session_id,
-            request_digest=cmd.request_digest,
-            body=ReplayBody(from_seq=1),
-        )
-    )
+    await bus.publish_control(replay_of(cmd, 1))
 
     # Then the pool says why there is nothing to send and acks it: it is no poison, so nothing
     # is parked (hands parked lists what is broken), and the pool goes on

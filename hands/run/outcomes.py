@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from hands.rules.states import OPEN_STATUSES, LedgerStatus
 from hands.run.tasks import Tasks, passing
@@ -30,6 +30,7 @@ from protocol import (
 from protocol.storable import describe, storable
 
 log = get_logger(__name__)
+T = TypeVar("T")
 Build = Callable[[Execution], Awaitable[Change | None]]
 
 SuccessHow = Literal["ran", "verified_by_query", "reconciled"]
@@ -139,59 +140,51 @@ class Outcomes:
     async def page(self, execution_id: str, data: str) -> None:
         """Commit one output page (its offset and seq) and hand its event to the relay."""
         offset: int | None = None  # where the last attempt put the page
-        failures = 0
-        while True:
-            self._tasks.fence()
-            try:
 
-                async def work(conn: Connection) -> dict[str, Any] | None:
-                    nonlocal offset
-                    row = await self.ledger.lock_owned(conn, execution_id, self.worker_id)
-                    # Only this task writes this execution's output, so a chunk at the offset the
-                    # earlier attempt got, with these bytes, is that attempt's.
-                    if offset is not None and await self.ledger.has_output(conn, execution_id, offset, data):
-                        return None
-                    offset, seq = await self.ledger.add_output(conn, row, data)
-                    return await self.writer.event(
-                        execution_id, row.header, seq, OutputPageBody(offset=offset, data=data)
-                    )
+        async def work(conn: Connection) -> dict[str, Any] | None:
+            nonlocal offset
+            row = await self.ledger.lock_owned(conn, execution_id, self.worker_id)
+            # Only this task writes this execution's output, so a chunk at the offset the earlier
+            # attempt got, with these bytes, is that attempt's.
+            if offset is not None and await self.ledger.has_output(conn, execution_id, offset, data):
+                return None
+            offset, seq = await self.ledger.add_output(conn, row, data)
+            return await self.writer.event(
+                execution_id, row.header, seq, OutputPageBody(offset=offset, data=data)
+            )
 
-                event = await self.ledger.transact(work)
-            except Exception as exc:
-                if not passing(exc):
-                    raise
-                failures += 1
-                await asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6)))
-                continue
-            self._rows.pop(execution_id, None)  # its seq moved on
-            if event is not None:
-                self.writer.sent([event])
-            return
+        event = await self._patiently(lambda: self.ledger.transact(work))
+        self._rows.pop(execution_id, None)  # its seq moved on
+        if event is not None:
+            self.writer.sent([event])
 
     async def confirm_owner(self, execution_id: str) -> None:
         """Return once the ledger says this worker still holds the execution open; raise
         StaleOwnerError once it does not (released by a judgement that presumed this worker dead,
         however the others judged it, and maybe taken over). One read, tried again while the
         database is away: a tool that asked must not act on a guess."""
+        owned = await self._patiently(
+            lambda: self.ledger.read(lambda conn: self.ledger.owns(conn, execution_id, self.worker_id))
+        )
+        if not owned:
+            raise StaleOwnerError(
+                f"execution {execution_id} is no longer held by worker {self.worker_id}: it was "
+                "handed over (or closed) while this worker was not looking"
+            )
+
+    async def _patiently(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()``, tried again after a passing fault (each pause longer) for as long as this
+        worker commits (an attempt must be safe to repeat)."""
         failures = 0
         while True:
             self._tasks.fence()
             try:
-                owned = await self.ledger.read(
-                    lambda conn: self.ledger.owns(conn, execution_id, self.worker_id)
-                )
+                return await attempt()
             except Exception as exc:
                 if not passing(exc):
                     raise
                 failures += 1
                 await asyncio.sleep(min(2.0, 0.05 * 2 ** min(failures, 6)))
-                continue
-            if not owned:
-                raise StaleOwnerError(
-                    f"execution {execution_id} is no longer held by worker {self.worker_id}: it was "
-                    "handed over (or closed) while this worker was not looking"
-                )
-            return
 
     async def row(self, execution_id: str) -> Execution:
         row = await self.ledger.read(lambda conn: self.ledger.get(conn, execution_id))
