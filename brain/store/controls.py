@@ -133,9 +133,10 @@ class Controls(Part):
         far as the Brain heard (INTENDED: their command may wait in a queue whose pool is down):
         CANCELLED, their command never sent again, and a cancel to their route, which leaves a
         tombstone there so that the command, when a worker takes it, never runs. So the cancel
-        does not wait for a pool. If a worker did accept one meanwhile, the cancel stops its body
-        before it starts, and what its Hands report afterwards is kept as a late note. Returns
-        the cancels (in the outbox) and the facts."""
+        does not wait for a pool. If a worker did accept one meanwhile (its events on their way),
+        the cancel reaches it as it reaches any accepted call (a body not started never starts, a
+        running one is asked to stop), and what its Hands report afterwards is kept as a late
+        note. Returns the cancels (in the outbox) and the facts."""
         error = {"code": "cancelled", "message": NOT_ACCEPTED_REASON}
         rows = await conn.fetch(
             f"""UPDATE executions SET {_NOT_ACCEPTED.set}, error = $2, holding = false, command = NULL,
