@@ -28,6 +28,7 @@ def test_a_module_name_loads_only_the_tools_of_the_route() -> None:
         "charge_noquery",
         "echo",
         "gated",
+        "gated_charge",
         "gated_effect",
         "nul_result",
         "slow",
