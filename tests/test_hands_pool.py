@@ -318,6 +318,34 @@ async def test_a_cancel_control_signals_the_running_tool_and_the_execution_ends_
     assert [tuple(r) for r in rows] == [("cancelled", True)]
 
 
+async def test_a_cancel_stops_the_running_tool_whichever_worker_of_a_pool_of_three_receives_it(
+    world: TendonEnv, bus: Bus, processes: Processes
+) -> None:
+    # Given a pool of three workers (the route's control queue is shared: a cancel lands on any)
+    await asyncio.gather(*(start_worker(processes, world) for _ in range(3)))
+
+    for attempt in range(20):
+        # ...a tool that runs until it is cancelled, running on one of them
+        cmd = command(lab.wait_cancel, {"seconds": 60.0})
+        await bus.publish_command(cmd)
+        await bus.wait_kind(cmd.execution_id, "output_page")
+
+        # When its cancel is sent, after 0-2 other controls (so that the broker's round robin
+        # over the controls queue does not keep it in step with the one over the commands)
+        for _ in range(attempt % 3):
+            await bus.publish_control(replay_of(command(lab.echo, {"text": "not here"}), 1))
+        await bus.publish_control(cancel_of(cmd, f"try {attempt}"))
+
+        # Then the tool sees ctx.cancelled and the execution ends CANCELLED, every time, soon
+        async def cancelled(execution_id: str = cmd.execution_id) -> bool:
+            return any(e.kind == "cancelled" for e in bus.events(execution_id))
+
+        await wait_for(cancelled, timeout=5.0, what=f"try {attempt}: the running tool cancelled")
+
+    # ...and some of those cancels reached their tool through the ledger, from another worker
+    assert await logged(processes, "cancel_passed_on")
+
+
 async def test_a_cancel_that_comes_before_its_command_leaves_a_tombstone_and_the_command_never_runs(
     world: TendonEnv, bus: Bus, processes: Processes
 ) -> None:

@@ -1,4 +1,5 @@
-"""The periodic recovery scan: takes over open executions nobody is working on.
+"""The periodic recovery scan: takes over open executions nobody is working on, and passes on
+the cancels that reached another worker.
 
 Two kinds of row qualify:
 
@@ -12,6 +13,13 @@ Two kinds of row qualify:
 Either way the replay rule then decides what to do (``Executor.recover``). Taking work over
 uses concurrency slots like new commands do. That this worker itself is still alive is the
 liveness keeper's business (``hands.app``), not the scan's.
+
+The same read of this worker's open rows carries their ``cancel_requested`` flag. A cancel comes
+on the route's control queue, which every worker of the pool consumes; the one that receives it
+sets the flag in the ledger and signals the execution only if it runs there. So each scan signals
+``ctx.cancelled`` of the executions running here whose flag is set: a cancel reaches its running
+tool within one scan interval whatever the pool's size. A worker that dies first leaves the
+execution to the replay rule, and its start is guarded by the flag.
 """
 
 from __future__ import annotations
@@ -48,20 +56,30 @@ class RecoveryScanner:
 
     async def scan_once(self) -> int:
         """One scan; returns how many executions this worker took over (strays included)."""
-        tasks, ex = self._tasks, self._executor
-        if tasks.slots.locked():
+        tasks = self._tasks
+        busy = tasks.slots.locked()  # nothing can be taken over, but cancels still pass on
+        if busy and not tasks.in_flight:
             return 0
-        ledger, me = self._ledger, tasks.worker_id
+        ledger, me, route = self._ledger, tasks.worker_id, self._route
 
-        async def look(conn: Connection) -> tuple[list[str], list[tuple[str, str]]]:
-            strays = await ledger.open_owned(conn, self._route, me, sorted(tasks.reserved), tasks.concurrency)
-            return strays, await ledger.open_orphans(conn, self._route, me, tasks.concurrency)
+        async def look(conn: Connection) -> tuple[list[tuple[str, bool]], list[tuple[str, str]]]:
+            owned = await ledger.open_owned(conn, route, me)
+            return owned, [] if busy else await ledger.open_orphans(conn, route, me, tasks.concurrency)
 
-        strays, orphans = await ledger.read(look)
+        owned, orphans = await ledger.read(look)
+        self._pass_on_cancels(owned)
+        if busy:
+            return 0
+        reserved = tasks.reserved
+        strays = [execution_id for execution_id, _ in owned if execution_id not in reserved]
+        return await self._adopt(strays[: tasks.concurrency]) + await self._claim(orphans)
+
+    async def _adopt(self, strays: list[str]) -> int:
+        tasks, ex = self._tasks, self._executor
         taken = 0
         for execution_id in strays:
             if tasks.slots.locked():
-                return taken
+                break
             await tasks.slots.acquire()
             # Checked again after the wait: a handler may have reserved it meanwhile.
             if not tasks.reserve(execution_id):
@@ -69,6 +87,11 @@ class RecoveryScanner:
                 continue
             ex.launch(execution_id, partial(ex.adopt, execution_id))
             taken += 1
+        return taken
+
+    async def _claim(self, orphans: list[tuple[str, str]]) -> int:
+        tasks, ex, ledger, me = self._tasks, self._executor, self._ledger, self._tasks.worker_id
+        taken = 0
         for execution_id, dead_owner in orphans:
             if tasks.slots.locked():
                 break
@@ -89,15 +112,20 @@ class RecoveryScanner:
                 tasks.unreserve(execution_id)
                 tasks.slots.release()
                 continue
-            log.info(
-                "execution_claimed",
-                execution_id=execution_id,
-                dead_owner=dead_owner,
-                status=row.status.value,
-            )
+            status = row.status.value
+            log.info("execution_claimed", execution_id=execution_id, dead_owner=dead_owner, status=status)
             ex.launch(execution_id, partial(ex.recover, row))
             taken += 1
         return taken
+
+    def _pass_on_cancels(self, owned: list[tuple[str, bool]]) -> None:
+        """Signal ``ctx.cancelled`` of the executions running here whose cancel another worker
+        of the pool received: the route's control queue is shared, so a cancel lands on the
+        worker that runs its execution only by chance; the flag it set in the ledger does not."""
+        for execution_id, asked in owned:
+            if asked and execution_id in self._tasks.reserved and not self._tasks.cancel_asked(execution_id):
+                self._tasks.cancel_local(execution_id)
+                log.info("cancel_passed_on", execution_id=execution_id, how="seen in the ledger")
 
     async def run(self) -> None:
         """Scan forever; a failed scan (the database away) is logged and tried again."""

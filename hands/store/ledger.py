@@ -241,19 +241,17 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
         )
         return [(r["execution_id"], r["owner"]) for r in recs]
 
-    async def open_owned(
-        self, conn: Connection, route: str, owner: str, skip: Sequence[str], limit: int
-    ) -> list[str]:
-        """Open executions of ``route`` that ``owner`` holds, except those in ``skip``, oldest
-        first: rows the owner has no task for (see ``RecoveryScanner``)."""
+    async def open_owned(self, conn: Connection, route: str, owner: str) -> list[tuple[str, bool]]:
+        """Open executions of ``route`` that ``owner`` holds, oldest first, each with whether a
+        cancel was asked for it: the rows the owner has no task for, and the cancels that reached
+        another worker of the pool (see ``RecoveryScanner``)."""
         recs = await conn.fetch(
-            "SELECT execution_id FROM executions WHERE route = $1 AND owner = $2 AND open"
-            " ORDER BY updated_at",
+            "SELECT execution_id, cancel_requested FROM executions WHERE route = $1 AND owner = $2"
+            " AND open ORDER BY updated_at",
             route,
             owner,
         )
-        skipped = set(skip)
-        return [r["execution_id"] for r in recs if r["execution_id"] not in skipped][:limit]
+        return [(r["execution_id"], bool(r["cancel_requested"])) for r in recs]
 
     async def claim_orphan(
         self, conn: Connection, execution_id: str, dead_owner: str, me: str
