@@ -17,7 +17,7 @@ from bench.harness import REPO, Processes, Services
 from bench.scenarios.base import Context, Row
 from infra.process.entry import run_async
 
-SCENARIOS = ["latency", "throughput", "batches", "cost", "recovery", "payload", "waiting"]
+SCENARIOS = ["latency", "throughput", "batches", "cost", "recovery", "payload", "waiting", "ttft"]
 
 
 async def main_async(args: argparse.Namespace) -> int:

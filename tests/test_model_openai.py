@@ -3,6 +3,7 @@ what it makes of replies (streamed or not), and how it classifies every way a ca
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import json
 from typing import Any
@@ -88,6 +89,30 @@ async def test_a_streamed_reply_is_assembled_its_pieces_previewed_and_its_usage_
             },
         }
     ]
+
+
+async def test_pieces_of_a_burst_reach_the_event_loop_one_by_one_not_after_the_whole_reply() -> None:
+    # Given a long reply whose chunks all arrive at once (a model faster than its reader)
+    text = "word " * 2000
+    with ChatServer(lambda body: Reply(content=text)) as server:
+        deltas: list[Delta] = []
+        seen: list[int] = []  # how many pieces were out each time another task got to run
+
+        async def subscriber() -> None:
+            while True:
+                seen.append(len(deltas))
+                await asyncio.sleep(0)
+
+        watching = asyncio.create_task(subscriber())
+        try:
+            reply = await complete(model(server), deltas)
+        finally:
+            watching.cancel()
+    # Then the loop ran other tasks (the streams passing pieces on) between the pieces, not only
+    # when a read of the socket happened to wait: each piece could go out as it was parsed
+    assert reply.content == text
+    pieces = sum(1 for d in deltas if d.kind == "text")
+    assert len(set(seen)) > pieces // 2, (pieces, len(set(seen)))
 
 
 @pytest.mark.parametrize("stream", [True, False])

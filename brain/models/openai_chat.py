@@ -14,6 +14,7 @@ failure is classified (:func:`classify`) and the turn's persisted retry policy d
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import json
 import os
@@ -285,6 +286,10 @@ class OpenAIModel:
                                     tool=call["name"] or None,
                                 )
                             )
+            if on_delta is not None:
+                # A burst of chunks already read is parsed without a pause: let the streams that
+                # pass the pieces on send each one now, not once the whole reply is in.
+                await asyncio.sleep(0)
         if not finished:
             # A stream cut short looks like one that ended, to a client reading to the end.
             raise ModelError(
