@@ -14,7 +14,7 @@ from brain.face.client import AsyncClient
 from brain.rules.agents import AgentDefinition
 from brain.rules.states import TERMINAL_TURN
 from brain.store import BrainStore, open_store, wake_channel
-from brain.verbs import controls
+from brain.verbs import browse, controls
 from brain.verbs.describe import describe
 from infra.process.settings import Settings
 from infra.transport import Topology
@@ -30,6 +30,7 @@ class Access(Protocol):
     async def describe(self, turn_id: str) -> dict[str, Any]: ...
     async def until_ended(self, turn_id: str, seconds: float) -> dict[str, Any]: ...
     async def history(self, turn_id: str) -> dict[str, Any]: ...
+    async def output(self, execution_id: str, offset: int) -> dict[str, Any]: ...
     async def threads(self, session: str) -> list[dict[str, Any]]: ...
     async def turns(
         self, session: str, *, thread: str | None, status: str | None, limit: int, after: int
@@ -77,6 +78,10 @@ class Direct:
 
     async def history(self, turn_id: str) -> dict[str, Any]:
         return await verbs.history(self.store, namespace=self.namespace, turn_id=turn_id)
+
+    async def output(self, execution_id: str, offset: int) -> dict[str, Any]:
+        namespace = self.namespace
+        return await browse.output(self.store, namespace=namespace, execution_id=execution_id, offset=offset)
 
     async def threads(self, session: str) -> list[dict[str, Any]]:
         return await verbs.threads(self.store, namespace=self.namespace, session_id=session)
@@ -134,6 +139,9 @@ class Remote:
 
     async def history(self, turn_id: str) -> dict[str, Any]:
         return await self.client.history(turn_id)
+
+    async def output(self, execution_id: str, offset: int) -> dict[str, Any]:
+        return await self.client.output(execution_id, offset=offset)
 
     async def threads(self, session: str) -> list[dict[str, Any]]:
         return await self.client.threads(session)

@@ -175,6 +175,15 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="machine-readable output")
 
     s = sub.add_parser(
+        "output",
+        help="what a tool wrote as it ran (an execution id, as `brain show` lists them)",
+        parents=[remote],
+    )
+    s.add_argument("execution_id")
+    s.add_argument("--offset", type=int, default=0, help="the byte to start from (default 0)")
+    s.add_argument("--follow", "-f", action="store_true", help="go on as it comes, until the tool's outcome")
+
+    s = sub.add_parser(
         "threads", help="a session's threads, their agent versions and turns", parents=[remote]
     )
     s.add_argument("session")
@@ -285,6 +294,7 @@ def main(argv: list[str] | None = None, *, local: commands.Local | None = None) 
         "show": commands.show,
         "parked": commands.parked,
         "history": commands.history,
+        "output": commands.output,
         "threads": commands.threads,
         "turns": commands.turns,
         "close": commands.close,

@@ -20,7 +20,7 @@ from brain.face.client import AsyncClient
 from brain.face.render import EXIT_BY_END, print_history, print_turn, waiting_line
 from brain.face.watch import watch as follow
 from brain.rules.agents import AgentDefinition
-from brain.rules.states import TERMINAL_TURN, TurnStatus
+from brain.rules.states import TERMINAL_EXECUTION, TERMINAL_TURN, TurnStatus
 from brain.store import BrainStore, open_store
 from infra.db.parked import show_parked
 from infra.process.killpoints import KillPoints
@@ -31,6 +31,7 @@ from protocol import ProtocolError, SchemaError, loads
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_CONFLICT, EXIT_UNAVAILABLE, EXIT_REJECTED = 1, 2, 3, 4, 5, 6
 EXIT_CANCELLED = EXIT_BY_END["cancelled"]
+OUTPUT_LOOK = 0.5  # seconds between looks at a running tool's output with nothing new
 
 
 async def with_store(settings: Settings, work: Callable[[BrainStore], Awaitable[int]]) -> int:
@@ -211,6 +212,28 @@ async def history(settings: Settings, args: argparse.Namespace) -> int:
         found = await brain.history(args.turn_id)
     _print(found, args.json, lambda: print_history(found))
     return 0
+
+
+async def output(settings: Settings, args: argparse.Namespace) -> int:
+    """Print what a tool wrote, from byte ``--offset`` on; with ``--follow``, go on as it comes
+    until its outcome seals it. A range that never came is said on stderr, in its place."""
+    offset = args.offset
+    async with access(settings, args.url) as brain:
+        while True:
+            page = await brain.output(args.execution_id, offset)
+            for p in page["pages"]:
+                if p["offset"] > offset:
+                    lost = f"[output from byte {offset} to {p['offset']} never came]"
+                    print(lost, file=sys.stderr, flush=True)
+                sys.stdout.write(p["data"])
+                offset = p["offset"] + len(p["data"].encode("utf-8"))
+            sys.stdout.flush()
+            offset = max(offset, page["next"])
+            sealed = page["status"] in TERMINAL_EXECUTION and offset >= (page["output_bytes"] or 0)
+            if not args.follow or sealed:
+                return 0
+            if not page["pages"]:
+                await asyncio.sleep(OUTPUT_LOOK)
 
 
 async def close(settings: Settings, args: argparse.Namespace) -> int:
