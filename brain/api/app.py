@@ -110,7 +110,7 @@ def error_body(code: str, message: str) -> dict[str, Any]:
 
 
 def create_app(api: Api) -> FastAPI:
-    from brain.api import console, operator, routes, stream
+    from brain.api import agui, console, operator, routes, stream
 
     app = FastAPI(
         title="Tendon",
@@ -141,6 +141,7 @@ def create_app(api: Api) -> FastAPI:
 
     app.include_router(routes.router)
     app.include_router(stream.router)
+    app.include_router(agui.router)
     app.include_router(operator.router)
     app.include_router(operator.metrics)
     app.include_router(console.router)

@@ -15,11 +15,12 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request
 from sse_starlette.sse import EventSourceResponse
 
+from brain.api.agui_events import AguiEvents
 from brain.api.models import INT64
 from brain.api.routes import CallerDep, FilterDep, api_of
 from brain.verbs import observe
@@ -39,6 +40,9 @@ async def stream(
         int | None, Query(ge=0, le=INT64, description="follow from here (else Last-Event-ID, else 0)")
     ] = None,
     previews: bool = False,
+    format: Annotated[
+        Literal["tendon", "ag-ui"], Query(description="`ag-ui`: AG-UI events (brain.api.agui)")
+    ] = "tendon",
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> EventSourceResponse:
     """The session's events as Server-Sent Events, from ``cursor`` (or ``Last-Event-ID``) on."""
@@ -51,6 +55,19 @@ async def stream(
         api.store, namespace=namespace, session_id=session_id, cursor=start, limit=1, where=where
     )
     del first
+
+    if format == "ag-ui":
+        from brain.api.agui import follow as follow_agui  # it imports this module's previews_for
+
+        async def agui() -> AsyncIterator[dict[str, Any]]:
+            with api.previews.subscribe(session_id) if previews else contextlib.nullcontext() as pieces:
+                async for item in follow_agui(
+                    request, namespace=namespace, session_id=session_id, start=start, where=where,
+                    pieces=pieces, events=AguiEvents(),
+                ):  # fmt: skip
+                    yield item
+
+        return EventSourceResponse(agui(), ping=15, sep="\n")  # as AG-UI clients split events
 
     async def follow() -> AsyncIterator[dict[str, Any]]:
         position = start
@@ -73,13 +90,13 @@ async def stream(
                 position = page.cursor
                 if len(page.events) == PAGE:
                     continue
-                async for piece in _previews_for(pieces, api.poll):
+                async for piece in previews_for(pieces, api.poll):
                     yield piece
 
     return EventSourceResponse(follow(), ping=15)
 
 
-async def _previews_for(pieces: asyncio.Queue[Any] | None, seconds: float) -> AsyncIterator[dict[str, Any]]:
+async def previews_for(pieces: asyncio.Queue[Any] | None, seconds: float) -> AsyncIterator[dict[str, Any]]:
     """Wait ``seconds`` for the next look at the journal, passing on the previews that come."""
     if pieces is None:
         await asyncio.sleep(seconds)
