@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -63,6 +64,30 @@ async def follow(
 
 
 _ENDED = ("completed", "failed", "cancelled")
+Filter = observe.EventFilter
+
+
+def session_stream(
+    request: Request,
+    namespace: str,
+    session_id: str,
+    start: int,
+    where: observe.EventFilter,
+    *,
+    previews: bool,
+) -> EventSourceResponse:
+    """``GET /v1/sessions/{id}/stream?format=ag-ui``: the native stream's checks were made."""
+    api = api_of(request)
+
+    async def stream() -> AsyncIterator[dict[str, Any]]:
+        with api.previews.subscribe(session_id) if previews else contextlib.nullcontext() as pieces:
+            async for item in follow(
+                request, namespace=namespace, session_id=session_id, start=start, where=where, pieces=pieces,
+                events=AguiEvents(),
+            ):  # fmt: skip
+                yield item
+
+    return EventSourceResponse(stream(), ping=15, sep="\n")  # AG-UI clients split events on LF LF
 
 
 async def _outcomes(store: Any, entry: Mapping[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query, Request
 from sse_starlette.sse import EventSourceResponse
 
-from brain.api.agui_events import AguiEvents
 from brain.api.models import INT64
 from brain.api.routes import CallerDep, FilterDep, api_of
 from brain.verbs import observe
@@ -57,17 +56,9 @@ async def stream(
     del first
 
     if format == "ag-ui":
-        from brain.api.agui import follow as follow_agui  # it imports this module's previews_for
+        from brain.api.agui import session_stream  # it imports this module's previews_for
 
-        async def agui() -> AsyncIterator[dict[str, Any]]:
-            with api.previews.subscribe(session_id) if previews else contextlib.nullcontext() as pieces:
-                async for item in follow_agui(
-                    request, namespace=namespace, session_id=session_id, start=start, where=where,
-                    pieces=pieces, events=AguiEvents(),
-                ):  # fmt: skip
-                    yield item
-
-        return EventSourceResponse(agui(), ping=15, sep="\n")  # as AG-UI clients split events
+        return session_stream(request, namespace, session_id, start, where, previews=previews)
 
     async def follow() -> AsyncIterator[dict[str, Any]]:
         position = start

@@ -10,7 +10,7 @@ each execution's effect with it under the row's lock, on both backends.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,12 @@ class Execution:
     journal_detail: bool = False
     attempt: int = 1  # the attempt running when these events come (a ``started`` says the next)
     output_bytes: int = 0  # how much of its output was applied before
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> Execution:
+        """From the execution's row as the store reads it."""
+        return cls(row["id"], row["call_id"], row["tool"], bool(row["journal_detail"]),
+                   attempt=row["attempts"] or 1, output_bytes=row["output_bytes"] or 0)  # fmt: skip
 
 
 @dataclass
