@@ -16,7 +16,7 @@ from infra.transport import Topology, Transport
 
 # How long a submit naming a tool no pool announced waits for an announcement on its way (a pool
 # started a moment ago: its announcement reaches a Brain through the broker), looking this often.
-ANNOUNCE_GRACE = 2.0
+ANNOUNCE_GRACE = 3.0
 LOOK = 0.1
 # How long a route seen served counts as served without asking the broker again.
 SERVED_FRESH = 1.0
