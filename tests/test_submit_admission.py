@@ -78,6 +78,30 @@ def test_an_agent_can_expect_only_tools_it_names() -> None:
         AgentDefinition.model_validate(agent(["send_email"], expect_tools=["other"]))
 
 
+async def test_tools_seen_once_are_known_for_good_and_a_served_route_is_asked_once_a_second() -> None:
+    class Untouchable:
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"the {name} was used")
+
+    class Counting:
+        asked = 0
+
+        async def consumers(self, queue: str) -> int:
+            self.asked += 1
+            return 1
+
+    # Given a process that saw send_email announced for route email
+    known = KnownTools(routes={"send_email": frozenset({"email"})})
+    defined = AgentDefinition.model_validate(agent(["send_email"]))
+    broker = Counting()
+    # When submits of it are admitted and checked for warnings, Then the store is never read,
+    # and the broker is asked once while the route is served
+    for _ in range(3):
+        await known.admit(Untouchable(), defined)  # type: ignore[arg-type]
+        assert await known.unserved(Untouchable(), broker, Topology("t"), defined) == []  # type: ignore[arg-type]
+    assert broker.asked == 1
+
+
 # ---- the HTTP API, on both backends -------------------------------------------------------
 
 

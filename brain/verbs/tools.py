@@ -41,6 +41,8 @@ class KnownTools:
         has, or that names a tool no pool announced, unless it is ``expect``-ed later (the
         submit's ``expect_tools``) or the agent lists it in its ``expect_tools``."""
         check_model(agent)
+        if self.served is None and all(t in self.routes for t in agent.tools):
+            return  # every tool seen before: what a Brain's API meets on nearly every submit
         if self.served is not None:
             unknown = unknown_tools(agent, self.served, expect=expect)
             if unknown:
@@ -64,6 +66,13 @@ class KnownTools:
         """Why some of the agent's tools would not run now, one sentence each (none when all are
         served): never announced (a tool expected later), or announced for a route nobody consumes
         right now. The broker is asked about a route at most once a second while it is served."""
+        now = time.monotonic()
+        routes = self.routes
+        if self.served is None and all(
+            t in routes and all(now - self.served_at.get(r, -SERVED_FRESH) < SERVED_FRESH for r in routes[t])
+            for t in agent.tools
+        ):
+            return []  # every tool's routes seen served within the second: nothing to ask
         tools = [t for t in pool_tools(agent) if self.served is None or t not in self.served]
         await self._read(store, [t for t in tools if t not in self.routes])
         problems = []
