@@ -54,7 +54,10 @@ async def test_brain_wait_exits_with_a_code_of_its_own_for_a_cancelled_turn(loca
     broken = scripted("broken", [{"error": "no such model", "retryable": False}])
     failed = await local.submit(broken, "hi", session="failed")
     stuck = await local.submit(
-        scripted("stuck", [{"content": "?"}], tools=["nobody_serves_it"]), "hi", session="stuck"
+        scripted("stuck", [{"content": "?"}], tools=["nobody_serves_it"]),
+        "hi",
+        session="stuck",
+        expect_tools=True,
     )
     await wait_for(lambda: _status(local, stuck, "waiting"), timeout=30, what="the wait for bindings")
     assert (await local.client.control(stuck, "cancel"))["status"] == "applied"

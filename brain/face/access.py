@@ -16,17 +16,27 @@ from brain.rules.states import TERMINAL_TURN
 from brain.store import BrainStore, open_store, wake_channel
 from brain.verbs import browse, controls
 from brain.verbs.describe import describe
+from brain.verbs.tools import KnownTools
 from infra.process.settings import Settings
 from infra.transport import Topology
+from infra.transport.broker import Broker
 from protocol import new_id
 
 DIRECT_LOOK = 0.2  # seconds between looks at a turn's row when waiting without a Brain's API
+UNSERVED_WITHIN = 10.0  # seconds a submit asks the broker which routes are served, at most
 
 
 class Access(Protocol):
     async def submit(
-        self, session: str, request_id: str, text: str, agent: AgentDefinition, thread: str
-    ) -> tuple[str, bool]: ...
+        self,
+        session: str,
+        request_id: str,
+        text: str,
+        agent: AgentDefinition,
+        thread: str,
+        *,
+        expect_tools: bool,
+    ) -> dict[str, Any]: ...
     async def describe(self, turn_id: str) -> dict[str, Any]: ...
     async def until_ended(self, turn_id: str, seconds: float) -> dict[str, Any]: ...
     async def history(self, turn_id: str) -> dict[str, Any]: ...
@@ -51,12 +61,35 @@ class Direct:
         self.namespace = settings.namespace
 
     async def submit(
-        self, session: str, request_id: str, text: str, agent: AgentDefinition, thread: str
-    ) -> tuple[str, bool]:
-        return await verbs.submit(
+        self,
+        session: str,
+        request_id: str,
+        text: str,
+        agent: AgentDefinition,
+        thread: str,
+        *,
+        expect_tools: bool,
+    ) -> dict[str, Any]:
+        """As the API answers it: the turn id, whether this call made it, and why some of the
+        agent's tools would not run now (``warnings``, asked of the broker for a new turn)."""
+        turn_id, created = await verbs.submit(
             self.store, namespace=self.namespace, session_id=session, request_id=request_id, user_input=text,
-            agent=agent, wake_channel=wake_channel(self.settings), thread=thread,
+            agent=agent, wake_channel=wake_channel(self.settings), thread=thread, expect_tools=expect_tools,
         )  # fmt: skip
+        warnings = await self._unserved(agent) if created and agent.tools else []
+        return {"turn_id": turn_id, "created": created, "warnings": warnings}
+
+    async def _unserved(self, agent: AgentDefinition) -> list[str]:
+        topology = Topology(self.settings.queue_prefix)
+
+        async def ask() -> list[str]:
+            async with Broker(self.settings.amqp_url, topology) as broker:
+                return await KnownTools().unserved(self.store, broker, topology, agent)
+
+        try:
+            return await asyncio.wait_for(ask(), UNSERVED_WITHIN)
+        except Exception as exc:  # noqa: BLE001 - only a warning: the turn is accepted already
+            return [f"could not check which tools are served: {exc!r}"]
 
     async def describe(self, turn_id: str) -> dict[str, Any]:
         return await describe(self.store, self.namespace, turn_id)
@@ -125,10 +158,18 @@ class Remote:
         self.client = client
 
     async def submit(
-        self, session: str, request_id: str, text: str, agent: AgentDefinition, thread: str
-    ) -> tuple[str, bool]:
-        found = await self.client.submitted(session, request_id, text, agent, thread=thread)
-        return str(found["turn_id"]), bool(found["created"])
+        self,
+        session: str,
+        request_id: str,
+        text: str,
+        agent: AgentDefinition,
+        thread: str,
+        *,
+        expect_tools: bool,
+    ) -> dict[str, Any]:
+        return await self.client.submitted(
+            session, request_id, text, agent, thread=thread, expect_tools=expect_tools
+        )
 
     async def describe(self, turn_id: str) -> dict[str, Any]:
         return await self.client.turn(turn_id)

@@ -14,8 +14,7 @@ from typing import Any, Protocol
 
 from rich.console import Console
 
-from brain import verbs
-from brain.face.access import Direct, access
+from brain.face.access import access
 from brain.face.client import AsyncClient
 from brain.face.render import EXIT_BY_END, print_history, print_turn, waiting_line
 from brain.face.watch import watch as follow
@@ -25,8 +24,6 @@ from brain.store import BrainStore, open_store
 from infra.db.parked import show_parked
 from infra.process.killpoints import KillPoints
 from infra.process.settings import Settings
-from infra.transport import Topology
-from infra.transport.broker import Broker
 from protocol import ProtocolError, SchemaError, loads
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_CONFLICT, EXIT_UNAVAILABLE, EXIT_REJECTED = 1, 2, 3, 4, 5, 6
@@ -45,32 +42,13 @@ async def with_store(settings: Settings, work: Callable[[BrainStore], Awaitable[
 async def submit(settings: Settings, args: argparse.Namespace) -> int:
     agent = AgentDefinition.from_file(args.agent)
     async with access(settings, args.url) as brain:
-        turn_id, created = await brain.submit(args.session, args.request_id, args.input, agent, args.thread)
-        print(turn_id, flush=True)
-        if created and agent.tools and isinstance(brain, Direct):
-            await warn_unserved(brain.store, settings, agent)
-    return 0
-
-
-async def warn_unserved(store: BrainStore, settings: Settings, agent: AgentDefinition) -> None:
-    """Say so when a tool the agent names would not run now (the turn waits for it)."""
-    topology = Topology(settings.queue_prefix)
-
-    async def problems() -> list[str]:
-        async with Broker(settings.amqp_url, topology) as broker:
-            return await verbs.unserved_tools(store, broker, topology, agent.tools)
-
-    try:
-        found = await asyncio.wait_for(problems(), 10)
-    except Exception as exc:  # noqa: BLE001 - only a warning: the turn is accepted already
-        print(f"brain: warning: could not check which tools are served: {exc!r}", file=sys.stderr)
-        return
-    for problem in found:
-        print(
-            f"brain: warning: {problem}; the turn waits for one as long as the Brain's "
-            "TENDON_BINDING_WAIT_SECONDS allow (start `hands serve --route ROUTE --tools MODULE`)",
-            file=sys.stderr,
+        said = await brain.submit(
+            args.session, args.request_id, args.input, agent, args.thread, expect_tools=args.expect_tools
         )
+    print(said["turn_id"], flush=True)
+    for warning in said.get("warnings") or ():
+        print(f"brain: warning: {warning}", file=sys.stderr)
+    return 0
 
 
 async def show(settings: Settings, args: argparse.Namespace) -> int:

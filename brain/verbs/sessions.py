@@ -13,9 +13,9 @@ from typing import Any
 from brain.rules.agents import AgentDefinition
 from brain.rules.submits import MAIN_THREAD, Submit, thread_id
 from brain.store import BrainStore
+from brain.verbs.tools import KnownTools
 from brain.verbs.turn_history import turn_history
 from infra.db import Connection
-from infra.transport import Topology, Transport
 from protocol import NotFoundError, SchemaError
 from protocol.storable import unstorable
 
@@ -42,6 +42,8 @@ async def submit(
     thread: str = MAIN_THREAD,
     served: Callable[[Submit], Awaitable[tuple[str, bool]]] | None = None,
     follow_edits: Callable[[str], None] | None = None,
+    expect_tools: bool = False,
+    tools: KnownTools | None = None,
 ) -> tuple[str, bool]:
     """Accept a turn durably (invariant 1) on ``thread`` of the session (created on first use,
     pinned to ``agent``'s version); returns (turn id, created by this call). ``served``: a Brain's
@@ -54,11 +56,16 @@ async def submit(
     ``follow_edits`` (a local development server): the agent's version is taken from its content,
     and a thread pinned to another version of it, with nothing unfinished, moves to this one (and
     is told to it) instead of refusing the submit: an edited agent file needs no new version.
+
+    An agent whose model kind no Brain has, or that names a tool no Hands pool has announced, is
+    refused (``KnownTools.admit``; ``tools``: what this process knows of them already), unless
+    ``expect_tools`` (or the agent's own ``expect_tools``) says a pool will announce it later.
     """
     check_thread_name(thread)
     for what, problem in (("the input", unstorable(user_input)), (f"agent {agent.name}", agent.unstorable)):
         if problem is not None:
             raise SchemaError(f"{what} cannot be stored: its text {problem}")
+    await (tools or KnownTools()).admit(store, agent, expect=expect_tools)
     if follow_edits is not None:
         agent = agent.versioned_by_content()
         chosen, edited = thread_id(session_id, thread), agent
@@ -137,22 +144,3 @@ async def close(store: BrainStore, *, namespace: str, session_id: str, thread: s
         return await store.sessions.close_thread(conn, thread_id(session_id, thread), what)
 
     return await store.transact(work)
-
-
-async def unserved_tools(
-    store: BrainStore, transport: Transport, topology: Topology, tools: list[str]
-) -> list[str]:
-    """Why some of ``tools`` would not run now, one sentence each (none when all are served):
-    never announced by any Hands pool, or announced for a route nobody consumes right now."""
-    pairs = await store.bindings.bound_routes(tools)
-    routes: dict[str, list[str]] = {}
-    for name, route in pairs:
-        routes.setdefault(route, []).append(name)
-    problems = []
-    missing = sorted(set(tools) - {name for name, _ in pairs})
-    if missing:
-        problems.append(f"no Hands pool has announced {', '.join(missing)}")
-    for route, names in sorted(routes.items()):
-        if await transport.consumers(topology.commands(route)) == 0:
-            problems.append(f"no Hands pool serves route {route} ({', '.join(sorted(set(names)))}) right now")
-    return problems
