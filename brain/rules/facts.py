@@ -40,7 +40,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from brain.rules.states import ControlStatus, ExecutionStatus
+
 Fact = dict[str, Any]
+
+# Every kind a fact may have, as the stream's schema lists them (tests/test_stream_schema.py holds
+# this list to the constructors below).
+KINDS: tuple[str, ...] = (
+    "turn.accepted", "turn.run_started", "turn.prepared", "turn.waiting", "turn.model_replied",
+    "turn.results_applied", "turn.retry_scheduled", "turn.run_lost", "turn.input_added",
+    "turn.cancelled", "turn.completed", "turn.failed",
+    "execution.intended", "execution.approved", "execution.output", "execution.output_gap",
+    "execution.reported_late",
+    *(f"execution.{s}" for s in ExecutionStatus if s != ExecutionStatus.INTENDED),
+    *(f"control.{s}" for s in ControlStatus),
+)  # fmt: skip
 
 
 def accepted(request_id: str, text: str) -> Fact:
