@@ -194,6 +194,13 @@ class AsyncClient:
         body = {"call": call, "decision": decision, **fields}
         return await self._request("POST", f"/v1/turns/{turn_id}/respond", body=body)  # type: ignore[no-any-return]
 
+    async def signal(
+        self, turn_id: str, key: str, payload: Any = None, *, request_id: str | None = None
+    ) -> dict[str, Any]:
+        """Signal ``key`` (under ``x.``) with ``payload`` to the turn's call that waits for it."""
+        body = {"key": key, "payload": payload, "request_id": request_id}
+        return await self._request("POST", f"/v1/turns/{turn_id}/signals", body=body)  # type: ignore[no-any-return]
+
     async def reconcile(
         self, execution_id: str, *, evidence: str, actor: str, result: Any = None, failure: str | None = None
     ) -> dict[str, Any]:
@@ -334,6 +341,9 @@ class Client:
 
     def respond(self, turn_id: str, call: str, decision: str, **fields: Any) -> dict[str, Any]:
         return self._run("respond", turn_id, call, decision, **fields)  # type: ignore[no-any-return]
+
+    def signal(self, turn_id: str, key: str, payload: Any = None, **fields: Any) -> dict[str, Any]:
+        return self._run("signal", turn_id, key, payload, **fields)  # type: ignore[no-any-return]
 
     def snapshot(self, session: str, **where: Any) -> dict[str, Any]:
         return self._run("snapshot", session, **where)  # type: ignore[no-any-return]

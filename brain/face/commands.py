@@ -261,6 +261,18 @@ async def respond(settings: Settings, args: argparse.Namespace) -> int:
     return EXIT_REJECTED if said["status"] == "rejected" else 0
 
 
+async def send_signal(settings: Settings, args: argparse.Namespace) -> int:
+    """A signal for the turn's call that waits for its key (a built-in wait_for_signal)."""
+    try:
+        payload = loads(args.payload.encode()) if args.payload is not None else None
+    except ProtocolError as exc:
+        raise SchemaError(f"the payload is not valid JSON: {exc.message}") from exc
+    async with access(settings, args.url) as brain:
+        said = await brain.signal(args.turn_id, args.request_id, args.key, payload)
+    _print(said, args.json, lambda: print(receipt_line(said)))
+    return EXIT_REJECTED if said["status"] == "rejected" else 0
+
+
 async def receipts(settings: Settings, args: argparse.Namespace) -> int:
     async with access(settings, args.url) as brain:
         found = await brain.receipts(args.turn_id)

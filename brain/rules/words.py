@@ -16,8 +16,17 @@ HOW = {
     "rejected": "refused by the Brain before anything was sent",
     "denied": "denied by a person",
     "manual": "answered by a person",
+    "approved": "approved by a person",
+    "slept": "its sleep ended",
+    "timed_out": "its wait for a signal timed out",
+    "signalled": "answered by its signal",
 }
-AWAITS = {"approval": "a person's approval", "result": "a person's result (a manual tool)"}
+AWAITS = {
+    "approval": "a person's approval",
+    "result": "a person's result (a manual tool)",
+    "clock": "its time (a sleep)",
+    "signal": "a signal",
+}
 
 
 def _call(f: Mapping[str, Any]) -> str:

@@ -17,6 +17,7 @@ field              part (PostgreSQL's)        what it owns
 ``controls``       ``Controls``               controls' receipts and what they do to a turn; a
                                               person's answer to a call
 ``views``          ``Views`` (``_pg``)        a turn as its description reads it
+``waits``          ``Waits``                  built-in waits: those the clock answers, a signal's
 ``gauges``         ``GaugeRows``              what the metrics count when scraped
 ``retention``      ``RetentionRows``          what retention prunes (the journal of closed sessions)
 =================  =========================  ====================================================
@@ -74,6 +75,7 @@ from brain.store.turns import Turns
 from brain.store.turns_pg import PgTurns
 from brain.store.views import Views
 from brain.store.views_pg import PgViews
+from brain.store.waits import Waits
 from infra.db import Connection, Pool, create_pool, dialect, migrate, reading
 from infra.db.parked import ParkedRows
 from infra.db.store import StoreBase
@@ -123,6 +125,7 @@ class BrainStore(StoreBase, ParkedRows):
     outbox: Outbox
     controls: Controls
     views: Views
+    waits: Waits
     gauges: GaugeRows
     retention: RetentionRows
 
@@ -140,6 +143,7 @@ class BrainStore(StoreBase, ParkedRows):
         self.outbox = Outbox(self)
         self.controls = Controls(self)
         self.views = Views(self)
+        self.waits = Waits(self)
         self.gauges = GaugeRows(self)
         self.retention = RetentionRows(self)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from brain.rules.agents import AgentDefinition
 from brain.rules.submits import MAIN_THREAD, Submit, thread_id
+from brain.rules.waits import BUILTINS
 from brain.store import BrainStore
 from brain.verbs.turn_history import turn_history
 from infra.db import Connection
@@ -143,7 +144,9 @@ async def unserved_tools(
     store: BrainStore, transport: Transport, topology: Topology, tools: list[str]
 ) -> list[str]:
     """Why some of ``tools`` would not run now, one sentence each (none when all are served):
-    never announced by any Hands pool, or announced for a route nobody consumes right now."""
+    never announced by any Hands pool, or announced for a route nobody consumes right now. The
+    Brain's built-ins (``brain.rules.waits``) are always served."""
+    tools = [t for t in tools if t not in BUILTINS]
     pairs = await store.bindings.bound_routes(tools)
     routes: dict[str, list[str]] = {}
     for name, route in pairs:

@@ -81,7 +81,8 @@ export async function readOutputs(executions, outputs) {
 
 // The calls that wait for a person, each with the answers it takes; ``answer(call, body)`` sends one.
 export function approvals(container, executions, answer) {
-  const pending = executions.filter((x) => x.status === "pending");
+  // A built-in sleep or wait for a signal waits for its clock or its signal, not for a person.
+  const pending = executions.filter((x) => x.status === "pending" && !["clock", "signal"].includes(x.awaits));
   container.hidden = !pending.length;
   // Drawn again only when the calls that wait change: what a person is typing stays.
   const key = pending.map((x) => x.id).join(" ");

@@ -1,0 +1,140 @@
+"""Durable waits on the embedded backend (SQLite, all in this process): the built-in tools sleep,
+wait_for_signal and request_approval, answered by the Brain itself (the clock, a signal, a person)
+with no Hands pool serving any of them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from brain import verbs
+from brain.rules.agents import AgentDefinition
+from brain.verbs import controls, signals
+from brain.verbs.describe import describe
+from infra.process.killpoints import KillPoints
+from infra.process.settings import Settings
+from local.embedded import DataDir, LocalSystem, run_local
+from protocol import ConflictError, SchemaError
+from tests.support import wait_for
+
+NS = "default"
+SCAN = 0.2
+
+
+@pytest.fixture
+async def system(tmp_path: Path) -> AsyncIterator[LocalSystem]:
+    settings = Settings(scan_interval=SCAN, reconnect_grace=0.5, lease_seconds=10, http="off")
+    async with run_local(settings, DataDir(tmp_path / "data"), pools=[], killpoints=KillPoints()) as running:
+        yield running
+
+
+def agent(name: str, calls: list[dict[str, Any]], tools: list[str]) -> AgentDefinition:
+    script = [{"tool_calls": calls}, {"content": "{results}"}]
+    return AgentDefinition.model_validate(
+        {"name": name, "version": "1", "tools": tools, "model": {"kind": "scripted", "script": script}}
+    )
+
+
+async def submit(system: LocalSystem, definition: AgentDefinition, request: str) -> str:
+    turn_id, _ = await verbs.submit(
+        system.brain, namespace=NS, session_id="s", request_id=request, user_input="go",
+        agent=definition, wake_channel=system.wake_channel,
+    )  # fmt: skip
+    return turn_id
+
+
+async def ended(system: LocalSystem, turn_id: str, timeout: float = 30) -> dict[str, Any]:
+    async def reached() -> Any:
+        d = await describe(system.brain, NS, turn_id)
+        return d if d["status"] in ("completed", "failed", "cancelled") else None
+
+    return await wait_for(reached, timeout=timeout, what=f"turn {turn_id} to end")
+
+
+async def pending(system: LocalSystem, turn_id: str, count: int = 1) -> list[dict[str, Any]]:
+    async def reached() -> Any:
+        d = await describe(system.brain, NS, turn_id)
+        found = [e for e in d["executions"] if e["status"] == "pending"]
+        return found if len(found) == count else None
+
+    return await wait_for(reached, timeout=30, what=f"{count} waiting call(s) of {turn_id}")
+
+
+async def signal(system: LocalSystem, turn_id: str, key: str, payload: Any, request: str) -> Any:
+    return await signals.signal(
+        system.brain, namespace=NS, turn_id=turn_id, request_id=request, key=key, payload=payload,
+        wake_channel=system.wake_channel,
+    )  # fmt: skip
+
+
+async def test_a_sleep_and_a_signal_timeout_are_answered_by_the_clock(system: LocalSystem) -> None:
+    # Given a turn that sleeps 1 s and waits 1 s for a signal nobody sends, no Hands pool at all
+    calls = [
+        {"tool": "sleep", "args": {"seconds": 1}},
+        {"tool": "wait_for_signal", "args": {"key": "x.never", "timeout": 1}},
+    ]
+    turn = await submit(system, agent("sleeper", calls, ["sleep", "wait_for_signal"]), "r")
+    waits = await pending(system, turn, 2)
+    assert {w["awaits"] for w in waits} == {"clock", "signal"}
+
+    # Then the clock answers both, and the model reads what each became
+    done = await ended(system, turn)
+    assert done["status"] == "completed"
+    rows = {e["tool"]: e for e in done["executions"]}
+    assert (rows["sleep"]["status"], rows["sleep"]["how"]) == ("succeeded", "slept")
+    assert rows["sleep"]["result"]["slept"] >= 1
+    assert rows["wait_for_signal"]["how"] == "timed_out"
+    assert rows["wait_for_signal"]["result"]["timed_out"] is True
+    assert '"timed_out": true' in done["result"]["text"]
+
+
+async def test_a_signal_wakes_its_wait_once_and_is_idempotent_by_request_id(system: LocalSystem) -> None:
+    calls = [{"tool": "wait_for_signal", "args": {"key": "x.payment.done"}}]  # no timeout: forever
+    turn = await submit(system, agent("payer", calls, ["wait_for_signal"]), "r")
+    await pending(system, turn)
+
+    # A signal of another key is rejected, saying why; a key outside x. is refused
+    other = await signal(system, turn, "x.other", 1, "s0")
+    assert other.status == "rejected" and "waits for signal 'x.other'" in (other.reason or "")
+    with pytest.raises(SchemaError):
+        await signal(system, turn, "payment.done", 1, "s-bad")
+
+    # When the signal comes, its payload is the call's result and the turn goes on
+    sent = await signal(system, turn, "x.payment.done", {"amount": 5}, "s1")
+    assert sent.status == "applied"
+    done = await ended(system, turn)
+    (row,) = done["executions"]
+    assert (row["status"], row["how"]) == ("succeeded", "signalled")
+    assert row["result"] == {"key": "x.payment.done", "payload": {"amount": 5}, "timed_out": False}
+
+    # The same request again answers the same receipt; another input under it is a CONFLICT
+    assert await signal(system, turn, "x.payment.done", {"amount": 5}, "s1") == sent
+    with pytest.raises(ConflictError):
+        await signal(system, turn, "x.payment.done", {"amount": 6}, "s1")
+    late = await signal(system, turn, "x.payment.done", {"amount": 5}, "s2")
+    assert late.status == "rejected"
+
+
+async def test_request_approval_is_answered_once_in_the_turns_namespace(system: LocalSystem) -> None:
+    calls = [{"tool": "request_approval", "args": {"question": "refund 40 EUR?", "payload": {"order": 7}}}]
+    turn = await submit(system, agent("asker", calls, ["request_approval"]), "r")
+    (call,) = await pending(system, turn)
+    assert call["awaits"] == "approval"
+
+    async def respond(namespace: str, request: str) -> Any:
+        return await controls.respond(
+            system.brain, namespace=namespace, turn_id=turn, request_id=request, call=call["call_id"],
+            decision="approve", wake_channel=system.wake_channel,
+        )  # fmt: skip
+
+    with pytest.raises(Exception, match="no turn"):  # another namespace does not see the turn
+        await respond("elsewhere", "a0")
+    assert (await respond(NS, "a1")).status == "applied"
+    done = await ended(system, turn)
+    (row,) = done["executions"]
+    assert (row["status"], row["how"], row["result"]) == ("succeeded", "approved", {"approved": True})
+    again = await respond(NS, "a2")  # used once
+    assert again.status == "rejected"
