@@ -9,7 +9,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from brain.face import commands
+from brain.face import commands, schedule
 from brain.face.commands import (
     EXIT_CANCELLED,
     EXIT_CONFLICT,
@@ -213,6 +213,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--from-start", action="store_true", help="show the whole turn again")
 
     _add_controls(sub, remote)
+    schedule.add_parser(sub, remote)
     return p
 
 
@@ -299,6 +300,7 @@ def main(argv: list[str] | None = None, *, local: commands.Local | None = None) 
         "watch": commands.watch,
         "respond": commands.respond,
         "signal": commands.send_signal,
+        "schedule": schedule.run,
         **{kind: commands.control for kind in ("steer", "inject", "withdraw", "pause", "resume", "cancel")},
     }
     command = commands_by_name[args.command]

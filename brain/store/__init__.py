@@ -18,6 +18,7 @@ field              part (PostgreSQL's)        what it owns
                                               person's answer to a call
 ``views``          ``Views`` (``_pg``)        a turn as its description reads it
 ``waits``          ``Waits``                  built-in waits: those the clock answers, a signal's
+``schedules``      ``Schedules``              schedules, and those due now
 ``gauges``         ``GaugeRows``              what the metrics count when scraped
 ``retention``      ``RetentionRows``          what retention prunes (the journal of closed sessions)
 =================  =========================  ====================================================
@@ -68,6 +69,7 @@ from brain.store.outbox_pg import PgOutbox
 from brain.store.repairs import Repairs
 from brain.store.repairs_pg import PgRepairs
 from brain.store.retention import RetentionRows
+from brain.store.schedules import Schedules
 from brain.store.sessions import Sessions
 from brain.store.submits import Submits
 from brain.store.submits_pg import PgSubmits
@@ -126,6 +128,7 @@ class BrainStore(StoreBase, ParkedRows):
     controls: Controls
     views: Views
     waits: Waits
+    schedules: Schedules
     gauges: GaugeRows
     retention: RetentionRows
 
@@ -144,6 +147,7 @@ class BrainStore(StoreBase, ParkedRows):
         self.controls = Controls(self)
         self.views = Views(self)
         self.waits = Waits(self)
+        self.schedules = Schedules(self)
         self.gauges = GaugeRows(self)
         self.retention = RetentionRows(self)
 
