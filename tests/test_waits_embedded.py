@@ -17,6 +17,7 @@ from brain.verbs.describe import describe
 from infra.process.killpoints import KillPoints
 from infra.process.settings import Settings
 from local.embedded import DataDir, LocalSystem, run_local
+from local.testing import local_tendon
 from protocol import ConflictError, SchemaError
 from tests.support import wait_for
 
@@ -138,3 +139,37 @@ async def test_request_approval_is_answered_once_in_the_turns_namespace(system: 
     assert (row["status"], row["how"], row["result"]) == ("succeeded", "approved", {"approved": True})
     again = await respond(NS, "a2")  # used once
     assert again.status == "rejected"
+
+
+async def test_signals_and_schedules_over_the_http_api(tmp_path: Path) -> None:
+    calls = [{"tool": "wait_for_signal", "args": {"key": "x.go", "timeout": None}}]
+    script = [{"tool_calls": calls}, {"content": "{results}"}]
+    waiter = {"name": "waiter", "version": "1", "tools": ["wait_for_signal"],
+              "model": {"kind": "scripted", "script": script}}  # fmt: skip
+    async with local_tendon(tmp_path) as tendon:
+        turn = await tendon.submit(waiter, "wait")
+        await pending(tendon.system, turn)
+        with pytest.raises(SchemaError):  # a key outside x. is a 422
+            await tendon.client.signal(turn, "go", 1)
+        sent = await tendon.client.signal(turn, "x.go", {"a": 1}, request_id="s1")
+        assert (sent["kind"], sent["status"]) == ("signal", "applied")
+        done = await tendon.wait(turn)
+        assert done["executions"][0]["result"] == {"key": "x.go", "payload": {"a": 1}, "timed_out": False}
+
+        ticker = {
+            "name": "ticker",
+            "version": "1",
+            "model": {"kind": "scripted", "script": [{"content": "tick"}]},
+        }
+        body = {"request_id": "once", "session": "later", "agent": ticker, "input": "now", "delay": 0}
+        made = await tendon.client._request("POST", "/v1/schedules", body=body)  # noqa: SLF001
+
+        async def fired() -> Any:
+            (s,) = await tendon.client._request("GET", "/v1/schedules")  # noqa: SLF001
+            return s if s["state"] == "done" else None
+
+        done_schedule = await wait_for(fired, timeout=20, what="the schedule to fire")
+        assert done_schedule["id"] == made["id"] and done_schedule["last_turn_id"]
+        gone = await tendon.client._request("DELETE", f"/v1/schedules/{made['id']}")  # noqa: SLF001
+        assert gone["state"] == "deleted"
+        assert await tendon.client._request("GET", "/v1/schedules") == []  # noqa: SLF001
