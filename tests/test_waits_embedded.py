@@ -16,6 +16,7 @@ from brain.verbs import controls, signals
 from brain.verbs.describe import describe
 from infra.process.killpoints import KillPoints
 from infra.process.settings import Settings
+from infra.transport import Topology
 from local.embedded import DataDir, LocalSystem, run_local
 from local.testing import local_tendon
 from protocol import ConflictError, SchemaError
@@ -173,3 +174,31 @@ async def test_signals_and_schedules_over_the_http_api(tmp_path: Path) -> None:
         gone = await tendon.client._request("DELETE", f"/v1/schedules/{made['id']}")  # noqa: SLF001
         assert gone["state"] == "deleted"
         assert await tendon.client._request("GET", "/v1/schedules") == []  # noqa: SLF001
+
+
+async def test_a_cancel_ends_a_sleeping_turn_at_once_and_the_clock_never_answers_it(
+    system: LocalSystem,
+) -> None:
+    sleeper = agent("long-sleeper", [{"tool": "sleep", "args": {"seconds": 1}}], ["sleep"])
+    turn = await submit(system, sleeper, "r")
+    (call,) = await pending(system, turn)
+    receipt = await controls.control(
+        system.brain, namespace=NS, turn_id=turn, request_id="c", kind=controls.Kind.CANCEL,
+        topology=Topology(Settings().queue_prefix), wake_channel=system.wake_channel,
+    )  # fmt: skip
+    assert receipt.status == "applied"
+    done = await ended(system, turn)
+    assert (done["status"], done["executions"][0]["status"]) == ("cancelled", "cancelled")
+
+    # Once its time passed, the scan clears the deadline of the settled call and answers nothing
+    async def cleared() -> Any:
+        rows = await system.brain.read(
+            lambda conn: conn.fetch("SELECT wait_until, status FROM executions WHERE id = $1", call["id"])
+        )
+        return rows[0]["wait_until"] is None and rows[0]["status"] == "cancelled"
+
+    await wait_for(cleared, timeout=10, what="the deadline cleared")
+    entries = await system.brain.read(
+        lambda conn: conn.fetch("SELECT facts FROM journal WHERE turn_id = $1", turn)
+    )
+    assert "execution.succeeded" not in [f["kind"] for e in entries for f in e["facts"]]

@@ -104,7 +104,8 @@ export function approvals(container, executions, answer) {
     }
     const approve = el("button", { class: "approve", onclick: () => answer(x.call_id, { decision: "approve" }) }, "approve");
     return el("div", { class: "approval", dataset: { call: x.call_id } },
-      el("p", {}, el("b", {}, `${x.tool} (${x.call_id})`), " waits for your approval before it is sent:"),
+      el("p", {}, el("b", {}, `${x.tool} (${x.call_id})`),
+        x.route === "brain" ? " asks for your approval:" : " waits for your approval before it is sent:"),
       el("pre", { class: "args" }, pretty(x.args)), el("div", {}, approve, " ", reason, deny));
   }));
 }
