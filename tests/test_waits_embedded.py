@@ -98,9 +98,9 @@ async def test_a_signal_wakes_its_wait_once_and_is_idempotent_by_request_id(syst
     turn = await submit(system, agent("payer", calls, ["wait_for_signal"]), "r")
     await pending(system, turn)
 
-    # A signal of another key is rejected, saying why; a key outside x. is refused
+    # A signal of another key is kept for a later wait; a key outside x. is refused
     other = await signal(system, turn, "x.other", 1, "s0")
-    assert other.status == "rejected" and "waits for signal 'x.other'" in (other.reason or "")
+    assert other.status == "received"
     with pytest.raises(SchemaError):
         await signal(system, turn, "payment.done", 1, "s-bad")
 
@@ -118,6 +118,38 @@ async def test_a_signal_wakes_its_wait_once_and_is_idempotent_by_request_id(syst
         await signal(system, turn, "x.payment.done", {"amount": 6}, "s1")
     late = await signal(system, turn, "x.payment.done", {"amount": 5}, "s2")
     assert late.status == "rejected"
+
+    # ... and the signal no call waited for is rejected once the turn ended, saying so
+    async def rejected() -> Any:
+        found = {r.request_id: r for r in await controls.receipts(system.brain, namespace=NS, turn_id=turn)}
+        return found["s0"] if found["s0"].status == "rejected" else None
+
+    kept = await wait_for(rejected, timeout=10, what="the kept signal rejected")
+    assert kept.reason == "its turn ended before a call waited for it"
+
+
+async def test_a_signal_sent_before_its_wait_is_kept_and_answers_it(system: LocalSystem) -> None:
+    # Given a turn that sleeps, then waits for x.early
+    script = [
+        {"tool_calls": [{"tool": "sleep", "args": {"seconds": 0.5}}]},
+        {"tool_calls": [{"tool": "wait_for_signal", "args": {"key": "x.early", "timeout": 60}}]},
+        {"content": "{results}"},
+    ]
+    definition = AgentDefinition.model_validate({"name": "early", "version": "1",
+        "tools": ["sleep", "wait_for_signal"], "model": {"kind": "scripted", "script": script}})  # fmt: skip
+    turn = await submit(system, definition, "r")
+    await pending(system, turn)
+
+    # When its signal comes while it still sleeps, it is kept
+    kept = await signal(system, turn, "x.early", "first", "s1")
+    assert kept.status == "received"
+
+    # Then the wait that comes later gets it at once (within a scan), not after its timeout
+    done = await ended(system, turn)
+    waited = next(e for e in done["executions"] if e["tool"] == "wait_for_signal")
+    assert (waited["how"], waited["result"]["payload"]) == ("signalled", "first")
+    (receipt,) = await controls.receipts(system.brain, namespace=NS, turn_id=turn)
+    assert (receipt.kind, receipt.status) == ("signal", "applied")
 
 
 async def test_request_approval_is_answered_once_in_the_turns_namespace(system: LocalSystem) -> None:

@@ -238,6 +238,8 @@ async def control(settings: Settings, args: argparse.Namespace) -> int:
 def receipt_line(r: dict[str, Any]) -> str:
     when = {"received": "received; it applies at the turn's next boundary", "applied": "applied"}
     line = f"control #{r['control_id']} ({r['kind']}, request {r['request_id']}) of turn {r['turn_id']}: "
+    if r["kind"] == "signal":  # a signal no call waited for yet is kept for the first that will
+        when["received"] = "received; kept for the turn's first call that waits for its key"
     line += when.get(r["status"], r["status"])
     return line + (f": {r['reason']}" if r.get("reason") else "")
 

@@ -5,6 +5,9 @@ A wait is its PENDING execution's row: ``wait_until`` (indexed only while set) i
 answers it, ``wait_key`` the signal it waits for. Nothing of it is in any process's memory, so it
 survives every restart, and any Brain's scan answers it once (the row is locked, and its guarded
 status write matches once).
+
+A signal that came before any call waited for its key is a received control (``signal``): the
+scan answers the call that waits for it once there is one, and rejects it once its turn ended.
 """
 
 from __future__ import annotations
@@ -13,10 +16,15 @@ import itertools
 from typing import Any
 
 from brain.rules import facts
-from brain.rules.waits import timed_out
+from brain.rules.states import ControlStatus
+from brain.rules.waits import signalled, timed_out
 from brain.store.part import Part
+from brain.store.sql import TERMINAL_SQL, control_becomes
 from infra.db import Connection, Json
 from infra.db.store import as_time
+
+_KEPT = "c.kind = 'signal' AND c.status = 'received'"  # signals kept for a call not waiting yet
+_REJECTED = control_becomes(ControlStatus.REJECTED)
 
 
 class Waits(Part):
@@ -57,6 +65,76 @@ class Waits(Part):
                 status=await self.store.turns.status_of(conn, turn_id), phase=e["phase"],
             )  # fmt: skip
         return len(rows)
+
+    async def answer_kept_signals(self, conn: Connection, wake_channel: str) -> int:
+        """Answer the calls that wait for a signal that came before them (the oldest signal of the
+        key first, one call each), each turn's with one journal entry; how many it answered."""
+        rows = await conn.fetch(
+            f"""SELECT c.id AS control_id, c.body, e.id, e.turn_id, e.call_id, e.tool, e.tool_step,
+                       t.session_id, t.thread_id, t.phase
+                  FROM controls c
+                  JOIN executions e ON e.turn_id = c.turn_id AND e.status = 'pending'
+                                   AND e.how = 'awaiting_signal' AND e.wait_key = c.body ->> 'key'
+                  JOIN turns t ON t.id = c.turn_id
+                 WHERE {_KEPT} ORDER BY c.turn_id, c.id, e.created_at, e.call_id{self.store.SKIP_LOCKED}"""
+        )
+        used: set[Any] = set()
+        answered = 0
+        for turn_id, group in itertools.groupby(rows, key=lambda r: r["turn_id"]):
+            said = []
+            for r in group:
+                if r["control_id"] in used or r["id"] in used:
+                    continue
+                used |= {r["control_id"], r["id"]}
+                await self.store.controls.decide_controls(conn, [r["control_id"]], "applied", None)
+                said.append(facts.control(r["control_id"], "signal", "applied"))
+                said.append(await self.signalled(conn, r, r["control_id"], r["body"], wake_channel))
+                answered += 1
+            if said:
+                await self.store.journal.append(
+                    conn, r["session_id"], turn_id, said, thread_id=r["thread_id"],
+                    status=await self.store.turns.status_of(conn, turn_id), phase=r["phase"],
+                )  # fmt: skip
+        return answered
+
+    async def reject_kept_signals(self, conn: Connection) -> int:
+        """Reject the kept signals of turns that ended before a call waited for them (journaled)."""
+        rows = await conn.fetch(
+            f"""UPDATE controls SET {_REJECTED.set}, reason = $1, decided_at = now()
+                 WHERE id IN (SELECT c.id FROM controls c JOIN turns t ON t.id = c.turn_id
+                               WHERE {_KEPT} AND t.status IN {TERMINAL_SQL})
+                   AND {_REJECTED.guard}
+             RETURNING id, turn_id""",
+            "its turn ended before a call waited for it",
+        )
+        for turn_id, group in itertools.groupby(sorted(rows, key=lambda r: (r["turn_id"], r["id"])),
+                                                key=lambda r: r["turn_id"]):  # fmt: skip
+            turn = await conn.fetchrow(
+                "SELECT session_id, thread_id, status, phase FROM turns WHERE id = $1", turn_id
+            )
+            assert turn is not None  # the turn of its controls
+            said = [facts.control(r["id"], "signal", "rejected", "its turn ended before a call waited for it")
+                    for r in group]  # fmt: skip
+            await self.store.journal.append(
+                conn, turn["session_id"], turn_id, said, thread_id=turn["thread_id"], status=turn["status"],
+                phase=turn["phase"],
+            )  # fmt: skip
+        return len(rows)
+
+    async def signalled(
+        self, conn: Connection, waiter: Any, control_id: int, body: Any, wake_channel: str
+    ) -> dict[str, Any]:
+        """Answer a call that waits for a signal with that signal (``body``: its key and payload),
+        waking its turn if that settled its step; the fact that says so."""
+        key = body["key"]
+        result = Json(signalled(key, body.get("payload")))
+        await self.store.controls.settle_by_hand(
+            conn, waiter, status="succeeded", how="signalled", result=result, error=None,
+            evidence=f"signal {key} (control #{control_id})", wake_channel=wake_channel,
+        )  # fmt: skip
+        return facts.execution_event(
+            "succeeded", waiter["id"], waiter["call_id"], waiter["tool"], how="signalled"
+        )
 
     async def waiting_for_signal(self, conn: Connection, turn_id: str, key: str) -> Any:
         """The turn's call that waits for signal ``key`` now (the oldest, if several do), or None."""
