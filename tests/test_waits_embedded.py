@@ -194,18 +194,17 @@ async def test_signals_and_schedules_over_the_http_api(tmp_path: Path) -> None:
             "version": "1",
             "model": {"kind": "scripted", "script": [{"content": "tick"}]},
         }
-        body = {"request_id": "once", "session": "later", "agent": ticker, "input": "now", "delay": 0}
-        made = await tendon.client._request("POST", "/v1/schedules", body=body)  # noqa: SLF001
+        made = await tendon.client.schedule("later", "once", "now", ticker, delay=0)
 
         async def fired() -> Any:
-            (s,) = await tendon.client._request("GET", "/v1/schedules")  # noqa: SLF001
+            (s,) = await tendon.client.schedules()
             return s if s["state"] == "done" else None
 
         done_schedule = await wait_for(fired, timeout=20, what="the schedule to fire")
         assert done_schedule["id"] == made["id"] and done_schedule["last_turn_id"]
-        gone = await tendon.client._request("DELETE", f"/v1/schedules/{made['id']}")  # noqa: SLF001
+        gone = await tendon.client.schedules("delete", made["id"])
         assert gone["state"] == "deleted"
-        assert await tendon.client._request("GET", "/v1/schedules") == []  # noqa: SLF001
+        assert await tendon.client.schedules() == []
 
 
 async def test_a_cancel_ends_a_sleeping_turn_at_once_and_the_clock_never_answers_it(

@@ -67,17 +67,12 @@ async def _direct(brain: Direct, args: argparse.Namespace) -> Any:
 
 
 async def _remote(brain: Remote, args: argparse.Namespace) -> Any:
-    request = brain.client._request  # noqa: SLF001 - the client's one way to speak to the API
     if args.action == "add":
-        agent = AgentDefinition.from_file(args.agent).model_dump(mode="json")
-        body = {"request_id": args.request_id or new_id(), "session": args.session, "thread": args.thread,
-                "agent": agent, "input": args.input, "cron": args.cron, "delay": args.delay}  # fmt: skip
-        return await request("POST", "/v1/schedules", body=body)
-    if args.action == "list":
-        return await request("GET", "/v1/schedules")
-    if args.action == "delete":
-        return await request("DELETE", f"/v1/schedules/{args.schedule_id}")
-    return await request("POST", f"/v1/schedules/{args.schedule_id}/{args.action}")
+        return await brain.client.schedule(
+            args.session, args.request_id or new_id(), args.input, AgentDefinition.from_file(args.agent),
+            cron=args.cron, delay=args.delay, thread=args.thread,
+        )  # fmt: skip
+    return await brain.client.schedules(args.action, getattr(args, "schedule_id", None))
 
 
 async def run(settings: Settings, args: argparse.Namespace) -> int:
