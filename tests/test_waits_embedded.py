@@ -4,6 +4,7 @@ with no Hands pool serving any of them."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -221,7 +222,7 @@ async def test_a_cancel_ends_a_sleeping_turn_at_once_and_the_clock_never_answers
     done = await ended(system, turn)
     assert (done["status"], done["executions"][0]["status"]) == ("cancelled", "cancelled")
 
-    # Once its time passed, the scan clears the deadline of the settled call and answers nothing
+    # Its deadline went with it (the cancel cleared it), and the clock answers nothing
     async def cleared() -> Any:
         rows = await system.brain.read(
             lambda conn: conn.fetch("SELECT wait_until, status FROM executions WHERE id = $1", call["id"])
@@ -229,6 +230,7 @@ async def test_a_cancel_ends_a_sleeping_turn_at_once_and_the_clock_never_answers
         return rows[0]["wait_until"] is None and rows[0]["status"] == "cancelled"
 
     await wait_for(cleared, timeout=10, what="the deadline cleared")
+    await asyncio.sleep(1.5)  # past the sleep's end, and a few scans
     entries = await system.brain.read(
         lambda conn: conn.fetch("SELECT facts FROM journal WHERE turn_id = $1", turn)
     )

@@ -182,7 +182,7 @@ class Controls(Part):
     async def _never_sent(self, conn: Connection, turn_id: str) -> None:
         """Calls that waited for a person, whose turn was cancelled: never sent to any Hands."""
         await conn.execute(
-            f"UPDATE executions SET {_NEVER_SENT.set}, command = NULL, updated_at = now()"
+            f"UPDATE executions SET {_NEVER_SENT.set}, command = NULL, wait_until = NULL, updated_at = now()"
             f" WHERE turn_id = $1 AND {_NEVER_SENT.guard}",
             turn_id,
         )

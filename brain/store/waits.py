@@ -29,12 +29,8 @@ _REJECTED = control_becomes(ControlStatus.REJECTED)
 
 class Waits(Part):
     async def due(self, conn: Connection, limit: int = 500) -> list[Any]:
-        """The waits whose clock came, locked (other Brains' scans skip them), oldest first, with
-        what their journal entry needs. A deadline left on a call settled otherwise (its turn was
-        cancelled or failed) is cleared on the way."""
-        await conn.execute(
-            "UPDATE executions SET wait_until = NULL WHERE wait_until <= now() AND status <> 'pending'"
-        )
+        """The waits whose clock came, locked (other Brains' scans skip them), by turn, with what
+        their journal entry needs. (Every write that settles a wait clears its deadline.)"""
         return list(
             await conn.fetch(
                 f"""SELECT e.id, e.turn_id, e.call_id, e.tool, e.tool_step, e.wait_key, e.created_at,
