@@ -116,3 +116,28 @@ async def test_a_once_schedule_fires_once_after_its_delay(system: LocalSystem) -
     assert finished["fires"] == 1 and finished["next_at"] is None
     (turn,) = await turns(system, "later")
     assert turn["id"] == finished["last_turn_id"] and made["id"] in turn["request_id"]
+
+
+async def test_a_time_its_thread_refuses_is_said_on_the_schedule_which_goes_on(system: LocalSystem) -> None:
+    # Given a thread pinned to another agent
+    other = AgentDefinition.model_validate(
+        {"name": "other", "version": "1", "model": {"kind": "scripted", "script": [{"content": "hi"}]}}
+    )
+    await verbs.submit(system.brain, namespace=NS, session_id="pinned", request_id="first", user_input="hi",
+                       agent=other, wake_channel=system.wake_channel)  # fmt: skip
+
+    # When a schedule every second submits into it
+    made = await schedules.create(
+        system.brain, namespace=NS, request_id="clash", session_id="pinned", agent=AGENT, text="tick",
+        cron="* * * * * *",
+    )  # fmt: skip
+
+    # Then each time is refused, said on the schedule, and the schedule moves on to the next
+    async def refused_twice() -> Any:
+        (s,) = await schedules.listed(system.brain, namespace=NS)
+        return s if s["fires"] >= 2 else None
+
+    found = await wait_for(refused_twice, timeout=20, what="two refused times")
+    assert "pinned to agent other" in found["last_error"] and found["last_turn_id"] is None
+    assert found["state"] == "active" and found["id"] == made["id"]
+    assert len(await turns(system, "pinned")) == 1
