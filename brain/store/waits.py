@@ -64,32 +64,29 @@ class Waits(Part):
 
     async def answer_kept_signals(self, conn: Connection, wake_channel: str) -> int:
         """Answer the calls that wait for a signal that came before them (the oldest signal of the
-        key first, one call each), each turn's with one journal entry; how many it answered."""
-        rows = await conn.fetch(
-            f"""SELECT c.id AS control_id, c.body, e.id, e.turn_id, e.call_id, e.tool, e.tool_step,
-                       t.session_id, t.thread_id, t.phase
-                  FROM controls c
-                  JOIN executions e ON e.turn_id = c.turn_id AND e.status = 'pending'
-                                   AND e.how = 'awaiting_signal' AND e.wait_key = c.body ->> 'key'
-                  JOIN turns t ON t.id = c.turn_id
-                 WHERE {_KEPT} ORDER BY c.turn_id, c.id, e.created_at, e.call_id{self.store.SKIP_LOCKED}"""
+        key first, one call each), each turn's with one journal entry; how many it answered. The
+        signals are locked with their turns, as a signal's verb locks the turn before its call (and
+        another Brain's scan skips them)."""
+        kept = await conn.fetch(
+            f"""SELECT c.id, c.turn_id, c.body, t.session_id, t.thread_id, t.phase
+                  FROM controls c JOIN turns t ON t.id = c.turn_id
+                 WHERE {_KEPT} ORDER BY c.turn_id, c.id{self.store.SKIP_LOCKED}"""
         )
-        used: set[Any] = set()
         answered = 0
-        for turn_id, group in itertools.groupby(rows, key=lambda r: r["turn_id"]):
-            said = []
-            for r in group:
-                if r["control_id"] in used or r["id"] in used:
+        for turn_id, group in itertools.groupby(kept, key=lambda r: r["turn_id"]):
+            said: list[dict[str, Any]] = []
+            for c in group:
+                waiter = await self.waiting_for_signal(conn, turn_id, c["body"]["key"])
+                if waiter is None:
                     continue
-                used |= {r["control_id"], r["id"]}
-                await self.store.controls.decide_controls(conn, [r["control_id"]], "applied", None)
-                said.append(facts.control(r["control_id"], "signal", "applied"))
-                said.append(await self.signalled(conn, r, r["control_id"], r["body"], wake_channel))
+                await self.store.controls.decide_controls(conn, [c["id"]], "applied", None)
+                said.append(facts.control(c["id"], "signal", "applied"))
+                said.append(await self.signalled(conn, waiter, c["id"], c["body"], wake_channel))
                 answered += 1
             if said:
                 await self.store.journal.append(
-                    conn, r["session_id"], turn_id, said, thread_id=r["thread_id"],
-                    status=await self.store.turns.status_of(conn, turn_id), phase=r["phase"],
+                    conn, c["session_id"], turn_id, said, thread_id=c["thread_id"],
+                    status=await self.store.turns.status_of(conn, turn_id), phase=c["phase"],
                 )  # fmt: skip
         return answered
 
@@ -98,7 +95,7 @@ class Waits(Part):
         rows = await conn.fetch(
             f"""UPDATE controls SET {_REJECTED.set}, reason = $1, decided_at = now()
                  WHERE id IN (SELECT c.id FROM controls c JOIN turns t ON t.id = c.turn_id
-                               WHERE {_KEPT} AND t.status IN {TERMINAL_SQL})
+                               WHERE {_KEPT} AND t.status IN {TERMINAL_SQL}{self.store.SKIP_LOCKED})
                    AND {_REJECTED.guard}
              RETURNING id, turn_id""",
             "its turn ended before a call waited for it",
@@ -133,11 +130,12 @@ class Waits(Part):
         )
 
     async def waiting_for_signal(self, conn: Connection, turn_id: str, key: str) -> Any:
-        """The turn's call that waits for signal ``key`` now (the oldest, if several do), or None."""
+        """The turn's call that waits for signal ``key`` now (the oldest, if several do), locked, or
+        None. The caller holds the turn's lock."""
         return await conn.fetchrow(
-            """SELECT id, turn_id, call_id, tool, tool_step FROM executions
+            f"""SELECT id, turn_id, call_id, tool, tool_step FROM executions
                 WHERE turn_id = $1 AND status = 'pending' AND how = 'awaiting_signal' AND wait_key = $2
-                ORDER BY created_at, call_id LIMIT 1""",
+                ORDER BY created_at, call_id LIMIT 1{self.store.FOR_UPDATE}""",
             turn_id,
             key,
         )
