@@ -127,3 +127,16 @@ async def test_brain_signal_wakes_its_wait_and_an_unsignalled_wait_times_out(wor
         return rows and rows[0]["status"] == "rejected"
 
     await wait_for(stop_rejected, timeout=10, what="the kept signal rejected")
+
+
+async def test_two_brains_answer_each_sleep_once(world: World) -> None:
+    # Given two Brains, and turns that each sleep a second
+    for name in ("brain1", "brain2"):
+        await world.processes.start_ready(name, BRAIN, world.env)
+    turns = [await world.submit([{"tool": "sleep", "args": {"seconds": 1}}], ["sleep"]) for _ in range(6)]
+
+    # Then every turn completes, and each sleep was answered once (one fact, one commit)
+    for turn in turns:
+        await world.obs.wait_turn(turn, "completed")
+        outcomes = [f for f in await world.obs.facts(turn) if f["kind"].startswith("execution.succeeded")]
+        assert [f["how"] for f in outcomes] == ["slept"], outcomes
