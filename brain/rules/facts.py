@@ -7,7 +7,8 @@ the turn in (the steps), and which run committed it.
 ==============================  ==========================================================
 kind                            what happened
 ==============================  ==========================================================
-``turn.accepted``               a submit: the request id and the user's input
+``turn.accepted``               a submit: the request id and the user's input (and the schedule
+                                that made it, saying whether it fired late)
 ``turn.run_started``            a claim: a new run (its number and epoch, the phase it began at,
                                 the Brain that runs it)
 ``turn.prepared``               the turn's input went into its thread's conversation
@@ -57,8 +58,11 @@ KINDS: tuple[str, ...] = (
 )  # fmt: skip
 
 
-def accepted(request_id: str, text: str) -> Fact:
-    return {"kind": "turn.accepted", "request_id": request_id, "input": {"text": text}}
+def accepted(request_id: str, text: str, schedule: dict[str, Any] | None = None) -> Fact:
+    """``schedule``: the schedule that submitted the turn (its id, the time it was due, and when
+    it fired late, how late and how many times it missed meanwhile)."""
+    fact = {"kind": "turn.accepted", "request_id": request_id, "input": {"text": text}}
+    return fact | ({"schedule": schedule} if schedule else {})
 
 
 def run_started(run: int, epoch: int, phase: str, owner: str | None) -> Fact:
