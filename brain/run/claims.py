@@ -337,8 +337,9 @@ class Served:
             log.info("run_started", turn_id=row.id, run=row.runs, phase="prepare", epoch=row.lease_epoch)
             if done.froze is not None:  # a new thread, as its row now stands
                 thread = {
-                    "id": row.thread_id, "session_id": row.session_id, "name": s.thread,
-                    "agent_name": s.agent.name, "agent_version": s.agent.version, "closed_at": None,
+                    "id": row.thread_id, "session_id": row.session_id, "namespace": row.namespace,
+                    "name": s.thread, "agent_name": s.agent.name, "agent_version": s.agent.version,
+                    "closed_at": None,
                 }  # fmt: skip
                 ctx.threads.keep_frozen(thread, done.froze)
             ctx.history.started(row, done.seq, done.facts)
