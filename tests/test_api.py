@@ -391,11 +391,15 @@ async def test_each_namespace_sees_and_controls_only_its_own(server: Server) -> 
             seen = await other.request(method, path, json=body)
             assert seen.status_code == 404, (path, seen.text)  # not even told it exists
             assert (await operator.request(method, path, json=body)).status_code == 403, path
-        # a session id is taken for every namespace, and the refusal does not say whose it is
-        taken = await other.post(
-            "/v1/sessions/s-own/turns", json={"request_id": "r1", "input": "go", "agent": TOOL_THEN_DONE}
-        )
-        assert taken.status_code == 409 and "acme" not in taken.text and turn not in taken.text
+        # a session id and an agent version belong to their namespace: another one's of the same id
+        # and version (here with other content) is its own, and runs its tool as acme's does
+        theirs_agent = {**TOOL_THEN_DONE, "instructions": "other's own"}
+        theirs = await submit(other, "s-own", "r1", theirs_agent)
+        assert theirs != turn
+        for http, own in ((other, theirs), (acme, turn)):
+            done = (await http.get(f"/v1/turns/{own}", params={"wait": "30"})).json()
+            assert (done["status"], done["session_id"], done["thread"]) == ("completed", "s-own", "main")
+            assert [e["status"] for e in done["executions"]] == ["succeeded"]
         operator_routes = [
             ("GET", "/v1/operator/parked"),
             ("GET", "/v1/operator/unknown"),
@@ -416,7 +420,8 @@ async def test_each_namespace_sees_and_controls_only_its_own(server: Server) -> 
         assert (await acme.get(output)).status_code == 200
         assert (await other.get(output)).status_code == 404
         assert (await operator.get(output)).status_code == 403
-        assert [s["id"] for s in (await other.get("/v1/sessions")).json()["sessions"]] == []
+        listed = (await other.get("/v1/sessions")).json()["sessions"]
+        assert [(s["id"], s["last_turn"]["id"]) for s in listed] == [("s-own", theirs)]  # its own only
         routes = (await operator.get("/v1/operator/routes")).json()
         assert {"route": "bulk", "workers": 1} in [{k: r[k] for k in ("route", "workers")} for r in routes]
 
