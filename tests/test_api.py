@@ -152,10 +152,10 @@ async def test_a_turn_its_brain_started_at_submit_survives_that_brains_death(
             await http.post("/v1/sessions/s-doomed/turns", json=body)
     assert await processes.wait_exit(doomed) == -signal.SIGKILL
     obs = Observer(tendon)
-    turns = "SELECT id, status, lease_owner FROM {brain}.turns WHERE session_id = 's-doomed'"
+    turns = "SELECT id, status, lease_owner FROM {brain}.turns WHERE session_id = 'default/s-doomed'"
     (row,) = await obs.fetch(turns)
     assert row["status"] == "running" and row["lease_owner"] is not None  # started, held by the dead
-    (first,) = await obs.fetch("SELECT facts FROM {brain}.journal WHERE session_id = 's-doomed'")
+    (first,) = await obs.fetch("SELECT facts FROM {brain}.journal WHERE session_id = 'default/s-doomed'")
     assert [f["kind"] for f in first["facts"]] == ["turn.accepted", "turn.run_started", "turn.prepared"]
     # Then the standby takes it over once the death is seen, and the turn completes once
     await processes.start_ready("brain", BRAIN, tendon.env)
@@ -179,8 +179,9 @@ async def test_a_brain_killed_once_its_submits_committed_loses_none_and_runs_non
     assert all(isinstance(a, httpx.TransportError) for a in answers), answers
     assert await processes.wait_exit(doomed) == -signal.SIGKILL
     obs = Observer(tendon)
-    turns = "SELECT session_id, id FROM {brain}.turns WHERE session_id LIKE 's-batch-%'"
-    committed = {r["session_id"]: r["id"] for r in await obs.fetch(turns)}
+    # (the store keys a session by its namespace, here the default one, and its id)
+    turns = "SELECT session_id, id FROM {brain}.turns WHERE session_id LIKE 'default/s-batch-%'"
+    committed = {r["session_id"].removeprefix("default/"): r["id"] for r in await obs.fetch(turns)}
     assert committed, "the kill point comes after a commit"
     # Then, with a standby serving, each client's retry finds the turn its submit committed (or
     # makes it, when its submit had not committed), and every turn completes with one execution
@@ -196,7 +197,7 @@ async def test_a_brain_killed_once_its_submits_committed_loses_none_and_runs_non
         await obs.wait_turn(answer["turn_id"], "completed", timeout=60)
     per_turn = await obs.fetch(
         "SELECT t.id, count(e.id) AS n FROM {brain}.turns t LEFT JOIN {brain}.executions e"
-        " ON e.turn_id = t.id WHERE t.session_id LIKE 's-batch-%' GROUP BY t.id"
+        " ON e.turn_id = t.id WHERE t.session_id LIKE 'default/s-batch-%' GROUP BY t.id"
     )
     assert sorted(r["n"] for r in per_turn) == [1] * len(sessions)
 
@@ -352,7 +353,7 @@ async def test_a_cursor_older_than_what_is_kept_is_gone_never_silently_skipped(
         conn = await asyncpg.connect(tendon.database_url)
         try:
             await conn.execute(
-                f"DELETE FROM {tendon.schemas[0]}.journal WHERE session_id = 's-old' AND seq <= 2"
+                f"DELETE FROM {tendon.schemas[0]}.journal WHERE session_id = 'acme/s-old' AND seq <= 2"
             )
         finally:
             await conn.close()
