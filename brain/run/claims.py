@@ -300,7 +300,7 @@ class Served:
             partial(store.transact, read_then_insert=True, held=store.held()),
             store.submits.submit_batch,
             name="submits",
-            order=lambda item: item[0].session_id,  # rows locked in one order by every batch
+            order=lambda item: item[0].session_key,  # rows locked in one order by every batch
             single=store.submits.submits_in_one_statement,
         )
 
