@@ -391,12 +391,9 @@ def _named(row: Row | None, first: Any) -> Row:
     request digest are its own)."""
     if row is None:
         raise NotFoundError(f"event for unknown execution {first.execution_id}")
-    scope = (first.namespace, session_key(first.namespace, first.session_id))
-    if (row["namespace"], row["session_id"]) != scope:
-        raise RoutingError(
-            f"event for execution {first.execution_id} claims scope {first.scope}, "
-            f"but it belongs to {row['session_id']}"  # the session's key: namespace/session id
-        )
+    if row["session_id"] != session_key(first.namespace, first.session_id):  # the key holds both
+        raise RoutingError(f"event for execution {first.execution_id} claims scope {first.scope}, "
+                           f"but it belongs to {row['session_id']}")  # fmt: skip
     if row["request_digest"] != first.request_digest:
         raise ConflictError(f"event for execution {first.execution_id} carries a foreign request digest")
     return row
