@@ -394,13 +394,15 @@ async def test_each_namespace_sees_and_controls_only_its_own(server: Server) -> 
             assert (await operator.request(method, path, json=body)).status_code == 403, path
         # a session id and an agent version belong to their namespace: another one's of the same id
         # and version (here with other content) is its own, and runs its tool as acme's does
-        theirs_agent = {**TOOL_THEN_DONE, "instructions": "other's own"}
+        theirs_agent = agent([{"tool_calls": [{"tool": "slow_step", "args": {"seconds": 0.05}}]},
+                              {"content": "done by other"}])  # fmt: skip
         theirs = await submit(other, "s-own", "r1", theirs_agent)
         assert theirs != turn
-        for http, own in ((other, theirs), (acme, turn)):
+        for http, own, said in ((other, theirs, "done by other"), (acme, turn, "done")):
             done = (await http.get(f"/v1/turns/{own}", params={"wait": "30"})).json()
             assert (done["status"], done["session_id"], done["thread"]) == ("completed", "s-own", "main")
             assert [e["status"] for e in done["executions"]] == ["succeeded"]
+            assert done["result"]["text"] == said  # each ran its own namespace's definition
         operator_routes = [
             ("GET", "/v1/operator/parked"),
             ("GET", "/v1/operator/unknown"),
