@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,7 +17,9 @@ import pytest
 from brain.api import Api, Tokens, hash_token
 from brain.api.app import create_app
 from brain.store import BrainStore
+from infra.process.settings import Settings
 from infra.transport import Topology
+from local.testing import local_tendon
 from tests.test_brain_store import _waiting_on, store
 
 __all__ = ["store"]  # the fixture, used by name
@@ -156,3 +159,41 @@ async def test_another_namespaces_ids_answer_exactly_what_unknown_ids_answer(
     # And nothing of ns's changed: its turn was neither cancelled nor steered
     shown = (await ns.get(f"/v1/turns/{turn}")).json()
     assert shown["status"] == "waiting" and (await ns.get(f"/v1/turns/{turn}/controls")).json() == []
+
+
+async def test_on_the_embedded_backend_two_namespaces_run_one_session_id_each_for_its_own(
+    tmp_path: Path,
+) -> None:
+    # Given a local Tendon (SQLite, the Brain and the API in this process) with two namespaces' tokens
+    tokens = ",".join(f"{n}:{hash_token(t)}" for n, t in TOKENS.items())
+    settings = Settings(scan_interval=0.2, reconnect_grace=0.5, api_tokens=tokens)
+    async with local_tendon(tmp_path, settings=settings) as running:
+        clients = {
+            n: httpx.AsyncClient(base_url=running.url, headers={"Authorization": f"Bearer {t}"}, timeout=30)
+            for n, t in TOKENS.items()
+        }
+        try:
+            # When each submits to session "s1" an agent "support" saying its own words, and waits
+            asked = {}
+            for n, client in clients.items():
+                agent = {
+                    **support(f"of {n}"),
+                    "model": {"kind": "scripted", "script": [{"content": f"hi from {n}"}]},
+                }
+                body = {"request_id": "r1", "input": "go", "agent": agent}
+                answer = await client.post("/v1/sessions/s1/turns", params={"wait": "30"}, json=body)
+                assert answer.status_code == 201, answer.text
+                asked[n] = answer.json()
+            # Then each turn ran its own namespace's agent in its own session "s1"
+            for n, answer in asked.items():
+                turn = answer["turn"]
+                assert (turn["status"], turn["session_id"], turn["result"]["text"]) == (
+                    "completed",
+                    "s1",
+                    f"hi from {n}",
+                )
+                events = (await clients[n].get("/v1/sessions/s1/events")).json()["events"]
+                assert {e["turn_id"] for e in events} == {answer["turn_id"]}
+        finally:
+            for client in clients.values():
+                await client.aclose()
