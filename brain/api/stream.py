@@ -23,6 +23,7 @@ from sse_starlette.sse import EventSourceResponse
 from brain.api import stream_schema
 from brain.api.models import INT64
 from brain.api.routes import CallerDep, FilterDep, api_of
+from brain.rules.submits import session_key
 from brain.verbs import observe
 from protocol import GoneError, SchemaError
 
@@ -65,7 +66,8 @@ async def stream(
 
     async def follow() -> AsyncIterator[dict[str, Any]]:
         position = start
-        with api.previews.subscribe(session_id) if previews else contextlib.nullcontext() as pieces:
+        key = session_key(namespace, session_id)  # how previews know the session
+        with api.previews.subscribe(key) if previews else contextlib.nullcontext() as pieces:
             while not await request.is_disconnected():
                 try:
                     page = await observe.list_events(
