@@ -25,7 +25,7 @@ from hands.run.outcomes import Outcomes
 from hands.run.tasks import Tasks
 from hands.run.writer import LedgerWriter
 from hands.store import Change, Execution
-from hands.tools.declare import Found, NotFound, Tool, ToolContext
+from hands.tools.declare import Found, NotFound, OutcomeUnknownError, Tool, ToolContext
 from hands.tools.registry import ToolRegistry
 from infra.process.killpoints import KillPoints
 from infra.process.logging import get_logger
@@ -34,6 +34,7 @@ from protocol import CancelledBody, StartedBody, codec
 from protocol.storable import describe
 
 log = get_logger(__name__)
+LOST_CALL_RERUNS = 3  # a safe call whose outcome was lost this many times fails instead
 StartReason = Literal["first_run", "rerun_after_crash"]
 
 
@@ -199,6 +200,12 @@ class Executor:
             if args is None:
                 args = tool.validate_args(row.args or {})
             result = _jsonable(await tool.fn(ctx, **args))
+        except OutcomeUnknownError as exc:
+            if ctx.cancelled.is_set():
+                await self._tool_stopped(row, ctx, exc)
+            else:
+                await self._lost(row, tool, attempt, exc)
+            return
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -211,6 +218,28 @@ class Executor:
             return
         self._kill.hit("hands.after_tool_body", row.call_id)
         await self.outcomes.succeed(execution_id, result)
+
+    async def _lost(self, row: Execution, tool: Tool, attempt: int, exc: OutcomeUnknownError) -> None:
+        """The body could not tell whether its effect happened (a remote call whose connection
+        broke): the replay rule decides as after a crash, and this worker acts on it at once."""
+        self._kill.hit("hands.after_tool_body", row.call_id)
+        execution_id = row.execution_id
+        decision = decide(
+            LedgerStatus.RUNNING, row.replay_policy or "unsafe", tool.binding.replay_policy,
+            tool.query is not None, tool=tool.name,
+        )  # fmt: skip
+        log.warning("tool_outcome_lost", error=describe(exc), action=decision.action.value)
+        if decision.action is Recovery.RERUN:
+            if attempt < LOST_CALL_RERUNS:
+                await self.run(execution_id, "rerun_after_crash")
+            else:
+                error = f"{describe(exc)} (attempt {attempt} of safe tool {tool.name}; not tried again)"
+                await self.outcomes.fail(execution_id, {"code": "tool_error", "message": error})
+        elif decision.action is Recovery.QUERY:
+            await self.query(row, tool)
+        else:
+            reason = f"{describe(exc)}; unsafe tool {tool.name} has no query, so it is not called again"
+            await self.outcomes.mark_unknown(execution_id, reason)
 
     async def _tool_stopped(self, row: Execution, ctx: ToolContext, exc: BaseException) -> None:
         """Save the outcome of a body that raised: CANCELLED if a cancel was asked, else FAILED."""

@@ -38,6 +38,13 @@ class NotFound:
     """A query's answer: the external system never saw the original operation."""
 
 
+class OutcomeUnknownError(Exception):
+    """A body raises it when it cannot tell whether its side effect happened (a connection that
+    broke while a remote call was in flight): the pool then does what it does after a crash in
+    the body (``hands.rules.replay``): a safe tool runs again, an unsafe one is asked by its
+    query or becomes UNKNOWN, never called again blindly."""
+
+
 class _NullOutput:
     async def write(self, data: str) -> None:  # pragma: no cover - trivial
         return None
