@@ -149,7 +149,7 @@ class HandsApp:
 
     async def _start(self) -> None:
         s = self.settings
-        await self._load_tools()
+        registry = await self._load_tools()
         backends = self.backends
         if backends is None:  # the distributed ones, closed with the app
             clear(s.ready_file)  # a dead predecessor's (the same container), before any wait
@@ -184,7 +184,7 @@ class HandsApp:
         self._stack.push_async_callback(self._cancel, self._background.all())
 
         announcement = BindingsAnnouncement(
-            body=BindingsBody(route=self.route, worker=self.worker_id, bindings=self.registry.bindings)
+            body=BindingsBody(route=self.route, worker=self.worker_id, bindings=registry.bindings)
         )
         await broker.publish(
             self.topology.bindings,
@@ -199,14 +199,14 @@ class HandsApp:
             "hands_ready",
             worker=self.worker_id,
             route=self.route,
-            tools=self.registry.names,
+            tools=registry.names,
             concurrency=self.concurrency,
             migrations_applied=applied,
             object_store=codec.store is not None,
             schema=s.hands_schema,
         )
 
-    async def _load_tools(self) -> None:
+    async def _load_tools(self) -> ToolRegistry:
         """The ``--tools`` module's tools and the MCP servers' (their connections open until the
         pool stops), before any service is touched: a pool with nothing to serve fails here."""
         tools = load_tools(self.tools_spec, self.route).tools if self.tools_spec else []
@@ -215,6 +215,7 @@ class HandsApp:
         if not tools:
             raise ToolLoadError(f"route {self.route} has nothing to serve: give --tools or --mcp")
         self.registry = ToolRegistry(self.route, tools)
+        return self.registry
 
     def _compose(self, ledger: Ledger, broker: Transport, codec: PayloadCodec) -> None:
         """The parts of the pool, each given what it uses by name: the ledger, the writer that

@@ -26,8 +26,8 @@ from typing import Any
 from hands.app import HandsApp
 from hands.run.reconcile import publish, reconcile
 from hands.run.relay import stored_events
-from hands.tools.mcp_config import server_specs
 from hands.store import Execution, Ledger, ledger_for
+from hands.tools.mcp_config import server_specs
 from infra.db import create_pool
 from infra.db.parked import show_parked
 from infra.objects.payloads import PayloadCodec, open_payload_codec

@@ -44,7 +44,7 @@ def operation(ctx: Context) -> str:
 
 async def gate(op: str = "") -> bool:
     """Wait for the gate; False if the operation was cancelled meanwhile."""
-    while GATE is not None and not GATE.exists():
+    while GATE is not None and not await anyio.Path(GATE).exists():
         if op and any(r["event"] == "cancelled" and r["op"] == op for r in records()):
             return False
         await anyio.sleep(0.05)

@@ -87,7 +87,9 @@ def replay_policy(listed: Any, overrides: dict[str, ReplayPolicy]) -> ReplayPoli
     if listed.name in overrides:
         return overrides[listed.name]
     annotations = listed.annotations
-    return ReplayPolicy.SAFE if annotations is not None and annotations.read_only_hint else ReplayPolicy.UNSAFE
+    return (
+        ReplayPolicy.SAFE if annotations is not None and annotations.read_only_hint else ReplayPolicy.UNSAFE
+    )
 
 
 class _Calls:
@@ -113,11 +115,13 @@ class _Calls:
         except McpConnectionLostError as exc:
             raise OutcomeUnknownError(str(exc)) from exc
 
-    async def _stop(self, call: asyncio.Task[Any], name: str, cancel_tool: str | None, ctx: ToolContext) -> str:
+    async def _stop(
+        self, call: asyncio.Task[Any], name: str, cancel_tool: str | None, ctx: ToolContext
+    ) -> str:
         """Stop a call in flight: by the tool's cancel tool if it has one (then its own answer
         ends the call), else by cancelling the request (``notifications/cancelled``, which a
         server may ignore). Returns what the server said."""
-        said = "the server has no cancel tool; the request was cancelled (notifications/cancelled), not confirmed"
+        said = "the server has no cancel tool; the request was cancelled (notifications/cancelled)"
         if cancel_tool is not None:
             try:
                 answer = await self.connection.call(cancel_tool, {"operation_id": ctx.operation_id}, {})

@@ -20,9 +20,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from protocol import TendonError
-
 from hands.tools.mcp_config import McpServerSpec
+from protocol import TendonError
 
 
 class McpUnreachableError(TendonError):
@@ -42,7 +41,8 @@ def _headers(spec: McpServerSpec) -> dict[str, str]:
     missing = [var for var in spec.headers_from_env.values() if var not in os.environ]
     if missing:
         raise McpUnreachableError(
-            f"MCP server {spec.name}: environment variable(s) {', '.join(missing)} for its headers are not set"
+            f"MCP server {spec.name}: environment variable(s) {', '.join(missing)} "
+            "for its headers are not set"
         )
     return {header: os.environ[var] for header, var in spec.headers_from_env.items()}
 
@@ -97,7 +97,9 @@ class _Link:
         await self._opened.wait()
         if self.client is None:
             detail = f": {type(self._error).__name__}: {self._error}" if self._error else ""
-            raise McpUnreachableError(f"cannot connect to MCP server {self.spec.name} ({self.spec.where}){detail}")
+            raise McpUnreachableError(
+                f"cannot connect to MCP server {self.spec.name} ({self.spec.where}){detail}"
+            )
         return self.client
 
     async def close(self) -> None:

@@ -95,7 +95,7 @@ def _server(name: str, entry: Any, source: str) -> McpServerSpec:
         try:
             replay[tool] = ReplayPolicy(override["replay"])
         except (KeyError, TypeError, ValueError):
-            raise McpConfigError(f"{where}: tools.{tool} must be {{\"replay\": \"safe\" | \"unsafe\"}}") from None
+            raise McpConfigError(f'{where}: tools.{tool} must be {{"replay": "safe" | "unsafe"}}') from None
     return McpServerSpec(
         name=name,
         command=tuple(str(c) for c in command or ()),
@@ -118,7 +118,7 @@ def load_config(path: str) -> list[McpServerSpec]:
         raise McpConfigError(f"--mcp-config {path} is not JSON: {exc}") from exc
     servers = document.get("servers") if isinstance(document, dict) else None
     if not isinstance(servers, dict) or not servers:
-        raise McpConfigError(f"--mcp-config {path} lists no servers (expected {{\"servers\": {{NAME: ...}}}})")
+        raise McpConfigError(f'--mcp-config {path} lists no servers (expected {{"servers": {{NAME: ...}}}})')
     return [_server(name, entry, path) for name, entry in servers.items()]
 
 
