@@ -1,0 +1,146 @@
+"""MCP servers served by a Hands pool, with a Brain, Hands and MCP servers as real processes.
+
+The MCP server is ``tests/mcp_server.py`` (the SDK's server side), over stdio (the pool starts
+it) or Streamable HTTP (the test starts it). Its call log outlives its processes, so a test
+counts what the server saw across crashes; its gate holds a call in flight while the test acts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import Observer, Processes, TendonEnv, free_port, run_cli, wait_for
+
+pytestmark = pytest.mark.chaos
+
+BRAIN = ["-m", "brain", "serve"]
+SERVER = ["-m", "tests.mcp_server"]
+
+
+def stdio(log: Path, gate: Path | None = None) -> str:
+    more = f" --gate {gate}" if gate else ""
+    return f"stdio:{sys.executable} -m tests.mcp_server --log {log}{more}"
+
+
+def hands(*mcp: str) -> list[str]:
+    return ["-m", "hands", "serve", "--route", "lab", *(a for spec in mcp for a in ("--mcp", spec))]
+
+
+def agent(tmp_path: Path, calls: list[list[dict[str, Any]]], tools: list[str]) -> Path:
+    script: list[dict[str, Any]] = [{"tool_calls": c} for c in calls]
+    definition = {
+        "name": "mcp-user",
+        "version": "1",
+        "instructions": "Use the tools.",
+        "model": {"kind": "scripted", "script": [*script, {"content": "Done:\n{results}"}]},
+        "tools": tools,
+        "limits": {"max_model_calls": 10},
+    }
+    path = tmp_path / "agent.json"
+    path.write_text(json.dumps(definition))
+    return path
+
+
+async def submit(env: dict[str, str], agent_file: Path, request_id: str = "r1") -> str:
+    args = ["-m", "brain", "submit", "--session", "s-mcp", "--request-id", request_id]
+    code, out, err = await run_cli([*args, "--agent", str(agent_file), "Go"], env)
+    assert code == 0, err
+    return out.strip()
+
+
+def calls(log: Path, tool: str) -> list[dict[str, Any]]:
+    lines = [json.loads(x) for x in log.read_text().splitlines() if x] if log.exists() else []
+    return [r for r in lines if r["tool"] == tool and r["event"] == "call"]
+
+
+async def called(log: Path, tool: str, count: int = 1) -> list[dict[str, Any]]:
+    async def enough() -> list[dict[str, Any]] | None:
+        seen = calls(log, tool)
+        return seen if len(seen) >= count else None
+
+    return await wait_for(enough, timeout=30, what=f"{count} call(s) of {tool} on the MCP server")
+
+
+async def execution(obs: Observer, turn_id: str, status: str) -> Any:
+    async def reached() -> Any:
+        rows = await obs.executions(turn_id)
+        return rows[0] if rows and rows[0]["status"] == status else None
+
+    return await wait_for(reached, timeout=30, what=f"the execution to be {status}")
+
+
+async def http_server(processes: Processes, log: Path, gate: Path | None = None) -> str:
+    port = free_port()
+    more = ["--gate", str(gate)] if gate else []
+    proc = processes.start("mcp-http", [*SERVER, "--log", str(log), "--http", str(port), *more], {})
+
+    async def listening() -> bool:
+        assert proc.poll() is None, processes.output(proc)
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            return False
+        writer.close()
+        return True
+
+    await wait_for(listening, timeout=30, what="the MCP server to listen")
+    return f"http://127.0.0.1:{port}/mcp"
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_an_mcp_servers_tools_are_announced_and_a_turn_calls_them(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path, transport: str
+) -> None:
+    log = tmp_path / "calls.jsonl"
+    # A result over the offload threshold travels through S3 like any other.
+    env = {**tendon.env, "TENDON_OFFLOAD_THRESHOLD": "4096"}
+    if transport == "stdio":
+        pool = hands(stdio(log))
+    else:
+        url = await http_server(processes, log)
+        config = tmp_path / "mcp.json"
+        servers = {"billing": {"url": url, "headers_from_env": {"X-Api-Key": "BILLING_KEY"}}}
+        config.write_text(json.dumps({"servers": servers}))
+        pool = [*hands(), "--mcp-config", str(config)]
+        env["BILLING_KEY"] = "secret-key-value"
+    await processes.start_ready("brain", BRAIN, env)
+    await processes.start_ready("hands", pool, env)
+    script = [
+        [{"tool": "lookup", "args": {"key": "abc"}}],
+        [{"tool": "picture", "args": {"caption": "a dot"}}],
+        [{"tool": "decline", "args": {"amount": 7}}],
+        [{"tool": "big", "args": {"size": 20000}}],
+    ]
+    turn_id = await submit(env, agent(tmp_path, script, ["lookup", "picture", "decline", "big"]))
+
+    obs = Observer(tendon)
+    await obs.wait_turn(turn_id, "completed")
+    lookup, picture, decline, big = await obs.executions(turn_id)
+    assert lookup["status"] == "succeeded"
+    assert lookup["result"]["structuredContent"] == {"key": "abc", "value": "ABC"}
+    assert picture["result"]["content"] == [
+        {"type": "text", "text": "a dot"},
+        {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"},
+    ]
+    assert picture["result"]["structuredContent"] == {"caption": "a dot", "pixels": 1}
+    # isError is a tool error the model sees
+    assert decline["status"] == "failed" and decline["error"]["code"] == "tool_error"
+    assert "card declined for 7" in decline["error"]["message"]
+    assert big["status"] == "succeeded" and big["result"]["content"][0]["text"] == "x" * 20000
+    succeeded = [e for e in await obs.hands_events(big["id"]) if e["kind"] == "succeeded"]
+    assert succeeded[0].get("body_ref"), "the big result went through the object store"
+    # The bindings announced carry the server's schema and a version from its listing.
+    rows = await obs.fetch("SELECT binding FROM {brain}.bindings WHERE route = 'lab'")
+    by_name = {r["binding"]["name"]: r["binding"] for r in rows}
+    assert by_name["lookup"]["version"].startswith("mcp-")
+    assert by_name["lookup"]["input_schema"]["properties"]["key"]["type"] == "string"
+    assert by_name["lookup"]["replay_policy"] == "safe" and by_name["charge"]["replay_policy"] == "unsafe"
+    assert by_name["pay"]["has_query"] and not by_name["charge"]["has_query"]
+    assert "secret-key-value" not in json.dumps(by_name)
