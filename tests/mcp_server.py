@@ -75,10 +75,12 @@ async def pay(amount: int, ctx: Context) -> dict[str, Any]:
     if done:
         return dict(done[0]["result"])
     record(event="call", tool="pay", op=op)
-    if not await gate(op):
-        raise ToolError(f"payment {op} was cancelled")
-    result = {"paid": amount, "receipt": f"r-{op[:8]}"}
-    record(event="paid", tool="pay", op=op, result=result)
+    # A payment goes on when its caller goes away (a client that died), as a real one would.
+    with anyio.CancelScope(shield=True):
+        if not await gate(op):
+            raise ToolError(f"payment {op} was cancelled")
+        result = {"paid": amount, "receipt": f"r-{op[:8]}"}
+        record(event="paid", tool="pay", op=op, result=result)
     return result
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -144,3 +145,120 @@ async def test_an_mcp_servers_tools_are_announced_and_a_turn_calls_them(
     assert by_name["lookup"]["replay_policy"] == "safe" and by_name["charge"]["replay_policy"] == "unsafe"
     assert by_name["pay"]["has_query"] and not by_name["charge"]["has_query"]
     assert "secret-key-value" not in json.dumps(by_name)
+
+
+def records(log: Path, event: str) -> list[dict[str, Any]]:
+    lines = [json.loads(x) for x in log.read_text().splitlines() if x] if log.exists() else []
+    return [r for r in lines if r["event"] == event]
+
+
+@pytest.mark.parametrize("tool", ["charge", "lookup"], ids=["unsafe", "safe"])
+async def test_a_hands_worker_killed_mid_call_to_a_plain_server(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path, tool: str
+) -> None:
+    log, gate = tmp_path / "calls.jsonl", tmp_path / "gate"
+    pool = hands(stdio(log, gate))
+    env = tendon.env
+    await processes.start_ready("brain", BRAIN, env)
+    doomed = await processes.start_ready("hands", pool, env)
+    args = {"amount": 5} if tool == "charge" else {"key": "k"}
+    turn_id = await submit(env, agent(tmp_path, [[{"tool": tool, "args": args}]], [tool]))
+
+    (first,) = await called(log, tool)
+    doomed.send_signal(signal.SIGKILL)  # mid-call: the server holds it at its gate
+    await processes.wait_exit(doomed)
+    obs = Observer(tendon)
+    if tool == "charge":
+        await processes.start_ready("hands", pool, env)
+        row = await execution(obs, turn_id, "unknown")
+        assert "has no query" in row["error"]["message"]
+        assert len(calls(log, "charge")) == 1, "an unsafe call lost in a crash is never made again"
+        turn = await obs.turn(turn_id)
+        assert turn["status"] == "waiting" and "reconcile" in turn["waiting_for"]
+    else:
+        gate.touch()
+        await processes.start_ready("hands", pool, env)
+        await obs.wait_turn(turn_id, "completed")
+        again = calls(log, "lookup")
+        assert len(again) == 2 and again[1]["op"] == first["op"], "a safe call is made again"
+        (row,) = await obs.executions(turn_id)
+        assert row["result"]["structuredContent"] == {"key": "k", "value": "K"}
+
+
+async def test_with_the_durable_extension_a_killed_call_is_verified_by_its_query_not_made_again(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    log, gate = tmp_path / "calls.jsonl", tmp_path / "gate"
+    url = await http_server(processes, log, gate)
+    env = tendon.env
+    await processes.start_ready("brain", BRAIN, env)
+    doomed = await processes.start_ready("hands", hands(url), env)
+    turn_id = await submit(env, agent(tmp_path, [[{"tool": "pay", "args": {"amount": 9}}]], ["pay"]))
+
+    (first,) = await called(log, "pay")
+    doomed.send_signal(signal.SIGKILL)
+    await processes.wait_exit(doomed)
+    gate.touch()  # the payment service finishes the payment the dead worker asked for
+
+    async def paid() -> bool:
+        return bool(records(log, "paid"))
+
+    await wait_for(paid, timeout=30, what="the payment to finish on the server")
+    await processes.start_ready("hands", hands(url), env)
+    obs = Observer(tendon)
+    await obs.wait_turn(turn_id, "completed")
+    (row,) = await obs.executions(turn_id)
+    assert row["how"] == "verified_by_query"
+    assert row["result"]["structuredContent"] == {"paid": 9, "receipt": f"r-{first['op'][:8]}"}
+    assert len(calls(log, "pay")) == 1, "verified, not paid twice"
+    assert first["op"] == row["id"], "the server saw the execution id as the operation id"
+
+
+async def test_a_cancel_of_a_running_mcp_call_stops_it_on_the_server(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    log, gate = tmp_path / "calls.jsonl", tmp_path / "gate"
+    env = tendon.env
+    await processes.start_ready("brain", BRAIN, env)
+    await processes.start_ready("hands", hands(stdio(log, gate)), env)
+    turn_id = await submit(env, agent(tmp_path, [[{"tool": "pay", "args": {"amount": 3}}]], ["pay"]))
+    (first,) = await called(log, "pay")
+
+    code, _, err = await run_cli(["-m", "brain", "cancel", turn_id], env)
+    assert code == 0, err
+    obs = Observer(tendon)
+    await obs.wait_turn(turn_id, "cancelled")
+    (row,) = await obs.executions(turn_id)
+    assert row["status"] == "cancelled"
+    assert [r["op"] for r in records(log, "cancelled")] == [first["op"]]
+    assert records(log, "paid") == []
+    (said,) = [e for e in await obs.hands_events(row["id"]) if e["kind"] == "cancelled"]
+    assert "the server confirmed the cancel (cancel_payment)" in said["body"]["reason"]
+
+
+@pytest.mark.parametrize("tool", ["charge", "lookup"], ids=["unsafe", "safe"])
+async def test_an_mcp_server_that_dies_mid_call_is_started_again_and_the_call_goes_by_the_replay_rule(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path, tool: str
+) -> None:
+    log, gate = tmp_path / "calls.jsonl", tmp_path / "gate"
+    env = tendon.env
+    await processes.start_ready("brain", BRAIN, env)
+    await processes.start_ready("hands", hands(stdio(log, gate)), env)
+    args = {"amount": 5} if tool == "charge" else {"key": "k"}
+    script = [[{"tool": tool, "args": args}], [{"tool": "lookup", "args": {"key": "after"}}]]
+    turn_id = await submit(env, agent(tmp_path, script, [tool, "lookup"]))
+
+    (first,) = await called(log, tool)
+    os.kill(first["pid"], signal.SIGKILL)  # the server dies; the Hands worker lives on
+    obs = Observer(tendon)
+    if tool == "charge":
+        row = await execution(obs, turn_id, "unknown")
+        assert "closed during the call of charge" in row["error"]["message"]
+        assert len(calls(log, "charge")) == 1
+    else:
+        again = await called(log, "lookup", 2)  # on a new server process
+        assert again[1]["op"] == first["op"] and again[1]["pid"] != first["pid"]
+        gate.touch()
+        await obs.wait_turn(turn_id, "completed")
+        rows = await obs.executions(turn_id)
+        assert [r["status"] for r in rows] == ["succeeded", "succeeded"]
