@@ -54,9 +54,8 @@ class McpServerSpec:
         return self.url or shlex.join(self.command)
 
 
-def parse_spec(spec: str, *, index: int = 0) -> McpServerSpec:
+def parse_spec(spec: str, *, name: str = "mcp") -> McpServerSpec:
     """``stdio:COMMAND LINE`` or an ``http(s)://`` URL, as given to ``--mcp``."""
-    name = f"mcp{index}" if index else "mcp"
     if spec.startswith("stdio:"):
         command = tuple(shlex.split(spec.removeprefix("stdio:")))
         if not command:
@@ -124,7 +123,8 @@ def load_config(path: str) -> list[McpServerSpec]:
 
 def server_specs(specs: list[str], config: str | None) -> list[McpServerSpec]:
     """Every server of the ``--mcp`` specs and the ``--mcp-config`` file, names unique."""
-    servers = [parse_spec(s, index=i if len(specs) > 1 else 0) for i, s in enumerate(specs)]
+    many = len(specs) > 1
+    servers = [parse_spec(s, name=f"mcp{i + 1}" if many else "mcp") for i, s in enumerate(specs)]
     if config:
         servers += load_config(config)
     names = [s.name for s in servers]
