@@ -262,3 +262,24 @@ async def test_an_mcp_server_that_dies_mid_call_is_started_again_and_the_call_go
         await obs.wait_turn(turn_id, "completed")
         rows = await obs.executions(turn_id)
         assert [r["status"] for r in rows] == ["succeeded", "succeeded"]
+
+
+async def test_the_example_mcp_server_and_agent_run_as_the_readme_says(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    tendon.routes.add("notes")
+    notes = tmp_path / "notes.jsonl"
+    server = f"stdio:{sys.executable} -m examples.mcp_server --file {notes}"
+    await processes.start_ready("brain", BRAIN, tendon.env)
+    pool = ["-m", "hands", "serve", "--route", "notes", "--mcp", server]
+    await processes.start_ready("hands", pool, tendon.env)
+    submit = ["-m", "brain", "submit", "--session", "notes", "--request-id", "1"]
+    code, out, err = await run_cli([*submit, "--agent", "examples/notes_agent.json", "buy milk"], tendon.env)
+    assert code == 0, err
+    code, shown, err = await run_cli(["-m", "brain", "wait", out.strip()], tendon.env)
+    assert code == 0, err
+    assert "buy milk" in shown
+    added, read = await Observer(tendon).executions(out.strip())
+    assert added["result"]["structuredContent"] == {"number": 1, "text": "buy milk"}
+    assert json.loads(notes.read_text())["operation"] == added["id"]
+    assert read["result"]["structuredContent"] == {"result": ["buy milk"]}
