@@ -174,10 +174,13 @@ class Executor:
             log.info("execution_started", attempt=attempt, reason=reason)
         return attempt
 
-    def _context(self, execution_id: str, attempt: int, *, output: bool) -> ToolContext:
+    def _context(
+        self, execution_id: str, attempt: int, *, output: bool, handle: str | None = None
+    ) -> ToolContext:
         cancelled = self.tasks.cancel_signal(execution_id)
-        ctx = ToolContext(operation_id=execution_id, attempt=attempt, cancelled=cancelled)
+        ctx = ToolContext(operation_id=execution_id, attempt=attempt, cancelled=cancelled, handle=handle)
         ctx.owner_check = partial(self._still_owner, execution_id)
+        ctx.handle_keeper = partial(self.outcomes.keep_handle, execution_id)
         if output:
             ctx.output = LedgerOutput(self.outcomes, execution_id)
         return ctx
@@ -191,15 +194,18 @@ class Executor:
         await self.outcomes.confirm_owner(execution_id)
 
     async def _body(
-        self, row: Execution, tool: Tool, attempt: int, args: dict[str, Any] | None = None
-    ) -> None:
+        self, row: Execution, tool: Tool, attempt: int, args: dict[str, Any] | None = None,
+        *, reattach: bool = False,
+    ) -> None:  # fmt: skip
+        """Run the tool's body (or, with ``reattach``, follow the operation its handle names)."""
         execution_id = row.execution_id
         self._kill.hit("hands.before_tool_body", row.call_id)
-        ctx = self._context(execution_id, attempt, output=True)
+        ctx = self._context(execution_id, attempt, output=True, handle=row.handle)
+        body = tool.reattach if reattach and tool.reattach is not None else tool.fn
         try:
             if args is None:
                 args = tool.validate_args(row.args or {})
-            result = _jsonable(await tool.fn(ctx, **args))
+            result = _jsonable(await body(ctx, **args))
         except OutcomeUnknownError as exc:
             if ctx.cancelled.is_set():
                 await self._tool_stopped(row, ctx, exc)
@@ -224,6 +230,12 @@ class Executor:
         broke): the replay rule decides as after a crash, and this worker acts on it at once."""
         self._kill.hit("hands.after_tool_body", row.call_id)
         execution_id = row.execution_id
+        handle = (await self.outcomes.row(execution_id)).handle
+        if handle is not None and tool.reattach is not None:
+            # The body followed an operation by its handle and lost sight of it: it may still run.
+            reason = f"{describe(exc)}; the operation it follows ({handle}) was not seen to end"
+            await self.outcomes.mark_unknown(execution_id, reason)
+            return
         decision = decide(
             LedgerStatus.RUNNING, row.replay_policy or "unsafe", tool.binding.replay_policy,
             tool.query is not None, tool=tool.name,
@@ -284,12 +296,16 @@ class Executor:
                 served.binding.replay_policy if served else None,
                 bool(served and served.query),
                 tool=row.tool or "an unknown tool",
+                has_handle=bool(row.handle and served and served.reattach),
             )
             log.info("recovering", action=decision.action.value, reason=decision.reason)
             if decision.action is Recovery.START:
                 await self.run(row.execution_id, "first_run", row=row)
             elif decision.action is Recovery.RERUN:
                 await self.run(row.execution_id, "rerun_after_crash", row=row)
+            elif decision.action is Recovery.REATTACH:
+                assert served is not None
+                await self._body(row, served, max(row.attempts, 1), reattach=True)
             elif decision.action is Recovery.QUERY:
                 assert served is not None
                 await self.query(row, served)
