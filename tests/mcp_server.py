@@ -12,21 +12,91 @@ answers from the log (which outlives the process), ``cancel_payment`` stops a pa
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import anyio
+from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, ImageContent, TextContent, ToolAnnotations
+from mcp_types import RequestParams
 
-app = MCPServer("tendon-test")
 LOG = Path(os.devnull)
 GATE: Path | None = None
+TASKS_EXT = "io.modelcontextprotocol/tasks"
+TASKS: dict[str, dict[str, Any]] = {}
+
+
+class TaskParams(RequestParams):
+    taskId: str  # noqa: N815 - the wire's name
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+class Tasks(Extension):
+    """The Tasks extension (revision 2026-07-28) for ``render``: the call is answered with a task
+    the server keeps in memory, finished in the background once the gate opens."""
+
+    identifier = TASKS_EXT
+
+    def methods(self) -> list[MethodBinding]:
+        return [
+            MethodBinding("tasks/get", TaskParams, self.get),
+            MethodBinding("tasks/cancel", TaskParams, self.cancel),
+        ]
+
+    async def get(self, ctx: Any, params: TaskParams) -> dict[str, Any]:
+        record(event="get", tool="tasks/get", op=params.taskId)
+        return {"resultType": "complete", **TASKS[params.taskId]}
+
+    async def cancel(self, ctx: Any, params: TaskParams) -> dict[str, Any]:
+        record(event="task_cancelled", tool="tasks/cancel", op=params.taskId)
+        task = TASKS[params.taskId]
+        if task["status"] == "working":
+            task.update(status="cancelled", statusMessage="cancelled by the client", lastUpdatedAt=_now())
+        return {}
+
+    async def intercept_tool_call(self, params: Any, ctx: Any, call_next: Any) -> Any:
+        extensions = ((params.meta or {}).get("io.modelcontextprotocol/clientCapabilities") or {}).get(
+            "extensions"
+        )
+        if params.name != "render" or TASKS_EXT not in (extensions or {}):
+            return await call_next(ctx)
+        task_id = f"task-{len(TASKS) + 1}-{os.getpid()}"
+        TASKS[task_id] = {
+            "taskId": task_id, "status": "working", "createdAt": _now(), "lastUpdatedAt": _now(),
+            "ttlMs": None, "pollIntervalMs": 100,
+        }  # fmt: skip
+        pages = int((params.arguments or {}).get("pages", 0))
+        record(
+            event="call",
+            tool="render",
+            op=(params.meta or {}).get("io.tendon/operation_id", ""),
+            task=task_id,
+        )
+        BACKGROUND.add(asyncio.get_running_loop().create_task(self._work(task_id, pages)))
+        return {"resultType": "task", **TASKS[task_id]}
+
+    async def _work(self, task_id: str, pages: int) -> None:
+        await gate()
+        task = TASKS[task_id]
+        if task["status"] == "working":
+            result = {"content": [{"type": "text", "text": f"rendered {pages} pages"}],
+                      "structuredContent": {"pages": pages}, "isError": False}  # fmt: skip
+            task.update(status="completed", result=result, lastUpdatedAt=_now())
+
+
+BACKGROUND: set[asyncio.Task[None]] = set()
+app = MCPServer("tendon-test", extensions=[Tasks()])
 
 
 def record(**fields: Any) -> None:
@@ -119,6 +189,12 @@ def picture(caption: str) -> CallToolResult:
         ],
         structured_content={"caption": caption, "pixels": 1},
     )
+
+
+@app.tool()
+def render(pages: int) -> str:
+    """Render pages: a long job, answered with a task (the Tasks extension) to clients that can."""
+    return f"rendered {pages} pages at once"
 
 
 @app.tool(annotations=ToolAnnotations(readOnlyHint=True))

@@ -22,7 +22,8 @@ its content (a tool error the model sees). A connection that breaks during a cal
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
@@ -31,16 +32,21 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from hands.tools.declare import Found, NotFound, OutcomeUnknownError, Tool, ToolContext
-from hands.tools.mcp_client import McpConnection, McpConnectionLostError
+from hands.tools.mcp_client import McpConnection, McpConnectionLostError, McpUnreachableError
 from hands.tools.mcp_config import McpServerSpec
 from hands.tools.registry import ToolLoadError
 from infra.process.logging import get_logger
-from protocol import ReplayPolicy, SchemaError, ToolBinding, digest
+from protocol import ReplayPolicy, SchemaError, ToolBinding, codec, digest
 
 log = get_logger(__name__)
 OPERATION_META = "io.tendon/operation_id"
 DURABLE_META = "io.tendon/durable"
 CANCEL_WAIT = 10.0  # how long a cancelled call may take to end once the server confirmed the cancel
+FOLLOW_TRIES = 10  # connections lost in a row while following a task before it is left UNKNOWN
+
+
+def _task_id(handle: str | None) -> str:
+    return str(codec.loads(handle or "{}").get("mcp_task", ""))
 
 
 class McpToolError(Exception):
@@ -101,38 +107,96 @@ class _Calls:
     async def call(self, name: str, cancel_tool: str | None, ctx: ToolContext, **args: Any) -> Any:
         if not ctx.cancelled.is_set():
             await ctx.ensure_owner()  # right before the effect: a worker presumed dead stops here
-        meta = {OPERATION_META: ctx.operation_id}
-        call = asyncio.create_task(self.connection.call(name, args, meta))
+        return await self._watched(self._start(name, args, ctx), cancel_tool, ctx)
+
+    async def reattach(self, name: str, cancel_tool: str | None, ctx: ToolContext, **args: Any) -> Any:
+        """Follow the task an earlier attempt started (``ctx.handle``) to its end; never call."""
+        return await self._watched(self._follow(_task_id(ctx.handle), ctx), cancel_tool, ctx)
+
+    async def _start(self, name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
+        from hands.tools.mcp_tasks import TaskCreated
+
+        try:
+            return await self.connection.call(name, args, {OPERATION_META: ctx.operation_id})
+        except TaskCreated as created:
+            task_id = created.task.task_id
+        # In the ledger before the wait: from here on a crash re-attaches instead of calling again.
+        handle = {"mcp_task": task_id, "server": self.connection.spec.name}
+        await ctx.keep_handle(codec.dumps(handle).decode())
+        log.info("mcp_task_kept", task_id=task_id, tool=name)
+        return await self._follow(task_id, ctx)
+
+    async def _follow(self, task_id: str, ctx: ToolContext) -> Any:
+        """Poll ``tasks/get`` until the task ends: its result, or the error it ended with."""
+        from hands.tools.mcp_tasks import final_result
+
+        losses = 0
+        while True:
+            try:
+                state = await self.connection.task("tasks/get", task_id)
+            except (McpConnectionLostError, McpUnreachableError) as exc:
+                losses += 1  # asking is harmless: ask again, on a new connection
+                if losses >= FOLLOW_TRIES:
+                    raise OutcomeUnknownError(f"{exc} (following task {task_id}, {losses} times)") from exc
+                await asyncio.sleep(0.5)
+                continue
+            if state.status == "completed":
+                return final_result(state)
+            if state.status == "failed":
+                raise McpToolError(f"task {task_id} failed: {(state.error or {}).get('message', '')}")
+            if state.status == "cancelled":
+                raise McpCancelledError(f"task {task_id} was cancelled: {state.status_message or ''}")
+            if state.status == "input_required":
+                with contextlib.suppress(Exception):
+                    await self.connection.task("tasks/cancel", task_id)
+                raise McpToolError(
+                    f"task {task_id} asked for input, which this pool cannot give; cancelled it"
+                )
+            await asyncio.sleep(min(max((state.poll_interval_ms or 500) / 1000, 0.05), 5.0))
+
+    async def _watched(
+        self, work: Coroutine[Any, Any, Any], cancel_tool: str | None, ctx: ToolContext
+    ) -> Any:
+        """Run ``work`` (the call, or following its task) until it ends or a cancel is asked."""
+        call = asyncio.create_task(work)
         asked = asyncio.create_task(ctx.cancelled.wait())
         try:
             await asyncio.wait([call, asked], return_when=asyncio.FIRST_COMPLETED)
         finally:
             asked.cancel()
         if not call.done():
-            raise McpCancelledError(await self._stop(call, name, cancel_tool, ctx))
+            said = await self._stop(call, cancel_tool, ctx)
+            if not call.cancelled() and call.exception() is None:
+                return result_of(call.result())  # it ended with its result before the cancel took
+            raise McpCancelledError(said)
         try:
             return result_of(call.result())
         except McpConnectionLostError as exc:
             raise OutcomeUnknownError(str(exc)) from exc
 
-    async def _stop(
-        self, call: asyncio.Task[Any], name: str, cancel_tool: str | None, ctx: ToolContext
-    ) -> str:
-        """Stop a call in flight: by the tool's cancel tool if it has one (then its own answer
-        ends the call), else by cancelling the request (``notifications/cancelled``, which a
-        server may ignore). Returns what the server said."""
+    async def _stop(self, call: asyncio.Task[Any], cancel_tool: str | None, ctx: ToolContext) -> str:
+        """Stop a call in flight: its task by ``tasks/cancel``, else by the tool's cancel tool (the
+        call's own answer then ends it), else by cancelling the request (``notifications/
+        cancelled``, which a server may ignore). Returns what the server said."""
+        how: str | None = None
+        if ctx.handle is not None:
+            how, stop = "tasks/cancel", partial(self.connection.task, "tasks/cancel", _task_id(ctx.handle))
+        elif cancel_tool is not None:
+            how, stop = (
+                cancel_tool,
+                partial(self.connection.call, cancel_tool, {"operation_id": ctx.operation_id}, {}),
+            )
         said = "the server has no cancel tool; the request was cancelled (notifications/cancelled)"
-        if cancel_tool is not None:
+        if how is not None:
             try:
-                answer = await self.connection.call(cancel_tool, {"operation_id": ctx.operation_id}, {})
-                confirmed = not answer.is_error
-                said = f"the server {'confirmed' if confirmed else 'refused'} the cancel ({cancel_tool})"
+                confirmed = not getattr(await stop(), "is_error", False)
+                said = f"the server {'confirmed' if confirmed else 'refused'} the cancel ({how})"
             except Exception as exc:  # noqa: BLE001 - said in the outcome
                 confirmed = False
-                said = f"the cancel tool {cancel_tool} failed: {type(exc).__name__}: {exc}"
+                said = f"the cancel ({how}) failed: {type(exc).__name__}: {exc}"
             if confirmed:
-                done, _ = await asyncio.wait([call], timeout=CANCEL_WAIT)
-                if done:
+                await asyncio.wait([call], timeout=CANCEL_WAIT)
+                if call.done():
                     return said
         call.cancel()
         await asyncio.gather(call, return_exceptions=True)
@@ -170,6 +234,7 @@ def _tool(route: str, spec: McpServerSpec, calls: _Calls, listed: Any, names: se
         fn=partial(calls.call, listed.name, cancel),
         binding=binding,
         query=partial(calls.query, query) if query else None,
+        reattach=partial(calls.reattach, listed.name, cancel),
         args_model=dict,
         server=spec.name,
         idempotent=bool(annotations is not None and annotations.idempotent_hint),

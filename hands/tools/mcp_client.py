@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -53,18 +53,23 @@ async def open_client(spec: McpServerSpec) -> AsyncIterator[Any]:
     from mcp import Client, StdioServerParameters  # the optional extra: imported when used
     from mcp.client.streamable_http import streamable_http_client
 
+    from hands.tools.mcp_tasks import TasksExtension
+
+    extensions = [TasksExtension()]
+
     if spec.command:
         params = StdioServerParameters(
             command=spec.command[0], args=list(spec.command[1:]), env=spec.env or None, cwd=spec.cwd
         )
-        async with Client(params, cache=None) as client:
+        async with Client(params, cache=None, extensions=extensions) as client:
             yield client
         return
     import httpx2
 
     timeout = httpx2.Timeout(30.0, read=None)  # a tool may take as long as it takes
     async with httpx2.AsyncClient(headers=_headers(spec), timeout=timeout) as http:
-        async with Client(streamable_http_client(spec.url, http_client=http), cache=None) as client:
+        transport = streamable_http_client(spec.url, http_client=http)
+        async with Client(transport, cache=None, extensions=extensions) as client:
             yield client
 
 
@@ -148,25 +153,46 @@ class McpConnection:
         raise McpUnreachableError(f"MCP server {self.spec.name} lists tools without end")
 
     async def call(self, name: str, arguments: dict[str, Any], meta: dict[str, Any]) -> Any:
-        """``tools/call``: the server's ``CallToolResult``, or an error that says whether it may
-        have been sent. An ``MCPError`` the server answered with is raised as it is."""
+        """``tools/call``: the server's ``CallToolResult`` (or ``TaskCreated`` raised: the server
+        made a task of it), or an error that says whether it may have been sent. An ``MCPError``
+        the server answered with is raised as it is."""
+        link, client = await self._client()
+        with self._watching(link, f"the call of {name}"):
+            return await client.call_tool(name, arguments, meta=meta)
+
+    async def task(self, method: str, task_id: str) -> Any:
+        """``tasks/get`` (the task's state) or ``tasks/cancel`` (its acknowledgement)."""
+        from pydantic import TypeAdapter
+
+        from hands.tools.mcp_tasks import CancelTask, GetTask, TaskParams, TaskState
+
+        link, client = await self._client()
+        params = TaskParams(taskId=task_id)
+        with self._watching(link, f"{method} of task {task_id}"):
+            if method == "tasks/get":
+                return await client.session.send_request(GetTask(params=params), TaskState)
+            return await client.session.send_request(CancelTask(params=params), TypeAdapter(dict[str, Any]))
+
+    @contextlib.contextmanager
+    def _watching(self, link: _Link, what: str) -> Iterator[None]:
+        """A request on ``link``: a connection that breaks meanwhile is McpConnectionLostError
+        (and the link is dropped, so the next request opens another)."""
         from mcp import MCPError
         from mcp_types import CONNECTION_CLOSED
 
-        link, client = await self._client()
         try:
-            return await client.call_tool(name, arguments, meta=meta)
+            yield
         except MCPError as exc:
             if exc.code != CONNECTION_CLOSED:
                 raise
             link.broken = True
             raise McpConnectionLostError(
-                f"the connection to MCP server {self.spec.name} closed during the call of {name}"
+                f"the connection to MCP server {self.spec.name} closed during {what}"
             ) from exc
         except (OSError, EOFError, ConnectionError) as exc:
             link.broken = True
             raise McpConnectionLostError(
-                f"the connection to MCP server {self.spec.name} broke during the call of {name}: "
+                f"the connection to MCP server {self.spec.name} broke during {what}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
 
