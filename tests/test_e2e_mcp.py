@@ -283,3 +283,62 @@ async def test_the_example_mcp_server_and_agent_run_as_the_readme_says(
     assert added["result"]["structuredContent"] == {"number": 1, "text": "buy milk"}
     assert json.loads(notes.read_text())["operation"] == added["id"]
     assert read["result"]["structuredContent"] == {"result": ["buy milk"]}
+
+
+async def kept_handle(obs: Observer) -> str:
+    async def kept() -> str | None:
+        rows = await obs.fetch("SELECT handle FROM {hands}.executions WHERE tool = 'render'")
+        return rows[0]["handle"] if rows and rows[0]["handle"] else None
+
+    return await wait_for(kept, timeout=30, what="the task id in the ledger")
+
+
+async def test_with_the_tasks_extension_a_killed_call_re_attaches_by_its_task_id_and_is_not_made_again(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    log, gate = tmp_path / "calls.jsonl", tmp_path / "gate"
+    url = await http_server(processes, log, gate)
+    env = tendon.env
+    await processes.start_ready("brain", BRAIN, env)
+    doomed = await processes.start_ready("hands", hands(url), env)
+    turn_id = await submit(env, agent(tmp_path, [[{"tool": "render", "args": {"pages": 4}}]], ["render"]))
+
+    (first,) = await called(log, "render")
+    obs = Observer(tendon)
+    assert json.loads(await kept_handle(obs))["mcp_task"] == first["task"]
+    doomed.send_signal(signal.SIGKILL)  # while it polls tasks/get
+    await processes.wait_exit(doomed)
+    polled = len(records(log, "get"))
+    await processes.start_ready("hands", hands(url), env)
+    gate.touch()
+
+    await obs.wait_turn(turn_id, "completed")
+    (row,) = await obs.executions(turn_id)
+    assert row["result"] == {
+        "content": [{"type": "text", "text": "rendered 4 pages"}],
+        "structuredContent": {"pages": 4},
+    }
+    assert len(calls(log, "render")) == 1, "re-attached by its task id, never called again"
+    assert len(records(log, "get")) > polled, "the new worker polled the same task"
+
+
+async def test_a_cancel_of_a_running_task_sends_tasks_cancel_and_says_the_server_confirmed(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    log, gate = tmp_path / "calls.jsonl", tmp_path / "gate"
+    env = tendon.env
+    await processes.start_ready("brain", BRAIN, env)
+    await processes.start_ready("hands", hands(stdio(log, gate)), env)
+    turn_id = await submit(env, agent(tmp_path, [[{"tool": "render", "args": {"pages": 2}}]], ["render"]))
+    (first,) = await called(log, "render")
+    obs = Observer(tendon)
+    await kept_handle(obs)
+
+    code, _, err = await run_cli(["-m", "brain", "cancel", turn_id], env)
+    assert code == 0, err
+    await obs.wait_turn(turn_id, "cancelled")
+    (row,) = await obs.executions(turn_id)
+    assert row["status"] == "cancelled"
+    assert [r["op"] for r in records(log, "task_cancelled")] == [first["task"]]
+    (said,) = [e for e in await obs.hands_events(row["id"]) if e["kind"] == "cancelled"]
+    assert "the server confirmed the cancel (tasks/cancel)" in said["body"]["reason"]
