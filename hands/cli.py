@@ -277,6 +277,8 @@ def _describe_row(row: Execution) -> str:
     if row.error is not None:
         lines.append(f"  error {row.error.get('code')}: {row.error.get('message')}")
     lines.append(f"  output {row.output_bytes} bytes, cancel requested: {row.cancel_requested}")
+    if row.handle is not None:
+        lines.append(f"  handle {row.handle} (re-attached by after a crash)")
     return "\n".join(lines)
 
 
