@@ -102,3 +102,20 @@ async def test_hands_serve_says_in_one_line_what_is_wrong_with_its_mcp_servers(t
     missing = f"stdio:{sys.executable} -c pass"
     code, _, err = await run_cli(["-m", "hands", "serve", "--route", "lab", "--mcp", missing], {})
     assert code == 2 and len(err.strip().splitlines()) == 1 and "cannot connect to MCP server mcp" in err
+
+
+def test_a_listing_binds_the_same_way_every_time_and_a_changed_tool_is_a_new_binding() -> None:
+    from hands.tools.mcp import _Calls, _tool
+    from hands.tools.mcp_client import McpConnection
+
+    spec = parse_spec("stdio:unused")
+    calls = _Calls(McpConnection(spec))
+
+    def bound(tool: Tool) -> str:
+        return _tool("lab", spec, calls, tool, {tool.name}).binding.digest
+
+    first = listed("lookup", readOnlyHint=True)
+    assert bound(first) == bound(listed("lookup", readOnlyHint=True)), "a restart announces the same binding"
+    wider = Tool(name="lookup", input_schema={"type": "object", "properties": {"k": {"type": "string"}}})
+    assert bound(wider) != bound(first)
+    assert bound(listed("lookup", readOnlyHint=False)) != bound(first)
