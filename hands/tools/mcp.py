@@ -166,7 +166,7 @@ class _Calls:
             asked.cancel()
         if not call.done():
             said = await self._stop(call, cancel_tool, ctx)
-            if not call.cancelled() and call.exception() is None:
+            if not call.cancelled() and call.exception() is None and not call.result().is_error:
                 return result_of(call.result())  # it ended with its result before the cancel took
             raise McpCancelledError(said)
         try:
