@@ -108,6 +108,7 @@ async def serve_api(
         yield None
         return
     from brain.api import Api, Tokens
+    from brain.api.mcp_face import load_agents
     from brain.api.server import serving
 
     api = Api(
@@ -123,6 +124,7 @@ async def serve_api(
         served=served.submit if served is not None else None,
         transport=backends.transport if backends is not None else None,
         edits=ctx.threads.forget if backends is not None and backends.follows_edits else None,
+        mcp_agents=load_agents(settings.mcp_agents),
     )
     if api.tokens.open:
         log.warning(

@@ -1,0 +1,127 @@
+"""Tendon agents as MCP tools: with ``TENDON_MCP_AGENTS`` (agent definition files), the Brain's HTTP
+API also answers MCP at ``/mcp`` (Streamable HTTP, the official SDK's server side, stateless).
+
+Each agent is a tool named after it: its ``input`` becomes a durable turn of the agent (in the
+session ``session``, default ``mcp``), and the call answers with the turn's result once it ended.
+The bearer token decides the namespace, as for the rest of the API. The turn's request id is the
+call's ``request_id`` argument, else the operation id a Tendon pool sends in ``_meta`` (so a
+Tendon agent calling another through MCP never starts its turn twice), else a new one. A call
+that outlasts ``ANSWER_WAIT`` answers with the turn's id and status; the turn goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator
+from contextvars import ContextVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mcp.server.mcpserver import Context  # the tools' annotations name it: this module needs the extra
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from brain import verbs
+from brain.rules.agents import AgentDefinition
+from brain.verbs.describe import describe
+from protocol import SchemaError, TendonError, new_id
+
+if TYPE_CHECKING:
+    from brain.api.app import Api
+
+ANSWER_WAIT = 600.0  # seconds a call waits for its turn to end before it answers with its status
+OPERATION_META = "io.tendon/operation_id"
+_NAMESPACE: ContextVar[str] = ContextVar("mcp_namespace")
+
+
+def load_agents(spec: str) -> list[AgentDefinition]:
+    """The agent definitions of ``TENDON_MCP_AGENTS`` (JSON files, separated by commas)."""
+    agents = []
+    for path in filter(None, (p.strip() for p in spec.split(","))):
+        try:
+            agents.append(AgentDefinition.model_validate_json(Path(path).read_text()))
+        except (OSError, ValueError) as exc:
+            raise SchemaError(f"TENDON_MCP_AGENTS: {path} is not an agent definition: {exc}") from exc
+    return agents
+
+
+def tool_name(agent: AgentDefinition) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", agent.name)
+
+
+class McpFace:
+    """The MCP server of one Brain's API: a tool per agent, a route at /mcp."""
+
+    def __init__(self, api: Api, agents: list[AgentDefinition]) -> None:
+        from mcp.server.mcpserver import MCPServer
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        self.api = api
+        self.server = MCPServer("tendon", instructions="Each tool runs a Tendon agent's durable turn.")
+        for agent in agents:
+            self.server.add_tool(
+                self._tool(agent), name=tool_name(agent), description=agent.instructions or agent.name
+            )
+        # Auth is by bearer token; only a development API (no token) keeps the SDK's guard against
+        # DNS rebinding, which matters for a server anyone's browser can reach unauthenticated.
+        guard = TransportSecuritySettings(enable_dns_rebinding_protection=api.tokens.open)
+        app = self.server.streamable_http_app(
+            streamable_http_path="/mcp", stateless_http=True, json_response=True, transport_security=guard
+        )
+        self._inner: Any = getattr(app.routes[0], "app")  # noqa: B009 - the route's ASGI app
+
+    def route(self) -> Route:
+        return Route("/mcp", endpoint=self, methods=["GET", "POST", "DELETE"])  # an ASGI app: self
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        async with self.server.session_manager.run():
+            yield
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            namespace = self.api.tokens.caller(headers.get("authorization")).tenant()
+        except TendonError as exc:  # as the rest of the API answers it
+            from brain.api.app import status_of
+
+            body = json.dumps({"error": {"code": exc.code, "message": exc.message}}).encode()
+            status = status_of(exc)
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+            await send({"type": "http.response.body", "body": body})
+            return
+        token = _NAMESPACE.set(namespace)
+        try:
+            await self._inner(scope, receive, send)
+        finally:
+            _NAMESPACE.reset(token)
+
+    def _tool(self, agent: AgentDefinition) -> Any:
+        from mcp.server.mcpserver.exceptions import ToolError
+
+        from brain.api.routes import until_ended
+
+        api = self.api
+
+        async def run_agent(
+            input: str, ctx: Context, session: str = "mcp", request_id: str = ""
+        ) -> dict[str, Any]:
+            namespace = _NAMESPACE.get()
+            meta = ctx.request_context.meta or {}
+            request_id = request_id or str(meta.get(OPERATION_META) or "") or new_id()
+            turn_id, created = await verbs.submit(
+                api.store, namespace=namespace, session_id=session, request_id=request_id,
+                user_input=input, agent=agent, wake_channel=api.wake_channel, thread="main",
+                served=api.served, follow_edits=api.edits,
+            )  # fmt: skip
+            await until_ended(api, namespace, turn_id, ANSWER_WAIT, look=not created)
+            turn = await describe(api.store, namespace, turn_id)
+            answer = {"turn_id": turn_id, "request_id": request_id, "status": turn["status"]}
+            if turn["status"] in ("failed", "cancelled"):
+                raise ToolError(f"turn {turn_id} {turn['status']}: {json.dumps(turn.get('error'))}")
+            return {**answer, "result": turn.get("result")}
+
+        return run_agent

@@ -1,0 +1,56 @@
+"""Tendon agents as MCP tools: a Brain process serves an agent at /mcp (TENDON_MCP_AGENTS), and an
+MCP client (the official SDK) runs it with a bearer token that decides the namespace."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from brain.api.auth import hash_token
+from hands.tools.mcp_client import McpConnection, McpUnreachableError, open_client
+from hands.tools.mcp_config import McpServerSpec
+from tests.support import Observer, Processes, TendonEnv, free_port
+
+pytestmark = pytest.mark.chaos
+
+
+async def test_an_agent_served_at_mcp_runs_a_durable_turn_per_request_id_in_the_tokens_namespace(
+    tendon: TendonEnv, processes: Processes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tendon.routes.add("hello")
+    port = free_port()
+    env = {
+        **tendon.env,
+        "TENDON_HTTP": f"127.0.0.1:{port}",
+        "TENDON_MCP_AGENTS": "examples/hello_agent.json",
+        "TENDON_API_TOKENS": f"acme:{hash_token('acme-secret')}",
+    }
+    await processes.start_ready("brain", ["-m", "brain", "serve"], env)
+    hands = ["-m", "hands", "serve", "--route", "hello", "--tools", "examples.hello_tools"]
+    await processes.start_ready("hands", hands, env)
+    url = f"http://127.0.0.1:{port}/mcp"
+    spec = McpServerSpec(name="brain", url=url, headers_from_env={"Authorization": "BRAIN_AUTH"})
+    monkeypatch.setenv("BRAIN_AUTH", "Bearer acme-secret")
+
+    async with open_client(spec) as client:
+        (tool,) = (await client.list_tools()).tools
+        assert tool.name == "hello" and "input" in tool.input_schema["properties"]
+        first = await client.call_tool("hello", {"input": "Say hello", "request_id": "r1"})
+        again = await client.call_tool("hello", {"input": "Say hello", "request_id": "r1"})
+    answer = first.structured_content
+    assert answer["status"] == "completed" and "Hello, world!" in answer["result"]["text"]
+    assert again.structured_content["turn_id"] == answer["turn_id"], "the request id is idempotent"
+    turns = await Observer(tendon).fetch("SELECT namespace, session_id FROM {brain}.turns")
+    assert [(t["namespace"], t["session_id"]) for t in turns] == [("acme", "mcp")]
+
+    # A token the Brain does not know reaches no agent (HTTP 401 before any MCP).
+    async with httpx.AsyncClient() as http:
+        refusal = await http.post(url, headers={"Authorization": "Bearer wrong"}, json={})
+    assert refusal.status_code == 401 and refusal.json()["error"]["code"] == "unauthorized"
+    monkeypatch.setenv("BRAIN_AUTH", "Bearer wrong")
+    refused = McpConnection(spec)
+    try:
+        with pytest.raises(McpUnreachableError, match="cannot connect to MCP server brain"):
+            await refused.list_tools()
+    finally:
+        await refused.close()
