@@ -3,11 +3,18 @@ MCP client (the official SDK) runs it with a bearer token that decides the names
 
 from __future__ import annotations
 
+import json
+
 import httpx
+import httpx2
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from brain.api.auth import hash_token
-from hands.tools.mcp_client import McpConnection, McpUnreachableError, open_client
+from hands.tools.declare import ToolContext
+from hands.tools.mcp import McpTools
+from hands.tools.mcp_client import McpConnection, McpUnreachableError
 from hands.tools.mcp_config import McpServerSpec
 from tests.support import Observer, Processes, TendonEnv, free_port
 
@@ -32,16 +39,34 @@ async def test_an_agent_served_at_mcp_runs_a_durable_turn_per_request_id_in_the_
     spec = McpServerSpec(name="brain", url=url, headers_from_env={"Authorization": "BRAIN_AUTH"})
     monkeypatch.setenv("BRAIN_AUTH", "Bearer acme-secret")
 
-    async with open_client(spec) as client:
-        (tool,) = (await client.list_tools()).tools
-        assert tool.name == "hello" and "input" in tool.input_schema["properties"]
-        first = await client.call_tool("hello", {"input": "Say hello", "request_id": "r1"})
-        again = await client.call_tool("hello", {"input": "Say hello", "request_id": "r1"})
+    async with httpx2.AsyncClient(headers={"Authorization": "Bearer acme-secret"}) as http:
+        async with Client(streamable_http_client(url, http_client=http), cache=None) as client:
+            (tool,) = (await client.list_tools()).tools
+            assert tool.name == "hello" and "input" in tool.input_schema["properties"]
+            first = await client.call_tool("hello", {"input": "Say hello", "request_id": "r1"})
+            again = await client.call_tool("hello", {"input": "Say hello", "request_id": "r1"})
     answer = first.structured_content
     assert answer["status"] == "completed" and "Hello, world!" in answer["result"]["text"]
     assert again.structured_content["turn_id"] == answer["turn_id"], "the request id is idempotent"
+
+    # A Tendon pool's client advertises the Tasks extension: the turn is its task, its id the
+    # handle the pool keeps in its ledger before it polls.
+    kept: list[str] = []
+    ctx = ToolContext(operation_id="op-2")
+
+    async def keep(handle: str) -> None:
+        kept.append(handle)
+
+    ctx.handle_keeper = keep
+    async with McpTools("agents", [spec]) as source:
+        (hello,) = source.tools
+        followed = await hello.fn(ctx, input="Say hello")
+    (handle,) = kept
+    assert "Hello, world!" in followed["structuredContent"]["result"]["text"]
+    assert json.loads(handle)["mcp_task"] == followed["structuredContent"]["turn_id"] != answer["turn_id"]
+    assert followed["structuredContent"]["request_id"] == "op-2", "the operation id is the request id"
     turns = await Observer(tendon).fetch("SELECT namespace, session_id FROM {brain}.turns")
-    assert [(t["namespace"], t["session_id"]) for t in turns] == [("acme", "mcp")]
+    assert [(t["namespace"], t["session_id"]) for t in turns] == [("acme", "mcp")] * 2
 
     # A token the Brain does not know reaches no agent (HTTP 401 before any MCP).
     async with httpx.AsyncClient() as http:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +34,11 @@ if TYPE_CHECKING:
 ANSWER_WAIT = 600.0  # seconds a call waits for its turn to end before it answers with its status
 OPERATION_META = "io.tendon/operation_id"
 _NAMESPACE: ContextVar[str] = ContextVar("mcp_namespace")
+
+
+def current_namespace() -> str:
+    """The namespace of the MCP request being handled (its bearer token's)."""
+    return _NAMESPACE.get()
 
 
 def load_agents(spec: str) -> list[AgentDefinition]:
@@ -59,7 +64,14 @@ class McpFace:
         from mcp.server.transport_security import TransportSecuritySettings
 
         self.api = api
-        self.server = MCPServer("tendon", instructions="Each tool runs a Tendon agent's durable turn.")
+        from brain.api.mcp_tasks import TurnTasks
+
+        self.agents = {tool_name(agent): agent for agent in agents}
+        self.server = MCPServer(
+            "tendon",
+            instructions="Each tool runs a Tendon agent's durable turn.",
+            extensions=[TurnTasks(self)],
+        )
         for agent in agents:
             self.server.add_tool(
                 self._tool(agent), name=tool_name(agent), description=agent.instructions or agent.name
@@ -99,29 +111,42 @@ class McpFace:
         finally:
             _NAMESPACE.reset(token)
 
+    async def submit(
+        self, agent: AgentDefinition, args: dict[str, Any], meta: Mapping[str, Any]
+    ) -> tuple[str, bool]:
+        """Submit the turn a call asks for (in the caller's namespace): its id, and whether it is new."""
+        request_id = str(args.get("request_id") or "") or str(meta.get(OPERATION_META) or "") or new_id()
+        api = self.api
+        return await verbs.submit(
+            api.store, namespace=_NAMESPACE.get(), session_id=str(args.get("session") or "mcp"),
+            request_id=request_id, user_input=str(args.get("input", "")), agent=agent,
+            wake_channel=api.wake_channel, thread="main", served=api.served, follow_edits=api.edits,
+        )  # fmt: skip
+
+    async def turn(self, turn_id: str) -> dict[str, Any]:
+        """The turn as the caller's namespace sees it (NotFoundError in any other)."""
+        return await describe(self.api.store, _NAMESPACE.get(), turn_id)
+
     def _tool(self, agent: AgentDefinition) -> Any:
         from mcp.server.mcpserver.exceptions import ToolError
 
         from brain.api.routes import until_ended
 
-        api = self.api
-
         async def run_agent(
             input: str, ctx: Context, session: str = "mcp", request_id: str = ""
         ) -> dict[str, Any]:
-            namespace = _NAMESPACE.get()
-            meta = ctx.request_context.meta or {}
-            request_id = request_id or str(meta.get(OPERATION_META) or "") or new_id()
-            turn_id, created = await verbs.submit(
-                api.store, namespace=namespace, session_id=session, request_id=request_id,
-                user_input=input, agent=agent, wake_channel=api.wake_channel, thread="main",
-                served=api.served, follow_edits=api.edits,
-            )  # fmt: skip
-            await until_ended(api, namespace, turn_id, ANSWER_WAIT, look=not created)
-            turn = await describe(api.store, namespace, turn_id)
-            answer = {"turn_id": turn_id, "request_id": request_id, "status": turn["status"]}
+            args = {"input": input, "session": session, "request_id": request_id}
+            turn_id, created = await self.submit(agent, args, ctx.request_context.meta or {})
+            await until_ended(self.api, _NAMESPACE.get(), turn_id, ANSWER_WAIT, look=not created)
+            turn = await self.turn(turn_id)
             if turn["status"] in ("failed", "cancelled"):
                 raise ToolError(f"turn {turn_id} {turn['status']}: {json.dumps(turn.get('error'))}")
-            return {**answer, "result": turn.get("result")}
+            return answer_of(turn)
 
         return run_agent
+
+
+def answer_of(turn: dict[str, Any]) -> dict[str, Any]:
+    """What a call answers of its turn."""
+    return {"turn_id": turn["turn_id"], "request_id": turn.get("request_id"), "status": turn["status"],
+            "result": turn.get("result")}  # fmt: skip
