@@ -4,6 +4,7 @@ MCP client (the official SDK) runs it with a bearer token that decides the names
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import httpx2
@@ -16,7 +17,8 @@ from hands.tools.declare import ToolContext
 from hands.tools.mcp import McpTools
 from hands.tools.mcp_client import McpConnection, McpUnreachableError
 from hands.tools.mcp_config import McpServerSpec
-from tests.support import Observer, Processes, TendonEnv, free_port
+from hands.tools.mcp_tasks import TaskCreated
+from tests.support import Observer, Processes, TendonEnv, free_port, wait_for
 
 pytestmark = pytest.mark.chaos
 
@@ -79,3 +81,37 @@ async def test_an_agent_served_at_mcp_runs_a_durable_turn_per_request_id_in_the_
             await refused.list_tools()
     finally:
         await refused.close()
+
+
+async def test_a_long_turn_is_a_task_that_tasks_cancel_cancels(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = tmp_path / "gate"
+    agent = {
+        "name": "slow",
+        "version": "1",
+        "instructions": "Think for a while.",
+        "model": {"kind": "scripted", "script": [{"gate": str(gate), "content": "done thinking"}]},
+        "tools": [],
+    }
+    (tmp_path / "slow.json").write_text(json.dumps(agent))
+    port = free_port()
+    env = {**tendon.env, "TENDON_HTTP": f"127.0.0.1:{port}", "TENDON_MCP_AGENTS": str(tmp_path / "slow.json")}
+    await processes.start_ready("brain", ["-m", "brain", "serve"], env)
+    connection = McpConnection(McpServerSpec(name="brain", url=f"http://127.0.0.1:{port}/mcp"))
+    try:
+        with pytest.raises(TaskCreated) as created:
+            await connection.call("slow", {"input": "think"}, {})
+        task_id = created.value.task.task_id
+        assert (await connection.task("tasks/get", task_id)).status == "working"
+        await connection.task("tasks/cancel", task_id)
+        gate.touch()  # the model call in flight ends; the cancel takes the turn at that boundary
+
+        async def cancelled() -> bool:
+            return (await connection.task("tasks/get", task_id)).status == "cancelled"
+
+        await wait_for(cancelled, timeout=30, what="the task to be cancelled")
+    finally:
+        await connection.close()
+    turn = await Observer(tendon).turn(task_id)
+    assert turn is not None and turn["status"] == "cancelled", "the task id is the turn id"

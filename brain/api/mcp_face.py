@@ -77,8 +77,14 @@ class McpFace:
                 self._tool(agent), name=tool_name(agent), description=agent.instructions or agent.name
             )
         # Auth is by bearer token; only a development API (no token) keeps the SDK's guard against
-        # DNS rebinding, which matters for a server anyone's browser can reach unauthenticated.
-        guard = TransportSecuritySettings(enable_dns_rebinding_protection=api.tokens.open)
+        # DNS rebinding (loopback names only), which matters for a server any browser can reach
+        # unauthenticated.
+        loopback = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+        guard = TransportSecuritySettings(
+            enable_dns_rebinding_protection=api.tokens.open,
+            allowed_hosts=loopback,
+            allowed_origins=[f"http://{host}" for host in loopback],
+        )
         app = self.server.streamable_http_app(
             streamable_http_path="/mcp", stateless_http=True, json_response=True, transport_security=guard
         )
