@@ -3,6 +3,7 @@ listing implies, results, and discovery against a real stdio server (``tests/mcp
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from hands.tools.mcp import McpToolError, McpTools, replay_policy, result_of
 from hands.tools.mcp_config import McpConfigError, load_config, parse_spec, server_specs
 from hands.tools.registry import ToolLoadError
 from protocol import ReplayPolicy, SchemaError
-from tests.support import run_cli
+from tests.support import run_cli, wait_for
 
 
 def listed(name: str, **hints: bool) -> Tool:
@@ -119,3 +120,21 @@ def test_a_listing_binds_the_same_way_every_time_and_a_changed_tool_is_a_new_bin
     wider = Tool(name="lookup", input_schema={"type": "object", "properties": {"k": {"type": "string"}}})
     assert bound(wider) != bound(first)
     assert bound(listed("lookup", readOnlyHint=False)) != bound(first)
+
+
+async def test_a_body_cancelled_mid_call_leaves_no_call_going_on_behind_it(tmp_path: Path) -> None:
+    log, gate = tmp_path / "calls.jsonl", tmp_path / "gate"
+    spec = parse_spec(f"stdio:{sys.executable} -m tests.mcp_server --log {log} --gate {gate}")
+    async with McpTools("lab", [spec]) as source:
+        (charge,) = [t for t in source.tools if t.name == "charge"]
+        body = asyncio.create_task(charge.fn(ToolContext(operation_id="op-c"), amount=1))
+
+        async def calling() -> bool:
+            return log.exists() and "charge" in log.read_text()
+
+        await wait_for(calling, timeout=30, what="the call to reach the server")
+        body.cancel()  # as a drain out of grace, or a worker presumed dead, cancels it
+        await asyncio.gather(body, return_exceptions=True)
+        await asyncio.sleep(0.2)
+        behind = [t for t in asyncio.all_tasks() if "_Calls._start" in repr(t.get_coro()) and not t.done()]
+        assert behind == []

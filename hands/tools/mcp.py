@@ -162,6 +162,11 @@ class _Calls:
         asked = asyncio.create_task(ctx.cancelled.wait())
         try:
             await asyncio.wait([call, asked], return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            # The body itself is being cancelled (a drain out of grace, a worker presumed dead):
+            # its call must not go on behind it.
+            call.cancel()
+            raise
         finally:
             asked.cancel()
         if not call.done():
