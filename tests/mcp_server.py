@@ -124,7 +124,9 @@ async def gate(op: str = "") -> bool:
 @app.tool(annotations=ToolAnnotations(readOnlyHint=True))
 async def lookup(key: str, ctx: Context) -> dict[str, Any]:
     """Look a key up (read-only)."""
-    record(event="call", tool="lookup", op=operation(ctx))
+    http = getattr(ctx.request_context, "request", None)  # the HTTP request, over Streamable HTTP
+    api_key = http.headers.get("x-api-key") if http is not None else None
+    record(event="call", tool="lookup", op=operation(ctx), api_key=api_key)
     await gate()
     return {"key": key, "value": key.upper()}
 

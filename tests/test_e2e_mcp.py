@@ -145,6 +145,8 @@ async def test_an_mcp_servers_tools_are_announced_and_a_turn_calls_them(
     assert by_name["lookup"]["replay_policy"] == "safe" and by_name["charge"]["replay_policy"] == "unsafe"
     assert by_name["pay"]["has_query"] and not by_name["charge"]["has_query"]
     assert "secret-key-value" not in json.dumps(by_name)
+    sent = calls(log, "lookup")[0]["api_key"]
+    assert sent == ("secret-key-value" if transport == "http" else None), "headers come from the environment"
 
 
 def records(log: Path, event: str) -> list[dict[str, Any]]:
