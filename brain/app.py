@@ -112,6 +112,7 @@ async def serve_api(
         yield None
         return
     from brain.api import Api, Tokens
+    from brain.api.mcp_face import load_agents
     from brain.api.server import serving
     from brain.verbs import KnownTools
 
@@ -129,6 +130,7 @@ async def serve_api(
         transport=backends.transport if backends is not None else None,
         edits=ctx.threads.forget if backends is not None and backends.follows_edits else None,
         tools=KnownTools(served=backends.served_tools if backends is not None else None),
+        mcp_agents=load_agents(settings.mcp_agents),
     )
     if api.tokens.open:
         log.warning(

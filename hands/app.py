@@ -1,6 +1,7 @@
 """One Hands pool process, composed: ``async with HandsApp(...) as app: await app.serve()``.
 
-Start-up, in order: load the tools (fail before touching any service), open the ledger pool
+Start-up, in order: load the tools (the ``--tools`` module's, and those the MCP servers list:
+fail before touching any service), open the ledger pool
 and apply migrations, register this worker (advisory-lock liveness), open the object store
 (if configured) and the broker, start the event relay and the recovery scan, announce the
 bindings, start consuming controls and commands, write the ready file.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from types import TracebackType
@@ -35,7 +37,9 @@ from hands.run.tasks import Tasks
 from hands.run.worker import CommandConsumer
 from hands.run.writer import LedgerWriter
 from hands.store import Ledger, open_ledger
-from hands.tools.registry import ToolRegistry, load_tools
+from hands.tools.mcp import McpTools
+from hands.tools.mcp_config import McpServerSpec
+from hands.tools.registry import ToolLoadError, ToolRegistry, load_tools
 from infra.db import keep_statistics
 from infra.db.retention import DAY, Horizon, keep_pruned
 from infra.liveness import new_worker_id
@@ -85,7 +89,8 @@ class HandsApp:
         settings: Settings,
         *,
         route: str,
-        tools: str,
+        tools: str | None = None,
+        mcp: Sequence[McpServerSpec] = (),
         kill: KillPoints | None = None,
         concurrency: int | None = None,
         grace: float | None = None,
@@ -95,6 +100,7 @@ class HandsApp:
         self.backends = backends
         self.route = route
         self.tools_spec = tools
+        self.mcp = list(mcp)
         self.kill = kill or KillPoints()
         self.concurrency = concurrency or settings.concurrency
         self.grace = settings.drain_seconds if grace is None else grace
@@ -143,7 +149,7 @@ class HandsApp:
 
     async def _start(self) -> None:
         s = self.settings
-        self.registry = load_tools(self.tools_spec, self.route)
+        registry = await self._load_tools()
         backends = self.backends
         if backends is None:  # the distributed ones, closed with the app
             clear(s.ready_file)  # a dead predecessor's (the same container), before any wait
@@ -178,7 +184,7 @@ class HandsApp:
         self._stack.push_async_callback(self._cancel, self._background.all())
 
         announcement = BindingsAnnouncement(
-            body=BindingsBody(route=self.route, worker=self.worker_id, bindings=self.registry.bindings)
+            body=BindingsBody(route=self.route, worker=self.worker_id, bindings=registry.bindings)
         )
         await broker.publish(
             self.topology.bindings,
@@ -193,12 +199,23 @@ class HandsApp:
             "hands_ready",
             worker=self.worker_id,
             route=self.route,
-            tools=self.registry.names,
+            tools=registry.names,
             concurrency=self.concurrency,
             migrations_applied=applied,
             object_store=codec.store is not None,
             schema=s.hands_schema,
         )
+
+    async def _load_tools(self) -> ToolRegistry:
+        """The ``--tools`` module's tools and the MCP servers' (their connections open until the
+        pool stops), before any service is touched: a pool with nothing to serve fails here."""
+        tools = load_tools(self.tools_spec, self.route).tools if self.tools_spec else []
+        if self.mcp:
+            tools += (await self._stack.enter_async_context(McpTools(self.route, self.mcp))).tools
+        if not tools:
+            raise ToolLoadError(f"route {self.route} has nothing to serve: give --tools or --mcp")
+        self.registry = ToolRegistry(self.route, tools)
+        return self.registry
 
     def _compose(self, ledger: Ledger, broker: Transport, codec: PayloadCodec) -> None:
         """The parts of the pool, each given what it uses by name: the ledger, the writer that

@@ -1,6 +1,7 @@
 """The ``hands`` command: serve a route's tools, and look at or reconcile ledger rows.
 
     hands serve --route email --tools examples.email_tools [--concurrency N] [--grace S]
+    hands serve --route files --mcp 'stdio:python -m my_server' [--mcp URL] [--mcp-config FILE]
     hands show EXECUTION_ID [--json]
     hands reconcile EXECUTION_ID (--result JSON | --failed MESSAGE) --evidence TEXT
                     [--actor NAME] [--json]
@@ -26,6 +27,7 @@ from hands.app import HandsApp
 from hands.run.reconcile import publish, reconcile
 from hands.run.relay import stored_events
 from hands.store import Execution, Ledger, ledger_for
+from hands.tools.mcp_config import server_specs
 from infra.db import create_pool
 from infra.db.parked import show_parked
 from infra.objects.payloads import PayloadCodec, open_payload_codec
@@ -64,9 +66,24 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--route", required=True, help="the route (pool name) to serve, e.g. email")
     serve.add_argument(
         "--tools",
-        required=True,
+        default=None,
         metavar="MODULE",
         help="where the tools are declared: a module name (examples.email_tools) or a .py file",
+    )
+    serve.add_argument(
+        "--mcp",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="serve the tools of an MCP server: 'stdio:COMMAND LINE' or the URL of a Streamable "
+        "HTTP server (repeatable)",
+    )
+    serve.add_argument(
+        "--mcp-config",
+        default=None,
+        metavar="FILE",
+        help="a JSON file listing MCP servers (commands or URLs, headers from the environment, "
+        "replay overrides per tool); see docs/mcp.md",
     )
     serve.add_argument(
         "--concurrency",
@@ -148,6 +165,7 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
             settings,
             route=args.route,
             tools=args.tools,
+            mcp=server_specs(args.mcp, args.mcp_config),
             kill=KillPoints(settings.kill_at),
             concurrency=args.concurrency,
             grace=args.grace,
@@ -259,6 +277,8 @@ def _describe_row(row: Execution) -> str:
     if row.error is not None:
         lines.append(f"  error {row.error.get('code')}: {row.error.get('message')}")
     lines.append(f"  output {row.output_bytes} bytes, cancel requested: {row.cancel_requested}")
+    if row.handle is not None:
+        lines.append(f"  handle {row.handle} (re-attached by after a crash)")
     return "\n".join(lines)
 
 

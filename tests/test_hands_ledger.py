@@ -162,6 +162,25 @@ async def test_a_commit_from_a_worker_that_no_longer_owns_the_row_is_refused(led
         await ledger.transact(lambda conn: ledger.lock_owned(conn, execution_id, "w1"))
 
 
+async def test_a_handle_is_kept_only_by_the_owner_of_an_open_row_and_survives_its_changes(
+    ledger: Ledger,
+) -> None:
+    execution_id = await _execution(ledger, "w1", LedgerStatus.RUNNING)
+    kept = await ledger.transact(
+        lambda conn: ledger.keep_handle(conn, execution_id, "w1", '{"mcp_task":"t1"}')
+    )
+    stale = await ledger.transact(lambda conn: ledger.keep_handle(conn, execution_id, "w2", "{}"))
+    assert (kept, stale) == (True, False)
+    row = await _get(ledger, execution_id)
+    assert row.handle == '{"mcp_task":"t1"}'
+    (after,) = await ledger.transact(
+        lambda conn: ledger.change(conn, [Change(row, LedgerStatus.SUCCEEDED, [])])
+    )
+    assert after is not None and after.handle == row.handle == (await _get(ledger, execution_id)).handle
+    closed = await ledger.transact(lambda conn: ledger.keep_handle(conn, execution_id, "w1", "{}"))
+    assert not closed, "a closed row keeps the handle it had"
+
+
 async def test_a_status_change_outside_the_table_is_refused_and_changes_nothing(ledger: Ledger) -> None:
     execution_id = await _execution(ledger, "w1", LedgerStatus.ACCEPTED)
     row = await _get(ledger, execution_id)

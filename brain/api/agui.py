@@ -130,6 +130,7 @@ async def run(request: Request, caller: CallerDep) -> EventSourceResponse:
     turn_id, _ = await verbs.submit(
         api.store, namespace=namespace, session_id=session_id, request_id=request_id, user_input=text,
         agent=agent, wake_channel=api.wake_channel, thread=thread, served=api.served, follow_edits=api.edits,
+        tools=api.tools,
     )  # fmt: skip
     events = AguiEvents({turn_id: (session_id, request_id)})
     where = observe.EventFilter(thread=thread, turn=turn_id)

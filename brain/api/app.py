@@ -90,6 +90,8 @@ class Api:
     # their content, a thread with nothing unfinished moves to the edit), and the Brain is told
     # which thread moved.
     edits: Callable[[str], None] | None = None
+    # The agents served as MCP tools at /mcp (``TENDON_MCP_AGENTS``; brain.api.mcp_face).
+    mcp_agents: list[Any] = field(default_factory=list)
     poll: float = 0.25  # seconds between looks at the journal while a stream is idle
     # Seconds between looks at a waited-for turn that does not end here (another Brain runs it).
     wait_poll: float = 0.2
@@ -149,4 +151,9 @@ def create_app(api: Api) -> FastAPI:
     app.include_router(operator.router)
     app.include_router(operator.metrics)
     app.include_router(console.router)
+    if api.mcp_agents:
+        from brain.api.mcp_face import McpFace
+
+        app.state.mcp = McpFace(api, api.mcp_agents)
+        app.router.routes.append(app.state.mcp.route())
     return app

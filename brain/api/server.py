@@ -54,18 +54,19 @@ async def serving(api: Api, where: tuple[str, int], *, required: bool) -> AsyncI
         return
     # httptools, not h11 (pure Python): about a tenth of the Brain's CPU per call at 50 turns in
     # flight, each submitted over HTTP (docs/benchmarks/NOTES.md, twenty-first round).
-    config = uvicorn.Config(
-        create_app(api), http="httptools", log_config=None, access_log=False, lifespan="off"
-    )
+    app = create_app(api)
+    config = uvicorn.Config(app, http="httptools", log_config=None, access_log=False, lifespan="off")
     config.load()  # here, so that a missing parser fails the start, not the server's task unseen
     server = _Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]), name="http-api")
-    port = sock.getsockname()[1]
-    log.info("http_api_ready", address=f"{where[0]}:{port}")
-    try:
-        yield port
-    finally:
-        server.should_exit = True
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 5)
-        sock.close()
+    mcp = getattr(app.state, "mcp", None)  # agents served as MCP tools: their server runs meanwhile
+    async with mcp.running() if mcp is not None else contextlib.nullcontext():
+        task = asyncio.create_task(server.serve(sockets=[sock]), name="http-api")
+        port = sock.getsockname()[1]
+        log.info("http_api_ready", address=f"{where[0]}:{port}")
+        try:
+            yield port
+        finally:
+            server.should_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 5)
+            sock.close()

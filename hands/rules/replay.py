@@ -5,9 +5,14 @@ When the owner of an open execution is dead, recovery asks :func:`decide` what t
 | status at crash        | safe at intent and now | has query (tool served) | decision |
 | ---------------------- | ---------------------- | ----------------------- | -------- |
 | ACCEPTED               | any                    | any                     | START    |
+| RUNNING / QUERYING     | any, with a handle     | any                     | REATTACH |
 | RUNNING / QUERYING     | yes                    | any                     | RERUN    |
 | RUNNING / QUERYING     | no                     | yes                     | QUERY    |
 | RUNNING / QUERYING     | no                     | no                      | UNKNOWN  |
+
+"With a handle": the body committed a durable handle (an MCP task id) before waiting on the
+operation, and the tool served can re-attach by it: the operation is followed, never started
+again, whatever the policy.
 
 ACCEPTED means the body never started, so running it now is the first run whatever the
 policy says. Anything else is a crash *inside* the body (or inside the query that followed
@@ -33,6 +38,7 @@ class Recovery(StrEnum):
 
     START = "start"  # the body never started: run it (first run)
     RERUN = "rerun"  # safe then and now: run it again as a new attempt
+    REATTACH = "reattach"  # follow the operation by the handle its body kept
     QUERY = "query"  # ask the tool's query about the original operation
     UNKNOWN = "unknown"  # cannot know: wait for a reconcile
 
@@ -52,6 +58,7 @@ def decide(
     has_query: bool,
     *,
     tool: str = "the tool",
+    has_handle: bool = False,
 ) -> Decision:
     """Decide how to recover an open execution whose owner died (see the module table).
 
@@ -70,6 +77,11 @@ def decide(
             Recovery.UNKNOWN,
             f"worker died {where} of {tool}, whose binding is no longer served by this pool, "
             "so it can be neither re-run nor queried",
+        )
+    if has_handle:
+        return Decision(
+            Recovery.REATTACH,
+            f"worker died {where} of {tool} after it kept a durable handle; re-attaching by it",
         )
     if intent is ReplayPolicy.SAFE and now is ReplayPolicy.SAFE:
         return Decision(Recovery.RERUN, f"worker died {where} of safe tool {tool}; running it again")

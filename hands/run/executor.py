@@ -25,7 +25,7 @@ from hands.run.outcomes import Outcomes
 from hands.run.tasks import Tasks
 from hands.run.writer import LedgerWriter
 from hands.store import Change, Execution
-from hands.tools.declare import Found, NotFound, Tool, ToolContext
+from hands.tools.declare import Found, NotFound, OutcomeUnknownError, Tool, ToolContext
 from hands.tools.registry import ToolRegistry
 from infra.process.killpoints import KillPoints
 from infra.process.logging import get_logger
@@ -34,6 +34,7 @@ from protocol import CancelledBody, StartedBody, codec
 from protocol.storable import describe
 
 log = get_logger(__name__)
+LOST_CALL_RERUNS = 3  # a safe call whose outcome was lost this many times fails instead
 StartReason = Literal["first_run", "rerun_after_crash"]
 
 
@@ -173,10 +174,13 @@ class Executor:
             log.info("execution_started", attempt=attempt, reason=reason)
         return attempt
 
-    def _context(self, execution_id: str, attempt: int, *, output: bool) -> ToolContext:
+    def _context(
+        self, execution_id: str, attempt: int, *, output: bool, handle: str | None = None
+    ) -> ToolContext:
         cancelled = self.tasks.cancel_signal(execution_id)
-        ctx = ToolContext(operation_id=execution_id, attempt=attempt, cancelled=cancelled)
+        ctx = ToolContext(operation_id=execution_id, attempt=attempt, cancelled=cancelled, handle=handle)
         ctx.owner_check = partial(self._still_owner, execution_id)
+        ctx.handle_keeper = partial(self.outcomes.keep_handle, execution_id)
         if output:
             ctx.output = LedgerOutput(self.outcomes, execution_id)
         return ctx
@@ -190,15 +194,24 @@ class Executor:
         await self.outcomes.confirm_owner(execution_id)
 
     async def _body(
-        self, row: Execution, tool: Tool, attempt: int, args: dict[str, Any] | None = None
-    ) -> None:
+        self, row: Execution, tool: Tool, attempt: int, args: dict[str, Any] | None = None,
+        *, reattach: bool = False,
+    ) -> None:  # fmt: skip
+        """Run the tool's body (or, with ``reattach``, follow the operation its handle names)."""
         execution_id = row.execution_id
         self._kill.hit("hands.before_tool_body", row.call_id)
-        ctx = self._context(execution_id, attempt, output=True)
+        ctx = self._context(execution_id, attempt, output=True, handle=row.handle)
+        body = tool.reattach if reattach and tool.reattach is not None else tool.fn
         try:
             if args is None:
                 args = tool.validate_args(row.args or {})
-            result = _jsonable(await tool.fn(ctx, **args))
+            result = _jsonable(await body(ctx, **args))
+        except OutcomeUnknownError as exc:
+            if ctx.cancelled.is_set():
+                await self._tool_stopped(row, ctx, exc)
+            else:
+                await self._lost(row, tool, attempt, exc)
+            return
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -211,6 +224,34 @@ class Executor:
             return
         self._kill.hit("hands.after_tool_body", row.call_id)
         await self.outcomes.succeed(execution_id, result)
+
+    async def _lost(self, row: Execution, tool: Tool, attempt: int, exc: OutcomeUnknownError) -> None:
+        """The body could not tell whether its effect happened (a remote call whose connection
+        broke): the replay rule decides as after a crash, and this worker acts on it at once."""
+        self._kill.hit("hands.after_tool_body", row.call_id)
+        execution_id = row.execution_id
+        handle = (await self.outcomes.row(execution_id)).handle
+        if handle is not None and tool.reattach is not None:
+            # The body followed an operation by its handle and lost sight of it: it may still run.
+            reason = f"{describe(exc)}; the operation it follows ({handle}) was not seen to end"
+            await self.outcomes.mark_unknown(execution_id, reason)
+            return
+        decision = decide(
+            LedgerStatus.RUNNING, row.replay_policy or "unsafe", tool.binding.replay_policy,
+            tool.query is not None, tool=tool.name,
+        )  # fmt: skip
+        log.warning("tool_outcome_lost", error=describe(exc), action=decision.action.value)
+        if decision.action is Recovery.RERUN:
+            if attempt < LOST_CALL_RERUNS:
+                await self.run(execution_id, "rerun_after_crash")
+            else:
+                error = f"{describe(exc)} (attempt {attempt} of safe tool {tool.name}; not tried again)"
+                await self.outcomes.fail(execution_id, {"code": "tool_error", "message": error})
+        elif decision.action is Recovery.QUERY:
+            await self.query(row, tool)
+        else:
+            reason = f"{describe(exc)}; unsafe tool {tool.name} has no query, so it is not called again"
+            await self.outcomes.mark_unknown(execution_id, reason)
 
     async def _tool_stopped(self, row: Execution, ctx: ToolContext, exc: BaseException) -> None:
         """Save the outcome of a body that raised: CANCELLED if a cancel was asked, else FAILED."""
@@ -255,12 +296,16 @@ class Executor:
                 served.binding.replay_policy if served else None,
                 bool(served and served.query),
                 tool=row.tool or "an unknown tool",
+                has_handle=bool(row.handle and served and served.reattach),
             )
             log.info("recovering", action=decision.action.value, reason=decision.reason)
             if decision.action is Recovery.START:
                 await self.run(row.execution_id, "first_run", row=row)
             elif decision.action is Recovery.RERUN:
                 await self.run(row.execution_id, "rerun_after_crash", row=row)
+            elif decision.action is Recovery.REATTACH:
+                assert served is not None
+                await self._body(row, served, max(row.attempts, 1), reattach=True)
             elif decision.action is Recovery.QUERY:
                 assert served is not None
                 await self.query(row, served)

@@ -172,6 +172,18 @@ class Outcomes:
                 "handed over (or closed) while this worker was not looking"
             )
 
+    async def keep_handle(self, execution_id: str, handle: str) -> None:
+        """Commit the durable handle a body got (``ctx.keep_handle``); StaleOwnerError if this
+        worker no longer holds the execution. Tried again after a passing fault: writing the same
+        handle twice is harmless."""
+        kept = await self._patiently(
+            lambda: self.ledger.transact(
+                lambda conn: self.ledger.keep_handle(conn, execution_id, self.worker_id, handle)
+            )
+        )
+        if not kept:
+            raise StaleOwnerError(f"execution {execution_id} is no longer held by worker {self.worker_id}")
+
     async def _patiently(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """``attempt()``, tried again after a passing fault (each pause longer) for as long as this
         worker commits (an attempt must be safe to repeat)."""

@@ -175,6 +175,18 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
             released += int(str(status).split()[-1])
         return released
 
+    async def keep_handle(self, conn: Connection, execution_id: str, owner: str, handle: str) -> bool:
+        """Record the durable handle of an open execution ``owner`` holds; False if it no longer
+        holds it (fenced like a change: a worker presumed dead writes nothing)."""
+        status = await conn.execute(
+            """UPDATE executions SET handle = $3, updated_at = now()
+                WHERE execution_id = $1 AND owner = $2 AND open""",
+            execution_id,
+            owner,
+            handle,
+        )
+        return str(status).endswith(" 1")
+
     async def request_cancel(self, conn: Connection, execution_id: str) -> Execution | None:
         rec = await conn.fetchrow(
             f"UPDATE executions SET cancel_requested = true, updated_at = now() WHERE execution_id = $1"

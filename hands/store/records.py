@@ -39,6 +39,7 @@ class Execution:
     cancel_requested: bool
     created_at: datetime
     updated_at: datetime
+    handle: str | None = None  # what its body committed to re-attach by (``Ledger.keep_handle``)
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> Execution:

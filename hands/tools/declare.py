@@ -38,12 +38,23 @@ class NotFound:
     """A query's answer: the external system never saw the original operation."""
 
 
+class OutcomeUnknownError(Exception):
+    """A body raises it when it cannot tell whether its side effect happened (a connection that
+    broke while a remote call was in flight): the pool then does what it does after a crash in
+    the body (``hands.rules.replay``): a safe tool runs again, an unsafe one is asked by its
+    query or becomes UNKNOWN, never called again blindly."""
+
+
 class _NullOutput:
     async def write(self, data: str) -> None:  # pragma: no cover - trivial
         return None
 
 
 async def _always_owner() -> None:  # a context made outside a worker (tests of a tool)
+    return None
+
+
+async def _keep_nowhere(handle: str) -> None:  # a context made outside a worker
     return None
 
 
@@ -56,6 +67,16 @@ class ToolContext:
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     output: OutputWriter = field(default_factory=_NullOutput)
     owner_check: Callable[[], Awaitable[None]] = _always_owner
+    handle: str | None = None  # the handle an earlier attempt kept, when re-attaching
+    handle_keeper: Callable[[str], Awaitable[None]] = _keep_nowhere
+
+    async def keep_handle(self, handle: str) -> None:
+        """Commit ``handle`` (text, e.g. JSON naming a remote task) to the ledger before waiting on
+        the operation it names: if this worker dies, the tool's ``reattach`` gets it back as
+        ``ctx.handle`` on another worker, which follows the operation instead of starting it
+        again. Raises ``StaleOwnerError`` if this worker no longer holds the execution."""
+        await self.handle_keeper(handle)
+        self.handle = handle
 
     async def ensure_owner(self) -> None:
         """Call it right before a side effect that must not happen twice. It returns only while
@@ -74,12 +95,15 @@ QueryFn = Callable[..., Awaitable[Found | NotFound]]
 
 @dataclass(frozen=True)
 class Tool:
-    """A declared tool: its function, optional query, and frozen binding."""
+    """A declared tool: its function, optional query, and frozen binding. ``reattach`` (same
+    parameters as ``fn``) follows an operation an earlier attempt started and named by
+    ``ctx.keep_handle``, to its result: recovery calls it instead of the replay rule."""
 
     fn: ToolFn
     binding: ToolBinding
     query: QueryFn | None
     args_model: type
+    reattach: ToolFn | None = None
 
     @property
     def name(self) -> str:

@@ -56,6 +56,10 @@ class ToolRegistry:
         return sorted(self._by_name)
 
     @property
+    def tools(self) -> list[Tool]:
+        return [t for n in self.names for _, t in sorted(self._by_name[n].items())]
+
+    @property
     def bindings(self) -> list[ToolBinding]:
         return [t.binding for n in self.names for _, t in sorted(self._by_name[n].items())]
 

@@ -155,6 +155,11 @@ class Settings(BaseSettings):
         description="SHA256 hashes (comma-separated) of the tokens of operators (reconcile, parked, "
         "`/metrics`)",
     )
+    mcp_agents: str = Field(
+        default="",
+        description="agent definition files (comma-separated) the HTTP API also serves as MCP tools at "
+        "`/mcp` (the `mcp` extra); none: no `/mcp`",
+    )
     url: str = Field(
         default="",
         description="the HTTP API the `brain` verbs (submit, show, wait, controls...) use instead of the "

@@ -1,0 +1,2 @@
+-- See postgres/0007_handles.sql: the same change here.
+ALTER TABLE executions ADD COLUMN handle text;

@@ -1,0 +1,297 @@
+"""MCP servers as a source of tools: each tool a server lists becomes a :class:`Tool` like one
+declared with ``@tool``, so the pool runs it, records it and recovers it the same way.
+
+Binding: the server's name, description and input schema; the version is a digest of the tool's
+whole listing, so a server whose tool changed announces a new binding. Replay policy: safe when
+the tool is annotated ``readOnlyHint``, else unsafe (``idempotentHint`` is only noted: it is the
+server's word, not a handle Tendon can check), unless the config says otherwise per tool.
+
+Every ``tools/call`` carries the execution id as ``_meta["io.tendon/operation_id"]``, for a
+server that uses it as an idempotency key. A tool whose listing declares the Tendon durable
+extension, ``_meta["io.tendon/durable"] = {"query": TOOL, "cancel": TOOL}``, is recovered by
+its query after a crash (called with ``{"operation_id": ID}``, it answers a structured
+``{"found": true, "result": ...}`` or ``{"found": false}``) and stopped by its cancel tool
+(same argument) when Tendon cancels the call.
+
+Results keep the server's content blocks and structured content:
+``{"content": [...], "structuredContent": ...}``; ``isError`` fails the call with the text of
+its content (a tool error the model sees). A connection that breaks during a call raises
+:class:`OutcomeUnknownError`: the replay rule decides, never a blind second call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from functools import partial
+from types import TracebackType
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from hands.tools.declare import Found, NotFound, OutcomeUnknownError, Tool, ToolContext
+from hands.tools.mcp_client import McpConnection, McpConnectionLostError, McpUnreachableError
+from hands.tools.mcp_config import McpServerSpec
+from hands.tools.registry import ToolLoadError
+from infra.process.logging import get_logger
+from protocol import ReplayPolicy, SchemaError, ToolBinding, codec, digest
+
+log = get_logger(__name__)
+OPERATION_META = "io.tendon/operation_id"
+DURABLE_META = "io.tendon/durable"
+CANCEL_WAIT = 10.0  # how long a cancelled call may take to end once the server confirmed the cancel
+FOLLOW_TRIES = 10  # connections lost in a row while following a task before it is left UNKNOWN
+
+
+def _task_id(handle: str | None) -> str:
+    return str(codec.loads(handle or "{}").get("mcp_task", ""))
+
+
+class McpToolError(Exception):
+    """The server answered the call with ``isError``."""
+
+
+class McpCancelledError(Exception):
+    """The call was stopped by a Tendon cancel; the message says whether the server confirmed."""
+
+
+@dataclass(frozen=True)
+class McpTool(Tool):
+    """A tool served by an MCP server, validated against the JSON Schema the server lists."""
+
+    server: str = ""
+    idempotent: bool = False
+
+    def validate_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        errors = list(Draft202012Validator(self.binding.input_schema).iter_errors(args))
+        if errors:
+            detail = "; ".join(f"{'.'.join(map(str, e.path)) or '<root>'}: {e.message}" for e in errors[:5])
+            raise SchemaError(f"arguments for tool {self.name!r} are invalid: {detail}")
+        return dict(args)
+
+
+def _dump(model: Any) -> Any:
+    return model.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def result_of(result: Any) -> dict[str, Any]:
+    """A ``CallToolResult`` as the execution's result, or McpToolError for ``isError``."""
+    content = [_dump(block) for block in result.content]
+    if result.is_error:
+        texts = [b.get("text", "") for b in content if b.get("type") == "text"]
+        raise McpToolError("; ".join(t for t in texts if t) or "the MCP server answered isError")
+    out: dict[str, Any] = {"content": content}
+    if result.structured_content is not None:
+        out["structuredContent"] = result.structured_content
+    return out
+
+
+def replay_policy(listed: Any, overrides: dict[str, ReplayPolicy]) -> ReplayPolicy:
+    """Safe only for a read-only tool, unless the config says otherwise."""
+    if listed.name in overrides:
+        return overrides[listed.name]
+    annotations = listed.annotations
+    return (
+        ReplayPolicy.SAFE if annotations is not None and annotations.read_only_hint else ReplayPolicy.UNSAFE
+    )
+
+
+class _Calls:
+    """The calls of one server's tools, through its connection."""
+
+    def __init__(self, connection: McpConnection) -> None:
+        self.connection = connection
+
+    async def call(self, name: str, cancel_tool: str | None, ctx: ToolContext, **args: Any) -> Any:
+        if not ctx.cancelled.is_set():
+            await ctx.ensure_owner()  # right before the effect: a worker presumed dead stops here
+        return await self._watched(self._start(name, args, ctx), cancel_tool, ctx)
+
+    async def reattach(self, name: str, cancel_tool: str | None, ctx: ToolContext, **args: Any) -> Any:
+        """Follow the task an earlier attempt started (``ctx.handle``) to its end; never call."""
+        return await self._watched(self._follow(_task_id(ctx.handle), ctx), cancel_tool, ctx)
+
+    async def _start(self, name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
+        from hands.tools.mcp_tasks import TaskCreated
+
+        try:
+            return await self.connection.call(name, args, {OPERATION_META: ctx.operation_id})
+        except TaskCreated as created:
+            task_id = created.task.task_id
+        # In the ledger before the wait: from here on a crash re-attaches instead of calling again.
+        handle = {"mcp_task": task_id, "server": self.connection.spec.name}
+        await ctx.keep_handle(codec.dumps(handle).decode())
+        log.info("mcp_task_kept", task_id=task_id, tool=name)
+        return await self._follow(task_id, ctx)
+
+    async def _follow(self, task_id: str, ctx: ToolContext) -> Any:
+        """Poll ``tasks/get`` until the task ends: its result, or the error it ended with."""
+        from hands.tools.mcp_tasks import final_result
+
+        losses = 0
+        while True:
+            try:
+                state = await self.connection.task("tasks/get", task_id)
+            except (McpConnectionLostError, McpUnreachableError) as exc:
+                losses += 1  # asking is harmless: ask again, on a new connection
+                if losses >= FOLLOW_TRIES:
+                    raise OutcomeUnknownError(f"{exc} (following task {task_id}, {losses} times)") from exc
+                await asyncio.sleep(0.5)
+                continue
+            if state.status == "completed":
+                return final_result(state)
+            if state.status == "failed":
+                raise McpToolError(f"task {task_id} failed: {(state.error or {}).get('message', '')}")
+            if state.status == "cancelled":
+                raise McpCancelledError(f"task {task_id} was cancelled: {state.status_message or ''}")
+            if state.status == "input_required":
+                with contextlib.suppress(Exception):
+                    await self.connection.task("tasks/cancel", task_id)
+                raise McpToolError(
+                    f"task {task_id} asked for input, which this pool cannot give; cancelled it"
+                )
+            await asyncio.sleep(min(max((state.poll_interval_ms or 500) / 1000, 0.05), 5.0))
+
+    async def _watched(
+        self, work: Coroutine[Any, Any, Any], cancel_tool: str | None, ctx: ToolContext
+    ) -> Any:
+        """Run ``work`` (the call, or following its task) until it ends or a cancel is asked."""
+        call = asyncio.create_task(work)
+        asked = asyncio.create_task(ctx.cancelled.wait())
+        try:
+            await asyncio.wait([call, asked], return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            # The body itself is being cancelled (a drain out of grace, a worker presumed dead):
+            # its call must not go on behind it.
+            call.cancel()
+            raise
+        finally:
+            asked.cancel()
+        if not call.done():
+            said = await self._stop(call, cancel_tool, ctx)
+            if not call.cancelled() and call.exception() is None and not call.result().is_error:
+                return result_of(call.result())  # it ended with its result before the cancel took
+            raise McpCancelledError(said)
+        try:
+            return result_of(call.result())
+        except McpConnectionLostError as exc:
+            raise OutcomeUnknownError(str(exc)) from exc
+
+    async def _stop(self, call: asyncio.Task[Any], cancel_tool: str | None, ctx: ToolContext) -> str:
+        """Stop a call in flight: its task by ``tasks/cancel``, else by the tool's cancel tool (the
+        call's own answer then ends it), else by cancelling the request (``notifications/
+        cancelled``, which a server may ignore). Returns what the server said."""
+        how: str | None = None
+        if ctx.handle is not None:
+            how, stop = "tasks/cancel", partial(self.connection.task, "tasks/cancel", _task_id(ctx.handle))
+        elif cancel_tool is not None:
+            how, stop = (
+                cancel_tool,
+                partial(self.connection.call, cancel_tool, {"operation_id": ctx.operation_id}, {}),
+            )
+        said = "the server has no cancel tool; the request was cancelled (notifications/cancelled)"
+        if how is not None:
+            try:
+                confirmed = not getattr(await stop(), "is_error", False)
+                said = f"the server {'confirmed' if confirmed else 'refused'} the cancel ({how})"
+            except Exception as exc:  # noqa: BLE001 - said in the outcome
+                confirmed = False
+                said = f"the cancel ({how}) failed: {type(exc).__name__}: {exc}"
+            if confirmed:
+                await asyncio.wait([call], timeout=CANCEL_WAIT)
+                if call.done():
+                    return said
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+        return said
+
+    async def query(self, query_tool: str, ctx: ToolContext, **_: Any) -> Found | NotFound:
+        answer = await self.connection.call(query_tool, {"operation_id": ctx.operation_id}, {})
+        if answer.is_error:
+            raise McpToolError(f"query tool {query_tool} answered isError")
+        found = (answer.structured_content or {}).get("found")
+        if found is True:
+            result = answer.structured_content.get("result")
+            return Found({"content": [], "structuredContent": result})
+        if found is False:
+            return NotFound()
+        raise McpToolError(f"query tool {query_tool} answered without a structured found: true or false")
+
+
+def _tool(route: str, spec: McpServerSpec, calls: _Calls, listed: Any, names: set[str]) -> McpTool:
+    listing = _dump(listed)
+    durable = (listed.meta or {}).get(DURABLE_META) or {}
+    query = durable.get("query") if durable.get("query") in names else None
+    cancel = durable.get("cancel") if durable.get("cancel") in names else None
+    annotations = listed.annotations
+    binding = ToolBinding.build(
+        name=listed.name,
+        version=f"mcp-{digest(listing)[:12]}",
+        route=route,
+        description=listed.description or listed.title or "",
+        input_schema=listed.input_schema,
+        replay_policy=replay_policy(listed, spec.replay),
+        has_query=query is not None,
+    )
+    return McpTool(
+        fn=partial(calls.call, listed.name, cancel),
+        binding=binding,
+        query=partial(calls.query, query) if query else None,
+        reattach=partial(calls.reattach, listed.name, cancel),
+        args_model=dict,
+        server=spec.name,
+        idempotent=bool(annotations is not None and annotations.idempotent_hint),
+    )
+
+
+class McpTools:
+    """The tools of the MCP servers ``specs`` for ``route``, discovered when entered; their
+    connections live until it is left."""
+
+    def __init__(self, route: str, specs: Sequence[McpServerSpec]) -> None:
+        self.route = route
+        self.specs = list(specs)
+        self.tools: list[McpTool] = []
+        self._connections: list[McpConnection] = []
+
+    async def __aenter__(self) -> McpTools:
+        try:
+            for spec in self.specs:
+                await self._discover(spec)
+        except BaseException:
+            await self._close()
+            raise
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._close()
+
+    async def _discover(self, spec: McpServerSpec) -> None:
+        connection = McpConnection(spec)
+        self._connections.append(connection)
+        listed = await connection.list_tools()
+        if not listed:
+            raise ToolLoadError(f"MCP server {spec.name} ({spec.where}) lists no tools")
+        taken = {t.name: t.server for t in self.tools}
+        names = {t.name for t in listed}
+        calls = _Calls(connection)
+        for one in listed:
+            if one.name in taken:
+                raise ToolLoadError(
+                    f"MCP servers {taken[one.name]} and {spec.name} both list a tool named {one.name}: "
+                    "serve them on different routes"
+                )
+            tool = _tool(self.route, spec, calls, one, names)
+            self.tools.append(tool)
+            log.info(
+                "mcp_tool_bound", server=spec.name, tool=tool.name, replay=tool.binding.replay_policy.value,
+                idempotent=tool.idempotent, has_query=tool.query is not None,
+            )  # fmt: skip
+
+    async def _close(self) -> None:
+        for connection in self._connections:
+            await connection.close()
