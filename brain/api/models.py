@@ -38,6 +38,11 @@ class SubmitRequest(BaseModel):
     input: str = Field(description="the user's input")
     agent: AgentDefinition = Field(description="the agent definition (a thread is pinned to its version)")
     thread: str = Field(default="main", description="the session's thread (created on first use)")
+    metadata: dict[str, str] | None = Field(
+        default=None,
+        description="string pairs set on the session (at most 32; the sessions list searches them)",
+    )
+    thread_metadata: dict[str, str] | None = Field(default=None, description="string pairs set on the thread")
     expect_tools: bool = Field(
         default=False,
         description="take the agent's tools that no Hands pool has announced yet (a pool that starts "

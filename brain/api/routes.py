@@ -119,6 +119,7 @@ async def submit(request: Request) -> Response:
         api.store, namespace=namespace, session_id=request.path_params["session_id"],
         request_id=body.request_id, user_input=body.input, agent=body.agent, wake_channel=api.wake_channel,
         thread=body.thread, served=api.served, follow_edits=api.edits, expect_tools=body.expect_tools,
+        metadata=body.metadata, thread_metadata=body.thread_metadata,
         tools=api.tools,
     )  # fmt: skip
     answer = Submitted(turn_id=turn_id, created=created)

@@ -36,6 +36,8 @@ class Access(Protocol):
         thread: str,
         *,
         expect_tools: bool,
+        metadata: dict[str, str] | None = None,
+        thread_metadata: dict[str, str] | None = None,
     ) -> dict[str, Any]: ...
     async def describe(self, turn_id: str) -> dict[str, Any]: ...
     async def until_ended(self, turn_id: str, seconds: float) -> dict[str, Any]: ...
@@ -72,12 +74,15 @@ class Direct:
         thread: str,
         *,
         expect_tools: bool,
+        metadata: dict[str, str] | None = None,
+        thread_metadata: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """As the API answers it: the turn id, whether this call made it, and why some of the
         agent's tools would not run now (``warnings``, asked of the broker for a new turn)."""
         turn_id, created = await verbs.submit(
             self.store, namespace=self.namespace, session_id=session, request_id=request_id, user_input=text,
             agent=agent, wake_channel=wake_channel(self.settings), thread=thread, expect_tools=expect_tools,
+            metadata=metadata, thread_metadata=thread_metadata,
         )  # fmt: skip
         warnings = await self._unserved(agent) if created and agent.tools else []
         return {"turn_id": turn_id, "created": created, "warnings": warnings}
@@ -176,10 +181,13 @@ class Remote:
         thread: str,
         *,
         expect_tools: bool,
+        metadata: dict[str, str] | None = None,
+        thread_metadata: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         return await self.client.submitted(
-            session, request_id, text, agent, thread=thread, expect_tools=expect_tools
-        )
+            session, request_id, text, agent, thread=thread, expect_tools=expect_tools, metadata=metadata,
+            thread_metadata=thread_metadata,
+        )  # fmt: skip
 
     async def describe(self, turn_id: str) -> dict[str, Any]:
         return await self.client.turn(turn_id)

@@ -126,6 +126,12 @@ def _parser() -> argparse.ArgumentParser:
         help="take tools no Hands pool has announced yet (a pool that starts later) instead of refusing "
         "them as unknown; the agent's expect_tools field says it for some tools, in the definition",
     )
+    s.add_argument(
+        "--meta", action="append", metavar="KEY=VALUE", help="set on the session (repeatable); searchable"
+    )
+    s.add_argument(
+        "--thread-meta", action="append", metavar="KEY=VALUE", help="set on the thread (repeatable)"
+    )
     s.add_argument("input", help="the user's input for this turn")
 
     s = sub.add_parser(

@@ -139,25 +139,23 @@ class AsyncClient:
         return json.loads(answer)
 
     async def submit(
-        self,
-        session: str,
-        request_id: str,
-        text: str,
-        agent: AgentDefinition | dict[str, Any],
-        *,
-        thread: str = "main",
-        expect_tools: bool = False,
-    ) -> str:
+        self, session: str, request_id: str, text: str, agent: AgentDefinition | dict[str, Any], *,
+        thread: str = "main", expect_tools: bool = False, metadata: dict[str, str] | None = None,
+        thread_metadata: dict[str, str] | None = None,
+    ) -> str:  # fmt: skip
         """Accept a turn durably; its id (the same for the same request id and input). An agent
-        naming a tool no Hands pool announced raises UnknownToolError, unless ``expect_tools``."""
+        naming a tool no Hands pool announced raises UnknownToolError, unless ``expect_tools``.
+        ``metadata``, ``thread_metadata``: string pairs set on the session and the thread."""
         found = await self.submitted(
-            session, request_id, text, agent, thread=thread, expect_tools=expect_tools
-        )
+            session, request_id, text, agent, thread=thread, expect_tools=expect_tools, metadata=metadata,
+            thread_metadata=thread_metadata,
+        )  # fmt: skip
         return str(found["turn_id"])
 
     async def submitted(
         self, session: str, request_id: str, text: str, agent: AgentDefinition | dict[str, Any], *,
         thread: str = "main", wait: float = 0, expect_tools: bool = False,
+        metadata: dict[str, str] | None = None, thread_metadata: dict[str, str] | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         """:meth:`submit`, answering ``{"turn_id", "created"}`` (False: that request was known),
         and ``"warnings"`` when some of the agent's tools would not run now; with ``wait``, once
@@ -166,6 +164,7 @@ class AsyncClient:
         body["thread"] = thread
         if expect_tools:
             body["expect_tools"] = True
+        body.update({k: v for k, v in (("metadata", metadata), ("thread_metadata", thread_metadata)) if v})
         params = {"wait": _seconds(wait)} if wait else {}
         path = f"/v1/sessions/{session}/turns"
         return await self._request("POST", path, params=params, body=body)  # type: ignore[no-any-return]

@@ -43,12 +43,24 @@ async def submit(settings: Settings, args: argparse.Namespace) -> int:
     agent = AgentDefinition.from_file(args.agent)
     async with access(settings, args.url) as brain:
         said = await brain.submit(
-            args.session, args.request_id, args.input, agent, args.thread, expect_tools=args.expect_tools
-        )
+            args.session, args.request_id, args.input, agent, args.thread, expect_tools=args.expect_tools,
+            metadata=pairs(args.meta), thread_metadata=pairs(args.thread_meta),
+        )  # fmt: skip
     print(said["turn_id"], flush=True)
     for warning in said.get("warnings") or ():
         print(f"brain: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def pairs(given: list[str] | None) -> dict[str, str]:
+    """``KEY=VALUE`` arguments as pairs (SchemaError, exit 2, for one without ``=``)."""
+    found = {}
+    for item in given or ():
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SchemaError(f"metadata takes KEY=VALUE, not {item!r}")
+        found[key] = value
+    return found
 
 
 async def show(settings: Settings, args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ field              part (PostgreSQL's)        what it owns
 ``views``          ``Views`` (``_pg``)        a turn as its description reads it
 ``waits``          ``Waits``                  built-in waits: those the clock answers, a signal's
 ``schedules``      ``Schedules``              schedules, and those due now
+``metadata``       ``Metadata``               sessions' and threads' metadata (string pairs)
 ``gauges``         ``GaugeRows``              what the metrics count when scraped
 ``retention``      ``RetentionRows``          what retention prunes (the journal of closed sessions)
 =================  =========================  ====================================================
@@ -64,6 +65,7 @@ from brain.store.failures import Failures
 from brain.store.gauges import GaugeRows, Gauges
 from brain.store.journal import Journal
 from brain.store.journal_pg import PgJournal
+from brain.store.metadata import Metadata
 from brain.store.outbox import Outbox
 from brain.store.outbox_pg import PgOutbox
 from brain.store.repairs import Repairs
@@ -129,6 +131,7 @@ class BrainStore(StoreBase, ParkedRows):
     views: Views
     waits: Waits
     schedules: Schedules
+    metadata: Metadata
     gauges: GaugeRows
     retention: RetentionRows
 
@@ -148,6 +151,7 @@ class BrainStore(StoreBase, ParkedRows):
         self.views = Views(self)
         self.waits = Waits(self)
         self.schedules = Schedules(self)
+        self.metadata = Metadata(self)
         self.gauges = GaugeRows(self)
         self.retention = RetentionRows(self)
 

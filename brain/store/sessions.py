@@ -22,13 +22,15 @@ _SESSION = f"""SELECT s.id, s.created_at, s.closed_at,
        (SELECT t.id FROM turns t WHERE t.session_id = s.id ORDER BY t.seq DESC LIMIT 1) AS last_turn
   FROM sessions s WHERE s.namespace = $1"""
 # What a search matches: a part of the session's id (its key without the namespace), of the name
-# of an agent one of its threads runs, or of the request id of one of its turns (case-insensitive;
-# ``{p}``: a LIKE pattern).
+# of an agent one of its threads runs, of the request id of one of its turns, or of its metadata
+# as ``key=value`` (case-insensitive; ``{p}``: a LIKE pattern).
 _SEARCH = """ AND (lower(substr(s.id, length(s.namespace) + 2)) LIKE {p} ESCAPE '!'
        OR EXISTS (SELECT 1 FROM threads th
                    WHERE th.session_id = s.id AND lower(th.agent_name) LIKE {p} ESCAPE '!')
        OR EXISTS (SELECT 1 FROM turns t
-                   WHERE t.session_id = s.id AND lower(t.request_id) LIKE {p} ESCAPE '!'))"""
+                   WHERE t.session_id = s.id AND lower(t.request_id) LIKE {p} ESCAPE '!')
+       OR EXISTS (SELECT 1 FROM metadata m WHERE m.scope = 'session' AND m.id = s.id
+                     AND lower(m.key || '=' || m.value) LIKE {p} ESCAPE '!'))"""
 _TURN = """SELECT t.id, t.seq, t.session_id, t.thread_id, th.name AS thread, th.agent_name, th.agent_version,
        t.request_id, t.status, t.phase, t.waiting_for, t.revision, t.created_at, t.updated_at
   FROM turns t JOIN threads th ON th.id = t.thread_id"""

@@ -9,6 +9,7 @@ from typing import Any
 
 from brain.rules.submits import session_key, shown_session
 from brain.store import BrainStore
+from brain.store.metadata import SESSION
 from brain.verbs.sessions import shown_turn
 from infra.db import Connection
 from infra.db.store import as_time
@@ -43,7 +44,8 @@ async def sessions(
 ) -> dict[str, Any]:
     """A page of ``namespace``'s sessions, newest first, each with its counts and latest turn (its
     status, agent, input and times); ``next`` is the cursor of the page after (None: the last).
-    ``search`` keeps those whose id, an agent's name or a request id holds it."""
+    ``search`` keeps those whose id, an agent's name, a request id or metadata (``key=value``)
+    holds it."""
     for what, text in (("search", search), ("after", after)):
         if unstorable(text) is not None:
             raise SchemaError(f"{what} cannot be looked for: its text {unstorable(text)}")
@@ -55,6 +57,7 @@ async def sessions(
         )
         latest = [r["last_turn"] for r in rows if r["last_turn"]]
         last = {t["id"]: shown_turn(namespace, t) for t in await store.sessions.turns_by_id(conn, latest)}
+        described = await store.metadata.of(conn, SESSION, [r["id"] for r in rows])
         found = []
         for r in rows:
             turn = last.get(r["last_turn"])
@@ -62,7 +65,7 @@ async def sessions(
                 inputs = await store.sessions.inputs(conn, r["id"], [turn["id"]])
                 turn["input"] = _shown(inputs.get(turn["id"]))
             shown = {**{k: r[k] for k in SESSION_FIELDS}, "id": shown_session(namespace, r["id"])}
-            found.append({**shown, "last_turn": turn})
+            found.append({**shown, "metadata": described.get(r["id"], {}), "last_turn": turn})
         more = len(rows) == limit
         cursor = f"{as_time(rows[-1]['created_at']).isoformat()}|{found[-1]['id']}" if more else None
         return {"sessions": found, "next": cursor}

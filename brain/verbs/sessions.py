@@ -7,12 +7,14 @@ answers what the first call did, however many race; with other input it raises C
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from brain.rules.agents import AgentDefinition
+from brain.rules.metadata import check_metadata
 from brain.rules.submits import MAIN_THREAD, Submit, session_key, shown_session, thread_id
 from brain.store import BrainStore
+from brain.store.metadata import SESSION, THREAD
 from brain.verbs.tools import KnownTools
 from brain.verbs.turn_history import turn_history
 from infra.db import Connection
@@ -44,6 +46,8 @@ async def submit(
     follow_edits: Callable[[str], None] | None = None,
     expect_tools: bool = False,
     tools: KnownTools | None = None,
+    metadata: Mapping[str, str] | None = None,
+    thread_metadata: Mapping[str, str] | None = None,
 ) -> tuple[str, bool]:
     """Accept a turn durably (invariant 1) on ``thread`` of the session (created on first use,
     pinned to ``agent``'s version); returns (turn id, created by this call). ``served``: a Brain's
@@ -60,8 +64,13 @@ async def submit(
     An agent whose model kind no Brain has, or that names a tool no Hands pool has announced, is
     refused (``KnownTools.admit``; ``tools``: what this process knows of them already), unless
     ``expect_tools`` (or the agent's own ``expect_tools``) says a pool will announce it later.
+
+    ``metadata`` and ``thread_metadata`` are set on the session and the thread right after the
+    turn's commit (apart from it: a submit without them writes nothing more); a repeated submit
+    sets them again.
     """
     check_thread_name(thread)
+    pairs = check_metadata(metadata), check_metadata(thread_metadata, "thread_metadata")
     for what, problem in (("the input", unstorable(user_input)), (f"agent {agent.name}", agent.unstorable)):
         if problem is not None:
             raise SchemaError(f"{what} cannot be stored: its text {problem}")
@@ -72,7 +81,15 @@ async def submit(
         if await store.transact(lambda conn: store.sessions.repin_thread(conn, namespace, chosen, edited)):
             follow_edits(chosen)
     submit = Submit(namespace, session_id, request_id, user_input, agent, wake_channel, thread)
-    return await (served or store.submits.submit)(submit)
+    done = await (served or store.submits.submit)(submit)
+    if any(pairs):
+
+        async def describe(conn: Connection) -> None:
+            await store.metadata.set(conn, SESSION, submit.session_key, pairs[0])
+            await store.metadata.set(conn, THREAD, submit.thread_id, pairs[1])
+
+        await store.transact(describe)
+    return done
 
 
 async def _session(store: BrainStore, conn: Connection, namespace: str, session_id: str) -> str:
@@ -100,7 +117,13 @@ async def threads(store: BrainStore, *, namespace: str, session_id: str) -> list
     async def read(conn: Connection) -> list[Any]:
         return await store.sessions.threads_of(conn, await _session(store, conn, namespace, session_id))
 
-    return [{**dict(r), "id": shown_session(namespace, r["id"])} for r in await store.read(read)]
+    async def read_all(conn: Connection) -> tuple[list[Any], dict[str, dict[str, str]]]:
+        rows = await read(conn)
+        return rows, await store.metadata.of(conn, THREAD, [r["id"] for r in rows])
+
+    rows, described = await store.read(read_all)
+    return [{**dict(r), "id": shown_session(namespace, r["id"]), "metadata": described.get(r["id"], {})}
+            for r in rows]  # fmt: skip
 
 
 async def turns(

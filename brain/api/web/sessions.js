@@ -14,7 +14,7 @@ export async function showSessions(main, params, go) {
   const search = params.get("search") || "";
   const after = params.get("after") || "";
   const box = el("input", { id: "search", type: "search", value: search, size: 32,
-    placeholder: "session id, agent or request id" });
+    placeholder: "session id, agent, request id or key=value" });
   const find = () => go(`?search=${q(box.value.trim())}`);
   box.addEventListener("keydown", (event) => { if (event.key === "Enter") find(); });
   const body = el("tbody", { id: "sessions" });
@@ -33,7 +33,9 @@ export async function showSessions(main, params, go) {
     const t = s.last_turn || {};
     const open = () => go(`?session=${q(s.id)}`);
     body.append(el("tr", { class: "row", dataset: { session: s.id }, onclick: open },
-      el("td", {}, el("code", {}, s.id), s.closed_at ? el("span", { class: "dim" }, " closed") : null),
+      el("td", {}, el("code", {}, s.id), s.closed_at ? el("span", { class: "dim" }, " closed") : null,
+        Object.keys(s.metadata || {}).length ? el("div", { class: "dim" },
+          Object.entries(s.metadata).map(([k, v]) => `${k}=${v}`).join(" · ")) : null),
       el("td", { class: "input" }, shortJson(t.input || "", 90)),
       el("td", {}, t.status ? badge(t.status) : ""),
       el("td", {}, t.agent_name ? `${t.agent_name} v${t.agent_version}` : ""),
