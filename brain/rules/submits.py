@@ -12,6 +12,7 @@ from typing import Any
 
 from brain.rules import facts
 from brain.rules.agents import AgentDefinition
+from brain.rules.doubletext import Strategy
 from brain.rules.facts import accepted
 from brain.rules.records import TurnRow
 from brain.rules.states import TurnPhase
@@ -98,6 +99,7 @@ class Submit:
     agent: AgentDefinition
     wake_channel: str
     thread: str = MAIN_THREAD
+    strategy: Strategy = Strategy.ENQUEUE  # what it does when its thread is busy
 
     @cached_property
     def input_digest(self) -> str:
@@ -106,6 +108,10 @@ class Submit:
     @property
     def thread_id(self) -> str:
         return thread_id(self.session_id, self.thread)
+
+    @property
+    def where(self) -> str:
+        return f"thread {self.thread!r} of session {self.session_id!r}"
 
 
 @dataclass(frozen=True)

@@ -191,7 +191,7 @@ async def _controls_at_boundary(
         await store.controls.decide_controls(conn, cancels, "applied", None)
         said = [facts.control(c, "cancel", "applied") for c in cancels]
         said += await store.controls.reject_received(conn, row.id, "the turn was cancelled")
-        return moves.cancel(row, said), []
+        return moves.cancel(row, [*await store.controls.closing(conn, row), *said]), []
     if by_kind.get("pause"):
         pauses = [c["id"] for c in by_kind["pause"]]
         await store.controls.decide_controls(conn, pauses, "applied", None)

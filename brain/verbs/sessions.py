@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 from brain.rules.agents import AgentDefinition
+from brain.rules.doubletext import SUPERSEDING, Strategy, strategy_of
 from brain.rules.submits import MAIN_THREAD, Submit, thread_id
-from brain.store import BrainStore
+from brain.store import BrainStore, Control
+from brain.verbs.doubletext import submit_superseding
 from brain.verbs.turn_history import turn_history
 from infra.db import Connection
 from infra.transport import Topology, Transport
@@ -42,6 +45,10 @@ async def submit(
     thread: str = MAIN_THREAD,
     served: Callable[[Submit], Awaitable[tuple[str, bool]]] | None = None,
     follow_edits: Callable[[str], None] | None = None,
+    strategy: Strategy | str = Strategy.ENQUEUE,
+    topology: Topology | None = None,
+    ended: Callable[[str, str, datetime], None] | None = None,
+    send: Callable[[list[Control]], object] | None = None,
 ) -> tuple[str, bool]:
     """Accept a turn durably (invariant 1) on ``thread`` of the session (created on first use,
     pinned to ``agent``'s version); returns (turn id, created by this call). ``served``: a Brain's
@@ -54,8 +61,13 @@ async def submit(
     ``follow_edits`` (a local development server): the agent's version is taken from its content,
     and a thread pinned to another version of it, with nothing unfinished, moves to this one (and
     is told to it) instead of refusing the submit: an edited agent file needs no new version.
+
+    ``strategy``: what the submit does when the thread has an unfinished turn
+    (``brain.rules.doubletext``); interrupt and rollback cancel those turns, which needs the
+    ``topology`` (``ended`` and ``send`` as for ``brain.verbs.controls.control``).
     """
     check_thread_name(thread)
+    chose = strategy_of(strategy)
     for what, problem in (("the input", unstorable(user_input)), (f"agent {agent.name}", agent.unstorable)):
         if problem is not None:
             raise SchemaError(f"{what} cannot be stored: its text {problem}")
@@ -64,7 +76,10 @@ async def submit(
         chosen, edited = thread_id(session_id, thread), agent
         if await store.transact(lambda conn: store.sessions.repin_thread(conn, namespace, chosen, edited)):
             follow_edits(chosen)
-    submit = Submit(namespace, session_id, request_id, user_input, agent, wake_channel, thread)
+    submit = Submit(namespace, session_id, request_id, user_input, agent, wake_channel, thread, chose)
+    if chose in SUPERSEDING:
+        assert topology is not None, "an interrupt or a rollback cancels turns: it needs the topology"
+        return await submit_superseding(store, submit, topology=topology, ended=ended, send=send)
     return await (served or store.submits.submit)(submit)
 
 
