@@ -38,6 +38,12 @@ class SubmitRequest(BaseModel):
     input: str = Field(description="the user's input")
     agent: AgentDefinition = Field(description="the agent definition (a thread is pinned to its version)")
     thread: str = Field(default="main", description="the session's thread (created on first use)")
+    multitask_strategy: Literal["reject", "enqueue", "interrupt", "rollback"] = Field(
+        default="enqueue",
+        description="what to do when the thread has an unfinished turn: refuse (409), queue behind it, "
+        "cancel it keeping its work in the history (interrupt), or cancel it and drop its work from the "
+        "history (rollback); a known request id answers its turn whatever this says",
+    )
 
 
 class Submitted(BaseModel):

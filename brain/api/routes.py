@@ -113,7 +113,8 @@ async def submit(request: Request) -> Response:
     turn_id, created = await verbs.submit(
         api.store, namespace=namespace, session_id=request.path_params["session_id"],
         request_id=body.request_id, user_input=body.input, agent=body.agent, wake_channel=api.wake_channel,
-        thread=body.thread, served=api.served, follow_edits=api.edits,
+        thread=body.thread, served=api.served, follow_edits=api.edits, strategy=body.multitask_strategy,
+        topology=api.topology, ended=api.ended, send=api.controls,
     )  # fmt: skip
     answer = Submitted(turn_id=turn_id, created=created)
     if wait is not None:

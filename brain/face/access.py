@@ -25,8 +25,9 @@ DIRECT_LOOK = 0.2  # seconds between looks at a turn's row when waiting without 
 
 class Access(Protocol):
     async def submit(
-        self, session: str, request_id: str, text: str, agent: AgentDefinition, thread: str
-    ) -> tuple[str, bool]: ...
+        self, session: str, request_id: str, text: str, agent: AgentDefinition, thread: str,
+        strategy: str = "enqueue",
+    ) -> tuple[str, bool]: ...  # fmt: skip
     async def describe(self, turn_id: str) -> dict[str, Any]: ...
     async def until_ended(self, turn_id: str, seconds: float) -> dict[str, Any]: ...
     async def history(self, turn_id: str) -> dict[str, Any]: ...
@@ -50,11 +51,13 @@ class Direct:
         self.namespace = settings.namespace
 
     async def submit(
-        self, session: str, request_id: str, text: str, agent: AgentDefinition, thread: str
-    ) -> tuple[str, bool]:
+        self, session: str, request_id: str, text: str, agent: AgentDefinition, thread: str,
+        strategy: str = "enqueue",
+    ) -> tuple[str, bool]:  # fmt: skip
         return await verbs.submit(
             self.store, namespace=self.namespace, session_id=session, request_id=request_id, user_input=text,
-            agent=agent, wake_channel=wake_channel(self.settings), thread=thread,
+            agent=agent, wake_channel=wake_channel(self.settings), thread=thread, strategy=strategy,
+            topology=Topology(self.settings.queue_prefix),
         )  # fmt: skip
 
     async def describe(self, turn_id: str) -> dict[str, Any]:
@@ -120,9 +123,12 @@ class Remote:
         self.client = client
 
     async def submit(
-        self, session: str, request_id: str, text: str, agent: AgentDefinition, thread: str
-    ) -> tuple[str, bool]:
-        found = await self.client.submitted(session, request_id, text, agent, thread=thread)
+        self, session: str, request_id: str, text: str, agent: AgentDefinition, thread: str,
+        strategy: str = "enqueue",
+    ) -> tuple[str, bool]:  # fmt: skip
+        found = await self.client.submitted(
+            session, request_id, text, agent, thread=thread, multitask_strategy=strategy
+        )
         return str(found["turn_id"]), bool(found["created"])
 
     async def describe(self, turn_id: str) -> dict[str, Any]:

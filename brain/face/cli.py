@@ -117,6 +117,13 @@ def _parser() -> argparse.ArgumentParser:
         help="the session's thread (created on first use, pinned to the agent's version; default main): "
         "turns of one thread run in order, threads run in parallel",
     )
+    s.add_argument(
+        "--if-busy",
+        choices=["reject", "enqueue", "interrupt", "rollback"],
+        default="enqueue",
+        help="when the thread has an unfinished turn: refuse (exit code 4), queue behind it (default), "
+        "cancel it keeping its work in the history (interrupt), or cancel it and drop its work (rollback)",
+    )
     s.add_argument("input", help="the user's input for this turn")
 
     s = sub.add_parser(

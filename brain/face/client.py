@@ -144,18 +144,26 @@ class AsyncClient:
         agent: AgentDefinition | dict[str, Any],
         *,
         thread: str = "main",
+        multitask_strategy: str = "enqueue",
     ) -> str:
-        """Accept a turn durably; its id (the same for the same request id and input)."""
-        return str((await self.submitted(session, request_id, text, agent, thread=thread))["turn_id"])
+        """Accept a turn durably; its id (the same for the same request id and input).
+        ``multitask_strategy``: what to do when the thread has an unfinished turn (reject, enqueue,
+        interrupt or rollback: docs/design.md, "Double texting")."""
+        found = await self.submitted(
+            session, request_id, text, agent, thread=thread, multitask_strategy=multitask_strategy
+        )
+        return str(found["turn_id"])
 
     async def submitted(
         self, session: str, request_id: str, text: str, agent: AgentDefinition | dict[str, Any], *,
-        thread: str = "main", wait: float = 0,
+        thread: str = "main", wait: float = 0, multitask_strategy: str = "enqueue",
     ) -> dict[str, Any]:  # fmt: skip
         """:meth:`submit`, answering ``{"turn_id", "created"}`` (False: that request was known);
         with ``wait``, once the turn ended or that many seconds passed, with the turn as it
         stands under ``"turn"``."""
         body = {"request_id": request_id, "input": text, "agent": _agent(agent), "thread": thread}
+        if multitask_strategy != "enqueue":
+            body["multitask_strategy"] = multitask_strategy
         params = {"wait": _seconds(wait)} if wait else {}
         path = f"/v1/sessions/{session}/turns"
         return await self._request("POST", path, params=params, body=body)  # type: ignore[no-any-return]
@@ -320,8 +328,8 @@ class Client:
 
         return asyncio.run(go())
 
-    def submit(self, session: str, request_id: str, text: str, agent: Any, *, thread: str = "main") -> str:
-        return str(self._run("submit", session, request_id, text, agent, thread=thread))
+    def submit(self, session: str, request_id: str, text: str, agent: Any, **kwargs: Any) -> str:
+        return str(self._run("submit", session, request_id, text, agent, **kwargs))
 
     def call(self, session: str, request_id: str, text: str, agent: Any, **kwargs: Any) -> dict[str, Any]:
         return self._run("call", session, request_id, text, agent, **kwargs)  # type: ignore[no-any-return]

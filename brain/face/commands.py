@@ -44,7 +44,9 @@ async def with_store(settings: Settings, work: Callable[[BrainStore], Awaitable[
 async def submit(settings: Settings, args: argparse.Namespace) -> int:
     agent = AgentDefinition.from_file(args.agent)
     async with access(settings, args.url) as brain:
-        turn_id, created = await brain.submit(args.session, args.request_id, args.input, agent, args.thread)
+        turn_id, created = await brain.submit(
+            args.session, args.request_id, args.input, agent, args.thread, args.if_busy
+        )
         print(turn_id, flush=True)
         if created and agent.tools and isinstance(brain, Direct):
             await warn_unserved(brain.store, settings, agent)
