@@ -1,0 +1,115 @@
+"""Double texting on both backends: a submit to a thread with an unfinished turn takes a strategy
+(``brain.rules.doubletext``). A reject is refused and writes nothing; an interrupt cancels the
+turns ahead in its own commit and closes their dispatched calls with their outcomes, so that the
+conversation the model is sent has no call without its result; a rollback also takes the turns'
+messages out of the conversation, their journal entries kept and marked; a known request id
+answers its turn whatever the strategy, and interrupts nothing more."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from brain import verbs
+from brain.models.openai_chat import chat_messages
+from brain.rules.history import ThreadHistory, needed_executions
+from brain.store import BrainStore
+from brain.verbs import controls
+from infra.transport import Topology
+from protocol import ConflictError, SchemaError
+from tests.test_brain_store import AGENT, _facts, _submit, _turn, _waiting_on, pg_store, store
+
+__all__ = ["pg_store", "store"]  # the fixtures, used by name
+
+
+async def _submit_with(store: BrainStore, request_id: str, strategy: str, text: str = "go") -> Any:
+    return await verbs.submit(
+        store, namespace="ns", session_id="s1", request_id=request_id, user_input=text, agent=AGENT,
+        wake_channel="wake", strategy=strategy, topology=Topology("t"),
+    )  # fmt: skip
+
+
+async def conversation(store: BrainStore, thread_id: str = "s1") -> list[dict[str, Any]]:
+    """What the model of ``thread_id`` would be sent now, as the chat-completions adapter writes it."""
+
+    async def read(conn: Any) -> ThreadHistory:
+        entries = await store.journal.entries(conn, "s1", limit=100_000)
+        executions = await store.executions.executions_by_id(conn, needed_executions(entries))
+        history = ThreadHistory()
+        history.extend(entries, executions, thread_id)
+        return history
+
+    return chat_messages("", (await store.read(read)).messages)
+
+
+def dangling(messages: list[dict[str, Any]]) -> list[str]:
+    """The tool calls of ``messages`` that no tool message answers before the next other message."""
+    left: list[str] = []
+    for m in messages:
+        if m["role"] == "tool" and m["tool_call_id"] in left:
+            left.remove(m["tool_call_id"])
+        elif left:
+            return left
+        if m["role"] == "assistant":
+            left = [c["id"] for c in m.get("tool_calls", [])]
+    return left
+
+
+async def test_a_reject_refuses_a_busy_thread_and_a_known_request_still_answers_its_turn(store):
+    # Given a thread with an unfinished (queued) turn
+    first = await _submit(store, "r1")
+    # When a new request comes with reject: refused, nothing written
+    with pytest.raises(ConflictError, match="busy .* reject"):
+        await _submit_with(store, "r2", "reject")
+    assert await _facts(store) == [(1, ["turn.accepted"])]
+    # A request id that made a turn answers it, busy or not
+    assert await _submit_with(store, "r1", "reject", text="hello") == (first, False)
+    # Once the thread is idle, a reject is accepted like any submit
+    await controls.control(
+        store, namespace="ns", turn_id=first, request_id="c", kind=controls.Kind.CANCEL,
+        topology=Topology("t"), wake_channel="wake",
+    )  # fmt: skip
+    turn, created = await _submit_with(store, "r3", "reject")
+    assert created and (await _turn(store, turn)).status == "queued"
+    with pytest.raises(SchemaError, match="one of reject, enqueue, interrupt, rollback"):
+        await _submit_with(store, "r4", "later")
+
+
+async def test_an_interrupt_cancels_the_turn_ahead_and_closes_its_two_calls_so_none_dangles(store):
+    # Given a turn waiting on two calls that no Hands worker accepted yet
+    first = await _submit(store, "r1", text="first")
+    await _waiting_on(store, first, "e1", "e2")
+    # When a new message interrupts it: one commit cancels it and queues the new turn
+    second, created = await _submit_with(store, "r2", "interrupt", text="second")
+    assert created
+    assert [(await _turn(store, t)).status for t in (first, second)] == ["cancelled", "queued"]
+    (receipt,) = await controls.receipts(store, namespace="ns", turn_id=first)
+    assert (receipt.kind, receipt.request_id, receipt.status) == ("cancel", f"interrupt:{second}", "applied")
+    assert receipt.reason == f"interrupted by a new message (turn {second})"
+    # Then the interrupted turn's work stays in the conversation, each call closed with its outcome
+    # (cancelled, with why), and the new input follows
+    messages = await conversation(store)
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool"]
+    assert dangling(messages) == []
+    closed = [m["content"] for m in messages if m["role"] == "tool"]
+    assert all('"status": "cancelled"' in c and "interrupted by a new message" in c for c in closed)
+    # The same request again answers the same turn and cancels nothing more
+    assert await _submit_with(store, "r2", "interrupt", text="second") == (second, False)
+    assert len(await controls.receipts(store, namespace="ns", turn_id=first)) == 1
+
+
+async def test_a_rollback_takes_the_turn_ahead_out_of_the_conversation_and_keeps_its_entries_marked(store):
+    # Given a turn waiting on a call
+    first = await _submit(store, "r1", text="first")
+    await _waiting_on(store, first, "e1")
+    assert [m["role"] for m in await conversation(store)] == ["user", "assistant"]
+    # When a new message rolls it back
+    second, _ = await _submit_with(store, "r2", "rollback", text="second")
+    # Then nothing of it reaches the model; its entries stay, the last one marked
+    assert await conversation(store) == []
+    kinds = [k for _, ks in await _facts(store) for k in ks]
+    assert "turn.rolled_back" in kinds and kinds.count("turn.model_replied") == 1
+    assert (await _turn(store, first)).status == "cancelled"
+    (receipt,) = await controls.receipts(store, namespace="ns", turn_id=first)
+    assert receipt.request_id == f"rollback:{second}"
