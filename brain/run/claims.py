@@ -191,7 +191,8 @@ async def _controls_at_boundary(
         await store.controls.decide_controls(conn, cancels, "applied", None)
         said = [facts.control(c, "cancel", "applied") for c in cancels]
         said += await store.controls.reject_received(conn, row.id, "the turn was cancelled")
-        return moves.cancel(row, [*await store.controls.closing(conn, row), *said]), []
+        why = next((c["reason"] for c in by_kind.get("cancel", []) if c["reason"]), None)
+        return moves.cancel(row, [*await store.controls.closing(conn, row, why), *said]), []
     if by_kind.get("pause"):
         pauses = [c["id"] for c in by_kind["pause"]]
         await store.controls.decide_controls(conn, pauses, "applied", None)

@@ -205,7 +205,7 @@ async def record(
             queued += await store.controls.begin_cancel(conn, turn, accepted, topology, told)
             said.append(facts.waiting(f"{len(accepted)} execution(s) to settle after a cancel"))
     elif outcome is Outcome.APPLY:
-        said += await _apply_now(store, conn, turn, kind, received, wake_channel)
+        said += await _apply_now(store, conn, turn, kind, received, wake_channel, why)
     status = await store.turns.status_of(conn, turn.id)
     await store.journal.append(
         conn, turn.session_id, turn.id, [*said, *note], thread_id=turn.thread_id, status=status,
@@ -215,8 +215,9 @@ async def record(
 
 
 async def _apply_now(
-    store: BrainStore, conn: Connection, turn: TurnRow, kind: Kind, received: list[Any], wake_channel: str
-) -> list[dict[str, Any]]:
+    store: BrainStore, conn: Connection, turn: TurnRow, kind: Kind, received: list[Any], wake_channel: str,
+    why: str | None,
+) -> list[dict[str, Any]]:  # fmt: skip
     """What an applied pause, resume or cancel does in the control's own commit; its facts."""
     if kind is Kind.PAUSE:
         if turn.status is not TurnStatus.PAUSED:
@@ -231,7 +232,7 @@ async def _apply_now(
             await store.controls.resume_now(conn, turn, wake_channel)
         return [facts.control(c, "pause", "rejected", "withdrawn by a resume") for c in pauses]
     assert kind is Kind.CANCEL
-    closed = await store.controls.cancel_now(conn, turn)
+    closed = await store.controls.cancel_now(conn, turn, why)
     others = [c["id"] for c in received]
     await store.controls.decide_controls(conn, others, "rejected", "the turn was cancelled")
     said = [facts.control(c["id"], c["kind"], "rejected", "the turn was cancelled") for c in received]
