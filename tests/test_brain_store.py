@@ -1102,8 +1102,12 @@ async def test_a_cancel_of_calls_no_hands_worker_accepted_ends_the_turn_at_once(
     assert sorted(decode(c.payload).execution_id for c in sent) == ["e1", "e2"]
     assert [c.queue for c in sent] == [Topology("t").controls("lab")] * 2
     assert await store.pool.fetchval("SELECT count(*) FROM outbox") == 2
+    # ... and both calls are closed in the same entry: their outcomes go to the thread's next model
     (*_, (_, last)) = await _facts(store)
-    assert last == ["control.applied", "execution.cancelled", "execution.cancelled", "turn.cancelled"]
+    assert last == [
+        "control.applied", "execution.cancelled", "execution.cancelled", "turn.results_applied",
+        "turn.cancelled",
+    ]  # fmt: skip
 
 
 async def test_a_cancel_waits_only_for_the_calls_a_hands_worker_accepted(store):
