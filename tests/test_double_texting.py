@@ -7,18 +7,22 @@ answers its turn whatever the strategy, and interrupts nothing more."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from brain import verbs
+from brain import AsyncClient, verbs
+from brain.api import Api, Tokens
+from brain.api.server import serving
 from brain.models.openai_chat import chat_messages
 from brain.rules.history import ThreadHistory, needed_executions
 from brain.store import BrainStore
 from brain.verbs import controls
 from infra.transport import Topology
 from protocol import ConflictError, SchemaError
-from tests.test_brain_store import AGENT, _facts, _submit, _turn, _waiting_on, pg_store, store
+from tests.support import run_cli
+from tests.test_brain_store import AGENT, AGENT_DEF, _facts, _submit, _turn, _waiting_on, pg_store, store
 
 __all__ = ["pg_store", "store"]  # the fixtures, used by name
 
@@ -113,3 +117,30 @@ async def test_a_rollback_takes_the_turn_ahead_out_of_the_conversation_and_keeps
     assert (await _turn(store, first)).status == "cancelled"
     (receipt,) = await controls.receipts(store, namespace="ns", turn_id=first)
     assert receipt.request_id == f"rollback:{second}"
+
+
+async def test_the_api_its_client_and_the_cli_take_the_strategy(store, tmp_path):
+    api = Api(store=store, tokens=Tokens("", "", "ns"), topology=Topology("t"), wake_channel="wake")
+    async with serving(api, ("127.0.0.1", 0), required=True) as port:
+        url = f"http://127.0.0.1:{port}"
+        async with AsyncClient(url) as client:
+            # Given a thread with an unfinished turn
+            first = await client.submit("s1", "r1", "first", AGENT_DEF)
+            # a reject is a 409 conflict, a strategy it does not know a 422, and neither writes
+            with pytest.raises(ConflictError, match="busy"):
+                await client.submit("s1", "r2", "second", AGENT_DEF, multitask_strategy="reject")
+            with pytest.raises(SchemaError, match="multitask_strategy"):
+                await client.submit("s1", "r2", "second", AGENT_DEF, multitask_strategy="later")
+            path = tmp_path / "agent.json"
+            path.write_text(json.dumps(AGENT_DEF))
+            code, _, err = await run_cli(
+                ["-m", "brain", "submit", "--url", url, "--session", "s1", "--request-id", "r2",
+                 "--agent", str(path), "--if-busy", "reject", "second"], {},
+            )  # fmt: skip
+            assert code == 4 and "busy" in err
+            # an interrupt takes the thread: the turn ahead is cancelled, the new one queued
+            made = await client.submitted("s1", "r2", "second", AGENT_DEF, multitask_strategy="interrupt")
+            assert made["created"] and (await client.turn(first))["status"] == "cancelled"
+            # and the same request answers the same turn, whatever strategy it names now
+            again = await client.submitted("s1", "r2", "second", AGENT_DEF, multitask_strategy="reject")
+            assert (again["turn_id"], again["created"]) == (made["turn_id"], False)
