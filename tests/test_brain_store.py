@@ -921,7 +921,8 @@ async def test_a_turn_failed_from_outside_settles_its_open_executions_and_tells_
     assert [c.message_id for c in await store.read(store.outbox.unpublished_controls)] == [
         settled.controls[0].message_id
     ]
-    assert (await _facts(store))[-1][1] == ["turn.failed", "execution.cancelled"]
+    # (its step's calls closed first: the thread's next model call sees both outcomes)
+    assert (await _facts(store))[-1][1] == ["turn.results_applied", "turn.failed", "execution.cancelled"]
     # A late outcome of the settled one is kept beside it, its status unchanged
     await _apply(store, list(_events("e6")))
     late = await store.pool.fetchrow("SELECT status, error FROM executions WHERE id = 'e6'")

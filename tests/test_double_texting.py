@@ -16,7 +16,9 @@ from brain import AsyncClient, verbs
 from brain.api import Api, Tokens
 from brain.api.server import serving
 from brain.models.openai_chat import chat_messages
+from brain.rules import facts
 from brain.rules.history import ThreadHistory, needed_executions
+from brain.rules.records import Entry
 from brain.rules.words import said
 from brain.store import BrainStore
 from brain.verbs import controls
@@ -148,3 +150,28 @@ async def test_the_api_its_client_and_the_cli_take_the_strategy(store, tmp_path)
             # and the same request answers the same turn, whatever strategy it names now
             again = await client.submitted("s1", "r2", "second", AGENT_DEF, multitask_strategy="reject")
             assert (again["turn_id"], again["created"]) == (made["turn_id"], False)
+
+
+def test_a_call_whose_turn_ended_before_its_execution_was_committed_is_closed_as_never_sent() -> None:
+    # Given a reply with two calls committed, then its turn cancelled before they were dispatched
+    # (a run that resumed at dispatch_tools), then another turn: the history alone closes them
+    reply = {
+        "text": None,
+        "tool_calls": [{"call_id": "c1", "tool": "echo"}, {"call_id": "c2", "tool": "echo"}],
+    }
+    said = [
+        ("t1", [facts.accepted("r1", "first"), facts.prepared()]), ("t1", [facts.model_replied(reply, {})]),
+        ("t1", [facts.cancelled_turn()]), ("t2", [facts.accepted("r2", "second"), facts.prepared()]),
+    ]  # fmt: skip
+    history = ThreadHistory()
+    history.extend(
+        [Entry("s", n, "s", t, None, None, None, f, None) for n, (t, f) in enumerate(said, 1)], {}, "s"
+    )
+    messages = chat_messages("", history.messages)
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool", "user"]
+    assert dangling(messages) == []
+    never = "its turn was cancelled before this call was sent to its tool"
+    assert json.loads(messages[2]["content"]) == {
+        "status": "cancelled",
+        "error": {"code": "not_sent", "message": never},
+    }

@@ -17,14 +17,14 @@ fact                        message
 ``turn.rolled_back``        none: every message of that turn leaves the conversation, and
                             its later facts add none (its entries stay, for audit)
 ``turn.cancelled``,         a tool message for each call of the turn's replies that has none
-``turn.failed``             yet (a call whose reply committed but whose execution did not):
-                            the model never sees a call without its result
+``turn.failed``             yet (a call whose reply committed but whose execution did not:
+                            it never ran): the model never sees a call without its result
 ==========================  ===========================================================
 
-A cancel that ends a turn waiting for its step's results applies them in its own commit
-(``turn.results_applied``, ``brain.store.controls.Controls.closing``): what the model reads of an
-interrupted call is its execution's outcome, cancelled with why, or what it did before the cancel
-reached it.
+A cancel or a failure that ends a turn waiting for its step's results applies them in its own
+commit (``turn.results_applied``, ``brain.store.controls.Controls.closing``): what the model reads
+of an interrupted call is its execution's outcome, cancelled with why, or what it did before the
+cancel reached it.
 
 ``brain.run.history.HistoryCache`` keeps each thread's messages in the Brain process that drives
 it, and reads only the entries committed since it last looked.
@@ -117,11 +117,12 @@ class ThreadHistory:
             self.messages.append(Message(role=fact["role"], turn_id=turn_id, content=fact["content"]))
 
     def _close(self, turn_id: str, ended: str) -> None:
-        """A tool message for each call of a turn that ended with no result for it (a completed
-        turn has none: its last reply made no call)."""
+        """A tool message for each call of a turn that ended with no result for it: a call whose
+        reply committed but whose execution never did (the end of a turn with executions applies
+        their outcomes itself; a completed turn's last reply made no call)."""
         for call_id, tool in sorted(self.open_calls.pop(turn_id, {}).items()):
-            said = f"its turn {ended} before this call's result was applied"
-            error = {"code": "not_applied", "message": said}
+            said = f"its turn was {ended} before this call was sent to its tool"
+            error = {"code": "not_sent", "message": said}
             content = {"call_id": call_id, "tool": tool, "execution_id": None, "status": "cancelled",
                        "result": None, "error": error, "how": None}  # fmt: skip
             self.messages.append(Message(role="tool", turn_id=turn_id, content=content))

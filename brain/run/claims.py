@@ -192,7 +192,8 @@ async def _controls_at_boundary(
         said = [facts.control(c, "cancel", "applied") for c in cancels]
         said += await store.controls.reject_received(conn, row.id, "the turn was cancelled")
         why = next((c["reason"] for c in by_kind.get("cancel", []) if c["reason"]), None)
-        return moves.cancel(row, [*await store.controls.closing(conn, row, why), *said]), []
+        closed = await store.controls.closing(conn, row.id, row.phase, row.tool_step, why)
+        return moves.cancel(row, [*closed, *said]), []
     if by_kind.get("pause"):
         pauses = [c["id"] for c in by_kind["pause"]]
         await store.controls.decide_controls(conn, pauses, "applied", None)

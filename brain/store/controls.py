@@ -126,23 +126,26 @@ class Controls(Part):
             turn.id,
         )
         await self._never_sent(conn, turn.id)
-        return await self.closing(conn, turn, why)
+        return await self.closing(conn, turn.id, turn.phase, turn.tool_step, why)
 
-    async def closing(self, conn: Connection, turn: TurnRow, why: str | None) -> list[dict[str, Any]]:
+    async def closing(
+        self, conn: Connection, turn_id: str, phase: str, tool_step: int, why: str | None
+    ) -> list[dict[str, Any]]:
         """What closes the calls of a turn that ends (cancelled) before the results of its step
         went to the model: those executions' outcomes applied, as they stand (settled by then:
         cancelled, or what they did before the cancel reached them), so that the thread's next
         model call sees no call without its result (``brain.rules.history``). A cancelled one that
         does not say why (its Hands stopped it, or it never left the Brain) says ``why`` (the
-        cancel's reason; "its turn was cancelled" without one)."""
-        if turn.phase not in (TurnPhase.WAIT_TOOLS, TurnPhase.APPLY_RESULTS):
+        cancel's reason; "its turn was cancelled" without one). ``phase`` and ``tool_step``: the
+        turn's, as its end found them (a failed turn's too: ``brain.store.failures``)."""
+        if phase not in (TurnPhase.WAIT_TOOLS, TurnPhase.APPLY_RESULTS):
             return []
         await conn.execute(
             "UPDATE executions SET error = $3, updated_at = now()"
             " WHERE turn_id = $1 AND tool_step = $2 AND status = 'cancelled' AND error IS NULL",
-            turn.id, turn.tool_step, {"code": "cancelled", "message": why or "its turn was cancelled"},
+            turn_id, tool_step, {"code": "cancelled", "message": why or "its turn was cancelled"},
         )  # fmt: skip
-        ids = await self.store.executions.step_execution_ids(conn, turn.id, turn.tool_step)
+        ids = await self.store.executions.step_execution_ids(conn, turn_id, tool_step)
         return [facts.results_applied(ids)] if ids else []
 
     async def settle_not_accepted(
