@@ -7,6 +7,7 @@ answers its turn whatever the strategy, and interrupts nothing more."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -19,6 +20,7 @@ from brain.models.openai_chat import chat_messages
 from brain.rules import facts
 from brain.rules.history import ThreadHistory, needed_executions
 from brain.rules.records import Entry
+from brain.rules.submits import Submit
 from brain.rules.words import said
 from brain.store import BrainStore
 from brain.verbs import controls
@@ -175,3 +177,27 @@ def test_a_call_whose_turn_ended_before_its_execution_was_committed_is_closed_as
         "status": "cancelled",
         "error": {"code": "not_sent", "message": never},
     }
+
+
+async def test_a_reject_waits_for_a_submit_holding_the_thread_and_sees_its_turn(pg_store):
+    # Given an idle thread, and a submit that holds its lock, not committed yet
+    first = await _submit(pg_store, "r0")
+    await controls.control(
+        pg_store, namespace="ns", turn_id=first, request_id="c", kind=controls.Kind.CANCEL,
+        topology=Topology("t"), wake_channel="wake",
+    )  # fmt: skip
+    holding = asyncio.Event()
+
+    async def hold(conn: Any) -> Any:
+        asked = Submit("ns", "s1", "r1", "go", AGENT, "wake")
+        done = await pg_store.submits.submit_in(conn, asked, None)
+        holding.set()
+        await asyncio.sleep(0.5)
+        return done
+
+    held = asyncio.create_task(pg_store.transact(hold, read_then_insert=True))
+    await holding.wait()
+    # When a reject comes meanwhile: it waits, and counts the turn that committed while it waited
+    with pytest.raises(ConflictError, match="busy"):
+        await _submit_with(pg_store, "r2", "reject")
+    assert (await held).created
