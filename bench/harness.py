@@ -274,6 +274,7 @@ class TendonWorld:
         self.pool: asyncpg.Pool | None = None
         self.store: Any = None
         self._agents: dict[str, Any] = {}
+        self._tools: Any = None  # brain.verbs.KnownTools, kept as a Brain's API keeps it: no read per submit
         self.settings: Any = None
         self.gate_dir = procs.log_dir / f"gates-{self.suffix}"
         self.gate_dir.mkdir(parents=True, exist_ok=True)
@@ -359,6 +360,8 @@ class TendonWorld:
         agent_def = self._agents.get(key)
         if agent_def is None:  # validated once, as a client that submits many turns would
             agent_def = self._agents[key] = AgentDefinition.model_validate(definition)
+        if self._tools is None:
+            self._tools = verbs.KnownTools()
         self._n += 1
         if self.client is not None and self.api_brain is not None and self.api_brain.poll() is None:
             return await self.client.submit(session or f"s-{self._n}", f"r-{self._n}", text, definition)
@@ -370,6 +373,7 @@ class TendonWorld:
             user_input=text,
             agent=agent_def,
             wake_channel=wake_channel(self.settings),
+            tools=self._tools,
         )
         return str(turn_id)
 

@@ -50,6 +50,9 @@ class Backends:
     # A local development server: its API's submits follow edited agents (``Api.edits``); a
     # deployment keeps strict versions.
     follows_edits: bool = False
+    # The tools served in this process (an embedded server runs its pools itself): what its
+    # submits may name, known before any announcement arrives. None: those pools announced.
+    served_tools: frozenset[str] | None = None
 
 
 @asynccontextmanager
@@ -109,6 +112,7 @@ async def serve_api(
         return
     from brain.api import Api, Tokens
     from brain.api.server import serving
+    from brain.verbs import KnownTools
 
     api = Api(
         store=ctx.store,
@@ -123,6 +127,7 @@ async def serve_api(
         served=served.submit if served is not None else None,
         transport=backends.transport if backends is not None else None,
         edits=ctx.threads.forget if backends is not None and backends.follows_edits else None,
+        tools=KnownTools(served=backends.served_tools if backends is not None else None),
     )
     if api.tokens.open:
         log.warning(

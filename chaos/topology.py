@@ -67,6 +67,7 @@ class Deployment:
         self.agents = {
             t: AgentDefinition.model_validate(agent(f"chaos-{t}", calls[t], [t])) for t in self.tools
         }
+        self.known = verbs.KnownTools()  # the tools' announcements, read once: submits under faults read less
 
     def describe(self, shape: Shape) -> str:
         return (
@@ -144,6 +145,7 @@ class Deployment:
             user_input="go",
             agent=self.agents[tool],
             wake_channel=wake_channel(s),
+            tools=self.known,
         )
         return str(turn_id)
 

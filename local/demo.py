@@ -308,6 +308,7 @@ async def _tell(
         user_input=TASK,
         agent=agent,
         wake_channel=system.wake_channel,
+        tools=verbs.KnownTools(served=system.served),
     )
     cursor = 0
     if previous is not None:

@@ -100,6 +100,15 @@ class LocalSystem:
     ready: asyncio.Event  # set once the Brain serves (its HTTP API too, when it has one)
     http: str | None = None  # HOST:PORT of its HTTP API, once ready (None: it serves none)
 
+    @property
+    def served(self) -> frozenset[str]:
+        """The tools its pools serve: what a submit to it may name."""
+        return served_by(self.hands)
+
+
+def served_by(hands: Sequence[HandsApp]) -> frozenset[str]:
+    return frozenset(name for h in hands if h.registry is not None for name in h.registry.names)
+
 
 @asynccontextmanager
 async def run_local(
@@ -141,7 +150,9 @@ async def run_local(
         ]
         stop = asyncio.Event()
         register = partial(LocalWorkerRegistration, brain_pool, "brain")
-        backends = Backends(brain, transport, codec, register, brain_pool.add_listener, follows_edits)
+        backends = Backends(
+            brain, transport, codec, register, brain_pool.add_listener, follows_edits, served_by(hands)
+        )
 
         def ready(http: str | None) -> None:  # called from the Brain's task, once ``system`` exists
             system.http = http

@@ -64,10 +64,12 @@ class LocalTendon:
         session: str = "test",
         request_id: str | None = None,
         thread: str = "main",
+        expect_tools: bool = False,
     ) -> str:
-        """Submit a turn (a new request id unless given); its turn id once it is durable."""
+        """Submit a turn (a new request id unless given); its turn id once it is durable.
+        ``expect_tools``: take tools none of its pools serves (a turn that waits for them)."""
         found = await self.client.submitted(
-            session, request_id or new_id(), text, agent_of(agent), thread=thread
+            session, request_id or new_id(), text, agent_of(agent), thread=thread, expect_tools=expect_tools
         )
         return str(found["turn_id"])
 

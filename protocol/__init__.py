@@ -57,6 +57,7 @@ from protocol.errors import (
     StaleOwnerError,
     TendonError,
     TransientError,
+    UnknownToolError,
     is_retryable,
 )
 from protocol.wire import (
@@ -123,6 +124,7 @@ __all__ = [
     "TendonError",
     "ToolBinding",
     "TransientError",
+    "UnknownToolError",
     "UnknownBody",
     "UnknownEvent",
     "batch_bytes",

@@ -12,6 +12,7 @@ TendonError                      root; ``retryable`` says whether trying again c
 ├── IllegalTransitionError       a state machine was asked to make a move its table forbids
 ├── StaleOwnerError              a commit from an owner whose lease epoch is no longer current (fencing)
 ├── RoutingError                 an unknown route, tool or binding digest
+│   └── UnknownToolError         a submit names a tool no Hands pool has ever announced
 ├── LimitReachedError            an agent hit one of its configured limits
 ├── ObjectRefError               a payload reference that fails verification (sha256, size, scope, missing)
 ├── NoAnswerError                a party that must answer (a Hands pool) stayed silent through every retry
@@ -81,6 +82,21 @@ class StaleOwnerError(TendonError):
 
 class RoutingError(TendonError):
     code = "routing_error"
+
+
+class UnknownToolError(RoutingError):
+    """A submit whose agent names tools no Hands pool has ever announced (a misspelt name, or a
+    pool not started yet): refused before anything is written, unless the submit or the agent
+    says they are expected later. ``unknown``: those tools; ``known``: the tools that can be named."""
+
+    code = "unknown_tool"
+
+    def __init__(
+        self, message: str, *, unknown: list[str] | None = None, known: list[str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.unknown = unknown or []
+        self.known = known or []
 
 
 class LimitReachedError(TendonError):

@@ -58,7 +58,7 @@ async def test_a_claim_of_new_turns_reads_their_threads_and_the_announced_bindin
     for n, agent in enumerate(agents):
         await verbs.submit(
             store, namespace="ns", session_id=f"s{n}", request_id="r", user_input="hi", agent=agent,
-            wake_channel="wake",
+            wake_channel="wake", expect_tools=True,
         )  # fmt: skip
     reads: dict[str, list[Any]] = {"thread": [], "threads": [], "latest_bindings": []}
     originals = {name: getattr(store.bindings, name) for name in reads}
@@ -109,7 +109,7 @@ async def test_tools_announced_while_a_claim_looks_for_them_wake_the_turn_at_onc
     store = pg_store
     turn_id, _ = await verbs.submit(
         store, namespace="ns", session_id="s1", request_id="r1", user_input="hi",
-        agent=_agent(tools=["lab_tool"]), wake_channel="wake",
+        agent=_agent(tools=["lab_tool"]), wake_channel="wake", expect_tools=True,
     )  # fmt: skip
     async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
         ctx = _context(store, transport)

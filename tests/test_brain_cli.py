@@ -21,22 +21,42 @@ BRAIN = ["-m", "brain", "serve"]
 HANDS = ["-m", "hands", "serve", "--route", "email", "--tools", "examples.email_tools"]
 
 
-async def _submit(env: dict[str, str], session: str, request_id: str, text: str) -> tuple[int, str, str]:
+async def _submit(
+    env: dict[str, str], session: str, request_id: str, text: str, *options: str, agent: str = AGENT
+) -> tuple[int, str, str]:
     return await run_cli(
-        ["-m", "brain", "submit", "--session", session, "--request-id", request_id, "--agent", AGENT, text],
+        [
+            "-m",
+            "brain",
+            "submit",
+            "--session",
+            session,
+            "--request-id",
+            request_id,
+            "--agent",
+            agent,
+            *options,
+            text,
+        ],
         env,
     )
+
+
+# The racing submits run without a pool: its tool is one a pool would announce later.
+LATER = "--expect-tools"
 
 
 @pytest.mark.parametrize("session_exists", [False, True])
 async def test_racing_identical_submits_all_get_the_one_turn(tendon: TendonEnv, session_exists: bool) -> None:
     env = tendon.env
     if session_exists:
-        code, _, err = await _submit(env, "s-race", "earlier", "an earlier turn")
+        code, _, err = await _submit(env, "s-race", "earlier", "an earlier turn", LATER)
         assert code == 0, err
 
     # When six identical submits arrive together
-    answers = await asyncio.gather(*(_submit(env, "s-race", "same", "send the notice") for _ in range(6)))
+    answers = await asyncio.gather(
+        *(_submit(env, "s-race", "same", "send the notice", LATER) for _ in range(6))
+    )
 
     # Then every caller gets the one turn, and nobody sees a database error
     assert [code for code, _, _ in answers] == [0] * 6, [err for _, _, err in answers]
@@ -51,7 +71,7 @@ async def test_racing_submits_with_other_input_get_a_conflict_with_its_own_exit_
     env = tendon.env
     # When submits of one request id race with two different inputs
     texts = ["first input", "second input"] * 3
-    answers = await asyncio.gather(*(_submit(env, "s-conflict", "r", text) for text in texts))
+    answers = await asyncio.gather(*(_submit(env, "s-conflict", "r", text, LATER) for text in texts))
 
     # Then the turn is one input's; every caller with that input gets it, every other caller a
     # CONFLICT (exit code 4) that names the request id, and nothing else failed
@@ -76,8 +96,8 @@ async def test_submit_help_lists_the_exit_codes() -> None:
 async def test_submit_warns_when_no_pool_serves_a_tool_the_agent_names(
     tendon: TendonEnv, processes: Processes
 ) -> None:
-    # Given no Hands pool at all
-    code, out, err = await _submit(tendon.env, "s-lonely", "r1", "go")
+    # Given no Hands pool at all, and a submit that expects one later
+    code, out, err = await _submit(tendon.env, "s-lonely", "r1", "go", LATER)
 
     # Then the turn is accepted, and the caller is told what it will wait for
     assert code == 0 and out.strip().startswith("turn-")

@@ -64,7 +64,13 @@ async def test_cancelled_turns_are_measured_whether_the_cancel_ended_them_at_onc
             running = await _turn(http, "s-run", slow("slow-a", tmp_path / "never"))
             await wait_for(lambda: _running(http, running), timeout=30, what="the tool to run")
             idle = await _turn(
-                http, "s-idle", {**slow("slow-b", tmp_path / "never"), "tools": ["nobody_serves"]}
+                http,
+                "s-idle",
+                {
+                    **slow("slow-b", tmp_path / "never"),
+                    "tools": ["nobody_serves"],
+                    "expect_tools": ["nobody_serves"],
+                },
             )
             await wait_for(lambda: _status(http, idle, "waiting"), timeout=30, what="the wait for bindings")
             # When both are cancelled: the running one once its tool stopped (at its boundary),

@@ -56,8 +56,15 @@ class World:
         return await run_cli(["-m", "brain", *args], self.env)
 
     async def submit(
-        self, agent: str, text: str = "go", session: str = "s", request: str | None = None
+        self,
+        agent: str,
+        text: str = "go",
+        session: str = "s",
+        request: str | None = None,
+        *,
+        expect: bool = False,
     ) -> str:
+        """``expect``: its tools are expected later (no Brain has stored the pool's announcement yet)."""
         self._agents += 1
         code, out, err = await self.brain(
             "submit",
@@ -67,6 +74,7 @@ class World:
             request or f"r{self._agents}",
             "--agent",
             agent,
+            *(["--expect-tools"] if expect else []),
             text,
         )
         assert code == 0, err
@@ -158,8 +166,8 @@ async def test_cancelling_a_turn_whose_tool_runs_in_a_hands_process_stops_the_to
 
 
 async def test_a_queued_turn_is_cancelled_at_once_and_never_runs(world: World) -> None:
-    await world.start(brain=False)  # nobody runs turns yet
-    turn = await world.submit(world.agent(SLOW))
+    await world.start(brain=False)  # nobody runs turns yet (nor stores the pool's announcement)
+    turn = await world.submit(world.agent(SLOW), expect=True)
 
     code, receipt = await world.control("cancel", turn)
     assert (code, receipt["status"]) == (0, "applied")
@@ -362,7 +370,7 @@ async def test_a_cancel_that_reaches_the_hands_before_its_command_leaves_a_tombs
     doomed = world.processes.start(
         "brain", BRAIN, {**world.env, "TENDON_KILL_AT": "brain.after_intent_commit@call-1"}
     )
-    turn = await world.submit(world.agent(SLOW))
+    turn = await world.submit(world.agent(SLOW), expect=True)  # the Brain may not have read the announcement
     assert await world.processes.wait_exit(doomed, timeout=30) == -9
     await world.execution_status(turn, "intended")
 

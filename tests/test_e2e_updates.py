@@ -302,6 +302,7 @@ async def _submit_bulk(env: dict[str, str], tmp_path: Path) -> str:
             "r",
             "--agent",
             _bulk_agent(tmp_path, "b"),
+            "--expect-tools",  # the tests wait for a pool that starts later, or never
             "go",
         ],
         env,

@@ -58,6 +58,7 @@ async def submit(system: LocalSystem, definition: AgentDefinition, request: str,
     turn_id, _ = await verbs.submit(
         system.brain, namespace=NS, session_id="s", request_id=request, user_input="go",
         agent=definition, wake_channel=system.wake_channel, thread=thread,
+        tools=verbs.KnownTools(served=system.served),
     )  # fmt: skip
     return turn_id
 

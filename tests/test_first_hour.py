@@ -54,7 +54,10 @@ async def test_brain_wait_exits_with_a_code_of_its_own_for_a_cancelled_turn(loca
     broken = scripted("broken", [{"error": "no such model", "retryable": False}])
     failed = await local.submit(broken, "hi", session="failed")
     stuck = await local.submit(
-        scripted("stuck", [{"content": "?"}], tools=["nobody_serves_it"]), "hi", session="stuck"
+        scripted("stuck", [{"content": "?"}], tools=["nobody_serves_it"]),
+        "hi",
+        session="stuck",
+        expect_tools=True,
     )
     await wait_for(lambda: _status(local, stuck, "waiting"), timeout=30, what="the wait for bindings")
     assert (await local.client.control(stuck, "cancel"))["status"] == "applied"
@@ -177,6 +180,36 @@ async def test_the_example_counting_tool_stops_at_once_when_cancelled(local: Loc
     turn = await local.wait(turn_id, within=30)  # not the 60 s the next number would take
     assert turn["status"] == "cancelled"
     assert turn["executions"][0]["status"] == "cancelled"
+
+
+def _printed(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """What a command printed, without the log lines of the system running in this process."""
+    return [line for line in capsys.readouterr().out.splitlines() if not re.match(r"\d{4}-\d\d-\d\d ", line)]
+
+
+async def test_brain_output_follow_prints_a_tools_output_as_it_comes_until_its_outcome(
+    local: LocalTendon, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a tool that counts to 5, a number every 0.3 s, started by a turn
+    counter = scripted(
+        "counter5", [{"tool_calls": [{"tool": "count", "args": {"to": 5, "every": 0.3}}]}], tools=["count"]
+    )
+    turn_id = await local.submit(counter, "count")
+
+    async def started() -> Any:
+        return (await local.client.turn(turn_id))["executions"]
+
+    (execution,) = await wait_for(started, timeout=30, what="the call")
+    # When `brain output --follow` reads it from its start while it runs
+    args = argparse.Namespace(execution_id=execution["id"], offset=0, follow=True, url=local.url)
+    code = await commands.output(Settings(url=local.url), args)
+    # Then it printed every number once, in order, and returned once the outcome sealed the output
+    assert code == 0 and _printed(capsys) == ["1", "2", "3", "4", "5"]
+    assert (await local.client.turn(turn_id))["executions"][0]["status"] == "succeeded"
+    # And from an offset, without following, it prints what is there from that byte on
+    args = argparse.Namespace(execution_id=execution["id"], offset=4, follow=False, url=local.url)
+    assert await commands.output(Settings(url=local.url), args) == 0
+    assert _printed(capsys) == ["3", "4", "5"]
 
 
 async def test_the_readmes_test_example_passes_as_written() -> None:

@@ -24,6 +24,7 @@ from brain.run.endings import Endings
 from brain.run.metrics import BrainMetrics
 from brain.run.previews import Previews
 from brain.store import BrainStore, Control
+from brain.verbs.tools import KnownTools
 from infra.db import is_transient
 from infra.objects.payloads import PayloadCodec
 from infra.process.logging import get_logger
@@ -83,6 +84,8 @@ class Api:
     served: Callable[[Submit], Awaitable[tuple[str, bool]]] | None = None
     # The Brain's transport: who consumes each route's commands now (None: not known here).
     transport: Transport | None = None
+    # The tools a submit may name, and which routes were seen served (``brain.verbs.tools``).
+    tools: KnownTools = field(default_factory=KnownTools)
     # A local development server's (else None): submits follow edited agents (their versions from
     # their content, a thread with nothing unfinished moves to the edit), and the Brain is told
     # which thread moved.
@@ -110,7 +113,7 @@ def error_body(code: str, message: str) -> dict[str, Any]:
 
 
 def create_app(api: Api) -> FastAPI:
-    from brain.api import console, operator, routes, stream
+    from brain.api import agui, console, operator, routes, stream
 
     app = FastAPI(
         title="Tendon",
@@ -141,6 +144,7 @@ def create_app(api: Api) -> FastAPI:
 
     app.include_router(routes.router)
     app.include_router(stream.router)
+    app.include_router(agui.router)
     app.include_router(operator.router)
     app.include_router(operator.metrics)
     app.include_router(console.router)

@@ -38,6 +38,11 @@ class SubmitRequest(BaseModel):
     input: str = Field(description="the user's input")
     agent: AgentDefinition = Field(description="the agent definition (a thread is pinned to its version)")
     thread: str = Field(default="main", description="the session's thread (created on first use)")
+    expect_tools: bool = Field(
+        default=False,
+        description="take the agent's tools that no Hands pool has announced yet (a pool that starts "
+        "later): without it, such a submit is refused (400, `unknown_tool`)",
+    )
     multitask_strategy: Literal["reject", "enqueue", "interrupt", "rollback"] = Field(
         default="enqueue",
         description="what to do when the thread has an unfinished turn: refuse (409), queue behind it, "
@@ -53,6 +58,11 @@ class Submitted(BaseModel):
         default=None,
         description="with `wait`: the turn as it stands once it ended or the wait ran out (as `GET "
         "/v1/turns/{turn_id}` answers it); without `wait`, absent",
+    )
+    warnings: list[str] | None = Field(
+        default=None,
+        description="why some of the agent's tools would not run now (a pool expected later, a route "
+        "nobody serves right now: the turn waits for one), one sentence each; absent when none",
     )
 
 

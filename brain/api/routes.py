@@ -28,6 +28,7 @@ from brain.api.models import (
     inlined,
     parsed,
 )
+from brain.rules.agents import AgentDefinition
 from brain.rules.states import TERMINAL_TURN, TurnStatus
 from brain.run.endings import wake_or_timeout
 from brain.verbs import browse, controls, observe
@@ -99,7 +100,10 @@ SUBMIT_DOC: dict[str, Any] = {
 
 @router.post(
     "/sessions/{session_id}/turns", response_model=Submitted, status_code=201, tags=["turns"],
-    openapi_extra=SUBMIT_DOC, responses={200: {"model": Submitted, "description": "the request id's turn"}},
+    openapi_extra=SUBMIT_DOC, responses={
+        200: {"model": Submitted, "description": "the request id's turn"},
+        400: {"model": ErrorBody, "description": "`unknown_tool`: a tool no Hands pool announced"},
+    },
 )  # fmt: skip
 async def submit(request: Request) -> Response:
     """Accept a turn durably: answered once it is committed. With ``wait``, answered once the turn
@@ -113,10 +117,13 @@ async def submit(request: Request) -> Response:
     turn_id, created = await verbs.submit(
         api.store, namespace=namespace, session_id=request.path_params["session_id"],
         request_id=body.request_id, user_input=body.input, agent=body.agent, wake_channel=api.wake_channel,
-        thread=body.thread, served=api.served, follow_edits=api.edits, strategy=body.multitask_strategy,
-        topology=api.topology, ended=api.ended, send=api.controls,
+        thread=body.thread, served=api.served, follow_edits=api.edits, expect_tools=body.expect_tools,
+        tools=api.tools, strategy=body.multitask_strategy, topology=api.topology, ended=api.ended,
+        send=api.controls,
     )  # fmt: skip
     answer = Submitted(turn_id=turn_id, created=created)
+    if created and body.agent.tools:
+        answer.warnings = await unserved(api, body.agent)
     if wait is not None:
         # A turn made just now has not ended (its run, if here, starts once this yields): no look
         # first. A known request's turn may have ended long ago: looked at first.
@@ -125,6 +132,17 @@ async def submit(request: Request) -> Response:
     return Response(
         answer.model_dump_json(exclude_none=True), status_code=201 if created else 200, media_type=JSON
     )
+
+
+async def unserved(api: Api, agent: AgentDefinition) -> list[str] | None:
+    """Why some of a submitted agent's tools would not run now (None: all would, or this Brain
+    cannot tell). Only a hint: the turn is accepted already, whatever the broker answers."""
+    if api.transport is None:
+        return None
+    try:
+        return await api.tools.unserved(api.store, api.transport, api.topology, agent) or None
+    except Exception as exc:  # noqa: BLE001 - the submit committed: it is answered as accepted
+        return [f"could not check which tools are served: {type(exc).__name__}"]
 
 
 @router.get("/sessions", tags=["sessions"])

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request
 from sse_starlette.sse import EventSourceResponse
@@ -39,6 +39,9 @@ async def stream(
         int | None, Query(ge=0, le=INT64, description="follow from here (else Last-Event-ID, else 0)")
     ] = None,
     previews: bool = False,
+    format: Annotated[
+        Literal["tendon", "ag-ui"], Query(description="`ag-ui`: AG-UI events (brain.api.agui)")
+    ] = "tendon",
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> EventSourceResponse:
     """The session's events as Server-Sent Events, from ``cursor`` (or ``Last-Event-ID``) on."""
@@ -51,6 +54,11 @@ async def stream(
         api.store, namespace=namespace, session_id=session_id, cursor=start, limit=1, where=where
     )
     del first
+
+    if format == "ag-ui":
+        from brain.api.agui import session_stream  # it imports this module's previews_for
+
+        return session_stream(request, namespace, session_id, start, where, previews=previews)
 
     async def follow() -> AsyncIterator[dict[str, Any]]:
         position = start
@@ -73,13 +81,13 @@ async def stream(
                 position = page.cursor
                 if len(page.events) == PAGE:
                     continue
-                async for piece in _previews_for(pieces, api.poll):
+                async for piece in previews_for(pieces, api.poll):
                     yield piece
 
     return EventSourceResponse(follow(), ping=15)
 
 
-async def _previews_for(pieces: asyncio.Queue[Any] | None, seconds: float) -> AsyncIterator[dict[str, Any]]:
+async def previews_for(pieces: asyncio.Queue[Any] | None, seconds: float) -> AsyncIterator[dict[str, Any]]:
     """Wait ``seconds`` for the next look at the journal, passing on the previews that come."""
     if pieces is None:
         await asyncio.sleep(seconds)

@@ -14,23 +14,34 @@ from brain.face.client import AsyncClient
 from brain.rules.agents import AgentDefinition
 from brain.rules.states import TERMINAL_TURN
 from brain.store import BrainStore, open_store, wake_channel
-from brain.verbs import controls
+from brain.verbs import browse, controls
 from brain.verbs.describe import describe
+from brain.verbs.tools import KnownTools
 from infra.process.settings import Settings
 from infra.transport import Topology
+from infra.transport.broker import Broker
 from protocol import new_id
 
 DIRECT_LOOK = 0.2  # seconds between looks at a turn's row when waiting without a Brain's API
+UNSERVED_WITHIN = 10.0  # seconds a submit asks the broker which routes are served, at most
 
 
 class Access(Protocol):
     async def submit(
-        self, session: str, request_id: str, text: str, agent: AgentDefinition, thread: str,
+        self,
+        session: str,
+        request_id: str,
+        text: str,
+        agent: AgentDefinition,
+        thread: str,
+        *,
+        expect_tools: bool,
         strategy: str = "enqueue",
-    ) -> tuple[str, bool]: ...  # fmt: skip
+    ) -> dict[str, Any]: ...
     async def describe(self, turn_id: str) -> dict[str, Any]: ...
     async def until_ended(self, turn_id: str, seconds: float) -> dict[str, Any]: ...
     async def history(self, turn_id: str) -> dict[str, Any]: ...
+    async def output(self, execution_id: str, offset: int) -> dict[str, Any]: ...
     async def threads(self, session: str) -> list[dict[str, Any]]: ...
     async def turns(
         self, session: str, *, thread: str | None, status: str | None, limit: int, after: int
@@ -51,14 +62,37 @@ class Direct:
         self.namespace = settings.namespace
 
     async def submit(
-        self, session: str, request_id: str, text: str, agent: AgentDefinition, thread: str,
+        self,
+        session: str,
+        request_id: str,
+        text: str,
+        agent: AgentDefinition,
+        thread: str,
+        *,
+        expect_tools: bool,
         strategy: str = "enqueue",
-    ) -> tuple[str, bool]:  # fmt: skip
-        return await verbs.submit(
+    ) -> dict[str, Any]:
+        """As the API answers it: the turn id, whether this call made it, and why some of the
+        agent's tools would not run now (``warnings``, asked of the broker for a new turn)."""
+        turn_id, created = await verbs.submit(
             self.store, namespace=self.namespace, session_id=session, request_id=request_id, user_input=text,
-            agent=agent, wake_channel=wake_channel(self.settings), thread=thread, strategy=strategy,
-            topology=Topology(self.settings.queue_prefix),
+            agent=agent, wake_channel=wake_channel(self.settings), thread=thread, expect_tools=expect_tools,
+            strategy=strategy, topology=Topology(self.settings.queue_prefix),
         )  # fmt: skip
+        warnings = await self._unserved(agent) if created and agent.tools else []
+        return {"turn_id": turn_id, "created": created, "warnings": warnings}
+
+    async def _unserved(self, agent: AgentDefinition) -> list[str]:
+        topology = Topology(self.settings.queue_prefix)
+
+        async def ask() -> list[str]:
+            async with Broker(self.settings.amqp_url, topology) as broker:
+                return await KnownTools().unserved(self.store, broker, topology, agent)
+
+        try:
+            return await asyncio.wait_for(ask(), UNSERVED_WITHIN)
+        except Exception as exc:  # noqa: BLE001 - only a warning: the turn is accepted already
+            return [f"could not check which tools are served: {exc!r}"]
 
     async def describe(self, turn_id: str) -> dict[str, Any]:
         return await describe(self.store, self.namespace, turn_id)
@@ -80,6 +114,10 @@ class Direct:
 
     async def history(self, turn_id: str) -> dict[str, Any]:
         return await verbs.history(self.store, namespace=self.namespace, turn_id=turn_id)
+
+    async def output(self, execution_id: str, offset: int) -> dict[str, Any]:
+        namespace = self.namespace
+        return await browse.output(self.store, namespace=namespace, execution_id=execution_id, offset=offset)
 
     async def threads(self, session: str) -> list[dict[str, Any]]:
         return await verbs.threads(self.store, namespace=self.namespace, session_id=session)
@@ -123,13 +161,25 @@ class Remote:
         self.client = client
 
     async def submit(
-        self, session: str, request_id: str, text: str, agent: AgentDefinition, thread: str,
+        self,
+        session: str,
+        request_id: str,
+        text: str,
+        agent: AgentDefinition,
+        thread: str,
+        *,
+        expect_tools: bool,
         strategy: str = "enqueue",
-    ) -> tuple[str, bool]:  # fmt: skip
-        found = await self.client.submitted(
-            session, request_id, text, agent, thread=thread, multitask_strategy=strategy
+    ) -> dict[str, Any]:
+        return await self.client.submitted(
+            session,
+            request_id,
+            text,
+            agent,
+            thread=thread,
+            expect_tools=expect_tools,
+            multitask_strategy=strategy,
         )
-        return str(found["turn_id"]), bool(found["created"])
 
     async def describe(self, turn_id: str) -> dict[str, Any]:
         return await self.client.turn(turn_id)
@@ -140,6 +190,9 @@ class Remote:
 
     async def history(self, turn_id: str) -> dict[str, Any]:
         return await self.client.history(turn_id)
+
+    async def output(self, execution_id: str, offset: int) -> dict[str, Any]:
+        return await self.client.output(execution_id, offset=offset)
 
     async def threads(self, session: str) -> list[dict[str, Any]]:
         return await self.client.threads(session)

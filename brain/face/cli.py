@@ -28,7 +28,8 @@ EXIT_CODES = f"""exit codes:
   0  done (submit: the turn is accepted and durable; wait: it completed; a control: received or
      applied, as its receipt says)
   {EXIT_FAILED}  the turn failed (wait, watch)
-  {EXIT_USAGE}  bad input (an id that does not exist, a closed thread...) or a bad TENDON_* setting
+  {EXIT_USAGE}  bad input (an id that does not exist, a closed thread, a submitted agent naming a tool
+     no Hands pool has announced or a model kind no Brain has...) or a bad TENDON_* setting
   {EXIT_TIMEOUT}  still not finished after --timeout (wait); the turn goes on
   {EXIT_CONFLICT}  CONFLICT: the request id was used before with a different input (or the agent
      version exists with other content, or the thread is pinned to another); nothing was changed
@@ -98,8 +99,10 @@ def _parser() -> argparse.ArgumentParser:
         help="submit a turn; prints its turn id once it is durable",
         description="Submit a turn and print its id once it is committed. The same request id "
         "with the same input prints the same turn, however many submits race; with another "
-        "input it is a CONFLICT (exit code 4). Warns (on stderr) when no Hands pool serves a "
-        "tool the agent names right now.",
+        "input it is a CONFLICT (exit code 4). An agent naming a tool no Hands pool has ever "
+        "announced (a misspelt name), or a model kind no Brain has, is refused (exit code 2) with "
+        "what it may name, unless --expect-tools. Warns (on stderr) when no Hands pool serves a "
+        "tool the agent names right now (its turn waits for one).",
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[remote],
@@ -116,6 +119,12 @@ def _parser() -> argparse.ArgumentParser:
         default="main",
         help="the session's thread (created on first use, pinned to the agent's version; default main): "
         "turns of one thread run in order, threads run in parallel",
+    )
+    s.add_argument(
+        "--expect-tools",
+        action="store_true",
+        help="take tools no Hands pool has announced yet (a pool that starts later) instead of refusing "
+        "them as unknown; the agent's expect_tools field says it for some tools, in the definition",
     )
     s.add_argument(
         "--if-busy",
@@ -180,6 +189,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("turn_id")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+
+    s = sub.add_parser(
+        "output",
+        help="what a tool wrote as it ran (an execution id, as `brain show` lists them)",
+        parents=[remote],
+    )
+    s.add_argument("execution_id")
+    s.add_argument("--offset", type=int, default=0, help="the byte to start from (default 0)")
+    s.add_argument("--follow", "-f", action="store_true", help="go on as it comes, until the tool's outcome")
 
     s = sub.add_parser(
         "threads", help="a session's threads, their agent versions and turns", parents=[remote]
@@ -292,6 +310,7 @@ def main(argv: list[str] | None = None, *, local: commands.Local | None = None) 
         "show": commands.show,
         "parked": commands.parked,
         "history": commands.history,
+        "output": commands.output,
         "threads": commands.threads,
         "turns": commands.turns,
         "close": commands.close,

@@ -38,6 +38,7 @@ from protocol import (
     SchemaError,
     TendonError,
     TransientError,
+    UnknownToolError,
 )
 
 _BY_CODE: dict[str, type[TendonError]] = {
@@ -48,6 +49,7 @@ _BY_CODE: dict[str, type[TendonError]] = {
     "illegal_transition": IllegalTransitionError,
     "gone": GoneError,
     "schema_error": SchemaError,
+    "unknown_tool": UnknownToolError,
 }
 
 
@@ -144,24 +146,31 @@ class AsyncClient:
         agent: AgentDefinition | dict[str, Any],
         *,
         thread: str = "main",
+        expect_tools: bool = False,
         multitask_strategy: str = "enqueue",
     ) -> str:
-        """Accept a turn durably; its id (the same for the same request id and input).
+        """Accept a turn durably; its id (the same for the same request id and input). An agent
+        naming a tool no Hands pool announced raises UnknownToolError, unless ``expect_tools``.
         ``multitask_strategy``: what to do when the thread has an unfinished turn (reject, enqueue,
         interrupt or rollback: docs/design.md, "Double texting")."""
         found = await self.submitted(
-            session, request_id, text, agent, thread=thread, multitask_strategy=multitask_strategy
-        )
+            session, request_id, text, agent, thread=thread, expect_tools=expect_tools,
+            multitask_strategy=multitask_strategy,
+        )  # fmt: skip
         return str(found["turn_id"])
 
     async def submitted(
         self, session: str, request_id: str, text: str, agent: AgentDefinition | dict[str, Any], *,
-        thread: str = "main", wait: float = 0, multitask_strategy: str = "enqueue",
+        thread: str = "main", wait: float = 0, expect_tools: bool = False,
+        multitask_strategy: str = "enqueue",
     ) -> dict[str, Any]:  # fmt: skip
-        """:meth:`submit`, answering ``{"turn_id", "created"}`` (False: that request was known);
-        with ``wait``, once the turn ended or that many seconds passed, with the turn as it
-        stands under ``"turn"``."""
-        body = {"request_id": request_id, "input": text, "agent": _agent(agent), "thread": thread}
+        """:meth:`submit`, answering ``{"turn_id", "created"}`` (False: that request was known),
+        and ``"warnings"`` when some of the agent's tools would not run now; with ``wait``, once
+        the turn ended or that many seconds passed, with the turn as it stands under ``"turn"``."""
+        body: dict[str, Any] = {"request_id": request_id, "input": text, "agent": _agent(agent)}
+        body["thread"] = thread
+        if expect_tools:
+            body["expect_tools"] = True
         if multitask_strategy != "enqueue":
             body["multitask_strategy"] = multitask_strategy
         params = {"wait": _seconds(wait)} if wait else {}
@@ -175,14 +184,15 @@ class AsyncClient:
 
     async def call(
         self, session: str, request_id: str, text: str, agent: AgentDefinition | dict[str, Any], *,
-        thread: str = "main", within: float = 600,
+        thread: str = "main", within: float = 600, expect_tools: bool = False,
     ) -> dict[str, Any]:  # fmt: skip
         """Submit and wait until the turn ended (or ``within`` seconds passed: the turn goes on).
         One request when the turn ends within its first wait (30 s at most)."""
         deadline = asyncio.get_running_loop().time() + within
         submitted = await self.submitted(
-            session, request_id, text, agent, thread=thread, wait=max(0.001, min(30.0, within))
-        )
+            session, request_id, text, agent, thread=thread, wait=max(0.001, min(30.0, within)),
+            expect_tools=expect_tools,
+        )  # fmt: skip
         found: dict[str, Any] = submitted["turn"]
         while True:
             left = deadline - asyncio.get_running_loop().time()
@@ -329,6 +339,7 @@ class Client:
         return asyncio.run(go())
 
     def submit(self, session: str, request_id: str, text: str, agent: Any, **kwargs: Any) -> str:
+        """``thread``, ``expect_tools``, ``multitask_strategy``: as :meth:`AsyncClient.submit` takes them."""
         return str(self._run("submit", session, request_id, text, agent, **kwargs))
 
     def call(self, session: str, request_id: str, text: str, agent: Any, **kwargs: Any) -> dict[str, Any]:

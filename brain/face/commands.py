@@ -14,23 +14,21 @@ from typing import Any, Protocol
 
 from rich.console import Console
 
-from brain import verbs
-from brain.face.access import Direct, access
+from brain.face.access import access
 from brain.face.client import AsyncClient
 from brain.face.render import EXIT_BY_END, print_history, print_turn, waiting_line
 from brain.face.watch import watch as follow
 from brain.rules.agents import AgentDefinition
-from brain.rules.states import TERMINAL_TURN, TurnStatus
+from brain.rules.states import TERMINAL_EXECUTION, TERMINAL_TURN, TurnStatus
 from brain.store import BrainStore, open_store
 from infra.db.parked import show_parked
 from infra.process.killpoints import KillPoints
 from infra.process.settings import Settings
-from infra.transport import Topology
-from infra.transport.broker import Broker
 from protocol import ProtocolError, SchemaError, loads
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_CONFLICT, EXIT_UNAVAILABLE, EXIT_REJECTED = 1, 2, 3, 4, 5, 6
 EXIT_CANCELLED = EXIT_BY_END["cancelled"]
+OUTPUT_LOOK = 0.5  # seconds between looks at a running tool's output with nothing new
 
 
 async def with_store(settings: Settings, work: Callable[[BrainStore], Awaitable[int]]) -> int:
@@ -44,34 +42,19 @@ async def with_store(settings: Settings, work: Callable[[BrainStore], Awaitable[
 async def submit(settings: Settings, args: argparse.Namespace) -> int:
     agent = AgentDefinition.from_file(args.agent)
     async with access(settings, args.url) as brain:
-        turn_id, created = await brain.submit(
-            args.session, args.request_id, args.input, agent, args.thread, args.if_busy
+        said = await brain.submit(
+            args.session,
+            args.request_id,
+            args.input,
+            agent,
+            args.thread,
+            expect_tools=args.expect_tools,
+            strategy=args.if_busy,
         )
-        print(turn_id, flush=True)
-        if created and agent.tools and isinstance(brain, Direct):
-            await warn_unserved(brain.store, settings, agent)
+    print(said["turn_id"], flush=True)
+    for warning in said.get("warnings") or ():
+        print(f"brain: warning: {warning}", file=sys.stderr)
     return 0
-
-
-async def warn_unserved(store: BrainStore, settings: Settings, agent: AgentDefinition) -> None:
-    """Say so when a tool the agent names would not run now (the turn waits for it)."""
-    topology = Topology(settings.queue_prefix)
-
-    async def problems() -> list[str]:
-        async with Broker(settings.amqp_url, topology) as broker:
-            return await verbs.unserved_tools(store, broker, topology, agent.tools)
-
-    try:
-        found = await asyncio.wait_for(problems(), 10)
-    except Exception as exc:  # noqa: BLE001 - only a warning: the turn is accepted already
-        print(f"brain: warning: could not check which tools are served: {exc!r}", file=sys.stderr)
-        return
-    for problem in found:
-        print(
-            f"brain: warning: {problem}; the turn waits for one as long as the Brain's "
-            "TENDON_BINDING_WAIT_SECONDS allow (start `hands serve --route ROUTE --tools MODULE`)",
-            file=sys.stderr,
-        )
 
 
 async def show(settings: Settings, args: argparse.Namespace) -> int:
@@ -213,6 +196,28 @@ async def history(settings: Settings, args: argparse.Namespace) -> int:
         found = await brain.history(args.turn_id)
     _print(found, args.json, lambda: print_history(found))
     return 0
+
+
+async def output(settings: Settings, args: argparse.Namespace) -> int:
+    """Print what a tool wrote, from byte ``--offset`` on; with ``--follow``, go on as it comes
+    until its outcome seals it. A range that never came is said on stderr, in its place."""
+    offset = args.offset
+    async with access(settings, args.url) as brain:
+        while True:
+            page = await brain.output(args.execution_id, offset)
+            for p in page["pages"]:
+                if p["offset"] > offset:
+                    lost = f"[output from byte {offset} to {p['offset']} never came]"
+                    print(lost, file=sys.stderr, flush=True)
+                sys.stdout.write(p["data"])
+                offset = p["offset"] + len(p["data"].encode("utf-8"))
+            sys.stdout.flush()
+            offset = max(offset, page["next"])
+            sealed = page["status"] in TERMINAL_EXECUTION and offset >= (page["output_bytes"] or 0)
+            if not args.follow or sealed:
+                return 0
+            if not page["pages"]:
+                await asyncio.sleep(OUTPUT_LOOK)
 
 
 async def close(settings: Settings, args: argparse.Namespace) -> int:

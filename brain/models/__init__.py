@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from brain.models.base import Delta, Message, ModelAdapter, ModelReply, OnDelta, ToolCall
+from brain.models.base import MODEL_KINDS, Delta, Message, ModelAdapter, ModelReply, OnDelta, ToolCall
 from brain.models.scripted import ScriptedModel
 from protocol import SchemaError
 
-KINDS = ("scripted", "openai")
+KINDS = MODEL_KINDS
 
 
 def make_model(spec: dict[str, Any]) -> ModelAdapter:

@@ -13,6 +13,10 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# The adapters a Brain has, by the ``kind`` an agent definition's ``model`` names: a submit naming
+# another is refused (``brain.rules.admission``), before a turn could fail on it.
+MODEL_KINDS = ("scripted", "openai")
+
 
 class ToolCall(BaseModel):
     """A tool call of a reply. ``error``: why its arguments cannot be used as the model gave them

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticSerializationError
 
 from brain.rules.retry import RetryPolicy
@@ -50,6 +50,7 @@ _LATER_DEFAULTS: dict[str, Any] = {
     "retry": RetryPolicy().model_dump(mode="json"),
     "approvals": [],
     "manual_tools": [],
+    "expect_tools": [],
 }
 _LATER_LIMITS: dict[str, Any] = {"max_tool_calls": 200, "max_crashes": 3}
 
@@ -129,6 +130,18 @@ class AgentDefinition(BaseModel):
     manual_tools: list[ManualTool] = Field(
         default_factory=list, description="tools a person answers (not run by any Hands pool)"
     )
+    expect_tools: list[str] = Field(
+        default_factory=list,
+        description="tools of `tools` that no Hands pool may have announced yet: a submit takes them "
+        "(its turn waits for a pool to announce them) instead of refusing them as unknown",
+    )
+
+    @model_validator(mode="after")
+    def _expected_are_tools(self) -> AgentDefinition:
+        strays = sorted(set(self.expect_tools) - set(self.tools))
+        if strays:
+            raise ValueError(f"expect_tools names {', '.join(strays)}, which `tools` does not")
+        return self
 
     @property
     def unstorable(self) -> str | None:

@@ -10,7 +10,7 @@ each execution's effect with it under the row's lock, on both backends.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,9 @@ from brain.rules.states import (
     execution_transition,
 )
 
+# The most text of a tool's output one journal fact carries (a stream reader reads the rest by offset).
+OUTPUT_FACT_CHARS = 4096
+
 
 @dataclass(frozen=True)
 class Execution:
@@ -32,6 +35,14 @@ class Execution:
     call_id: str
     tool: str
     journal_detail: bool = False
+    attempt: int = 1  # the attempt running when these events come (a ``started`` says the next)
+    output_bytes: int = 0  # how much of its output was applied before
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> Execution:
+        """From the execution's row as the store reads it."""
+        return cls(row["id"], row["call_id"], row["tool"], bool(row["journal_detail"]),
+                   attempt=row["attempts"] or 1, output_bytes=row["output_bytes"] or 0)  # fmt: skip
 
 
 @dataclass
@@ -45,6 +56,7 @@ class Effect:
     outcome: dict[str, Any] | None = None  # result, how, evidence, output_bytes, error: all set together
     error: dict[str, Any] | None = None  # an UNKNOWN's reason (set without an outcome)
     pages: list[tuple[int, str]] = field(default_factory=list)  # (byte offset, data)
+    output_end: int = 0  # the byte offset after the last output applied
     unknown_reason: str | None = None  # the turn then waits for a reconcile
     facts: list[dict[str, Any]] = field(default_factory=list)
 
@@ -73,53 +85,101 @@ def effect(start: ExecutionStatus, events: Sequence[Any], execution: Execution) 
     nothing of the run may be written.
     """
     status = start
-    out = Effect(status=start, last_seq=events[0].seq - 1)
+    out = Effect(status=start, last_seq=events[0].seq - 1, output_end=execution.output_bytes)
+    output = OutputFacts(execution, out.output_end)
     for event in events:
         out.last_seq = event.seq
         body = event.body
         if event.kind == "output_page":
             out.pages.append((body.offset, body.data))
+            out.facts += output.page(body.offset, body.data)
             continue
+        out.facts += output.flush()  # a tool's output is sealed before its outcome (invariant 8)
         new = EVENT_STATUS[event.kind]
         assert new is not None
         status = execution_transition(status, new)
-        detail: dict[str, Any] = {}
-        attempt = None
-        if event.kind == "accepted":
-            out.worker = body.worker
-            detail["worker"] = body.worker
-        elif event.kind == "started":
-            out.attempts = attempt = body.attempt
-            out.worker = body.worker
-            detail.update(attempt=body.attempt, reason=body.reason, worker=body.worker)
-        elif event.kind == "succeeded":
-            out.outcome = {
-                "result": body.result,
-                "how": body.how,
-                "evidence": body.evidence,
-                "output_bytes": body.output_bytes,
-                "error": None,
-            }
-            detail["how"] = body.how
-        elif event.kind == "failed":
-            out.outcome = {
-                "result": None,
-                "how": body.how,
-                "evidence": body.evidence,
-                "output_bytes": body.output_bytes,
-                "error": body.error,
-            }
-            detail["how"] = body.how
-        elif event.kind == "unknown":
-            out.error = {"code": "unknown", "message": body.reason}
-            out.unknown_reason = body.reason
-            detail["reason"] = body.reason
+        detail, attempt = _detail(event, out)
+        if attempt is not None:
+            output.attempt = attempt
         if journaled(event.kind, attempt, detail=execution.journal_detail):
             out.facts.append(
                 facts.execution_event(status, execution.id, execution.call_id, execution.tool, **detail)
             )
+    out.facts += output.flush()
+    out.output_end = output.end
     out.status = status
     return out
+
+
+def _detail(event: Any, out: Effect) -> tuple[dict[str, Any], int | None]:
+    """What an event that moves the status sets on ``out``, and what its fact says besides the
+    status (with the attempt a ``started`` begins)."""
+    body = event.body
+    detail: dict[str, Any] = {}
+    attempt = None
+    if event.kind == "accepted":
+        out.worker = body.worker
+        detail["worker"] = body.worker
+    elif event.kind == "started":
+        out.attempts = attempt = body.attempt
+        out.worker = body.worker
+        detail.update(attempt=body.attempt, reason=body.reason, worker=body.worker)
+    elif event.kind in ("succeeded", "failed"):
+        out.outcome = {
+            "result": body.result if event.kind == "succeeded" else None,
+            "how": body.how,
+            "evidence": body.evidence,
+            "output_bytes": body.output_bytes,
+            "error": None if event.kind == "succeeded" else body.error,
+        }
+        detail["how"] = body.how
+    elif event.kind == "unknown":
+        out.error = {"code": "unknown", "message": body.reason}
+        out.unknown_reason = body.reason
+        detail["reason"] = body.reason
+    return detail, attempt
+
+
+class OutputFacts:
+    """The journal facts of a tool's output: the pages of one apply and one attempt in one
+    ``execution.output`` fact (its text cut at ``OUTPUT_FACT_CHARS``; all of it is readable by
+    offset from the output route), and an ``execution.output_gap`` where a page starts beyond the
+    end of what came before (a range that was lost is said, never silent: invariant 8)."""
+
+    def __init__(self, execution: Execution, end: int) -> None:
+        self._x = execution
+        self.attempt = execution.attempt
+        self.end = end  # the byte offset after the output applied so far
+        self._first: int | None = None  # the offset of the first page not said yet
+        self._text: list[str] = []
+        self._bytes = 0
+        self._gaps: list[dict[str, Any]] = []
+
+    def page(self, offset: int, data: str) -> list[dict[str, Any]]:
+        size = len(data.encode("utf-8"))
+        if offset + size <= self.end:
+            return []  # applied before (a replay from further back)
+        said: list[dict[str, Any]] = []
+        if offset > self.end:
+            x = self._x
+            said = self.flush() + [facts.output_gap(x.id, x.call_id, x.tool, self.end, offset)]
+        if self._first is None:
+            self._first = offset
+        self._text.append(data)
+        self._bytes += size
+        self.end = offset + size
+        return said
+
+    def flush(self) -> list[dict[str, Any]]:
+        if self._first is None:
+            return []
+        text = "".join(self._text)
+        shown = text[:OUTPUT_FACT_CHARS]
+        x = self._x
+        fact = facts.output(x.id, x.call_id, x.tool, attempt=self.attempt, offset=self._first,
+                            size=self._bytes, text=shown, cut=len(text) > len(shown))  # fmt: skip
+        self._first, self._text, self._bytes = None, [], 0
+        return [fact]
 
 
 def late_note(status: str, earlier: dict[str, Any] | None, event: Any) -> dict[str, Any] | None:
@@ -143,7 +203,9 @@ def late_note(status: str, earlier: dict[str, Any] | None, event: Any) -> dict[s
 
 __all__ = [
     "EXECUTION_TRANSITIONS",
+    "OUTPUT_FACT_CHARS",
     "Effect",
+    "OutputFacts",
     "Execution",
     "effect",
     "journaled",

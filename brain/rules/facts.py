@@ -18,6 +18,10 @@ kind                            what happened
                                 result (``awaits``: ``approval`` or ``result``)
 ``execution.<status>``          an execution's event applied (outcomes always; the others on
                                 ``journal: detailed``)
+``execution.output``            a tool's output as it came: the pages of one apply and attempt
+                                (``offset``, ``size`` in bytes, ``text``, ``cut`` when the text
+                                was cut short: the rest is read by offset from the output route)
+``execution.output_gap``        a range of a tool's output that never came (``start``, ``end``)
 ``execution.reported_late``     Hands reported on an execution its turn settled already
 ``turn.results_applied``        a step's outcomes went into the conversation
 ``turn.retry_scheduled``        a run met a passing fault; the turn retries later
@@ -120,6 +124,19 @@ def execution_event(status: str, execution_id: str, call_id: str, tool: str, **d
     """An applied event of an execution: ``execution.<the status it moved to>``."""
     return {"kind": f"execution.{status}", "execution_id": execution_id, "call_id": call_id, "tool": tool,
             **detail}  # fmt: skip
+
+
+def output(
+    execution_id: str, call_id: str, tool: str, *, attempt: int, offset: int, size: int, text: str, cut: bool
+) -> Fact:
+    fact = {"kind": "execution.output", "execution_id": execution_id, "call_id": call_id, "tool": tool,
+            "attempt": attempt, "offset": offset, "size": size, "text": text}  # fmt: skip
+    return fact | ({"cut": True} if cut else {})
+
+
+def output_gap(execution_id: str, call_id: str, tool: str, start: int, end: int) -> Fact:
+    return {"kind": "execution.output_gap", "execution_id": execution_id, "call_id": call_id, "tool": tool,
+            "start": start, "end": end}  # fmt: skip
 
 
 def reported_late(execution_id: str, call_id: str, tool: str, reported: str, how: str | None) -> Fact:

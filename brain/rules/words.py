@@ -85,6 +85,12 @@ def _execution(kind: str, f: Mapping[str, Any]) -> str:
         return f"{_call(f)} is UNKNOWN: {f.get('reason')}; the turn waits until an operator reconciles it"
     if status == "cancelled":
         return f"{_call(f)} was cancelled" + (f": {f['reason']}" if f.get("reason") else "")
+    if status == "output":
+        cut = " (cut short here)" if f.get("cut") else ""
+        wrote = f"{_call(f)} wrote {f.get('size')} bytes of output (attempt {f.get('attempt') or 1})"
+        return f"{wrote}: {_short(f.get('text') or '')!r}{cut}"
+    if status == "output_gap":
+        return f"{_call(f)}: its output from byte {f.get('start')} to {f.get('end')} never came"
     if status == "reported_late":
         return f"{_call(f)} was reported {f.get('reported')} after its turn had settled it"
     return f"{_call(f)}: {status}"

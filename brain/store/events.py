@@ -99,7 +99,7 @@ def effect_values(row: Any, done: Effect) -> list[Any]:
         result,
         row["how"] if keep else outcome["how"],
         row["evidence"] if keep else outcome["evidence"],
-        row["output_bytes"] if keep else outcome["output_bytes"],
+        max(row["output_bytes"] or 0, done.output_end) if keep else outcome["output_bytes"],
         as_json(error),
         row["worker"] if done.worker is None else done.worker,
     ]
@@ -230,8 +230,7 @@ class Events(Part):
             beyond = [e for e in beyond if e.seq > ready[-1].seq]
         plan = None
         if ready:
-            who = Execution(row["id"], row["call_id"], row["tool"], bool(row["journal_detail"]))
-            done = effect(ExecutionStatus(row["status"]), ready, who)  # raises before anything is written
+            done = effect(ExecutionStatus(row["status"]), ready, Execution.of(row))  # raises before any write
             # Held events this apply covered go, whether they drained from the held rows or came
             # again in this batch (a replay answers with the whole range from the gap on).
             await self._rare_writes(conn, row, done, ready[-1].seq if row["holding"] else None)

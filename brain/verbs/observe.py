@@ -136,6 +136,10 @@ async def list_events(
     return await store.read_consistent(read)
 
 
+# What the snapshot says of each execution: enough to show it, and where to read its output on from.
+SNAPSHOT_EXECUTION = ("id", "call_id", "tool", "status", "how", "result", "error", "output_bytes")
+
+
 async def snapshot(
     store: BrainStore, *, namespace: str, session_id: str, where: EventFilter = EventFilter()
 ) -> dict[str, Any]:
@@ -151,7 +155,10 @@ async def snapshot(
         executions = {}
         for t in turns:
             executions[t["id"]] = [
-                {k: e[k] for k in ("id", "call_id", "tool", "status", "how", "result", "error")}
+                {
+                    k: e[k]
+                    for k in ("id", "call_id", "tool", "status", "how", "result", "error", "output_bytes")
+                }
                 for e in await store.executions.turn_executions(conn, t["id"])
             ]
         threads = await store.sessions.threads_of(conn, session_id)

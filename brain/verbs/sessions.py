@@ -16,9 +16,10 @@ from brain.rules.doubletext import SUPERSEDING, Strategy, strategy_of
 from brain.rules.submits import MAIN_THREAD, Submit, thread_id
 from brain.store import BrainStore, Control
 from brain.verbs.doubletext import submit_superseding
+from brain.verbs.tools import KnownTools
 from brain.verbs.turn_history import turn_history
 from infra.db import Connection
-from infra.transport import Topology, Transport
+from infra.transport import Topology
 from protocol import NotFoundError, SchemaError
 from protocol.storable import unstorable
 
@@ -45,6 +46,8 @@ async def submit(
     thread: str = MAIN_THREAD,
     served: Callable[[Submit], Awaitable[tuple[str, bool]]] | None = None,
     follow_edits: Callable[[str], None] | None = None,
+    expect_tools: bool = False,
+    tools: KnownTools | None = None,
     strategy: Strategy | str = Strategy.ENQUEUE,
     topology: Topology | None = None,
     ended: Callable[[str, str, datetime], None] | None = None,
@@ -62,6 +65,10 @@ async def submit(
     and a thread pinned to another version of it, with nothing unfinished, moves to this one (and
     is told to it) instead of refusing the submit: an edited agent file needs no new version.
 
+    An agent whose model kind no Brain has, or that names a tool no Hands pool has announced, is
+    refused (``KnownTools.admit``; ``tools``: what this process knows of them already), unless
+    ``expect_tools`` (or the agent's own ``expect_tools``) says a pool will announce it later.
+
     ``strategy``: what the submit does when the thread has an unfinished turn
     (``brain.rules.doubletext``); interrupt and rollback cancel those turns, which needs the
     ``topology`` (``ended`` and ``send`` as for ``brain.verbs.controls.control``).
@@ -71,6 +78,7 @@ async def submit(
     for what, problem in (("the input", unstorable(user_input)), (f"agent {agent.name}", agent.unstorable)):
         if problem is not None:
             raise SchemaError(f"{what} cannot be stored: its text {problem}")
+    await (tools or KnownTools()).admit(store, agent, expect=expect_tools)
     if follow_edits is not None:
         agent = agent.versioned_by_content()
         chosen, edited = thread_id(session_id, thread), agent
@@ -152,22 +160,3 @@ async def close(store: BrainStore, *, namespace: str, session_id: str, thread: s
         return await store.sessions.close_thread(conn, thread_id(session_id, thread), what)
 
     return await store.transact(work)
-
-
-async def unserved_tools(
-    store: BrainStore, transport: Transport, topology: Topology, tools: list[str]
-) -> list[str]:
-    """Why some of ``tools`` would not run now, one sentence each (none when all are served):
-    never announced by any Hands pool, or announced for a route nobody consumes right now."""
-    pairs = await store.bindings.bound_routes(tools)
-    routes: dict[str, list[str]] = {}
-    for name, route in pairs:
-        routes.setdefault(route, []).append(name)
-    problems = []
-    missing = sorted(set(tools) - {name for name, _ in pairs})
-    if missing:
-        problems.append(f"no Hands pool has announced {', '.join(missing)}")
-    for route, names in sorted(routes.items()):
-        if await transport.consumers(topology.commands(route)) == 0:
-            problems.append(f"no Hands pool serves route {route} ({', '.join(sorted(set(names)))}) right now")
-    return problems

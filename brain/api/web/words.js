@@ -74,6 +74,11 @@ export function say(fact, entry = {}) {
         + "The turn waits until an operator reconciles it.", "bad");
     case "execution.cancelled":
       return s(`${call(fact)} was cancelled${fact.reason ? `: ${fact.reason}` : ""}.`, "warn");
+    case "execution.output":
+      return s(`${call(fact)} wrote ${fact.size} bytes of output (attempt ${fact.attempt || 1}): `
+        + `“${shortJson(fact.text, 200)}”${fact.cut ? " (cut short here)" : ""}.`);
+    case "execution.output_gap":
+      return s(`${call(fact)}: its output from byte ${fact.start} to ${fact.end} never came.`, "bad");
     case "execution.reported_late":
       return s(`${call(fact)} was reported ${fact.reported} after its turn had settled it.`, "warn");
     case "turn.results_applied":
