@@ -125,6 +125,10 @@ async def test_a_rollback_takes_the_turn_ahead_out_of_the_conversation_and_keeps
     assert (await _turn(store, first)).status == "cancelled"
     (receipt,) = await controls.receipts(store, namespace="ns", turn_id=first)
     assert receipt.request_id == f"rollback:{second}"
+    # The same request again answers the same turn, and an enqueue of it too
+    assert await _submit_with(store, "r2", "rollback", text="second") == (second, False)
+    assert await _submit_with(store, "r2", "enqueue", text="second") == (second, False)
+    assert len(await controls.receipts(store, namespace="ns", turn_id=first)) == 1
 
 
 async def test_the_api_its_client_and_the_cli_take_the_strategy(store, tmp_path):
