@@ -134,7 +134,10 @@ async def test_a_new_message_stops_a_turn_whose_two_tools_run_and_the_provider_n
     assert sorted(line.split(" ")[1:3] == ["stopped", "by"] for line in runs) == [False, False, True, True]
     assert {e["id"] for e in running["executions"]} == {line.split()[-1] for line in runs}
     (receipt,) = await controls.receipts(system.store, namespace=system.settings.namespace, turn_id=first)
-    assert (receipt.request_id, receipt.status) == (f"{strategy}:{second}", "applied")
+    how = "interrupted by a new message" if strategy == "interrupt" else "rolled back for a new message"
+    assert (receipt.request_id, receipt.status, receipt.reason) == (
+        f"{strategy}:{second}", "applied", f"{how} (turn {second})",
+    )  # fmt: skip
     assert dangling(sent) == []
     if strategy == "interrupt":
         # the work so far, each call closed with its outcome, then the new message
