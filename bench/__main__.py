@@ -17,7 +17,7 @@ from bench.harness import REPO, Processes, Services
 from bench.scenarios.base import Context, Row
 from infra.process.entry import run_async
 
-SCENARIOS = ["latency", "throughput", "batches", "cost", "recovery", "payload", "waiting", "ttft"]
+SCENARIOS = ["latency", "throughput", "batches", "cost", "recovery", "payload", "waiting", "signals", "ttft"]
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -85,7 +85,7 @@ def main() -> int:
         "--waiting",
         type=int,
         metavar="N",
-        help="turns the waiting scenario parks on a tool (default 50 quick, 10000 full)",
+        help="turns the waiting and signals scenarios park (default 50 quick, 10000 full)",
     )
     args = p.parse_args()
     if args.waiting is not None and args.waiting < 1:

@@ -17,6 +17,7 @@ from brain.run.metrics import BrainMetrics
 from brain.run.relay import CommandRelay, ControlRelay
 from brain.run.runs import Scheduler, Wakeups
 from brain.run.scanner import RepairScanner
+from brain.run.schedules import ScheduleLoop
 from brain.run.updates import BindingsConsumer, UpdateConsumer
 from brain.store import BrainStore, open_store, wake_channel
 from infra.db import Connection, keep_statistics, session_name
@@ -267,6 +268,7 @@ async def _start(
         "command-relay": ctx.commands.run(),
         "control-relay": ctx.controls.run(),
         "repair-scan": scanner.run(),
+        "schedules": ScheduleLoop(ctx, settings.scan_interval).run(),
         "statistics": keep_statistics(store.pool),
         "retention": keep_pruned(store.transact, horizons(store, settings)),
         "claims": scheduler.run(),

@@ -47,6 +47,7 @@ def test_quick_benchmark_writes_the_table(pg_url: str, amqp_url: str, tmp_path: 
         "Brain kill mid-step (lease held): standby completes p50",
         "1 MiB result",
         "waiting turns: Brain RSS growth",
+        "turns waiting on a signal: turns holding a lease (a run slot)",
         "tool calls/s, 50 in flight as 5 turns of 10 calls",
         "CPU per call, all processes",
         "rows written per tool call",

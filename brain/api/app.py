@@ -113,7 +113,7 @@ def error_body(code: str, message: str) -> dict[str, Any]:
 
 
 def create_app(api: Api) -> FastAPI:
-    from brain.api import agui, console, operator, routes, stream
+    from brain.api import agui, console, operator, routes, schedules, stream
 
     app = FastAPI(
         title="Tendon",
@@ -143,6 +143,7 @@ def create_app(api: Api) -> FastAPI:
         return JSONResponse(error_body("internal_error", f"{type(exc).__name__}"), status_code=500)
 
     app.include_router(routes.router)
+    app.include_router(schedules.router)
     app.include_router(stream.router)
     app.include_router(agui.router)
     app.include_router(operator.router)

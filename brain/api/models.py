@@ -94,6 +94,18 @@ class RespondRequest(BaseModel):
     reason: str | None = Field(default=None, description="deny: why (the model is told)")
 
 
+class SignalRequest(BaseModel):
+    """A signal for a turn's call that waits for it (the built-in ``wait_for_signal``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(
+        min_length=3, max_length=200, pattern=r"^x\.\S+$", description="the signal's key (under `x.`)"
+    )
+    payload: Any = Field(default=None, description="what the waiting call gets as its result (any JSON)")
+    request_id: str | None = Field(default=None, min_length=1, max_length=200)
+
+
 class Receipt(BaseModel):
     control_id: int
     turn_id: str

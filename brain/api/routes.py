@@ -23,6 +23,7 @@ from brain.api.models import (
     EventPage,
     Receipt,
     RespondRequest,
+    SignalRequest,
     SubmitRequest,
     Submitted,
     inlined,
@@ -31,7 +32,7 @@ from brain.api.models import (
 from brain.rules.agents import AgentDefinition
 from brain.rules.states import TERMINAL_TURN, TurnStatus
 from brain.run.endings import wake_or_timeout
-from brain.verbs import browse, controls, observe
+from brain.verbs import browse, controls, observe, signals
 from brain.verbs.describe import describe
 from protocol import SchemaError, new_id
 
@@ -267,6 +268,18 @@ async def respond(turn_id: str, body: RespondRequest, request: Request, caller: 
         api.store, namespace=caller.tenant(), turn_id=turn_id, request_id=body.request_id or new_id(),
         call=body.call, decision=body.decision, result=body.result, reason=body.reason,
         wake_channel=api.wake_channel,
+    )  # fmt: skip
+    return receipt.as_dict()
+
+
+@router.post("/turns/{turn_id}/signals", response_model=Receipt, tags=["controls"])
+async def signal(turn_id: str, body: SignalRequest, request: Request, caller: CallerDep) -> Any:
+    """Send a signal to the turn's call that waits for its key (the built-in ``wait_for_signal``);
+    rejected, saying so, when none waits for it now. Idempotent by ``request_id``."""
+    api = api_of(request)
+    receipt = await signals.signal(
+        api.store, namespace=caller.tenant(), turn_id=turn_id, request_id=body.request_id or new_id(),
+        key=body.key, payload=body.payload, wake_channel=api.wake_channel,
     )  # fmt: skip
     return receipt.as_dict()
 

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query, Request
 from sse_starlette.sse import EventSourceResponse
 
+from brain.api import stream_schema
 from brain.api.models import INT64
 from brain.api.routes import CallerDep, FilterDep, api_of
 from brain.verbs import observe
@@ -29,7 +30,9 @@ router = APIRouter(prefix="/v1", tags=["events"])
 PAGE = 200
 
 
-@router.get("/sessions/{session_id}/stream")
+@router.get(
+    "/sessions/{session_id}/stream", response_class=EventSourceResponse, responses=stream_schema.responses()
+)
 async def stream(
     session_id: str,
     request: Request,

@@ -14,7 +14,7 @@ from brain.face.client import AsyncClient
 from brain.rules.agents import AgentDefinition
 from brain.rules.states import TERMINAL_TURN
 from brain.store import BrainStore, open_store, wake_channel
-from brain.verbs import browse, controls
+from brain.verbs import browse, controls, signals
 from brain.verbs.describe import describe
 from brain.verbs.tools import KnownTools
 from infra.process.settings import Settings
@@ -52,6 +52,9 @@ class Access(Protocol):
     ) -> dict[str, Any]: ...
     async def respond(self, turn_id: str, request_id: str | None, **fields: Any) -> dict[str, Any]: ...
     async def receipts(self, turn_id: str) -> list[dict[str, Any]]: ...
+    async def signal(
+        self, turn_id: str, request_id: str | None, key: str, payload: Any
+    ) -> dict[str, Any]: ...
 
 
 class Direct:
@@ -153,6 +156,13 @@ class Direct:
         found = await controls.receipts(self.store, namespace=self.namespace, turn_id=turn_id)
         return [r.as_dict() for r in found]
 
+    async def signal(self, turn_id: str, request_id: str | None, key: str, payload: Any) -> dict[str, Any]:
+        receipt = await signals.signal(
+            self.store, namespace=self.namespace, turn_id=turn_id, request_id=request_id or new_id(),
+            key=key, payload=payload, wake_channel=wake_channel(self.settings),
+        )  # fmt: skip
+        return receipt.as_dict()
+
 
 class Remote:
     """The same over a Brain's HTTP API, acting in the token's namespace."""
@@ -215,6 +225,9 @@ class Remote:
 
     async def receipts(self, turn_id: str) -> list[dict[str, Any]]:
         return await self.client.receipts(turn_id)
+
+    async def signal(self, turn_id: str, request_id: str | None, key: str, payload: Any) -> dict[str, Any]:
+        return await self.client.signal(turn_id, key, payload, request_id=request_id)
 
 
 @asynccontextmanager

@@ -9,7 +9,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from brain.face import commands
+from brain.face import commands, schedule
 from brain.face.commands import (
     EXIT_CANCELLED,
     EXIT_CONFLICT,
@@ -238,6 +238,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--from-start", action="store_true", help="show the whole turn again")
 
     _add_controls(sub, remote)
+    schedule.add_parser(sub, remote)
     return p
 
 
@@ -281,6 +282,13 @@ def _add_controls(sub: argparse._SubParsersAction, remote: argparse.ArgumentPars
         "--deny", metavar="REASON", nargs="?", const="", help="refuse it (the model is told why)"
     )
     answer.add_argument("--result", metavar="JSON", help="a manual tool's result")
+    s = sub.add_parser(
+        "signal", help="send a signal to a turn's call that waits for it (wait_for_signal)",
+        parents=[common], epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    s.add_argument("turn_id")
+    s.add_argument("key", help="the signal's key, under `x.` (x.payment.done)")
+    s.add_argument("payload", nargs="?", help="JSON the waiting call gets as its result (default null)")
     s = sub.add_parser("controls", help="a turn's controls and where each stands", parents=[remote])
     s.add_argument("turn_id")
     s.add_argument("--json", action="store_true", help="machine-readable output")
@@ -317,6 +325,8 @@ def main(argv: list[str] | None = None, *, local: commands.Local | None = None) 
         "controls": commands.receipts,
         "watch": commands.watch,
         "respond": commands.respond,
+        "signal": commands.send_signal,
+        "schedule": schedule.run,
         **{kind: commands.control for kind in ("steer", "inject", "withdraw", "pause", "resume", "cancel")},
     }
     command = commands_by_name[args.command]

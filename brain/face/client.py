@@ -212,6 +212,31 @@ class AsyncClient:
         body = {"call": call, "decision": decision, **fields}
         return await self._request("POST", f"/v1/turns/{turn_id}/respond", body=body)  # type: ignore[no-any-return]
 
+    async def signal(
+        self, turn_id: str, key: str, payload: Any = None, *, request_id: str | None = None
+    ) -> dict[str, Any]:
+        """Signal ``key`` (under ``x.``) with ``payload`` to the turn's call that waits for it."""
+        body = {"key": key, "payload": payload, "request_id": request_id}
+        return await self._request("POST", f"/v1/turns/{turn_id}/signals", body=body)  # type: ignore[no-any-return]
+
+    async def schedule(
+        self, session: str, request_id: str, text: str, agent: AgentDefinition | dict[str, Any], *,
+        cron: str | None = None, delay: float | None = None, thread: str = "main",
+    ) -> dict[str, Any]:  # fmt: skip
+        """A schedule (the same for the same request id and input): a turn into ``thread`` on
+        ``cron`` (five fields, or six with the seconds last; UTC), or once ``delay`` seconds from now."""
+        body = {"request_id": request_id, "session": session, "thread": thread, "agent": _agent(agent),
+                "input": text, "cron": cron, "delay": delay}  # fmt: skip
+        return await self._request("POST", "/v1/schedules", body=body)  # type: ignore[no-any-return]
+
+    async def schedules(self, action: str = "list", schedule_id: str | None = None) -> Any:
+        """``list`` the schedules, or ``pause``, ``resume`` or ``delete`` the one ``schedule_id`` names."""
+        if action == "list":
+            return await self._request("GET", "/v1/schedules")
+        if action == "delete":
+            return await self._request("DELETE", f"/v1/schedules/{schedule_id}")
+        return await self._request("POST", f"/v1/schedules/{schedule_id}/{action}")
+
     async def reconcile(
         self, execution_id: str, *, evidence: str, actor: str, result: Any = None, failure: str | None = None
     ) -> dict[str, Any]:
@@ -353,6 +378,15 @@ class Client:
 
     def respond(self, turn_id: str, call: str, decision: str, **fields: Any) -> dict[str, Any]:
         return self._run("respond", turn_id, call, decision, **fields)  # type: ignore[no-any-return]
+
+    def schedule(self, session: str, request_id: str, text: str, agent: Any, **fields: Any) -> dict[str, Any]:
+        return self._run("schedule", session, request_id, text, agent, **fields)  # type: ignore[no-any-return]
+
+    def schedules(self, action: str = "list", schedule_id: str | None = None) -> Any:
+        return self._run("schedules", action, schedule_id)
+
+    def signal(self, turn_id: str, key: str, payload: Any = None, **fields: Any) -> dict[str, Any]:
+        return self._run("signal", turn_id, key, payload, **fields)  # type: ignore[no-any-return]
 
     def snapshot(self, session: str, **where: Any) -> dict[str, Any]:
         return self._run("snapshot", session, **where)  # type: ignore[no-any-return]

@@ -245,6 +245,8 @@ async def control(settings: Settings, args: argparse.Namespace) -> int:
 def receipt_line(r: dict[str, Any]) -> str:
     when = {"received": "received; it applies at the turn's next boundary", "applied": "applied"}
     line = f"control #{r['control_id']} ({r['kind']}, request {r['request_id']}) of turn {r['turn_id']}: "
+    if r["kind"] == "signal":  # a signal no call waited for yet is kept for the first that will
+        when["received"] = "received; kept for the turn's first call that waits for its key"
     line += when.get(r["status"], r["status"])
     return line + (f": {r['reason']}" if r.get("reason") else "")
 
@@ -264,6 +266,18 @@ async def respond(settings: Settings, args: argparse.Namespace) -> int:
             args.turn_id, args.request_id, call=args.call, decision=decision, result=result,
             reason=args.deny or None,
         )  # fmt: skip
+    _print(said, args.json, lambda: print(receipt_line(said)))
+    return EXIT_REJECTED if said["status"] == "rejected" else 0
+
+
+async def send_signal(settings: Settings, args: argparse.Namespace) -> int:
+    """A signal for the turn's call that waits for its key (a built-in wait_for_signal)."""
+    try:
+        payload = loads(args.payload.encode()) if args.payload is not None else None
+    except ProtocolError as exc:
+        raise SchemaError(f"the payload is not valid JSON: {exc.message}") from exc
+    async with access(settings, args.url) as brain:
+        said = await brain.signal(args.turn_id, args.request_id, args.key, payload)
     _print(said, args.json, lambda: print(receipt_line(said)))
     return EXIT_REJECTED if said["status"] == "rejected" else 0
 

@@ -7,7 +7,8 @@ the turn in (the steps), and which run committed it.
 ==============================  ==========================================================
 kind                            what happened
 ==============================  ==========================================================
-``turn.accepted``               a submit: the request id and the user's input
+``turn.accepted``               a submit: the request id and the user's input (and the schedule
+                                that made it, saying whether it fired late)
 ``turn.run_started``            a claim: a new run (its number and epoch, the phase it began at,
                                 the Brain that runs it)
 ``turn.prepared``               the turn's input went into its thread's conversation
@@ -42,11 +43,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from brain.rules.states import ControlStatus, ExecutionStatus
+
 Fact = dict[str, Any]
 
+# Every kind a fact may have, as the stream's schema lists them (tests/test_stream_schema.py holds
+# this list to the constructors below).
+KINDS: tuple[str, ...] = (
+    "turn.accepted", "turn.run_started", "turn.prepared", "turn.waiting", "turn.model_replied",
+    "turn.results_applied", "turn.retry_scheduled", "turn.run_lost", "turn.input_added",
+    "turn.cancelled", "turn.rolled_back", "turn.completed", "turn.failed",
+    "execution.intended", "execution.approved", "execution.output", "execution.output_gap",
+    "execution.reported_late",
+    *(f"execution.{s}" for s in ExecutionStatus if s != ExecutionStatus.INTENDED),
+    *(f"control.{s}" for s in ControlStatus),
+)  # fmt: skip
 
-def accepted(request_id: str, text: str) -> Fact:
-    return {"kind": "turn.accepted", "request_id": request_id, "input": {"text": text}}
+
+def accepted(request_id: str, text: str, schedule: dict[str, Any] | None = None) -> Fact:
+    """``schedule``: the schedule that submitted the turn (its id, the time it was due, and when
+    it fired late, how late and how many times it missed meanwhile)."""
+    fact = {"kind": "turn.accepted", "request_id": request_id, "input": {"text": text}}
+    return fact | ({"schedule": schedule} if schedule else {})
 
 
 def run_started(run: int, epoch: int, phase: str, owner: str | None) -> Fact:

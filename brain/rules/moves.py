@@ -149,6 +149,11 @@ def intents_reason(intents: Sequence[Intent]) -> str:
             parts.append(f"approval of {i.tool} {i.call_id}")
         elif i.awaits == "result":
             parts.append(f"a person's result for {i.tool} {i.call_id}")
+        elif i.awaits == "clock":
+            parts.append(f"{i.tool} {i.call_id} to end ({i.wait_seconds:g} s)")
+        elif i.awaits == "signal":
+            until = f" (at most {i.wait_seconds:g} s)" if i.wait_seconds is not None else ""
+            parts.append(f"signal {i.wait_key} for {i.call_id}{until}")
     return "; ".join(parts) or "nothing"
 
 

@@ -112,7 +112,10 @@ class Intent:
     journal_detail: bool = False  # its acceptance and start are journaled too
     status: str = "intended"
     error: dict[str, str] | None = None
-    awaits: str | None = None  # PENDING: "approval" (then it is sent), or "result" (a manual tool)
+    awaits: str | None = None  # PENDING: "approval" (then it is sent), "result" (a manual tool), or a
+    # built-in's wait (brain.rules.waits): "clock", "signal", "approval"
+    wait_key: str | None = None  # the signal a built-in wait_for_signal waits for
+    wait_seconds: float | None = None  # a built-in wait: seconds from its commit until the clock answers it
 
     @property
     def sends(self) -> bool:

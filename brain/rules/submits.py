@@ -99,6 +99,7 @@ class Submit:
     agent: AgentDefinition
     wake_channel: str
     thread: str = MAIN_THREAD
+    schedule: dict[str, Any] | None = None  # the schedule that submits it, and its firing's words
     strategy: Strategy = Strategy.ENQUEUE  # what it does when its thread is busy
 
     @cached_property
@@ -145,7 +146,8 @@ class Submitted:
 def submit_facts(s: Submit, start: Start | None) -> list[dict[str, Any]]:
     """The journal entry of a submit: the turn accepted, and when it starts now, its first run
     and its input prepared (what a claim and its prepare would journal)."""
-    return [accepted(s.request_id, s.user_input), *(started_facts(start) if start is not None else ())]
+    started = started_facts(start) if start is not None else ()
+    return [accepted(s.request_id, s.user_input, s.schedule), *started]
 
 
 def started_facts(start: Start) -> list[dict[str, Any]]:

@@ -16,8 +16,17 @@ HOW = {
     "rejected": "refused by the Brain before anything was sent",
     "denied": "denied by a person",
     "manual": "answered by a person",
+    "approved": "approved by a person",
+    "slept": "its sleep ended",
+    "timed_out": "its wait for a signal timed out",
+    "signalled": "answered by its signal",
 }
-AWAITS = {"approval": "a person's approval", "result": "a person's result (a manual tool)"}
+AWAITS = {
+    "approval": "a person's approval",
+    "result": "a person's result (a manual tool)",
+    "clock": "its time (a sleep)",
+    "signal": "a signal",
+}
 
 
 def _call(f: Mapping[str, Any]) -> str:
@@ -58,6 +67,16 @@ def _reply(f: Mapping[str, Any]) -> str:
     said = f": {_short(message['text'])!r}" if message.get("text") else ""
     asks = f"; it asks for {', '.join(calls)}" if calls else ""
     return f"the model replied{took}" + (f" ({used})" if used else "") + said + asks
+
+
+def _scheduled(schedule: Mapping[str, Any] | None) -> str:
+    if not schedule:
+        return ""
+    said = f", submitted by schedule {schedule.get('id')} for {schedule.get('due_at')}"
+    if "late_seconds" in schedule:
+        missed = schedule.get("missed", 0)
+        said += f", late by {schedule['late_seconds']:g} s ({missed} time(s) missed meanwhile)"
+    return said
 
 
 def _execution(kind: str, f: Mapping[str, Any]) -> str:
@@ -121,7 +140,10 @@ def said(fact: Mapping[str, Any]) -> str:
         why = "its Brain died" if fact.get("how") == "died" else "its Brain stopped"
         return f"run {fact.get('run')} was lost at phase {fact.get('phase')}: {why}; another run takes over"
     simple = {
-        "turn.accepted": lambda f: f"the turn was accepted: {(f.get('input') or {}).get('text', '')!r}",
+        "turn.accepted": lambda f: (
+            f"the turn was accepted: {(f.get('input') or {}).get('text', '')!r}"
+            + _scheduled(f.get("schedule"))
+        ),
         "turn.prepared": lambda f: "the input joined the thread's conversation",
         "turn.waiting": lambda f: f"the turn waits for {f.get('waiting_for')}",
         "turn.results_applied": lambda f: (

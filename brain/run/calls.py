@@ -14,6 +14,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from brain.rules.calls import manual_intent, refusal, refused_intent
+from brain.rules.waits import builtin_intent
 from brain.run.context import BrainContext
 from brain.store import Intent, TurnRow
 from protocol import ExecuteBody, new_timed_id
@@ -33,7 +34,8 @@ async def build_intents(
     content-addressed, so a crash here leaves at most an unreferenced object, never a reference
     to nothing), or FAILED with the reason the Brain refused it. A call that needs a person's
     approval (its binding says so, or the agent's ``approvals`` name its tool) is PENDING with its
-    command, sent once approved; a call of a manual tool is PENDING until a person answers it.
+    command, sent once approved; a call of a manual tool is PENDING until a person answers it, and
+    one of a built-in wait until its clock, signal or approval does (``brain.rules.waits``).
     ``trace``: the span the commands continue (carried to the Hands)."""
     intents = []
     for call in calls:
@@ -42,6 +44,8 @@ async def build_intents(
         binding = bindings.get(call["tool"]) or {}
         if why is not None:
             intents.append(refused_intent(execution_id, step, call, binding, why, detailed=detailed))
+        elif binding.get("builtin"):
+            intents.append(builtin_intent(execution_id, step, call, detailed=detailed))
         elif binding.get("manual"):
             intents.append(manual_intent(execution_id, step, call, binding, detailed=detailed))
         else:

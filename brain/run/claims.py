@@ -17,6 +17,7 @@ from brain.rules import facts, moves
 from brain.rules.agents import AgentDefinition
 from brain.rules.states import TERMINAL_TURN, TurnPhase, TurnStatus
 from brain.rules.submits import Mark, Start, Submit, Submitted
+from brain.rules.waits import BUILTINS
 from brain.run.context import BrainContext
 from brain.run.history import ReadAhead
 from brain.store import Move, Moved, Settled, TurnRow
@@ -139,7 +140,9 @@ async def _look_again_for_bindings(ctx: BrainContext, rows: list[TurnRow]) -> No
     async def work(conn: Connection) -> None:
         for row in rows:
             agent, _ = await ctx.threads.get(conn, row.thread_id)
-            if set(agent.tools) <= set(await ctx.store.bindings.latest_bindings(conn, agent.tools)):
+            if set(agent.tools) - BUILTINS.keys() <= set(
+                await ctx.store.bindings.latest_bindings(conn, agent.tools)
+            ):
                 await ctx.store.turns.wake_for_bindings(conn, ctx.wake_channel)
                 return
 
@@ -243,8 +246,11 @@ async def announced(
 
 def offered(agent: AgentDefinition, latest: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """What a new thread of ``agent`` freezes given the ``latest`` announced bindings (its manual
-    tools' included), and the tools no pool announced."""
-    found = {t: latest[t] for t in agent.tools if t in latest}
+    tools' and the Brain's built-ins included: a built-in's name is the Brain's, whatever a pool
+    announces), and the tools no pool announced."""
+    found = {
+        t: BUILTINS[t] if t in BUILTINS else latest[t] for t in agent.tools if t in BUILTINS or t in latest
+    }
     missing = sorted(set(agent.tools) - set(found))
     return found | {m.name: m.binding() for m in agent.manual_tools}, missing
 

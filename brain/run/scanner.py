@@ -10,7 +10,9 @@ may be due for a nudge). For each execution of the turn's step that is not final
   the Hands never acknowledged it, else a replay of its events asked for.
 
 It also asks for a replay when events wait behind a gap for longer than ``gap_timeout``, and
-wakes waiting turns whose executions have all finished (a lost hint) or whose deadline came.
+wakes waiting turns whose executions have all finished (a lost hint) or whose deadline came, and
+answers the built-in waits whose clock came (a sleep's end, a signal's timeout) or whose signal
+came before them (``brain.store.waits``).
 
 Every nudge is counted, and an answer resets the count: after ``repair_attempts`` nudges without
 one (about half an hour with the defaults, as each waits twice as long as the one before) the
@@ -136,6 +138,9 @@ class RepairScanner:
             # Turns with nothing left to wait for first: the look below pushes the others on.
             await store.repairs.wake_stuck(conn, self.ctx.wake_channel)
             await store.repairs.wake_due(conn, self.ctx.wake_channel)
+            await store.waits.answer_kept_signals(conn, self.ctx.wake_channel)
+            await store.waits.answer_due(conn, self.ctx.wake_channel)
+            await store.waits.reject_kept_signals(conn)
             due = await store.repairs.due_waiting(conn)
             looks: dict[str, float] = {}
             for turn_id, group in itertools.groupby(due, key=lambda r: r["turn_id"]):

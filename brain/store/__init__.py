@@ -17,6 +17,8 @@ field              part (PostgreSQL's)        what it owns
 ``controls``       ``Controls``               controls' receipts and what they do to a turn; a
                                               person's answer to a call
 ``views``          ``Views`` (``_pg``)        a turn as its description reads it
+``waits``          ``Waits``                  built-in waits: those the clock answers, a signal's
+``schedules``      ``Schedules``              schedules, and those due now
 ``gauges``         ``GaugeRows``              what the metrics count when scraped
 ``retention``      ``RetentionRows``          what retention prunes (the journal of closed sessions)
 =================  =========================  ====================================================
@@ -67,6 +69,7 @@ from brain.store.outbox_pg import PgOutbox
 from brain.store.repairs import Repairs
 from brain.store.repairs_pg import PgRepairs
 from brain.store.retention import RetentionRows
+from brain.store.schedules import Schedules
 from brain.store.sessions import Sessions
 from brain.store.submits import Submits
 from brain.store.submits_pg import PgSubmits
@@ -74,6 +77,7 @@ from brain.store.turns import Turns
 from brain.store.turns_pg import PgTurns
 from brain.store.views import Views
 from brain.store.views_pg import PgViews
+from brain.store.waits import Waits
 from infra.db import Connection, Pool, create_pool, dialect, migrate, reading
 from infra.db.parked import ParkedRows
 from infra.db.store import StoreBase
@@ -123,6 +127,8 @@ class BrainStore(StoreBase, ParkedRows):
     outbox: Outbox
     controls: Controls
     views: Views
+    waits: Waits
+    schedules: Schedules
     gauges: GaugeRows
     retention: RetentionRows
 
@@ -140,6 +146,8 @@ class BrainStore(StoreBase, ParkedRows):
         self.outbox = Outbox(self)
         self.controls = Controls(self)
         self.views = Views(self)
+        self.waits = Waits(self)
+        self.schedules = Schedules(self)
         self.gauges = GaugeRows(self)
         self.retention = RetentionRows(self)
 

@@ -204,7 +204,7 @@ class Controls(Part):
     async def _never_sent(self, conn: Connection, turn_id: str) -> None:
         """Calls that waited for a person, whose turn was cancelled: never sent to any Hands."""
         await conn.execute(
-            f"UPDATE executions SET {_NEVER_SENT.set}, command = NULL, updated_at = now()"
+            f"UPDATE executions SET {_NEVER_SENT.set}, command = NULL, wait_until = NULL, updated_at = now()"
             f" WHERE turn_id = $1 AND {_NEVER_SENT.guard}",
             turn_id,
         )
@@ -233,11 +233,11 @@ class Controls(Part):
         evidence: str,
         wake_channel: str,
     ) -> None:
-        """A person answered (a manual tool's result) or denied a PENDING execution: it is final, and
-        its turn goes on if that settled its step."""
+        """A person answered (a manual tool's result) or denied a PENDING execution, or a built-in
+        wait's clock or signal came: it is final, and its turn goes on if that settled its step."""
         await conn.execute(
             f"""UPDATE executions SET {_ANSWERED[status].set}, how = $2, result = $3, error = $4,
-                      evidence = $5, command = NULL, updated_at = now()
+                      evidence = $5, command = NULL, wait_until = NULL, updated_at = now()
                 WHERE id = $1 AND {_ANSWERED[status].guard}""",
             execution["id"], how, result, error, evidence,
         )  # fmt: skip

@@ -94,7 +94,7 @@ class Failures(Part):
         reason = f"its turn ended first ({error.get('code')}: {error.get('message')})"
         rows = await conn.fetch(
             f"""UPDATE executions SET {_SETTLED.set}, error = $2, holding = false, command = NULL,
-                       updated_at = now()
+                       wait_until = NULL, updated_at = now()
                  WHERE turn_id = $1 AND {_SETTLED.guard}
              RETURNING id, route, request_digest, call_id, tool""",
             turn_id,

@@ -185,11 +185,13 @@ class Turns(Part):
             await conn.execute(
                 """INSERT INTO executions (id, turn_id, tool_step, call_id, route, tool, binding_digest,
                                            replay_policy, request_digest, status, command_message_id,
-                                           command, created_by, journal_detail, error, how)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)""",
+                                           command, created_by, journal_detail, error, how, wait_key,
+                                           wait_until)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                           ts_add(now(), $18))""",
                 i.execution_id, row.id, i.tool_step, i.call_id, i.route, i.tool, i.binding_digest,
                 i.replay_policy, i.request_digest, i.status, i.command_message_id, i.command,
-                move.before.lease_owner, i.journal_detail, i.error, i.how,
+                move.before.lease_owner, i.journal_detail, i.error, i.how, i.wait_key, i.wait_seconds,
             )  # fmt: skip
         froze = False
         if move.freeze is not None:

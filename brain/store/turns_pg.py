@@ -70,14 +70,15 @@ SELECT {qualified("moved", TURN_COLUMNS)}, w.seq,
 _INTENT = """intent AS (
     INSERT INTO executions (id, turn_id, tool_step, call_id, route, tool, binding_digest, replay_policy,
                             request_digest, status, command_message_id, command, created_by, journal_detail,
-                            error, how)
+                            error, how, wait_key, wait_until)
     SELECT i.id, i.turn_id, i.tool_step, i.call_id, i.route, i.tool, i.binding_digest, i.replay_policy,
-           i.request_digest, i.status, i.message_id, i.command, $20, i.detail, i.error, i.how
+           i.request_digest, i.status, i.message_id, i.command, $20, i.detail, i.error, i.how, i.wait_key,
+           ts_add(now(), i.wait_seconds)
       FROM unnest($21::text[], $22::text[], $23::int[], $24::text[], $25::text[], $26::text[], $27::text[],
                   $28::text[], $29::text[], $30::text[], $31::bytea[], $32::bool[], $33::text[], $34::jsonb[],
-                  $35::text[])
+                  $35::text[], $36::text[], $37::float8[])
            AS i(turn_id, id, tool_step, call_id, route, tool, binding_digest, replay_policy, request_digest,
-                message_id, command, detail, status, error, how)
+                message_id, command, detail, status, error, how, wait_key, wait_seconds)
       JOIN moved ON moved.id = i.turn_id),"""
 # A batch without intents does not name ``executions`` at all: a statement locks every table it
 # names, even where it writes nothing, and these moves have no business with that table. By
@@ -107,7 +108,7 @@ class PgTurns(Turns):
         assert len(owners) == 1, "one batch of moves comes from one Brain"
         ordered = sorted(moves, key=lambda m: m.before.id)
         cols: list[list[Any]] = [[] for _ in _MOVE]
-        intents: list[list[Any]] = [[] for _ in range(15)]
+        intents: list[list[Any]] = [[] for _ in range(17)]
         for m in ordered:
             b = m.before
             values = [
@@ -122,7 +123,7 @@ class PgTurns(Turns):
                 row = [
                     b.id, i.execution_id, i.tool_step, i.call_id, i.route, i.tool, i.binding_digest,
                     i.replay_policy, i.request_digest, i.command_message_id, i.command, i.journal_detail,
-                    i.status, as_json(i.error), i.how,
+                    i.status, as_json(i.error), i.how, i.wait_key, i.wait_seconds,
                 ]  # fmt: skip
                 for col, value in zip(intents, row, strict=True):
                     col.append(value)

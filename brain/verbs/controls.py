@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from brain.rules import facts
+from brain.rules import facts, waits
 from brain.rules.controls import INPUTS, Kind, Outcome, TurnView, decide
 from brain.rules.states import ACCEPTED_EXECUTION, TERMINAL_TURN, TurnStatus
 from brain.store import BrainStore, Control, TurnRow
@@ -349,6 +349,9 @@ def _refuse_response(turn: TurnRow, execution: Any, call: str, decision: str) ->
         how = f" ({execution['how']})" if execution["how"] else ""
         return f"call {execution['call_id']} waits for no answer: it is {execution['status']}{how}"
     awaits = (execution["how"] or "").removeprefix("awaiting_")
+    if awaits in ("clock", "signal"):  # a built-in wait: its clock or a signal answers it, no person
+        what = "its time" if awaits == "clock" else "a signal"
+        return f"call {execution['call_id']} waits for {what}, not a person"
     if awaits == "approval" and decision == "result":
         return f"call {execution['call_id']} waits for an approval (approve or deny), not a result"
     if awaits == "result" and decision == "approve":
@@ -369,6 +372,10 @@ async def _answer(
     """What the answer does to the execution; its fact."""
     who = f"answered by a person (control #{control_id})"
     e = execution
+    if decision == "approve" and e["route"] == waits.ROUTE:  # request_approval: its result says so
+        await store.controls.settle_by_hand(conn, e, status="succeeded", how="approved",
+            result=Json({"approved": True}), error=None, evidence=who, wake_channel=wake_channel)  # fmt: skip
+        return facts.execution_event("succeeded", e["id"], e["call_id"], e["tool"], how="approved")
     if decision == "approve":
         await store.controls.approve(conn, turn.id, e["id"])
         return facts.execution_event("approved", e["id"], e["call_id"], e["tool"])

@@ -84,7 +84,9 @@ async def submit(
         chosen, edited = thread_id(session_id, thread), agent
         if await store.transact(lambda conn: store.sessions.repin_thread(conn, namespace, chosen, edited)):
             follow_edits(chosen)
-    submit = Submit(namespace, session_id, request_id, user_input, agent, wake_channel, thread, chose)
+    submit = Submit(
+        namespace, session_id, request_id, user_input, agent, wake_channel, thread, strategy=chose
+    )
     if chose in SUPERSEDING:
         assert topology is not None, "an interrupt or a rollback cancels turns: it needs the topology"
         return await submit_superseding(store, submit, topology=topology, ended=ended, send=send)

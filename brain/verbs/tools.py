@@ -41,7 +41,7 @@ class KnownTools:
         has, or that names a tool no pool announced, unless it is ``expect``-ed later (the
         submit's ``expect_tools``) or the agent lists it in its ``expect_tools``."""
         check_model(agent)
-        if self.served is None and all(t in self.routes for t in agent.tools):
+        if self.served is None and all(t in self.routes for t in pool_tools(agent)):
             return  # every tool seen before: what a Brain's API meets on nearly every submit
         if self.served is not None:
             unknown = unknown_tools(agent, self.served, expect=expect)
@@ -70,7 +70,7 @@ class KnownTools:
         routes = self.routes
         if self.served is None and all(
             t in routes and all(now - self.served_at.get(r, -SERVED_FRESH) < SERVED_FRESH for r in routes[t])
-            for t in agent.tools
+            for t in pool_tools(agent)
         ):
             return []  # every tool's routes seen served within the second: nothing to ask
         tools = [t for t in pool_tools(agent) if self.served is None or t not in self.served]

@@ -81,7 +81,8 @@ export async function readOutputs(executions, outputs) {
 
 // The calls that wait for a person, each with the answers it takes; ``answer(call, body)`` sends one.
 export function approvals(container, executions, answer) {
-  const pending = executions.filter((x) => x.status === "pending");
+  // A built-in sleep or wait for a signal waits for its clock or its signal, not for a person.
+  const pending = executions.filter((x) => x.status === "pending" && !["clock", "signal"].includes(x.awaits));
   container.hidden = !pending.length;
   // Drawn again only when the calls that wait change: what a person is typing stays.
   const key = pending.map((x) => x.id).join(" ");
@@ -103,7 +104,8 @@ export function approvals(container, executions, answer) {
     }
     const approve = el("button", { class: "approve", onclick: () => answer(x.call_id, { decision: "approve" }) }, "approve");
     return el("div", { class: "approval", dataset: { call: x.call_id } },
-      el("p", {}, el("b", {}, `${x.tool} (${x.call_id})`), " waits for your approval before it is sent:"),
+      el("p", {}, el("b", {}, `${x.tool} (${x.call_id})`),
+        x.route === "brain" ? " asks for your approval:" : " waits for your approval before it is sent:"),
       el("pre", { class: "args" }, pretty(x.args)), el("div", {}, approve, " ", reason, deny));
   }));
 }

@@ -8,7 +8,10 @@ function call(f) {
   return `${f.tool || "a tool"} (${f.call_id || f.execution_id || "?"})`;
 }
 
-const AWAITS = { approval: "a person's approval", result: "a person's result (a manual tool)" };
+const AWAITS = {
+  approval: "a person's approval", result: "a person's result (a manual tool)",
+  clock: "its time (a sleep)", signal: "a signal",
+};
 
 // How an execution's outcome came about, by its ``how``.
 export const HOW = {
@@ -19,6 +22,12 @@ export const HOW = {
   rejected: "refused by the Brain before anything was sent",
   denied: "denied by a person",
   manual: "answered by a person",
+  approved: "approved by a person",
+  slept: "its sleep ended",
+  timed_out: "its wait for a signal timed out",
+  signalled: "answered by its signal",
+  awaiting_clock: "waits for its time (a sleep)",
+  awaiting_signal: "waits for a signal",
   awaiting_approval: "waits for a person's approval",
   awaiting_result: "waits for a person's result",
 };
@@ -66,7 +75,7 @@ export function say(fact, entry = {}) {
     case "execution.succeeded":
       // A result that did not come from running the tool once (a query, a reconcile) stands out.
       return s(`${call(fact)} succeeded: ${howWords(fact.how || "ran")}.`,
-        ["ran", "manual", undefined].includes(fact.how) ? "good" : "mark");
+        ["ran", "manual", "approved", "slept", "signalled", undefined].includes(fact.how) ? "good" : "mark");
     case "execution.failed":
       return s(`${call(fact)} failed: ${howWords(fact.how || "ran")}.`, "bad");
     case "execution.unknown":
