@@ -139,16 +139,9 @@ class AsyncClient:
         return json.loads(answer)
 
     async def submit(
-        self,
-        session: str,
-        request_id: str,
-        text: str,
-        agent: AgentDefinition | dict[str, Any],
-        *,
-        thread: str = "main",
-        expect_tools: bool = False,
-        multitask_strategy: str = "enqueue",
-    ) -> str:
+        self, session: str, request_id: str, text: str, agent: AgentDefinition | dict[str, Any], *,
+        thread: str = "main", expect_tools: bool = False, multitask_strategy: str = "enqueue",
+    ) -> str:  # fmt: skip
         """Accept a turn durably; its id (the same for the same request id and input). An agent
         naming a tool no Hands pool announced raises UnknownToolError, unless ``expect_tools``.
         ``multitask_strategy``: what to do when the thread has an unfinished turn (reject, enqueue,
@@ -171,7 +164,7 @@ class AsyncClient:
         body["thread"] = thread
         if expect_tools:
             body["expect_tools"] = True
-        if multitask_strategy != "enqueue":
+        if multitask_strategy != "enqueue":  # what to do when the thread is busy
             body["multitask_strategy"] = multitask_strategy
         params = {"wait": _seconds(wait)} if wait else {}
         path = f"/v1/sessions/{session}/turns"
