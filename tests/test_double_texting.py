@@ -74,6 +74,13 @@ async def test_a_reject_refuses_a_busy_thread_and_a_known_request_still_answers_
     assert await _facts(store) == [(1, ["turn.accepted"])]
     # A request id that made a turn answers it, busy or not
     assert await _submit_with(store, "r1", "reject", text="hello") == (first, False)
+    # An enqueue (the default) waits behind the busy turn, which goes on
+    queued, _ = await _submit_with(store, "r1e", "enqueue")
+    assert [(await _turn(store, t)).status for t in (first, queued)] == ["queued", "queued"]
+    await controls.control(
+        store, namespace="ns", turn_id=queued, request_id="c", kind=controls.Kind.CANCEL,
+        topology=Topology("t"), wake_channel="wake",
+    )  # fmt: skip
     # Once the thread is idle, a reject is accepted like any submit
     await controls.control(
         store, namespace="ns", turn_id=first, request_id="c", kind=controls.Kind.CANCEL,

@@ -17,7 +17,8 @@ cancel     a queued turn (or one with nothing a Hands worker accepted) is cancel
            CANCELLED once each is settled (cancelled, finished or UNKNOWN). Calls that no worker
            accepted are settled CANCELLED in the cancel's own commit, whether a pool serves
            their route or not, and their Hands get a cancel that stops a late command (the
-           cancel guarantee: docs/design.md)
+           cancel guarantee: docs/design.md); a new message's interrupt or rollback is a cancel
+           too (``brain.verbs.doubletext``)
 respond    a person's answer to a call that waits for one: approve or deny it, or give a
            manual tool's result
 =========  ===================================================================================
