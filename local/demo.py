@@ -24,6 +24,7 @@ from typing import Any, TextIO
 from brain import verbs
 from brain.rules.agents import AgentDefinition
 from brain.rules.states import TERMINAL_TURN
+from brain.rules.submits import session_key
 from brain.store import BrainStore, Entry
 from infra.db import Connection
 from infra.process.entry import run_async
@@ -158,16 +159,17 @@ def _label(fact: dict[str, Any], calls: dict[str, dict[str, Any]]) -> str:
     return f"email {call_id.removeprefix('call-')} to {to}"
 
 
-async def _entries(system: LocalSystem, after: int, upto: int | None = None) -> list[Entry]:
+async def _entries(system: LocalSystem, key: str, after: int, upto: int | None = None) -> list[Entry]:
+    """The story's journal entries after ``after`` (``key``: the store's key of its session)."""
     store = system.brain
-    entries = await store.read(lambda conn: store.journal.entries(conn, SESSION, after=after, limit=100_000))
+    entries = await store.read(lambda conn: store.journal.entries(conn, key, after=after, limit=100_000))
     return [e for e in entries if upto is None or e.seq <= upto]
 
 
-async def _recap(system: LocalSystem, turn_id: str, before: dict[str, str], out: TextIO) -> None:
+async def _recap(system: LocalSystem, key: str, turn_id: str, before: dict[str, str], out: TextIO) -> None:
     store = system.brain
     rows = await store.read(lambda conn: store.executions.turn_executions(conn, turn_id))
-    calls = _calls(await _entries(system, 0))
+    calls = _calls(await _entries(system, key, 0))
     print("\nwhat happened to each email:", file=out)
     for r in (r for r in rows if r["tool"] == "send_email"):
         if before.get(r["id"]) == "succeeded":
@@ -188,12 +190,12 @@ def _show(entries: list[Entry], calls: dict[str, dict[str, Any]], timeline: Time
         timeline.seen(entry.seq)
 
 
-async def _follow(system: LocalSystem, turn_id: str, cursor: int, timeline: Timeline) -> Any:
+async def _follow(system: LocalSystem, key: str, turn_id: str, cursor: int, timeline: Timeline) -> Any:
     """Show the session's journal until the turn ends; returns the final turn row."""
-    calls = _calls(await _entries(system, 0, cursor))
+    calls = _calls(await _entries(system, key, 0, cursor))
     store = system.brain
     while True:
-        entries = await _entries(system, cursor)
+        entries = await _entries(system, key, cursor)
         _show(entries, calls, timeline)
         if entries:
             cursor = entries[-1].seq
@@ -216,11 +218,12 @@ class Previous:
     interrupted: bool  # it ended by a Ctrl-C, not a crash
 
 
-async def previous_run(store: BrainStore, data: DataDir) -> Previous | None:
+async def previous_run(store: BrainStore, data: DataDir, namespace: str) -> Previous | None:
     """The earlier run's turn, as the store has it (read before the Brain starts)."""
+    key = session_key(namespace, SESSION)
 
     async def read(conn: Connection) -> Previous | None:
-        turn = await store.turns.find_turn(conn, SESSION, REQUEST)
+        turn = await store.turns.find_turn(conn, key, REQUEST)
         if turn is None:
             return None
         executions = {
@@ -230,7 +233,7 @@ async def previous_run(store: BrainStore, data: DataDir) -> Previous | None:
         }
         seen = data.root / SEEN_FILE
         last_shown = int(seen.read_text()) if seen.exists() else 0
-        last = await store.journal.last_seq(conn, SESSION)
+        last = await store.journal.last_seq(conn, key)
         return Previous(
             str(turn.status), executions, last, last_shown, (data.root / INTERRUPTED_FILE).exists()
         )
@@ -265,7 +268,7 @@ async def run_demo(
     found: list[Previous | None] = []
 
     async def before_start(store: BrainStore) -> None:
-        previous = await previous_run(store, data)
+        previous = await previous_run(store, data, settings.namespace)
         if previous is not None and previous.turn_status in TERMINAL_TURN:
             raise AlreadyDone(previous.turn_status)
         (data.root / INTERRUPTED_FILE).unlink(missing_ok=True)  # said once, below
@@ -310,7 +313,7 @@ async def _tell(
         wake_channel=system.wake_channel,
         tools=verbs.KnownTools(served=system.served),
     )
-    cursor = 0
+    cursor, key = 0, session_key(settings.namespace, SESSION)
     if previous is not None:
         done = sum(1 for st in before.values() if st == "succeeded")
         after = "it was interrupted" if previous.interrupted else "the crash"
@@ -318,16 +321,16 @@ async def _tell(
         timeline.delivered.update(k for k, st in before.items() if st == "succeeded")
         if previous.last_shown < previous.last_seq:
             say(f"committed before {after}, not shown then:")
-            calls = _calls(await _entries(system, 0, previous.last_shown))
-            _show(await _entries(system, previous.last_shown, previous.last_seq), calls, timeline)
+            calls = _calls(await _entries(system, key, 0, previous.last_shown))
+            _show(await _entries(system, key, previous.last_shown, previous.last_seq), calls, timeline)
             say("after the restart:")
             timeline.runs_shown = 0  # this process's first run is news again
         cursor = previous.last_seq
     else:
         say(f"turn {turn_id} in {data.root}")
-    row = await _follow(system, turn_id, cursor, timeline)
+    row = await _follow(system, key, turn_id, cursor, timeline)
     timeline.clear_progress()
-    await _recap(system, turn_id, before, out)
+    await _recap(system, key, turn_id, before, out)
     if row.status == "waiting":
         print(f"\nthe turn waits for a {row.waiting_for}; nothing was guessed", file=out)
         return 3

@@ -287,8 +287,11 @@ class _Threads:
     """A store as ``FrozenThreads`` reads it: threads and agent definitions by key (its bindings
     part)."""
 
-    def __init__(self, threads: list[str], agents: dict[str, Any]) -> None:
-        self.rows = {t: {"id": t, "agent_name": t, "agent_version": "1", "bindings": {}} for t in threads}
+    def __init__(self, threads: list[str], agents: dict[str, Any], namespace: str = "n") -> None:
+        self.rows = {
+            t: {"id": t, "namespace": namespace, "agent_name": t, "agent_version": "1", "bindings": {}}
+            for t in threads
+        }
         self.agents = agents
         self.bindings = self
 
@@ -298,8 +301,8 @@ class _Threads:
     async def threads(self, conn: Any, thread_ids: list[str]) -> list[Any]:
         return [self.rows[t] for t in thread_ids if t in self.rows]
 
-    async def agent_definition(self, conn: Any, name: str, version: str) -> Any:
-        return self.agents.get(name)
+    async def agent_definition(self, conn: Any, namespace: str, name: str, version: str) -> Any:
+        return self.agents.get(f"{namespace}/{name}", self.agents.get(name))
 
 
 def _definition(name: str) -> dict[str, Any]:
@@ -312,6 +315,18 @@ async def test_threads_read_for_many_turns_all_come_back_when_keeping_them_start
     # Keeping "b" fills the cache, keeping "c" starts it over: "a" was kept, and must come back
     found = await threads.get_many(None, ["a", "b", "c"])
     assert sorted(found) == ["a", "b", "c"] and found["a"][0].name == "a"
+
+
+async def test_two_namespaces_agents_of_one_name_and_version_are_kept_apart() -> None:
+    # Given threads of two namespaces, each running its own agent "a" version 1
+    store = _Threads(["a"], {"n/a": {**_definition("a"), "instructions": "of n"}})
+    store.rows["m/a"] = {**store.rows["a"], "id": "m/a", "namespace": "m"}
+    store.agents["m/a"] = {**_definition("a"), "instructions": "of m"}
+    threads = FrozenThreads(store)
+    # When both are read, one after the other (the first one's agent kept)
+    first, second = await threads.get(None, "a"), await threads.get(None, "m/a")
+    # Then each runs its namespace's definition
+    assert (first[0].instructions, second[0].instructions) == ("of n", "of m")
 
 
 async def test_a_thread_whose_stored_agent_does_not_validate_fails_alone() -> None:

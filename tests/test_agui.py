@@ -18,6 +18,7 @@ from pydantic import TypeAdapter
 
 from brain.api.agui_events import AguiEvents
 from local.testing import LocalTendon, local_tendon
+from tests.chat_server import ChatServer, Reply
 
 EVENT: TypeAdapter[Any] = TypeAdapter(Event)
 GREETER = {
@@ -151,3 +152,22 @@ def test_previewed_text_is_not_sent_again_when_the_reply_commits() -> None:
     kinds = [e.type.value for e in done]
     assert kinds[:3] == ["STEP_STARTED", "TEXT_MESSAGE_END", "CUSTOM"]
     assert [e.delta for e in done if e.type.value == "TEXT_MESSAGE_CONTENT"] == ["Hello."]
+
+
+async def test_a_streamed_reply_reaches_an_ag_ui_run_in_pieces_and_its_text_comes_once(
+    local: LocalTendon,
+) -> None:
+    # Given an agent on a model that streams its answer (eight characters a piece)
+    answer = "Hello Ada, this answer is streamed in pieces of eight characters."
+    with ChatServer(lambda body: Reply(content=answer)) as chat:
+        agent = {"name": "talker", "version": "1", "tools": [],
+                 "model": {"kind": "openai", "name": "m", "base_url": chat.url, "timeout": 10}}  # fmt: skip
+        said = [{"id": "m1", "role": "user", "content": "hi"}]
+        run = {"threadId": "s-live", "runId": "run-live", "state": {}, "tools": [], "context": [],
+               "messages": said, "forwardedProps": {"agent": agent}}  # fmt: skip
+        # When an AG-UI client runs it (the run's stream takes previews from before the submit)
+        events = await read(local.url, "/v1/agui/run", until="RUN_FINISHED", method="POST", json=run)
+    # Then the text came in pieces, as it was streamed, and the whole of it exactly once
+    pieces = [e.delta for _, e in events if e.type.value == "TEXT_MESSAGE_CONTENT"]
+    assert len(pieces) > 1 and "".join(pieces) == answer
+    assert len({e.message_id for _, e in events if e.type.value == "TEXT_MESSAGE_START"}) == 1

@@ -152,10 +152,10 @@ async def test_a_turn_its_brain_started_at_submit_survives_that_brains_death(
             await http.post("/v1/sessions/s-doomed/turns", json=body)
     assert await processes.wait_exit(doomed) == -signal.SIGKILL
     obs = Observer(tendon)
-    turns = "SELECT id, status, lease_owner FROM {brain}.turns WHERE session_id = 's-doomed'"
+    turns = "SELECT id, status, lease_owner FROM {brain}.turns WHERE session_id = 'default/s-doomed'"
     (row,) = await obs.fetch(turns)
     assert row["status"] == "running" and row["lease_owner"] is not None  # started, held by the dead
-    (first,) = await obs.fetch("SELECT facts FROM {brain}.journal WHERE session_id = 's-doomed'")
+    (first,) = await obs.fetch("SELECT facts FROM {brain}.journal WHERE session_id = 'default/s-doomed'")
     assert [f["kind"] for f in first["facts"]] == ["turn.accepted", "turn.run_started", "turn.prepared"]
     # Then the standby takes it over once the death is seen, and the turn completes once
     await processes.start_ready("brain", BRAIN, tendon.env)
@@ -179,8 +179,9 @@ async def test_a_brain_killed_once_its_submits_committed_loses_none_and_runs_non
     assert all(isinstance(a, httpx.TransportError) for a in answers), answers
     assert await processes.wait_exit(doomed) == -signal.SIGKILL
     obs = Observer(tendon)
-    turns = "SELECT session_id, id FROM {brain}.turns WHERE session_id LIKE 's-batch-%'"
-    committed = {r["session_id"]: r["id"] for r in await obs.fetch(turns)}
+    # (the store keys a session by its namespace, here the default one, and its id)
+    turns = "SELECT session_id, id FROM {brain}.turns WHERE session_id LIKE 'default/s-batch-%'"
+    committed = {r["session_id"].removeprefix("default/"): r["id"] for r in await obs.fetch(turns)}
     assert committed, "the kill point comes after a commit"
     # Then, with a standby serving, each client's retry finds the turn its submit committed (or
     # makes it, when its submit had not committed), and every turn completes with one execution
@@ -196,7 +197,7 @@ async def test_a_brain_killed_once_its_submits_committed_loses_none_and_runs_non
         await obs.wait_turn(answer["turn_id"], "completed", timeout=60)
     per_turn = await obs.fetch(
         "SELECT t.id, count(e.id) AS n FROM {brain}.turns t LEFT JOIN {brain}.executions e"
-        " ON e.turn_id = t.id WHERE t.session_id LIKE 's-batch-%' GROUP BY t.id"
+        " ON e.turn_id = t.id WHERE t.session_id LIKE 'default/s-batch-%' GROUP BY t.id"
     )
     assert sorted(r["n"] for r in per_turn) == [1] * len(sessions)
 
@@ -352,7 +353,7 @@ async def test_a_cursor_older_than_what_is_kept_is_gone_never_silently_skipped(
         conn = await asyncpg.connect(tendon.database_url)
         try:
             await conn.execute(
-                f"DELETE FROM {tendon.schemas[0]}.journal WHERE session_id = 's-old' AND seq <= 2"
+                f"DELETE FROM {tendon.schemas[0]}.journal WHERE session_id = 'acme/s-old' AND seq <= 2"
             )
         finally:
             await conn.close()
@@ -391,11 +392,17 @@ async def test_each_namespace_sees_and_controls_only_its_own(server: Server) -> 
             seen = await other.request(method, path, json=body)
             assert seen.status_code == 404, (path, seen.text)  # not even told it exists
             assert (await operator.request(method, path, json=body)).status_code == 403, path
-        # a session id is taken for every namespace, and the refusal does not say whose it is
-        taken = await other.post(
-            "/v1/sessions/s-own/turns", json={"request_id": "r1", "input": "go", "agent": TOOL_THEN_DONE}
-        )
-        assert taken.status_code == 409 and "acme" not in taken.text and turn not in taken.text
+        # a session id and an agent version belong to their namespace: another one's of the same id
+        # and version (here with other content) is its own, and runs its tool as acme's does
+        theirs_agent = agent([{"tool_calls": [{"tool": "slow_step", "args": {"seconds": 0.05}}]},
+                              {"content": "done by other"}])  # fmt: skip
+        theirs = await submit(other, "s-own", "r1", theirs_agent)
+        assert theirs != turn
+        for http, own, said in ((other, theirs, "done by other"), (acme, turn, "done")):
+            done = (await http.get(f"/v1/turns/{own}", params={"wait": "30"})).json()
+            assert (done["status"], done["session_id"], done["thread"]) == ("completed", "s-own", "main")
+            assert [e["status"] for e in done["executions"]] == ["succeeded"]
+            assert done["result"]["text"] == said  # each ran its own namespace's definition
         operator_routes = [
             ("GET", "/v1/operator/parked"),
             ("GET", "/v1/operator/unknown"),
@@ -416,7 +423,8 @@ async def test_each_namespace_sees_and_controls_only_its_own(server: Server) -> 
         assert (await acme.get(output)).status_code == 200
         assert (await other.get(output)).status_code == 404
         assert (await operator.get(output)).status_code == 403
-        assert [s["id"] for s in (await other.get("/v1/sessions")).json()["sessions"]] == []
+        listed = (await other.get("/v1/sessions")).json()["sessions"]
+        assert [(s["id"], s["last_turn"]["id"]) for s in listed] == [("s-own", theirs)]  # its own only
         routes = (await operator.get("/v1/operator/routes")).json()
         assert {"route": "bulk", "workers": 1} in [{k: r[k] for k in ("route", "workers")} for r in routes]
 

@@ -197,7 +197,7 @@ async def test_a_claim_of_turns_back_from_their_tools_reads_their_steps_and_conv
         fresh = await store.read(lambda c, row=row: HistoryCache(store).messages(c, row))
         assert ctx.history.cached(row) == fresh
         assert [m.role for m in fresh] == ["user", "assistant", "tool"]
-        assert fresh[-1].content["result"] == int(row.session_id[1:])
+        assert fresh[-1].content["result"] == int(row.session_id.removeprefix("ns/s"))
 
 
 async def test_a_conversation_that_moved_meanwhile_is_read_again_not_kept_from_the_claim(

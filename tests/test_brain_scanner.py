@@ -207,7 +207,7 @@ async def test_a_command_nobody_serves_is_not_sent_again_and_its_turn_fails_afte
     (cancel,) = await store.read(store.outbox.unpublished_controls)
     assert cancel.queue == Topology(tendon.prefix).controls("gone")
     assert decode(cancel.payload).kind == "cancel"
-    entries = await store.read(lambda c: store.journal.entries(c, "s1"))
+    entries = await store.read(lambda c: store.journal.entries(c, "ns/s1"))
     assert [f["kind"] for f in entries[-1].facts] == ["turn.failed", "execution.cancelled"]
 
 

@@ -150,7 +150,7 @@ async def _turn(store: BrainStore, turn_id: str) -> TurnRow:
 
 
 async def _facts(store: BrainStore, session: str = "s1") -> list[tuple[int, list[str]]]:
-    entries = await store.read(lambda c: store.journal.entries(c, session))
+    entries = await store.read(lambda c: store.journal.entries(c, f"ns/{session}"))
     return [(e.seq, [f["kind"] for f in e.facts]) for e in entries]
 
 
@@ -239,22 +239,25 @@ async def test_turns_of_one_session_share_its_thread_and_one_journal_sequence(st
     # each carrying its turn's request id and input (the user's message, kept once)
     rows = await store.pool.fetch("SELECT id, thread_id, status FROM turns ORDER BY seq")
     assert [(r["id"], r["thread_id"], r["status"]) for r in rows] == [
-        (first, "s1", "queued"),
-        (second, "s1", "queued"),
+        (first, "ns/s1", "queued"),  # the store keys a session by its namespace and id
+        (second, "ns/s1", "queued"),
     ]
     assert await store.pool.fetchval("SELECT count(*) FROM threads") == 1
-    entries = await store.read(lambda c: store.journal.entries(c, "s1"))
+    entries = await store.read(lambda c: store.journal.entries(c, "ns/s1"))
     assert [(e.seq, e.turn_id, e.status, e.facts) for e in entries] == [
         (1, first, "queued", [{"kind": "turn.accepted", "request_id": "r1", "input": {"text": "hello"}}]),
         (2, second, "queued", [{"kind": "turn.accepted", "request_id": "r2", "input": {"text": "and then"}}]),
     ]
-    assert await store.read(lambda c: store.journal.last_seq(c, "s1")) == 2
-    # And the session cannot be used from another namespace
-    with pytest.raises(ConflictError, match="is taken: choose another"):
-        await verbs.submit(
-            store, namespace="other", session_id="s1", request_id="r3", user_input="x", agent=AGENT,
-            wake_channel="wake",
-        )  # fmt: skip
+    assert await store.read(lambda c: store.journal.last_seq(c, "ns/s1")) == 2
+    # And another namespace's session of the same id is its own, with its own journal sequence and
+    # its own registration of the agent's name and version (here with other content)
+    theirs, created = await verbs.submit(
+        store, namespace="other", session_id="s1", request_id="r1", user_input="x",
+        agent=_agent(instructions="theirs"), wake_channel="wake",
+    )  # fmt: skip
+    assert created and theirs not in (first, second)
+    assert [e.seq for e in await store.read(lambda c: store.journal.entries(c, "other/s1"))] == [1]
+    assert await store.read(lambda c: store.journal.last_seq(c, "ns/s1")) == 2
 
 
 async def test_a_changed_agent_under_the_same_version_is_refused(store):
@@ -285,7 +288,7 @@ async def test_concurrent_submits_of_one_request_agree_on_one_turn(pg_store, ses
     # Then one turn exists; callers with its input got it, the others a ConflictError, and no
     # caller saw a unique-constraint error
     (turn,) = await store.pool.fetch("SELECT id FROM turns WHERE request_id = 'same'")
-    entries = await store.read(lambda c: store.journal.entries(c, "s1", turn_id=turn["id"]))
+    entries = await store.read(lambda c: store.journal.entries(c, "ns/s1", turn_id=turn["id"]))
     text = entries[0].facts[0]["input"]["text"]
     for sent, answer in zip(texts, answers, strict=True):
         if sent == text:
@@ -324,13 +327,13 @@ async def test_a_claim_and_its_prepare_are_one_journal_entry_of_the_run(store):
     (row,) = (await _claim(store, "b1")).rows
     moved = await _move(store, moves.prepare(row, freeze={"echo": {"name": "echo"}}))
     assert moved.froze and moved.row.phase is TurnPhase.MODEL_REQUEST and moved.seq == 2
-    (entry,) = [e for e in await store.read(lambda c: store.journal.entries(c, "s1")) if e.seq == 2]
+    (entry,) = [e for e in await store.read(lambda c: store.journal.entries(c, "ns/s1")) if e.seq == 2]
     assert (entry.turn_id, entry.run, entry.status, entry.phase) == (turn_id, 1, "running", "model_request")
     assert entry.facts == [
         {"kind": "turn.run_started", "run": 1, "epoch": 1, "phase": "prepare", "owner": "b1"},
         {"kind": "turn.prepared"},
     ]
-    thread = await store.read(lambda c: store.bindings.thread(c, "s1"))
+    thread = await store.read(lambda c: store.bindings.thread(c, "ns/s1"))
     assert thread["bindings"] == {"echo": {"name": "echo"}}
 
 
@@ -354,7 +357,7 @@ async def test_a_stale_owner_cannot_commit_and_nothing_of_its_move_remains(store
     assert await _facts(store) == [(1, ["turn.accepted"])]
     row = await _turn(store, turn_id)
     assert (row.phase, row.lease_owner) == (TurnPhase.PREPARE, "b")
-    assert (await store.read(lambda c: store.bindings.thread(c, "s1")))["bindings"] is None
+    assert (await store.read(lambda c: store.bindings.thread(c, "ns/s1")))["bindings"] is None
 
 
 async def test_moves_of_many_turns_commit_together_and_a_refused_one_writes_nothing(store):
@@ -711,7 +714,7 @@ async def test_a_step_completed_by_an_apply_is_claimed_there_for_a_run_with_a_fr
     assert (claimed.id, claimed.status, claimed.phase, claimed.lease_owner, claimed.lease_epoch) == (
         turn_id, TurnStatus.RUNNING, TurnPhase.MODEL_REQUEST, "me", 2
     )  # fmt: skip
-    last = (await store.read(lambda c: store.journal.entries(c, "s1")))[-1]
+    last = (await store.read(lambda c: store.journal.entries(c, "ns/s1")))[-1]
     assert (last.status, last.phase, last.run) == ("running", "model_request", 2)
     assert [f["kind"] for f in last.facts] == [
         "execution.succeeded",
@@ -989,7 +992,7 @@ async def test_both_backends_leave_the_same_facts(tendon, tmp_path):
         )
         entries = [
             (e.seq, e.status, e.phase, e.run, e.facts)
-            for s in ("s1", "s2")
+            for s in ("ns/s1", "ns/s2")
             for e in await store.read(lambda c, s=s: store.journal.entries(c, s))
         ]
         turns = [
@@ -1016,7 +1019,7 @@ async def test_the_store_checks_no_foreign_keys_and_the_orphan_query_sees_what_t
     # Given a turn, and a journal entry written for a turn that does not exist (a bug would do it)
     await _submit(store)
     await store.pool.execute(
-        "INSERT INTO journal (session_id, seq, turn_id, facts) VALUES ('s1', 99, 'turn-ghost', $1)",
+        "INSERT INTO journal (session_id, seq, turn_id, facts) VALUES ('ns/s1', 99, 'turn-ghost', $1)",
         [{"kind": "x"}],
     )
     # Then the database takes it (no foreign-key check costs a lookup and a lock per row)...

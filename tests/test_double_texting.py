@@ -39,11 +39,11 @@ async def _submit_with(store: BrainStore, request_id: str, strategy: str, text: 
     )  # fmt: skip
 
 
-async def conversation(store: BrainStore, thread_id: str = "s1") -> list[dict[str, Any]]:
+async def conversation(store: BrainStore, thread_id: str = "ns/s1") -> list[dict[str, Any]]:
     """What the model of ``thread_id`` would be sent now, as the chat-completions adapter writes it."""
 
     async def read(conn: Any) -> ThreadHistory:
-        entries = await store.journal.entries(conn, "s1", limit=100_000)
+        entries = await store.journal.entries(conn, "ns/s1", limit=100_000)
         executions = await store.executions.executions_by_id(conn, needed_executions(entries))
         history = ThreadHistory()
         history.extend(entries, executions, thread_id)
@@ -124,7 +124,7 @@ async def test_a_rollback_takes_the_turn_ahead_out_of_the_conversation_and_keeps
     second, _ = await _submit_with(store, "r2", "rollback", text="second")
     # Then nothing of it reaches the model; its entries stay, the last one marked
     assert await conversation(store) == []
-    entries = await store.read(lambda c: store.journal.entries(c, "s1"))
+    entries = await store.read(lambda c: store.journal.entries(c, "ns/s1"))
     kinds = [f["kind"] for e in entries for f in e.facts]
     assert kinds.count("turn.model_replied") == 1
     (mark,) = [(e.turn_id, f) for e in entries for f in e.facts if f["kind"] == "turn.rolled_back"]

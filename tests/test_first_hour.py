@@ -151,17 +151,17 @@ async def test_a_thread_moves_to_an_edited_agent_only_when_nothing_of_it_is_unfi
     edited = _agent(instructions="edited").versioned_by_content()
 
     async def repin() -> bool:
-        return await store.transact(lambda c: store.sessions.repin_thread(c, "ns", "s1", edited))
+        return await store.transact(lambda c: store.sessions.repin_thread(c, "ns", "ns/s1", edited))
 
     # Then it stays pinned while the turn is unfinished, or for another namespace
     assert await repin() is False
     await store.pool.execute("UPDATE turns SET status = 'completed' WHERE id = $1", turn)
-    assert await store.transact(lambda c: store.sessions.repin_thread(c, "other", "s1", edited)) is False
+    assert await store.transact(lambda c: store.sessions.repin_thread(c, "other", "ns/s1", edited)) is False
     # And moves once it is done, its bindings to be frozen again by its next turn
     assert await repin() is True
     (thread,) = await verbs.threads(store, namespace="ns", session_id="s1")
     assert thread["agent_version"] == edited.version and edited.version.startswith("1+")
-    assert await store.pool.fetchval("SELECT bindings FROM threads WHERE id = 's1'") is None
+    assert await store.pool.fetchval("SELECT bindings FROM threads WHERE id = 'ns/s1'") is None
     assert await repin() is False  # it is there already
 
 

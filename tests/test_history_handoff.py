@@ -107,7 +107,9 @@ async def test_turns_an_apply_claims_without_their_conversation_kept_here_are_re
         assert ctx.threads.known(row.thread_id) is not None
         fresh = await store.read(lambda c, row=row: HistoryCache(store).messages(c, row))
         assert ctx.history.cached(row) == fresh
-        assert [m.content.get("result") for m in fresh if m.role == "tool"] == [int(row.session_id[1:])]
+        assert [m.content.get("result") for m in fresh if m.role == "tool"] == [
+            int(row.session_id.removeprefix("ns/s"))
+        ]
 
 
 async def test_the_read_of_the_conversations_an_apply_claimed_holds_up_no_other_apply(
@@ -144,7 +146,9 @@ async def test_the_read_of_the_conversations_an_apply_claimed_holds_up_no_other_
     for claimed in (row, second):
         fresh = await read(lambda c, claimed=claimed: HistoryCache(store).messages(c, claimed))
         assert ctx.history.cached(claimed) == fresh
-        assert [m.content.get("result") for m in fresh if m.role == "tool"] == [int(claimed.session_id[1:])]
+        assert [m.content.get("result") for m in fresh if m.role == "tool"] == [
+            int(claimed.session_id.removeprefix("ns/s"))
+        ]
 
 
 async def test_a_failed_read_after_the_apply_leaves_the_run_to_read_its_own_conversation(

@@ -96,11 +96,13 @@ async def test_a_prune_goes_on_in_batches_until_nothing_old_is_left() -> None:
 # ---- the Brain: the journal of long-closed sessions -----------------------------------------
 
 
-async def _close(s: BrainStore, session: str, seconds_ago: float, *, finish: bool = True) -> None:
+async def _close(s: BrainStore, name: str, seconds_ago: float, *, finish: bool = True) -> None:
+    session = f"ns/{name}"  # the store's key of namespace ns's session
+
     async def work(conn: Any) -> None:
         if finish:
             await conn.execute("UPDATE turns SET status = 'completed' WHERE session_id = $1", session)
-            assert await s.sessions.close_session(conn, session)
+            assert await s.sessions.close_session(conn, session, f"session {name!r}")
         else:  # what closing refuses; pruning must not trust that it never happens
             await conn.execute("UPDATE sessions SET closed_at = now() WHERE id = $1", session)
         await conn.execute(
@@ -118,7 +120,9 @@ async def test_only_the_journal_of_sessions_closed_past_the_horizon_with_every_t
     await _close(store, "s-old", 2000)
     await _close(store, "s-recent", 10)
     await _close(store, "s-unfinished", 2000, finish=False)
-    kept = {s: await store.read(lambda c, s=s: store.journal.last_seq(c, s)) for s in ("s-old", "s-open")}
+    kept = {
+        s: await store.read(lambda c, k=f"ns/{s}": store.journal.last_seq(c, k)) for s in ("s-old", "s-open")
+    }
 
     gone = await store.transact(lambda c: store.retention.prune_journal(c, 1000, 10))
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from brain.rules.submits import session_key
 from tests.support import Observer, Processes, TendonEnv, run_cli, wait_for
 
 BRAIN = ["-m", "brain", "serve"]
@@ -21,7 +22,8 @@ pytestmark = pytest.mark.chaos
 
 async def accepted(obs: Observer, session: str) -> list[dict[str, Any]]:
     """The accepted facts of the session's turns, in order."""
-    rows = await obs.fetch("SELECT facts FROM {brain}.journal WHERE session_id = $1 ORDER BY seq", session)
+    key = session_key("default", session)  # the store keys a session by its namespace too
+    rows = await obs.fetch("SELECT facts FROM {brain}.journal WHERE session_id = $1 ORDER BY seq", key)
     return [f for r in rows for f in r["facts"] if f["kind"] == "turn.accepted"]
 
 
@@ -72,5 +74,5 @@ async def test_a_schedule_every_second_fires_once_per_second_with_two_brains_and
     # ...and the time missed while no Brain ran fired once, late, saying how many it missed
     late = [f["schedule"] for f in facts[len(before) :] if "late_seconds" in f["schedule"]]
     assert late and late[0]["late_seconds"] >= 2 and late[0]["missed"] >= 2
-    turns = await obs.fetch("SELECT request_id FROM {brain}.turns WHERE session_id = 'ticks'")
+    turns = await obs.fetch("SELECT request_id FROM {brain}.turns WHERE session_id = 'default/ticks'")
     assert len(turns) == len(facts)

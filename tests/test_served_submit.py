@@ -79,7 +79,7 @@ async def test_a_served_submit_of_a_new_thread_starts_its_turn_in_one_commit_and
     assert done.seq == 1 and [f["kind"] for f in done.facts] == [
         "turn.accepted", "turn.run_started", "turn.prepared",
     ]  # fmt: skip
-    thread = await store.read(lambda c: store.bindings.thread(c, "s1"))
+    thread = await store.read(lambda c: store.bindings.thread(c, "ns/s1"))
     assert thread["bindings"] == BINDINGS
     # it is this Brain's: no other claims it while the lease lives
     assert (await _claim(store, "b2", limit=5)).rows == []
@@ -97,7 +97,7 @@ async def test_a_served_submit_leaves_the_turn_queued_when_it_cannot_start_at_on
     # A new thread whose tools are not all announced: a claim's prepare waits for them, not the submit
     other = await _served(store, "r3", bindings=None, session="s2")
     assert other.started is None and (await _turn(store, other.turn_id)).status is TurnStatus.QUEUED
-    assert await store.read(lambda c: store.bindings.thread(c, "s2")) is not None
+    assert await store.read(lambda c: store.bindings.thread(c, "ns/s2")) is not None
     # The queued ones are claimed in thread order
     claimed = (await _claim(store, "b1", limit=5)).rows
     assert {r.id for r in claimed} == {first, other.turn_id}
@@ -156,8 +156,8 @@ async def test_a_close_that_waited_for_a_served_submit_sees_the_turn_it_started(
 
     async def close(conn: Any) -> bool:
         if closing == "thread":
-            return await store.sessions.close_thread(conn, "s1", "thread 'main'")
-        return await store.sessions.close_session(conn, "s1")
+            return await store.sessions.close_thread(conn, "ns/s1", "thread 'main'")
+        return await store.sessions.close_session(conn, "ns/s1", "session 's1'")
 
     # Then the close, counting after the lock, finds the turn that submit started, and refuses
     with pytest.raises(IllegalTransitionError, match="1 unfinished turn"):
@@ -182,9 +182,9 @@ async def test_a_submit_that_waited_for_a_close_finds_it_closed_and_adds_no_turn
         closing_tx = conn.transaction()
         await closing_tx.start()
         if closing == "thread":
-            assert await store.sessions.close_thread(conn, "s1", "thread 'main'")
+            assert await store.sessions.close_thread(conn, "ns/s1", "thread 'main'")
         else:
-            assert await store.sessions.close_session(conn, "s1")
+            assert await store.sessions.close_session(conn, "ns/s1", "session 's1'")
         asked = _asked("r1", thread=thread)
         submitting = asyncio.create_task(
             store.submits.submit_served(asked, Start("b1", 30.0, BINDINGS))
@@ -199,7 +199,7 @@ async def test_a_submit_that_waited_for_a_close_finds_it_closed_and_adds_no_turn
     # Then the submit reads the thread or session as the close left it, and is refused
     with pytest.raises(IllegalTransitionError, match="is closed"):
         await submitting
-    turns = await store.read(lambda c: c.fetch("SELECT id FROM turns WHERE session_id = 's1'"))
+    turns = await store.read(lambda c: c.fetch("SELECT id FROM turns WHERE session_id = 'ns/s1'"))
     assert [r["id"] for r in turns] == [first.turn_id]
 
 
@@ -214,7 +214,9 @@ async def test_a_served_submit_through_verbs_validates_like_any_submit(store):
         store, namespace="ns", session_id="s1", request_id="r1", user_input="hi", agent=AGENT,
         wake_channel="wake", thread="side", served=served,
     )  # fmt: skip
-    assert created and [(a.thread_id, a.input_digest) for a in asked] == [("s1/side", asked[0].input_digest)]
+    assert created and [(a.thread_id, a.input_digest) for a in asked] == [
+        ("ns/s1/side", asked[0].input_digest)
+    ]
     assert (await _turn(store, turn_id)).status is TurnStatus.QUEUED
 
 
@@ -239,11 +241,11 @@ async def test_the_bindings_a_served_submit_offers_are_frozen_only_by_a_thread_i
     # An existing thread keeps its own: other bindings offered (announced since) change nothing
     second = await _served(store, "r2", bindings={"echo": {"name": "echo", "version": "2"}})
     assert second.started is not None and second.froze is None
-    assert (await store.read(lambda c: store.bindings.thread(c, "s1")))["bindings"] == BINDINGS
+    assert (await store.read(lambda c: store.bindings.thread(c, "ns/s1")))["bindings"] == BINDINGS
     # A new thread offered none (a tool nobody announced yet) queues its turn, frozen by no one
     other = await _served(store, "r3", bindings=None, session="s2")
     assert (other.started, other.froze) == (None, None)
-    assert (await store.read(lambda c: store.bindings.thread(c, "s2")))["bindings"] is None
+    assert (await store.read(lambda c: store.bindings.thread(c, "ns/s2")))["bindings"] is None
 
 
 async def test_served_submits_reuse_the_bindings_they_chose_until_the_announcements_change(
@@ -266,7 +268,7 @@ async def test_served_submits_reuse_the_bindings_they_chose_until_the_announceme
                       wake_channel="wake")  # fmt: skip
 
     async def frozen(session: str) -> Any:
-        return (await store.read(lambda c: store.bindings.thread(c, session)))["bindings"]
+        return (await store.read(lambda c: store.bindings.thread(c, f"ns/{session}")))["bindings"]
 
     async with LocalBroker(tmp_path / "queues.sqlite3", Topology("t")) as transport:
         served = Served(_context(store, transport), quiet=lambda: True, adopt=lambda row: None)

@@ -5,6 +5,7 @@ publishes holds every kind the Brain writes."""
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -69,3 +70,26 @@ def test_the_published_fact_kinds_hold_every_kind_the_fact_constructors_spell() 
         and not node.value.endswith(".")
     }  # fmt: skip
     assert spelled and spelled <= set(KINDS), spelled - set(KINDS)
+
+
+async def test_a_pending_stream_waits_for_its_sessions_first_submit(local: LocalTendon) -> None:
+    async with httpx.AsyncClient(base_url=local.url, timeout=30) as http:
+        path = STREAM.format(session_id="s-later")
+        # Without asking for it, a session with no turn yet is unknown
+        assert (await http.get(path)).status_code == 404
+
+        async def first_entry() -> dict[str, Any]:
+            async with http.stream("GET", path, params={"pending": "true"}) as response:
+                assert response.status_code == 200
+                async for line in response.aiter_lines():
+                    if line.startswith("data:"):
+                        return dict(json.loads(line[5:]))
+            raise AssertionError("the stream ended")
+
+        # A subscriber that joins before the session exists gets its first entry once it is made
+        waiting = asyncio.create_task(first_entry())
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+        await local.submit(GREETER, "greet Ada", session="s-later")
+        entry = await asyncio.wait_for(waiting, 30)
+    assert entry["session_id"] == "s-later" and entry["facts"][0]["kind"] == "turn.accepted"

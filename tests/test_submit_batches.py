@@ -41,7 +41,7 @@ def _start() -> Start:
 async def _entries(store: BrainStore, session: str) -> list[tuple[int, str | None, list[str]]]:
     rows = await store.read(
         lambda c: c.fetch(
-            "SELECT seq, turn_id, facts FROM journal WHERE session_id = $1 ORDER BY seq", session
+            "SELECT seq, turn_id, facts FROM journal WHERE session_id = $1 ORDER BY seq", f"ns/{session}"
         )
     )
     return [(r["seq"], r["turn_id"], [f["kind"] for f in r["facts"]]) for r in rows]
@@ -53,7 +53,7 @@ async def test_the_submits_of_one_batch_each_get_their_own_outcome(store: BrainS
     other = await _served(store, "r1", session="s-other")
     closed = await _served(store, "r1", session="s-closed")
     await _finish(store, closed.turn_id)
-    assert await store.transact(lambda c: store.sessions.close_session(c, "s-closed"))
+    assert await store.transact(lambda c: store.sessions.close_session(c, "ns/s-closed", "session"))
 
     # When one transaction takes their submits with new ones, two of them to one new session
     items: list[tuple[Submit, Start | None]] = [
@@ -84,7 +84,7 @@ async def test_the_submits_of_one_batch_each_get_their_own_outcome(store: BrainS
     assert isinstance(refused, IllegalTransitionError) and "is closed" in str(refused)
     for session, only in (("s-other", other), ("s-closed", closed)):
         turns = await store.read(
-            lambda c, s=session: c.fetch("SELECT id FROM turns WHERE session_id = $1", s)
+            lambda c, s=f"ns/{session}": c.fetch("SELECT id FROM turns WHERE session_id = $1", s)
         )
         assert [r["id"] for r in turns] == [only.turn_id]
         assert {e[1] for e in await _entries(store, session)} <= {only.turn_id, None}
@@ -136,7 +136,7 @@ async def test_a_brains_concurrent_submits_share_commits_and_each_hears_its_own_
     assert len(set(turns)) == len(turns)
     for i, turn_id in enumerate(turns):
         row = await _turn(store, turn_id)
-        assert (row.session_id, row.status) == (f"s{i}", TurnStatus.RUNNING)
+        assert (row.session_id, row.status) == (f"ns/s{i}", TurnStatus.RUNNING)
     assert sorted(r.id for r in adopted) == sorted(turns)  # each run goes on here
 
 
@@ -151,7 +151,7 @@ async def test_racing_batches_of_the_same_sessions_in_opposite_orders_do_not_dea
         await _finish(store, (await _served(store, "r0", session=s)).turn_id)
 
     async def hold(conn: Any) -> None:
-        await conn.execute("SELECT id FROM sessions WHERE id = 's3' FOR UPDATE")
+        await conn.execute("SELECT id FROM sessions WHERE id = 'ns/s3' FOR UPDATE")
         await asyncio.sleep(0.3)
 
     holding = asyncio.create_task(store.transact(hold))
@@ -215,7 +215,7 @@ async def test_a_batch_of_journal_entries_and_one_of_submits_over_the_same_sessi
     held, release = asyncio.Event(), asyncio.Event()
 
     async def hold(conn: Any) -> None:
-        await conn.execute("SELECT id FROM sessions WHERE id = 's3' FOR UPDATE")
+        await conn.execute("SELECT id FROM sessions WHERE id = 'ns/s3' FOR UPDATE")
         held.set()
         await release.wait()
 
@@ -281,7 +281,7 @@ async def test_a_batch_statement_writes_what_one_by_one_submits_write(pg_store, 
                 "SELECT t.status, t.phase, t.lease_owner, t.runs, th.bindings, j.seq, j.facts, s.last_seq"
                 "  FROM turns t JOIN threads th ON th.id = t.thread_id JOIN sessions s ON s.id = t.session_id"
                 "  JOIN journal j ON j.turn_id = t.id WHERE t.session_id LIKE $1 ORDER BY t.session_id",
-                prefix + "%",
+                f"ns/{prefix}%",
             )
         )
         return [tuple(r.values()) for r in rows]

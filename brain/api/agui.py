@@ -15,9 +15,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator, Mapping
+from contextlib import nullcontext as nothing
 from typing import Any
 
 from ag_ui.core import RunAgentInput
@@ -29,6 +29,7 @@ from brain.api.agui_events import OUTCOMES, AguiEvents, wire
 from brain.api.routes import CallerDep, api_of
 from brain.api.stream import previews_for
 from brain.rules.agents import AgentDefinition
+from brain.rules.submits import session_key
 from brain.verbs import observe
 from protocol import SchemaError
 
@@ -80,7 +81,7 @@ def session_stream(
     api = api_of(request)
 
     async def stream() -> AsyncIterator[dict[str, Any]]:
-        with api.previews.subscribe(session_id) if previews else contextlib.nullcontext() as pieces:
+        with api.previews.subscribe(session_key(namespace, session_id)) if previews else nothing() as pieces:
             async for item in follow(
                 request, namespace=namespace, session_id=session_id, start=start, where=where, pieces=pieces,
                 events=AguiEvents(),
@@ -134,7 +135,7 @@ async def run(request: Request, caller: CallerDep) -> EventSourceResponse:
     where = observe.EventFilter(thread=thread, turn=turn_id)
 
     async def stream() -> AsyncIterator[dict[str, Any]]:
-        with api.previews.subscribe(session_id) as pieces:
+        with api.previews.subscribe(session_key(namespace, session_id)) as pieces:
             async for item in follow(
                 request, namespace=namespace, session_id=session_id, start=0, where=where, pieces=pieces,
                 events=events, until=turn_id,

@@ -11,10 +11,22 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from dataclasses import dataclass
 
 from protocol import AuthError, ForbiddenError, SchemaError
+
+# What a namespace may be named: what an object's scope allows (``infra.objects.keys``), and no
+# ``/``, which separates it from the session id in the store's key of a session.
+_NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def check_namespace(namespace: str) -> str:
+    """``namespace`` if it is a valid name, else SchemaError."""
+    if not _NAMESPACE.fullmatch(namespace):
+        raise SchemaError(f"namespace {namespace!r} is not valid: 1 to 64 letters, digits, '_', '.' or '-'")
+    return namespace
 
 
 @dataclass(frozen=True)
@@ -57,7 +69,7 @@ class Tokens:
                     "TENDON_API_TOKENS takes NAMESPACE:SHA256 pairs separated by commas "
                     "(`brain token NAMESPACE` prints one)"
                 )
-            self.namespaces[digest.lower()] = namespace
+            self.namespaces[digest.lower()] = check_namespace(namespace)
         self.operators = [d.strip().lower() for d in operator_tokens.split(",") if d.strip()]
         if any(len(d) != 64 for d in self.operators):
             raise SchemaError("TENDON_OPERATOR_TOKENS takes SHA256 hashes separated by commas")

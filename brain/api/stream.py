@@ -23,8 +23,9 @@ from sse_starlette.sse import EventSourceResponse
 from brain.api import stream_schema
 from brain.api.models import INT64
 from brain.api.routes import CallerDep, FilterDep, api_of
+from brain.rules.submits import session_key
 from brain.verbs import observe
-from protocol import GoneError, SchemaError
+from protocol import GoneError, NotFoundError, SchemaError
 
 router = APIRouter(prefix="/v1", tags=["events"])
 PAGE = 200
@@ -45,6 +46,9 @@ async def stream(
     format: Annotated[
         Literal["tendon", "ag-ui"], Query(description="`ag-ui`: AG-UI events (brain.api.agui)")
     ] = "tendon",
+    pending: Annotated[
+        bool, Query(description="a session with no turn yet is waited for (its first submit), not a 404")
+    ] = False,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> EventSourceResponse:
     """The session's events as Server-Sent Events, from ``cursor`` (or ``Last-Event-ID``) on."""
@@ -52,42 +56,62 @@ async def stream(
     namespace = caller.tenant()
     start = cursor if cursor is not None else _last_id(last_event_id)
     # Checked before the stream opens, so that an expired cursor or a foreign session is an error
-    # answer (410, 404), not a stream that ends at once.
-    first = await observe.list_events(
-        api.store, namespace=namespace, session_id=session_id, cursor=start, limit=1, where=where
-    )
-    del first
+    # answer (410, 404), not a stream that ends at once. A session asked for as ``pending`` may not
+    # exist yet: its stream waits for it (another namespace's session of that id is not it).
+    try:
+        await observe.list_events(
+            api.store, namespace=namespace, session_id=session_id, cursor=start, limit=1, where=where
+        )
+    except NotFoundError:
+        if not pending or start or where != observe.EventFilter():
+            raise
 
     if format == "ag-ui":
         from brain.api.agui import session_stream  # it imports this module's previews_for
 
         return session_stream(request, namespace, session_id, start, where, previews=previews)
 
-    async def follow() -> AsyncIterator[dict[str, Any]]:
-        position = start
-        with api.previews.subscribe(session_id) if previews else contextlib.nullcontext() as pieces:
-            while not await request.is_disconnected():
-                try:
-                    page = await observe.list_events(
-                        api.store, namespace=namespace, session_id=session_id, cursor=position, limit=PAGE,
-                        where=where,
-                    )  # fmt: skip
-                except GoneError as exc:
-                    fresh = await observe.snapshot(
-                        api.store, namespace=namespace, session_id=session_id, where=where
-                    )
-                    position = fresh["cursor"]
-                    yield {"event": "resync", "data": json.dumps({"reason": exc.message, "cursor": position})}
-                    continue
-                for e in page.events:
-                    yield {"id": str(e["seq"]), "event": "entry", "data": json.dumps(e, default=str)}
-                position = page.cursor
-                if len(page.events) == PAGE:
-                    continue
-                async for piece in previews_for(pieces, api.poll):
-                    yield piece
+    return EventSourceResponse(
+        _follow(request, namespace, session_id, start, where, previews=previews), ping=15
+    )
 
-    return EventSourceResponse(follow(), ping=15)
+
+async def _follow(
+    request: Request,
+    namespace: str,
+    session_id: str,
+    start: int,
+    where: observe.EventFilter,
+    *,
+    previews: bool,
+) -> AsyncIterator[dict[str, Any]]:
+    """The session's entries from ``start`` on as they commit, with previews if asked."""
+    api, position = api_of(request), start
+    key = session_key(namespace, session_id)  # how previews know the session
+    with api.previews.subscribe(key) if previews else contextlib.nullcontext() as pieces:
+        while not await request.is_disconnected():
+            try:
+                page = await observe.list_events(
+                    api.store, namespace=namespace, session_id=session_id, cursor=position, limit=PAGE,
+                    where=where,
+                )  # fmt: skip
+            except NotFoundError:  # a pending session that has had no submit yet
+                await asyncio.sleep(api.poll)
+                continue
+            except GoneError as exc:
+                fresh = await observe.snapshot(
+                    api.store, namespace=namespace, session_id=session_id, where=where
+                )
+                position = fresh["cursor"]
+                yield {"event": "resync", "data": json.dumps({"reason": exc.message, "cursor": position})}
+                continue
+            for e in page.events:
+                yield {"id": str(e["seq"]), "event": "entry", "data": json.dumps(e, default=str)}
+            position = page.cursor
+            if len(page.events) == PAGE:
+                continue
+            async for piece in previews_for(pieces, api.poll):
+                yield piece
 
 
 async def previews_for(pieces: asyncio.Queue[Any] | None, seconds: float) -> AsyncIterator[dict[str, Any]]:

@@ -134,10 +134,12 @@ async def serve(settings: Settings, args: argparse.Namespace, *, local: Local | 
 
 
 async def token(settings: Settings, args: argparse.Namespace) -> int:
-    from brain.api.auth import hash_token, new_token
+    from brain.api.auth import check_namespace, hash_token, new_token
 
     if args.operator == bool(args.namespace):
         raise SchemaError("give a namespace, or --operator for an operator's token")
+    if args.namespace:
+        check_namespace(args.namespace)
     made = new_token()
     entry = hash_token(made) if args.operator else f"{args.namespace}:{hash_token(made)}"
     variable = "TENDON_OPERATOR_TOKENS" if args.operator else "TENDON_API_TOKENS"

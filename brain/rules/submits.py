@@ -25,9 +25,28 @@ Mark = tuple[int, datetime | None]
 MAIN_THREAD = "main"
 
 
-def thread_id(session_id: str, thread: str) -> str:
-    """A thread's id: its session's own for the main thread, else ``session/name``."""
-    return session_id if thread == MAIN_THREAD else f"{session_id}/{thread}"
+def session_key(namespace: str, session_id: str) -> str:
+    """How the store keys a session: ``namespace/session id``. A session id belongs to its
+    namespace (another namespace may use the same one for its own session), and everything keyed
+    by a session (its threads, turns, journal, previews) is then kept apart by construction.
+    Namespaces hold no ``/`` (``check_namespace``), so two keys never meet."""
+    return f"{namespace}/{session_id}"
+
+
+def shown_session(namespace: str, key: str) -> str:
+    """The session id its namespace gave, from the store's key of it (``session_key``)."""
+    return key.removeprefix(f"{namespace}/")
+
+
+def thread_id(session: str, thread: str) -> str:
+    """A thread's id from its session's key: the session's own for the main thread, else
+    ``session/name``."""
+    return session if thread == MAIN_THREAD else f"{session}/{thread}"
+
+
+def thread_name(session: str, thread_id: str) -> str:
+    """A thread's name, from its id and its session's key (``thread_id`` read back)."""
+    return thread_id.removeprefix(session).removeprefix("/") or MAIN_THREAD
 
 
 def check_submit(
@@ -41,18 +60,20 @@ def check_submit(
     agent: AgentDefinition,
 ) -> str | None:
     """The existing turn of this request, None for a new one; ConflictError when the submit
-    contradicts what is there (another input, thread or agent version, another namespace), and
-    IllegalTransitionError when its thread or session is closed."""
+    contradicts what is there (another input, thread or agent version), and IllegalTransitionError
+    when its thread or session is closed. ``known`` is what the submit's namespace holds: another
+    namespace's sessions and agents are not there."""
     where = f"thread {thread!r} of session {session_id!r}"
     if known["turn_id"] is not None and (
-        known["input_digest"] != input_digest or known["turn_thread"] != thread_id(session_id, thread)
+        known["input_digest"] != input_digest
+        or known["turn_thread"] != thread_id(session_key(namespace, session_id), thread)
     ):
         raise ConflictError(
             f"request id {request_id!r} in session {session_id!r} was already used "
             f"for a different input (turn {known['turn_id']})"
         )
     pinned = (known["agent_name"], known["agent_version"])
-    if known["session_ns"] == namespace and pinned[0] is not None and pinned != (agent.name, agent.version):
+    if pinned[0] is not None and pinned != (agent.name, agent.version):
         raise ConflictError(
             f"{where} is pinned to agent {pinned[0]} version {pinned[1]}, not "
             f"{agent.name} version {agent.version}: submit with that agent, or start another thread"
@@ -68,9 +89,6 @@ def check_submit(
             f"agent {agent.name} version {agent.version} is already registered with different "
             "content; give the changed definition a new version"
         )
-    if known["session_ns"] is not None and known["session_ns"] != namespace:
-        # Session ids are one space for all namespaces: say it is taken, not whose it is.
-        raise ConflictError(f"session id {session_id!r} is taken: choose another")
     return None
 
 
@@ -107,8 +125,12 @@ class Submit:
         return digest({"text": self.user_input})
 
     @property
+    def session_key(self) -> str:
+        return session_key(self.namespace, self.session_id)
+
+    @property
     def thread_id(self) -> str:
-        return thread_id(self.session_id, self.thread)
+        return thread_id(self.session_key, self.thread)
 
     @property
     def where(self) -> str:

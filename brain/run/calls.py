@@ -14,6 +14,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from brain.rules.calls import manual_intent, refusal, refused_intent
+from brain.rules.submits import shown_session
 from brain.rules.waits import builtin_intent
 from brain.run.context import BrainContext
 from brain.store import Intent, TurnRow
@@ -79,7 +80,8 @@ async def _sent(
         replay_policy=binding["replay_policy"],
         args=call["args"],
     )
-    command = await ctx.codec.pack_execute(execution_id, row.namespace, row.session_id, body, trace)
+    session = shown_session(row.namespace, row.session_id)  # the id the Hands know (not the key)
+    command = await ctx.codec.pack_execute(execution_id, row.namespace, session, body, trace)
     return Intent(
         execution_id=execution_id,
         tool_step=row.tool_step + 1,

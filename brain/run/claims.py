@@ -309,7 +309,7 @@ class Served:
             partial(store.transact, read_then_insert=True, held=store.held()),
             store.submits.submit_batch,
             name="submits",
-            order=lambda item: item[0].session_id,  # rows locked in one order by every batch
+            order=lambda item: item[0].session_key,  # rows locked in one order by every batch
             single=store.submits.submits_in_one_statement,
         )
 
@@ -346,8 +346,9 @@ class Served:
             log.info("run_started", turn_id=row.id, run=row.runs, phase="prepare", epoch=row.lease_epoch)
             if done.froze is not None:  # a new thread, as its row now stands
                 thread = {
-                    "id": row.thread_id, "session_id": row.session_id, "name": s.thread,
-                    "agent_name": s.agent.name, "agent_version": s.agent.version, "closed_at": None,
+                    "id": row.thread_id, "session_id": row.session_id, "namespace": row.namespace,
+                    "name": s.thread, "agent_name": s.agent.name, "agent_version": s.agent.version,
+                    "closed_at": None,
                 }  # fmt: skip
                 ctx.threads.keep_frozen(thread, done.froze)
             ctx.history.started(row, done.seq, done.facts)

@@ -36,6 +36,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from brain.rules.submits import shown_session
 from brain.run.context import BrainContext
 from brain.store import Settled
 from infra.db import Connection
@@ -241,7 +242,7 @@ class RepairScanner:
         control = ReplayControl(
             execution_id=e["id"],
             namespace=e["namespace"],
-            session_id=e["session_id"],
+            session_id=shown_session(e["namespace"], e["session_id"]),
             request_digest=e["request_digest"],
             body=ReplayBody(from_seq=from_seq),
         )

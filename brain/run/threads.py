@@ -26,7 +26,7 @@ class FrozenThreads:
     def __init__(self, store: Any, limit: int = 1024) -> None:
         self.store = store
         self.limit = limit
-        self._agents: dict[tuple[str, str], AgentDefinition] = {}
+        self._agents: dict[tuple[str, str, str], AgentDefinition] = {}  # by namespace, name, version
         self._threads: dict[str, Mapping[str, Any]] = {}
 
     async def get(self, conn: Connection, thread_id: str) -> tuple[AgentDefinition, Mapping[str, Any]]:
@@ -38,7 +38,7 @@ class FrozenThreads:
     def known(self, thread_id: str) -> tuple[AgentDefinition, Mapping[str, Any]] | None:
         """What ``get`` would return, when it is kept here (no read at all); else None."""
         thread = self._threads.get(thread_id)
-        agent = None if thread is None else self._agents.get((thread["agent_name"], thread["agent_version"]))
+        agent = None if thread is None else self._agents.get(_agent_key(thread))
         return None if thread is None or agent is None else (agent, thread)
 
     async def get_many(
@@ -69,14 +69,14 @@ class FrozenThreads:
     async def _with_agent(
         self, conn: Connection, thread: Mapping[str, Any]
     ) -> tuple[AgentDefinition, Mapping[str, Any]]:
-        key = (thread["agent_name"], thread["agent_version"])
+        key = _agent_key(thread)
         agent = self._agents.get(key)
         if agent is None:
             try:
                 agent = AgentDefinition.model_validate(await self.store.bindings.agent_definition(conn, *key))
             except ValidationError as exc:  # e.g. stored by a version of Tendon that allowed it
                 raise SchemaError(
-                    f"the stored definition of agent {key[0]} version {key[1]} is {invalid(exc)}"
+                    f"the stored definition of agent {key[1]} version {key[2]} is {invalid(exc)}"
                 ) from exc
             self._keep(self._agents, key, agent)
         return agent, thread
@@ -93,3 +93,8 @@ class FrozenThreads:
         if len(cache) >= self.limit:
             cache.clear()
         cache[key] = value
+
+
+def _agent_key(thread: Mapping[str, Any]) -> tuple[str, str, str]:
+    """Whose agent a thread runs: its namespace's, by name and version."""
+    return (thread["namespace"], thread["agent_name"], thread["agent_version"])

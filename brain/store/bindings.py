@@ -41,6 +41,10 @@ def newest(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return chosen
 
 
+# A thread's row with its session's namespace.
+THREAD_SQL = "SELECT th.*, s.namespace FROM threads th JOIN sessions s ON s.id = th.session_id"
+
+
 class Bindings(Part):
     async def store_bindings(self, conn: Connection, bindings: Sequence[Any], wake_channel: str) -> None:
         for b in bindings:
@@ -94,14 +98,20 @@ class Bindings(Part):
         )
 
     async def thread(self, conn: Connection, thread_id: str) -> Row | None:
-        return await conn.fetchrow("SELECT * FROM threads WHERE id = $1", thread_id)
+        """A thread's row, with its session's namespace (whose agents it runs)."""
+        return await conn.fetchrow(f"{THREAD_SQL} WHERE th.id = $1", thread_id)
 
     async def threads(self, conn: Connection, thread_ids: Sequence[str]) -> list[Row]:
         """The rows of ``thread_ids`` that exist (one statement where the backend can)."""
         found = [await self.thread(conn, t) for t in thread_ids]
         return [r for r in found if r is not None]
 
-    async def agent_definition(self, conn: Connection, name: str, version: str) -> Any:
+    async def agent_definition(self, conn: Connection, namespace: str, name: str, version: str) -> Any:
+        """The stored definition of ``namespace``'s agent ``name`` at ``version`` (agents are
+        registered per namespace: another's of the same name and version is another agent)."""
         return await conn.fetchval(
-            "SELECT definition FROM agents WHERE name = $1 AND version = $2", name, version
+            "SELECT definition FROM agents WHERE namespace = $1 AND name = $2 AND version = $3",
+            namespace,
+            name,
+            version,
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from brain.store.bindings import Bindings
+from brain.store.bindings import THREAD_SQL, Bindings
 from infra.db import Connection, Row
 
 
@@ -17,7 +17,7 @@ class PgBindings(Bindings):
         )
 
     async def threads(self, conn: Connection, thread_ids: Sequence[str]) -> list[Row]:
-        return list(await conn.fetch("SELECT * FROM threads WHERE id = ANY($1::text[])", list(thread_ids)))
+        return list(await conn.fetch(f"{THREAD_SQL} WHERE th.id = ANY($1::text[])", list(thread_ids)))
 
     async def bound_routes(self, tools: Sequence[str]) -> list[tuple[str, str]]:
         rows = await self.store.read(

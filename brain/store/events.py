@@ -18,6 +18,7 @@ from brain.rules.applying import Effect, Execution, effect, late_note
 from brain.rules.records import Applied, ClaimBudget, Ended, TurnRow
 from brain.rules.sequencing import drainable
 from brain.rules.states import TERMINAL_EXECUTION, ExecutionStatus, TurnStatus
+from brain.rules.submits import session_key
 from brain.store.part import Part
 from brain.store.sql import FINAL_SQL, TURN_COLUMNS, owner_not_dead, turn_becomes
 from infra.db import Connection, Json, Row, as_json
@@ -389,11 +390,9 @@ def _named(row: Row | None, first: Any) -> Row:
     request digest are its own)."""
     if row is None:
         raise NotFoundError(f"event for unknown execution {first.execution_id}")
-    if (row["namespace"], row["session_id"]) != (first.namespace, first.session_id):
-        raise RoutingError(
-            f"event for execution {first.execution_id} claims scope {first.scope}, "
-            f"but it belongs to {row['namespace']}/{row['session_id']}"
-        )
+    if row["session_id"] != session_key(first.namespace, first.session_id):  # the key holds both
+        raise RoutingError(f"event for execution {first.execution_id} claims scope {first.scope}, "
+                           f"but it belongs to {row['session_id']}")  # fmt: skip
     if row["request_digest"] != first.request_digest:
         raise ConflictError(f"event for execution {first.execution_id} carries a foreign request digest")
     return row

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from brain.rules.submits import session_key
 from brain.store.part import Part
 from brain.store.sql import UNSETTLED_SQL
 from infra.db import Connection, Row
@@ -64,7 +65,7 @@ class Executions(Part):
                 WHERE e.id = $1 AND t.namespace = $2 AND t.session_id = $3 AND e.request_digest = $4""",
             header.execution_id,
             header.namespace,
-            header.session_id,
+            session_key(header.namespace, header.session_id),
             header.request_digest,
         )
 

@@ -8,6 +8,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from brain.rules.records import Control
+from brain.rules.submits import shown_session
 from brain.store.part import Part
 from infra.db import Connection
 from infra.transport import Topology
@@ -35,7 +36,7 @@ class Outbox(Part):
         control = CancelControl(
             execution_id=execution["id"],
             namespace=namespace,
-            session_id=session_id,
+            session_id=shown_session(namespace, session_id),  # the id the Hands know (not the key)
             request_digest=execution["request_digest"],
             body=CancelBody(reason=reason),
         )

@@ -12,7 +12,8 @@ from brain.store.sql import TERMINAL_SQL
 from infra.db import Connection, Row
 from protocol import IllegalTransitionError, NotFoundError
 
-# A session as its list shows it: its counts and its latest turn (read with ``turns_by_id``).
+# A session as its list shows it: its counts and its latest turn (read with ``turns_by_id``). Its
+# ``id`` is the store's key of it, ``namespace/session id`` (``brain.rules.submits.session_key``).
 _SESSION = f"""SELECT s.id, s.created_at, s.closed_at,
        (SELECT count(*) FROM threads th WHERE th.session_id = s.id) AS threads,
        (SELECT count(*) FROM turns t WHERE t.session_id = s.id) AS turns,
@@ -20,9 +21,10 @@ _SESSION = f"""SELECT s.id, s.created_at, s.closed_at,
          WHERE t.session_id = s.id AND t.status NOT IN {TERMINAL_SQL}) AS unfinished,
        (SELECT t.id FROM turns t WHERE t.session_id = s.id ORDER BY t.seq DESC LIMIT 1) AS last_turn
   FROM sessions s WHERE s.namespace = $1"""
-# What a search matches: a part of the session's id, of the name of an agent one of its threads
-# runs, or of the request id of one of its turns (case-insensitive; ``{p}``: a LIKE pattern).
-_SEARCH = """ AND (lower(s.id) LIKE {p} ESCAPE '!'
+# What a search matches: a part of the session's id (its key without the namespace), of the name
+# of an agent one of its threads runs, or of the request id of one of its turns (case-insensitive;
+# ``{p}``: a LIKE pattern).
+_SEARCH = """ AND (lower(substr(s.id, length(s.namespace) + 2)) LIKE {p} ESCAPE '!'
        OR EXISTS (SELECT 1 FROM threads th
                    WHERE th.session_id = s.id AND lower(th.agent_name) LIKE {p} ESCAPE '!')
        OR EXISTS (SELECT 1 FROM turns t
@@ -41,7 +43,7 @@ def like_pattern(text: str) -> str:
 
 class Sessions(Part):
     async def session(self, conn: Connection, namespace: str, session_id: str) -> Row | None:
-        """The session, if it is ``namespace``'s (None otherwise: another tenant's is not there)."""
+        """The session of that key, if it is ``namespace``'s (None otherwise)."""
         return await conn.fetchrow(
             "SELECT id, namespace, last_seq, closed_at FROM sessions WHERE id = $1 AND namespace = $2",
             session_id,
@@ -147,8 +149,9 @@ class Sessions(Part):
         (registered here if new), its tool bindings to be frozen again by its next turn: only while
         it is open and no turn of it is unfinished. True when it moved."""
         await conn.execute(
-            """INSERT INTO agents (name, version, digest, definition) VALUES ($1, $2, $3, $4)
+            """INSERT INTO agents (namespace, name, version, digest, definition) VALUES ($1, $2, $3, $4, $5)
                ON CONFLICT DO NOTHING""",
+            namespace,
             agent.name,
             agent.version,
             agent.digest,
@@ -187,21 +190,20 @@ class Sessions(Part):
         await conn.execute("UPDATE threads SET closed_at = now() WHERE id = $1", thread_id)
         return True
 
-    async def close_session(self, conn: Connection, session_id: str) -> bool:
-        """Close a session and every thread of it (True), or say it was closed already (False);
-        refused while a turn of it is unfinished."""
+    async def close_session(self, conn: Connection, session_id: str, what: str) -> bool:
+        """Close a session (by its key) and every thread of it (True), or say it was closed already
+        (False); refused while a turn of it is unfinished."""
         row = await conn.fetchrow(
             f"SELECT closed_at FROM sessions WHERE id = $1{self.store.FOR_UPDATE}", session_id
         )
         if row is None:
-            raise NotFoundError(f"there is no session {session_id!r}")
+            raise NotFoundError(f"there is no {what}")
         if row["closed_at"] is not None:
             return False
         unfinished = await _unfinished(conn, "session_id", session_id)
         if unfinished:
             raise IllegalTransitionError(
-                f"session {session_id!r} has {unfinished} unfinished turn(s): wait for them or "
-                "cancel them first"
+                f"{what} has {unfinished} unfinished turn(s): wait for them or cancel them first"
             )
         await conn.execute("UPDATE sessions SET closed_at = now() WHERE id = $1", session_id)
         await conn.execute(

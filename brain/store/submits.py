@@ -28,7 +28,8 @@ from brain.store.sql import TERMINAL_SQL, TURN_COLUMNS, owner_not_dead
 from infra.db import Connection
 from protocol import ConflictError, IllegalTransitionError, TendonError, new_id
 
-# One read for what a submit checks: the request id, the agent, the session and the thread ($6).
+# One read for what a submit checks: the request id, the agent, the session and the thread ($6),
+# all of the submit's namespace ($1; $2 is the session's key, which holds it too).
 # ``thread_open`` and ``thread_bound`` say whether a served submit may start the turn at once.
 KNOWN_SQL = f"""SELECT t.id AS turn_id, t.input_digest, t.thread_id AS turn_thread, a.digest AS agent_digest,
                       s.namespace AS session_ns, s.closed_at AS session_closed, th.agent_name,
@@ -38,7 +39,7 @@ KNOWN_SQL = f"""SELECT t.id AS turn_id, t.input_digest, t.thread_id AS turn_thre
                         WHERE o.thread_id = $6 AND o.status NOT IN {TERMINAL_SQL}) AS thread_open
                  FROM (SELECT 1 AS one) AS here
                  LEFT JOIN turns t ON t.namespace = $1 AND t.session_id = $2 AND t.request_id = $3
-                 LEFT JOIN agents a ON a.name = $4 AND a.version = $5
+                 LEFT JOIN agents a ON a.namespace = $1 AND a.name = $4 AND a.version = $5
                  LEFT JOIN sessions s ON s.id = $2
                  LEFT JOIN threads th ON th.id = $6"""
 
@@ -103,7 +104,7 @@ class Submits(Part):
         offers it and the thread is idle (what ``submit_served`` does, given the thread's lock)."""
         agent = s.agent
         known = await conn.fetchrow(
-            KNOWN_SQL, s.namespace, s.session_id, s.request_id, agent.name, agent.version, s.thread_id
+            KNOWN_SQL, s.namespace, s.session_key, s.request_id, agent.name, agent.version, s.thread_id
         )
         assert known is not None  # its FROM is one row, whatever it finds
         existing = check_submit(
@@ -120,8 +121,9 @@ class Submits(Part):
             start = None  # a Brain presumed dead starts no turn: it is queued for the others
         if known["agent_digest"] is None:
             await conn.execute(
-                "INSERT INTO agents (name, version, digest, definition) VALUES ($1, $2, $3, $4)"
-                " ON CONFLICT DO NOTHING",
+                "INSERT INTO agents (namespace, name, version, digest, definition)"
+                " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                s.namespace,
                 agent.name,
                 agent.version,
                 agent.digest,
@@ -129,13 +131,13 @@ class Submits(Part):
             )
         if known["session_ns"] is None:
             await conn.execute(
-                "INSERT INTO sessions (id, namespace) VALUES ($1, $2)", s.session_id, s.namespace
+                "INSERT INTO sessions (id, namespace) VALUES ($1, $2)", s.session_key, s.namespace
             )
         if known["agent_name"] is None:
             await conn.execute(
                 "INSERT INTO threads (id, session_id, name, agent_name, agent_version, bindings)"
                 " VALUES ($1, $2, $3, $4, $5, $6)",
-                s.thread_id, s.session_id, s.thread, agent.name, agent.version,
+                s.thread_id, s.session_key, s.thread, agent.name, agent.version,
                 start.bindings if start is not None else None,
             )  # fmt: skip
         turn_id = f"turn-{new_id()}"
@@ -144,12 +146,12 @@ class Submits(Part):
             """INSERT INTO turns (id, namespace, session_id, thread_id, request_id, input_digest, status,
                                  phase, lease_owner, lease_epoch, runs, lease_expires_at)
                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, ts_add(now(), $11))""",
-            turn_id, s.namespace, s.session_id, s.thread_id, s.request_id, s.input_digest, status, phase,
+            turn_id, s.namespace, s.session_key, s.thread_id, s.request_id, s.input_digest, status, phase,
             start.owner if start else None, 1 if start else 0, start.lease_seconds if start else None,
         )  # fmt: skip
         said = submit_facts(s, start)
         seq = await self.store.journal.append(
-            conn, s.session_id, turn_id, said, thread_id=s.thread_id, status=status, phase=phase
+            conn, s.session_key, turn_id, said, thread_id=s.thread_id, status=status, phase=phase
         )
         if start is None:
             await conn.execute("SELECT pg_notify($1, '')", s.wake_channel)

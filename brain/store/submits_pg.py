@@ -81,7 +81,8 @@ known AS (
                    -- its: another content under it is a conflict, as it would be one by one.
                    coalesce(k.agent_digest, (SELECT e.adigest FROM r AS e
                                               WHERE e.aname = r.aname AND e.aversion = r.aversion
-                                                AND e.ord < r.ord ORDER BY e.ord LIMIT 1)) AS agent_digest,
+                                                AND e.ns = r.ns AND e.ord < r.ord
+                                              ORDER BY e.ord LIMIT 1)) AS agent_digest,
                    CASE WHEN sl.id IS NULL THEN k.session_closed ELSE sl.closed_at END AS session_closed,
                    k.agent_name, k.agent_version,
                    CASE WHEN l.id IS NULL THEN k.thread_closed ELSE l.closed_at END AS thread_closed,
@@ -96,8 +97,8 @@ known AS (
                     WHERE name IN (SELECT jsonb_array_elements_text(r.tools))) AS b ON r.tools IS NOT NULL
            ) AS x),
 agent AS (
-    INSERT INTO agents (name, version, digest, definition)
-    SELECT aname, aversion, adigest, adef FROM known WHERE fits AND agent_digest IS NULL
+    INSERT INTO agents (namespace, name, version, digest, definition)
+    SELECT ns, aname, aversion, adigest, adef FROM known WHERE fits AND agent_digest IS NULL
     ON CONFLICT DO NOTHING),  -- registered meanwhile by a submit of another transaction
 session AS (
     INSERT INTO sessions (id, namespace, last_seq)
@@ -140,7 +141,7 @@ def waves(items: Sequence[Asked]) -> list[list[int]]:
     out: list[list[int]] = []
     seen: dict[str, int] = {}
     for i, (s, _) in enumerate(items):
-        n = seen[s.session_id] = seen.get(s.session_id, -1) + 1
+        n = seen[s.session_key] = seen.get(s.session_key, -1) + 1
         if n == len(out):
             out.append([])
         out[n].append(i)
@@ -165,7 +166,7 @@ class PgSubmits(Submits):
             tools, mark = start.announced if start and start.announced else (None, (None, None))
             agent = s.agent
             values = [
-                ord_, s.namespace, s.session_id, s.request_id, agent.name, agent.version, s.thread_id,
+                ord_, s.namespace, s.session_key, s.request_id, agent.name, agent.version, s.thread_id,
                 agent.digest, as_json(agent.stored), f"turn-{new_id()}", s.input_digest,
                 as_json(submit_facts(s, None)), s.thread, start.owner if start else None,
                 as_json(start.bindings if start else None), start.lease_seconds if start else None,

@@ -231,7 +231,7 @@ class Turns(Part):
         return TurnRow.from_record(rec)
 
     async def find_turn(self, conn: Connection, session_id: str, request_id: str) -> TurnRow | None:
-        """The turn a session's request id made, if any (in any namespace)."""
+        """The turn a session's request id made, if any (``session_id``: the store's key of it)."""
         rec = await conn.fetchrow(
             f"SELECT {TURN_COLUMNS} FROM turns WHERE session_id = $1 AND request_id = $2",
             session_id,

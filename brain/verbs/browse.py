@@ -7,7 +7,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from brain.rules.submits import session_key, shown_session
 from brain.store import BrainStore
+from brain.verbs.sessions import shown_turn
 from infra.db import Connection
 from infra.db.store import as_time
 from infra.transport import Topology, Transport
@@ -18,15 +20,16 @@ INPUT_SHOWN = 200  # characters of a turn's input a list shows
 SESSION_FIELDS = ("id", "created_at", "closed_at", "threads", "turns", "unfinished")
 
 
-def _cursor(after: str | None) -> tuple[datetime, str] | None:
-    """The page cursor a sessions list gave (``next``): the last session's time and id."""
+def _cursor(namespace: str, after: str | None) -> tuple[datetime, str] | None:
+    """The page cursor a sessions list gave (``next``): the last session's time and id (as the
+    store's key of it)."""
     if not after:
         return None
     at, sep, key = after.partition("|")
     try:
         if not sep:
             raise ValueError(after)
-        return datetime.fromisoformat(at), key
+        return datetime.fromisoformat(at), session_key(namespace, key)
     except ValueError:
         raise SchemaError(f"after takes the `next` of a page of sessions, not {after!r}") from None
 
@@ -44,23 +47,24 @@ async def sessions(
     for what, text in (("search", search), ("after", after)):
         if unstorable(text) is not None:
             raise SchemaError(f"{what} cannot be looked for: its text {unstorable(text)}")
-    before = _cursor(after)
+    before = _cursor(namespace, after)
 
     async def read(conn: Connection) -> dict[str, Any]:
         rows = await store.sessions.sessions_of(
             conn, namespace, search=search or None, limit=limit, before=before
         )
         latest = [r["last_turn"] for r in rows if r["last_turn"]]
-        last = {t["id"]: dict(t) for t in await store.sessions.turns_by_id(conn, latest)}
+        last = {t["id"]: shown_turn(namespace, t) for t in await store.sessions.turns_by_id(conn, latest)}
         found = []
         for r in rows:
             turn = last.get(r["last_turn"])
             if turn is not None:
                 inputs = await store.sessions.inputs(conn, r["id"], [turn["id"]])
                 turn["input"] = _shown(inputs.get(turn["id"]))
-            found.append({**{k: r[k] for k in SESSION_FIELDS}, "last_turn": turn})
+            shown = {**{k: r[k] for k in SESSION_FIELDS}, "id": shown_session(namespace, r["id"])}
+            found.append({**shown, "last_turn": turn})
         more = len(rows) == limit
-        cursor = f"{as_time(rows[-1]['created_at']).isoformat()}|{rows[-1]['id']}" if more else None
+        cursor = f"{as_time(rows[-1]['created_at']).isoformat()}|{found[-1]['id']}" if more else None
         return {"sessions": found, "next": cursor}
 
     return await store.read(read)
@@ -71,7 +75,11 @@ async def unknown(store: BrainStore, *, limit: int = 100) -> list[dict[str, Any]
     evidence the Hands gave: what they could not tell) and the turn that waits for it."""
     rows = await store.read(lambda conn: store.executions.unknown(conn, limit))
     return [
-        {**{k: r[k] for k in r.keys() if k != "error"}, "reason": (r["error"] or {}).get("message")}
+        {
+            **{k: r[k] for k in r.keys() if k != "error"},
+            "session_id": shown_session(r["namespace"], r["session_id"]),
+            "reason": (r["error"] or {}).get("message"),
+        }
         for r in rows
     ]
 

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from brain.rules.history import ThreadHistory
+from brain.rules.submits import shown_session, thread_name
 from brain.store import BrainStore, Entry
 from protocol import NotFoundError
 
@@ -51,8 +52,8 @@ async def describe(store: BrainStore, namespace: str, turn_id: str) -> dict[str,
     args = call_arguments(entries)
     return {
         "turn_id": t.id,
-        "session_id": t.session_id,
-        "thread": t.thread_id.removeprefix(t.session_id).removeprefix("/") or "main",
+        "session_id": shown_session(t.namespace, t.session_id),
+        "thread": thread_name(t.session_id, t.thread_id),
         "revision": t.revision,
         "request_id": t.request_id,
         "status": str(t.status),

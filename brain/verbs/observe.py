@@ -18,9 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from brain.rules.submits import session_key, shown_session, thread_name
 from brain.rules.submits import thread_id as thread_key
 from brain.store import BrainStore, Entry
-from brain.verbs.sessions import check_thread_name
+from brain.verbs.sessions import check_thread_name, shown_turn
 from infra.db import Connection
 from protocol import GoneError, NotFoundError, SchemaError
 
@@ -46,7 +47,7 @@ class EventFilter:
 
 @dataclass(frozen=True)
 class Scope:
-    """A filter resolved against the store: the ids it stands for."""
+    """A filter resolved against the store: the ids it stands for (the session's: its key)."""
 
     session_id: str
     thread_id: str | None
@@ -58,25 +59,25 @@ async def _scope(
     store: BrainStore, conn: Connection, namespace: str, session_id: str, f: EventFilter
 ) -> Scope:
     f.check()
-    if await store.sessions.session(conn, namespace, session_id) is None:
+    key = session_key(namespace, session_id)
+    if await store.sessions.session(conn, namespace, key) is None:
         raise NotFoundError(f"there is no session {session_id!r}")
-    thread_id = thread_key(session_id, f.thread) if f.thread is not None else None
+    thread_id = thread_key(key, f.thread) if f.thread is not None else None
     if f.turn is not None:
         turn = await store.turns.lock_turn(conn, namespace, f.turn, lock=False)
-        if turn is None or turn.session_id != session_id or turn.thread_id != thread_id:
+        if turn is None or turn.session_id != key or turn.thread_id != thread_id:
             raise NotFoundError(
                 f"there is no turn {f.turn!r} in thread {f.thread!r} of session {session_id!r}"
             )
-    return Scope(session_id, thread_id, f.turn, f.run)
+    return Scope(key, thread_id, f.turn, f.run)
 
 
-def event(entry: Entry) -> dict[str, Any]:
-    """One journal entry as observers see it."""
-    thread = (entry.thread_id or entry.session_id).removeprefix(entry.session_id).removeprefix("/") or "main"
+def event(entry: Entry, session_id: str) -> dict[str, Any]:
+    """One journal entry as observers see it (of ``session_id``, as its namespace calls it)."""
     return {
         "seq": entry.seq,
-        "session_id": entry.session_id,
-        "thread": thread,
+        "session_id": session_id,
+        "thread": thread_name(entry.session_id, entry.thread_id or entry.session_id),
         "turn_id": entry.turn_id,
         "run": entry.run,
         "status": entry.status,
@@ -98,9 +99,11 @@ class Page:
         return {"events": self.events, "cursor": self.cursor}
 
 
-async def check_cursor(store: BrainStore, conn: Connection, session_id: str, cursor: int) -> None:
+async def check_cursor(
+    store: BrainStore, conn: Connection, scope: Scope, session_id: str, cursor: int
+) -> None:
     """GoneError when events after ``cursor`` were trimmed already."""
-    first = await store.journal.first_seq(conn, session_id)
+    first = await store.journal.first_seq(conn, scope.session_id)
     if cursor < first - 1:
         raise GoneError(
             f"cursor {cursor} of session {session_id!r} is older than what is kept (from {first}): "
@@ -123,15 +126,15 @@ async def list_events(
 
     async def read(conn: Connection) -> Page:
         scope = await _scope(store, conn, namespace, session_id, where)
-        await check_cursor(store, conn, session_id, cursor)
-        last = await store.journal.last_seq(conn, session_id)
+        await check_cursor(store, conn, scope, session_id, cursor)
+        last = await store.journal.last_seq(conn, scope.session_id)
         entries = await store.journal.events(
-            conn, session_id, after=cursor, limit=limit, thread_id=scope.thread_id, turn_id=scope.turn_id,
-            run=scope.run,
+            conn, scope.session_id, after=cursor, limit=limit, thread_id=scope.thread_id,
+            turn_id=scope.turn_id, run=scope.run,
         )  # fmt: skip
         # A full page ends at its last event; a shorter one has looked at everything up to ``last``.
         next_cursor = entries[-1].seq if len(entries) == limit else max(cursor, last)
-        return Page([event(e) for e in entries], next_cursor)
+        return Page([event(e, session_id) for e in entries], next_cursor)
 
     return await store.read_consistent(read)
 
@@ -148,8 +151,8 @@ async def snapshot(
 
     async def read(conn: Connection) -> dict[str, Any]:
         scope = await _scope(store, conn, namespace, session_id, where)
-        cursor = await store.journal.last_seq(conn, session_id)
-        turns = await store.sessions.turns_of(conn, session_id, scope.thread_id, None, MAX_PAGE, 0)
+        cursor = await store.journal.last_seq(conn, scope.session_id)
+        turns = await store.sessions.turns_of(conn, scope.session_id, scope.thread_id, None, MAX_PAGE, 0)
         if scope.turn_id is not None:
             turns = [t for t in turns if t["id"] == scope.turn_id]
         executions = {}
@@ -161,12 +164,16 @@ async def snapshot(
                 }
                 for e in await store.executions.turn_executions(conn, t["id"])
             ]
-        threads = await store.sessions.threads_of(conn, session_id)
+        threads = await store.sessions.threads_of(conn, scope.session_id)
         return {
             "cursor": cursor,
             "session_id": session_id,
-            "threads": [dict(t) for t in threads if scope.thread_id in (None, t["id"])],
-            "turns": [{**dict(t), "executions": executions[t["id"]]} for t in turns],
+            "threads": [
+                {**dict(t), "id": shown_session(namespace, t["id"])}
+                for t in threads
+                if scope.thread_id in (None, t["id"])
+            ],
+            "turns": [{**shown_turn(namespace, t), "executions": executions[t["id"]]} for t in turns],
         }
 
     return await store.read_consistent(read)

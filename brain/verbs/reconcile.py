@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from brain.rules import facts
 from brain.rules.records import Control
 from brain.rules.states import ExecutionStatus
+from brain.rules.submits import shown_session
 from brain.store import BrainStore
 from brain.verbs.controls import locked_turn
 from infra.db import Connection
@@ -159,7 +160,7 @@ async def _control(
         message_id=message_id(execution_id, body.request_id),
         execution_id=execution_id,
         namespace=turn.namespace,
-        session_id=turn.session_id,
+        session_id=shown_session(turn.namespace, turn.session_id),
         request_digest=execution["request_digest"],
         body=body,
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 from brain.rules.agents import AgentDefinition
 from brain.rules.doubletext import SUPERSEDING, Strategy, strategy_of
-from brain.rules.submits import MAIN_THREAD, Submit, thread_id
+from brain.rules.submits import MAIN_THREAD, Submit, session_key, shown_session, thread_id
 from brain.store import BrainStore, Control
 from brain.verbs.doubletext import submit_superseding
 from brain.verbs.tools import KnownTools
@@ -81,7 +81,7 @@ async def submit(
     await (tools or KnownTools()).admit(store, agent, expect=expect_tools)
     if follow_edits is not None:
         agent = agent.versioned_by_content()
-        chosen, edited = thread_id(session_id, thread), agent
+        chosen, edited = thread_id(session_key(namespace, session_id), thread), agent
         if await store.transact(lambda conn: store.sessions.repin_thread(conn, namespace, chosen, edited)):
             follow_edits(chosen)
     submit = Submit(
@@ -93,21 +93,32 @@ async def submit(
     return await (served or store.submits.submit)(submit)
 
 
-async def _session(store: BrainStore, conn: Connection, namespace: str, session_id: str) -> Any:
-    found = await store.sessions.session(conn, namespace, session_id)
-    if found is None:
+async def _session(store: BrainStore, conn: Connection, namespace: str, session_id: str) -> str:
+    """The store's key of ``namespace``'s session ``session_id`` (``session_key``); NotFoundError
+    when it has none (another namespace's session of that id is not there)."""
+    key = session_key(namespace, session_id)
+    if await store.sessions.session(conn, namespace, key) is None:
         raise NotFoundError(f"there is no session {session_id!r}")
-    return found
+    return key
+
+
+def shown_turn(namespace: str, row: Any) -> dict[str, Any]:
+    """A turn of a list (``Sessions.turns_of``) with its session's and thread's ids as its
+    namespace gave them."""
+    return {
+        **dict(row),
+        "session_id": shown_session(namespace, row["session_id"]),
+        "thread_id": shown_session(namespace, row["thread_id"]),
+    }
 
 
 async def threads(store: BrainStore, *, namespace: str, session_id: str) -> list[dict[str, Any]]:
     """A session's threads: each one's agent version, state and turns."""
 
     async def read(conn: Connection) -> list[Any]:
-        await _session(store, conn, namespace, session_id)
-        return await store.sessions.threads_of(conn, session_id)
+        return await store.sessions.threads_of(conn, await _session(store, conn, namespace, session_id))
 
-    return [dict(r) for r in await store.read(read)]
+    return [{**dict(r), "id": shown_session(namespace, r["id"])} for r in await store.read(read)]
 
 
 async def turns(
@@ -126,11 +137,11 @@ async def turns(
         check_thread_name(thread)
 
     async def read(conn: Connection) -> list[dict[str, Any]]:
-        await _session(store, conn, namespace, session_id)
-        chosen = thread_id(session_id, thread) if thread is not None else None
-        rows = await store.sessions.turns_of(conn, session_id, chosen, status, limit, after)
-        inputs = await store.sessions.inputs(conn, session_id, [r["id"] for r in rows])
-        return [{**dict(r), "input": inputs.get(r["id"])} for r in rows]
+        key = await _session(store, conn, namespace, session_id)
+        chosen = thread_id(key, thread) if thread is not None else None
+        rows = await store.sessions.turns_of(conn, key, chosen, status, limit, after)
+        inputs = await store.sessions.inputs(conn, key, [r["id"] for r in rows])
+        return [{**shown_turn(namespace, r), "input": inputs.get(r["id"])} for r in rows]
 
     return await store.read(read)
 
@@ -155,10 +166,10 @@ async def close(store: BrainStore, *, namespace: str, session_id: str, thread: s
         check_thread_name(thread)
 
     async def work(conn: Connection) -> bool:
-        await _session(store, conn, namespace, session_id)
+        key = await _session(store, conn, namespace, session_id)
         if thread is None:
-            return await store.sessions.close_session(conn, session_id)
+            return await store.sessions.close_session(conn, key, f"session {session_id!r}")
         what = f"thread {thread!r} of session {session_id!r}"
-        return await store.sessions.close_thread(conn, thread_id(session_id, thread), what)
+        return await store.sessions.close_thread(conn, thread_id(key, thread), what)
 
     return await store.transact(work)

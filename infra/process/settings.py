@@ -60,7 +60,11 @@ class Settings(BaseSettings):
         default=1024 * 1024, ge=1, description="bytes: a bigger message body travels through S3 by reference"
     )
 
-    namespace: str = Field(default="default", description="the tenant `brain submit` submits into")
+    namespace: str = Field(
+        default="default",
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="the tenant `brain submit` submits into (letters, digits, `_`, `.` or `-`)",
+    )
     # 128: a backlog drains in bigger batches than at 32 (10,000 turns: about 1,040 against 880
     # turns/s, docs/benchmarks twenty-first round); a tool body that waits on I/O costs a task.
     concurrency: int = Field(
