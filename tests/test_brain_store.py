@@ -924,7 +924,8 @@ async def test_a_turn_failed_from_outside_settles_its_open_executions_and_tells_
     assert [c.message_id for c in await store.read(store.outbox.unpublished_controls)] == [
         settled.controls[0].message_id
     ]
-    assert (await _facts(store))[-1][1] == ["turn.failed", "execution.cancelled"]
+    # (its step's calls closed first: the thread's next model call sees both outcomes)
+    assert (await _facts(store))[-1][1] == ["turn.results_applied", "turn.failed", "execution.cancelled"]
     # A late outcome of the settled one is kept beside it, its status unchanged
     await _apply(store, list(_events("e6")))
     late = await store.pool.fetchrow("SELECT status, error FROM executions WHERE id = 'e6'")
@@ -1105,8 +1106,12 @@ async def test_a_cancel_of_calls_no_hands_worker_accepted_ends_the_turn_at_once(
     assert sorted(decode(c.payload).execution_id for c in sent) == ["e1", "e2"]
     assert [c.queue for c in sent] == [Topology("t").controls("lab")] * 2
     assert await store.pool.fetchval("SELECT count(*) FROM outbox") == 2
+    # ... and both calls are closed in the same entry: their outcomes go to the thread's next model
     (*_, (_, last)) = await _facts(store)
-    assert last == ["control.applied", "execution.cancelled", "execution.cancelled", "turn.cancelled"]
+    assert last == [
+        "control.applied", "execution.cancelled", "execution.cancelled", "turn.results_applied",
+        "turn.cancelled",
+    ]  # fmt: skip
 
 
 async def test_a_cancel_waits_only_for_the_calls_a_hands_worker_accepted(store):

@@ -85,7 +85,7 @@ async def test_metadata_through_the_api_and_brain_submit(local: LocalTendon) -> 
     await local.client.submitted("s-api", "r1", "hi", GREETER, metadata={"source": "api"})
     args = argparse.Namespace(
         session="s-cli", request_id="r1", input="hi", agent=str(_agent_file(local)), thread="main",
-        expect_tools=False, meta=["source=cli"], thread_meta=["lane=fast"], url=local.url,
+        expect_tools=False, meta=["source=cli"], thread_meta=["lane=fast"], if_busy="enqueue", url=local.url,
     )  # fmt: skip
     assert await commands.submit(Settings(url=local.url), args) == 0
     page = await local.client.sessions(search="source=")

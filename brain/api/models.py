@@ -48,6 +48,12 @@ class SubmitRequest(BaseModel):
         description="take the agent's tools that no Hands pool has announced yet (a pool that starts "
         "later): without it, such a submit is refused (400, `unknown_tool`)",
     )
+    multitask_strategy: Literal["reject", "enqueue", "interrupt", "rollback"] = Field(
+        default="enqueue",
+        description="what to do when the thread has an unfinished turn: refuse (409), queue behind it, "
+        "cancel it keeping its work in the history (interrupt), or cancel it and drop its work from the "
+        "history (rollback); a known request id answers its turn whatever this says",
+    )
 
 
 class Submitted(BaseModel):

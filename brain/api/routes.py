@@ -120,7 +120,8 @@ async def submit(request: Request) -> Response:
         request_id=body.request_id, user_input=body.input, agent=body.agent, wake_channel=api.wake_channel,
         thread=body.thread, served=api.served, follow_edits=api.edits, expect_tools=body.expect_tools,
         metadata=body.metadata, thread_metadata=body.thread_metadata,
-        tools=api.tools,
+        tools=api.tools, strategy=body.multitask_strategy, topology=api.topology, ended=api.ended,
+        send=api.controls,
     )  # fmt: skip
     answer = Submitted(turn_id=turn_id, created=created)
     if created and body.agent.tools:

@@ -38,6 +38,7 @@ class Access(Protocol):
         expect_tools: bool,
         metadata: dict[str, str] | None = None,
         thread_metadata: dict[str, str] | None = None,
+        strategy: str = "enqueue",
     ) -> dict[str, Any]: ...
     async def describe(self, turn_id: str) -> dict[str, Any]: ...
     async def until_ended(self, turn_id: str, seconds: float) -> dict[str, Any]: ...
@@ -76,6 +77,7 @@ class Direct:
         expect_tools: bool,
         metadata: dict[str, str] | None = None,
         thread_metadata: dict[str, str] | None = None,
+        strategy: str = "enqueue",
     ) -> dict[str, Any]:
         """As the API answers it: the turn id, whether this call made it, and why some of the
         agent's tools would not run now (``warnings``, asked of the broker for a new turn)."""
@@ -83,6 +85,7 @@ class Direct:
             self.store, namespace=self.namespace, session_id=session, request_id=request_id, user_input=text,
             agent=agent, wake_channel=wake_channel(self.settings), thread=thread, expect_tools=expect_tools,
             metadata=metadata, thread_metadata=thread_metadata,
+            strategy=strategy, topology=Topology(self.settings.queue_prefix),
         )  # fmt: skip
         warnings = await self._unserved(agent) if created and agent.tools else []
         return {"turn_id": turn_id, "created": created, "warnings": warnings}
@@ -183,10 +186,11 @@ class Remote:
         expect_tools: bool,
         metadata: dict[str, str] | None = None,
         thread_metadata: dict[str, str] | None = None,
+        strategy: str = "enqueue",
     ) -> dict[str, Any]:
         return await self.client.submitted(
             session, request_id, text, agent, thread=thread, expect_tools=expect_tools, metadata=metadata,
-            thread_metadata=thread_metadata,
+            thread_metadata=thread_metadata, multitask_strategy=strategy,
         )  # fmt: skip
 
     async def describe(self, turn_id: str) -> dict[str, Any]:

@@ -132,6 +132,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--thread-meta", action="append", metavar="KEY=VALUE", help="set on the thread (repeatable)"
     )
+    s.add_argument(
+        "--if-busy",
+        choices=["reject", "enqueue", "interrupt", "rollback"],
+        default="enqueue",
+        help="when the thread has an unfinished turn: refuse (exit code 4), queue behind it (default), "
+        "cancel it keeping its work in the history (interrupt), or cancel it and drop its work (rollback)",
+    )
     s.add_argument("input", help="the user's input for this turn")
 
     s = sub.add_parser(

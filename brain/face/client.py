@@ -140,22 +140,25 @@ class AsyncClient:
 
     async def submit(
         self, session: str, request_id: str, text: str, agent: AgentDefinition | dict[str, Any], *,
-        thread: str = "main", expect_tools: bool = False, metadata: dict[str, str] | None = None,
-        thread_metadata: dict[str, str] | None = None,
+        thread: str = "main", expect_tools: bool = False, multitask_strategy: str = "enqueue",
+        metadata: dict[str, str] | None = None, thread_metadata: dict[str, str] | None = None,
     ) -> str:  # fmt: skip
         """Accept a turn durably; its id (the same for the same request id and input). An agent
         naming a tool no Hands pool announced raises UnknownToolError, unless ``expect_tools``.
-        ``metadata``, ``thread_metadata``: string pairs set on the session and the thread."""
+        ``multitask_strategy``: what to do when the thread has an unfinished turn (reject, enqueue,
+        interrupt or rollback: docs/design.md, "Double texting"). ``metadata``,
+        ``thread_metadata``: string pairs set on the session and the thread."""
         found = await self.submitted(
-            session, request_id, text, agent, thread=thread, expect_tools=expect_tools, metadata=metadata,
-            thread_metadata=thread_metadata,
+            session, request_id, text, agent, thread=thread, expect_tools=expect_tools,
+            multitask_strategy=multitask_strategy, metadata=metadata, thread_metadata=thread_metadata,
         )  # fmt: skip
         return str(found["turn_id"])
 
     async def submitted(
         self, session: str, request_id: str, text: str, agent: AgentDefinition | dict[str, Any], *,
         thread: str = "main", wait: float = 0, expect_tools: bool = False,
-        metadata: dict[str, str] | None = None, thread_metadata: dict[str, str] | None = None,
+        multitask_strategy: str = "enqueue", metadata: dict[str, str] | None = None,
+        thread_metadata: dict[str, str] | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         """:meth:`submit`, answering ``{"turn_id", "created"}`` (False: that request was known),
         and ``"warnings"`` when some of the agent's tools would not run now; with ``wait``, once
@@ -164,6 +167,8 @@ class AsyncClient:
         body["thread"] = thread
         if expect_tools:
             body["expect_tools"] = True
+        if multitask_strategy != "enqueue":  # what to do when the thread is busy
+            body["multitask_strategy"] = multitask_strategy
         body.update({k: v for k, v in (("metadata", metadata), ("thread_metadata", thread_metadata)) if v})
         params = {"wait": _seconds(wait)} if wait else {}
         path = f"/v1/sessions/{session}/turns"
@@ -356,7 +361,7 @@ class Client:
         return asyncio.run(go())
 
     def submit(self, session: str, request_id: str, text: str, agent: Any, **kwargs: Any) -> str:
-        """``thread``, ``expect_tools``: as :meth:`AsyncClient.submit` takes them."""
+        """``thread``, ``expect_tools``, ``multitask_strategy``: as :meth:`AsyncClient.submit` takes them."""
         return str(self._run("submit", session, request_id, text, agent, **kwargs))
 
     def call(self, session: str, request_id: str, text: str, agent: Any, **kwargs: Any) -> dict[str, Any]:

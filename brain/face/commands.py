@@ -44,7 +44,7 @@ async def submit(settings: Settings, args: argparse.Namespace) -> int:
     async with access(settings, args.url) as brain:
         said = await brain.submit(
             args.session, args.request_id, args.input, agent, args.thread, expect_tools=args.expect_tools,
-            metadata=pairs(args.meta), thread_metadata=pairs(args.thread_meta),
+            metadata=pairs(args.meta), thread_metadata=pairs(args.thread_meta), strategy=args.if_busy,
         )  # fmt: skip
     print(said["turn_id"], flush=True)
     for warning in said.get("warnings") or ():

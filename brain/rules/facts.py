@@ -30,6 +30,8 @@ kind                            what happened
 ``control.<status>``            a control was received, applied or rejected (with the reason)
 ``turn.input_added``            a steer or inject added input between two model steps
 ``turn.cancelled``              the turn ended by a cancel
+``turn.rolled_back``            a new turn rolled this one back: its messages leave its thread's
+                                conversation (its entries stay, for audit)
 ``turn.completed``              the turn's result (its last reply) is final
 ``turn.failed``                 the turn ended with an error
 ``execution.cancelled``         an open execution of a failed turn was settled
@@ -50,7 +52,7 @@ Fact = dict[str, Any]
 KINDS: tuple[str, ...] = (
     "turn.accepted", "turn.run_started", "turn.prepared", "turn.waiting", "turn.model_replied",
     "turn.results_applied", "turn.retry_scheduled", "turn.run_lost", "turn.input_added",
-    "turn.cancelled", "turn.completed", "turn.failed",
+    "turn.cancelled", "turn.rolled_back", "turn.completed", "turn.failed",
     "execution.intended", "execution.approved", "execution.output", "execution.output_gap",
     "execution.reported_late",
     *(f"execution.{s}" for s in ExecutionStatus if s != ExecutionStatus.INTENDED),
@@ -107,6 +109,10 @@ def input_added(control_id: int, kind: str, text: str) -> Fact:
 
 def cancelled_turn() -> Fact:
     return {"kind": "turn.cancelled"}
+
+
+def rolled_back(by_turn: str) -> Fact:
+    return {"kind": "turn.rolled_back", "by": by_turn}
 
 
 def run_lost(run: int, phase: str, *, died: bool) -> Fact:

@@ -14,7 +14,17 @@ fact                        message
 ``turn.input_added``        a steer (an instruction) or an inject (the user's message) that
                             a control added between two model steps
 ``history.message``         a message as an earlier version of Tendon kept it
+``turn.rolled_back``        none: every message of that turn leaves the conversation, and
+                            its later facts add none (its entries stay, for audit)
+``turn.cancelled``,         a tool message for each call of the turn's replies that has none
+``turn.failed``             yet (a call whose reply committed but whose execution did not:
+                            it never ran): the model never sees a call without its result
 ==========================  ===========================================================
+
+A cancel or a failure that ends a turn waiting for its step's results applies them in its own
+commit (``turn.results_applied``, ``brain.store.controls.Controls.closing``): what the model reads
+of an interrupted call is its execution's outcome, cancelled with why, or what it did before the
+cancel reached it.
 
 ``brain.run.history.HistoryCache`` keeps each thread's messages in the Brain process that drives
 it, and reads only the entries committed since it last looked.
@@ -62,6 +72,8 @@ class ThreadHistory:
     messages: list[Message] = field(default_factory=list)
     inputs: dict[str, Any] = field(default_factory=dict)  # turn id -> input, until prepared
     valid_for: tuple[str, int] | None = None  # (turn id, revision) it is known complete for
+    open_calls: dict[str, dict[str, str]] = field(default_factory=dict)  # turn id -> call id -> tool
+    rolled_back: set[str] = field(default_factory=set)  # turns whose messages left the conversation
 
     def extend(self, entries: Iterable[Entry], executions: Mapping[str, Any], thread_id: str) -> None:
         """Add the messages of ``entries`` (this thread's, in seq order, after ``seq``)."""
@@ -75,19 +87,42 @@ class ThreadHistory:
 
     def _add(self, turn_id: str, fact: Mapping[str, Any], executions: Mapping[str, Any]) -> None:
         kind = fact.get("kind")
-        if kind == "turn.accepted" and "input" in fact:
+        if turn_id in self.rolled_back:
+            return
+        if kind == "turn.rolled_back":
+            self.rolled_back.add(turn_id)
+            self.messages = [m for m in self.messages if m.turn_id != turn_id]
+            self.inputs.pop(turn_id, None)
+            self.open_calls.pop(turn_id, None)
+        elif kind in ("turn.cancelled", "turn.failed", "turn.completed"):
+            self._close(turn_id, str(kind).removeprefix("turn."))
+        elif kind == "turn.accepted" and "input" in fact:
             self.inputs[turn_id] = fact["input"]
         elif kind == "turn.prepared" and turn_id in self.inputs:
             self.messages.append(Message(role="user", turn_id=turn_id, content=self.inputs.pop(turn_id)))
         elif kind == "turn.model_replied" and "message" in fact:
             self.messages.append(Message(role="assistant", turn_id=turn_id, content=fact["message"]))
+            calls = fact["message"].get("tool_calls") or []
+            self.open_calls.setdefault(turn_id, {}).update({c["call_id"]: c["tool"] for c in calls})
         elif kind == "turn.results_applied":
             for execution_id in fact.get("executions", []):
                 row = executions.get(execution_id)
                 if row is not None:
                     self.messages.append(Message(role="tool", turn_id=turn_id, content=tool_message(row)))
+                    self.open_calls.get(turn_id, {}).pop(row["call_id"], None)
         elif kind == "turn.input_added":
             role = "steer" if fact.get("control") == "steer" else "user"
             self.messages.append(Message(role=role, turn_id=turn_id, content={"text": fact["text"]}))
         elif kind == "history.message":
             self.messages.append(Message(role=fact["role"], turn_id=turn_id, content=fact["content"]))
+
+    def _close(self, turn_id: str, ended: str) -> None:
+        """A tool message for each call of a turn that ended with no result for it: a call whose
+        reply committed but whose execution never did (the end of a turn with executions applies
+        their outcomes itself; a completed turn's last reply made no call)."""
+        for call_id, tool in sorted(self.open_calls.pop(turn_id, {}).items()):
+            said = f"its turn was {ended} before this call was sent to its tool"
+            error = {"code": "not_sent", "message": said}
+            content = {"call_id": call_id, "tool": tool, "execution_id": None, "status": "cancelled",
+                       "result": None, "error": error, "how": None}  # fmt: skip
+            self.messages.append(Message(role="tool", turn_id=turn_id, content=content))

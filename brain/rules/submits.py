@@ -12,6 +12,7 @@ from typing import Any
 
 from brain.rules import facts
 from brain.rules.agents import AgentDefinition
+from brain.rules.doubletext import Strategy
 from brain.rules.facts import accepted
 from brain.rules.records import TurnRow
 from brain.rules.states import TurnPhase
@@ -117,6 +118,7 @@ class Submit:
     wake_channel: str
     thread: str = MAIN_THREAD
     schedule: dict[str, Any] | None = None  # the schedule that submits it, and its firing's words
+    strategy: Strategy = Strategy.ENQUEUE  # what it does when its thread is busy
 
     @cached_property
     def input_digest(self) -> str:
@@ -129,6 +131,10 @@ class Submit:
     @property
     def thread_id(self) -> str:
         return thread_id(self.session_key, self.thread)
+
+    @property
+    def where(self) -> str:
+        return f"thread {self.thread!r} of session {self.session_id!r}"
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,7 @@ def said(fact: Mapping[str, Any]) -> str:
         ),
         "turn.input_added": lambda f: f"a {f.get('control')} added: {f.get('text')!r}",
         "turn.cancelled": lambda f: "the turn was cancelled",
+        "turn.rolled_back": lambda f: f"rolled back by turn {f.get('by')}: out of the conversation",
         "turn.completed": lambda f: "the turn completed",
         "turn.failed": lambda f: f"the turn failed: {(f.get('error') or {}).get('message')}",
         "history.message": lambda f: f"a {f.get('role')} message (kept by an earlier version)",

@@ -190,11 +190,14 @@ async def _controls_at_boundary(
         unsettled = await store.executions.open_executions(conn, row.id)
         if unsettled:
             return moves.wait_for_cancel(row, len(unsettled)), []
-        cancels = [c["id"] for c in by_kind.get("cancel", [])]
-        await store.controls.decide_controls(conn, cancels, "applied", None)
-        said = [facts.control(c, "cancel", "applied") for c in cancels]
+        cancels = by_kind.get("cancel", [])
+        for c in cancels:  # each keeps its reason (a new message's interrupt says so)
+            await store.controls.decide_controls(conn, [c["id"]], "applied", c["reason"])
+        said = [facts.control(c["id"], "cancel", "applied", c["reason"]) for c in cancels]
         said += await store.controls.reject_received(conn, row.id, "the turn was cancelled")
-        return moves.cancel(row, said), []
+        why = next((c["reason"] for c in cancels if c["reason"]), None)
+        closed = await store.controls.closing(conn, row.id, row.phase, row.tool_step, why)
+        return moves.cancel(row, [*closed, *said]), []
     if by_kind.get("pause"):
         pauses = [c["id"] for c in by_kind["pause"]]
         await store.controls.decide_controls(conn, pauses, "applied", None)

@@ -134,10 +134,12 @@ class HistoryCache:
             history.valid_for = None
         elif seq is None:
             history.valid_for = (after.id, after.revision)
-        elif seq == history.seq + 1:
+        elif seq == history.seq + 1 and set(needed_executions([_entry(after, seq, facts)])) <= set(
+            executions or {}
+        ):
             history.extend([_entry(after, seq, facts)], executions or {}, after.thread_id)
             history.valid_for = (after.id, after.revision)
-        else:
+        else:  # not the next entry, or one with results not given here (a cancel closing its calls)
             history.valid_for = None
 
     def woken(

@@ -14,7 +14,7 @@ from typing import Any
 
 from brain.rules import facts
 from brain.rules.records import Control, TurnRow
-from brain.rules.states import WAITING_FOR_A_PERSON, ControlStatus, ExecutionStatus, TurnStatus
+from brain.rules.states import WAITING_FOR_A_PERSON, ControlStatus, ExecutionStatus, TurnPhase, TurnStatus
 from brain.store.part import Part
 from brain.store.sql import CONTROL_COLUMNS, control_becomes, execution_becomes, turn_becomes
 from infra.db import Connection
@@ -115,8 +115,9 @@ class Controls(Part):
         )
         await conn.execute("SELECT pg_notify($1, '')", wake_channel)
 
-    async def cancel_now(self, conn: Connection, turn: TurnRow) -> None:
-        """The turn ends CANCELLED; a run that held it is fenced out (its epoch moved on)."""
+    async def cancel_now(self, conn: Connection, turn: TurnRow, why: str | None) -> list[dict[str, Any]]:
+        """The turn ends CANCELLED; a run that held it is fenced out (its epoch moved on). Returns
+        the facts that close its dispatched calls (:meth:`closing`)."""
         await conn.execute(
             f"""UPDATE turns SET {_CANCELLED.set}, lease_owner = NULL, lease_expires_at = NULL,
                        lease_epoch = lease_epoch + 1, waiting_for = NULL, cancel_requested = false,
@@ -125,9 +126,30 @@ class Controls(Part):
             turn.id,
         )
         await self._never_sent(conn, turn.id)
+        return await self.closing(conn, turn.id, turn.phase, turn.tool_step, why)
+
+    async def closing(
+        self, conn: Connection, turn_id: str, phase: str, tool_step: int, why: str | None
+    ) -> list[dict[str, Any]]:
+        """What closes the calls of a turn that ends (cancelled) before the results of its step
+        went to the model: those executions' outcomes applied, as they stand (settled by then:
+        cancelled, or what they did before the cancel reached them), so that the thread's next
+        model call sees no call without its result (``brain.rules.history``). A cancelled one that
+        does not say why (its Hands stopped it, or it never left the Brain) says ``why`` (the
+        cancel's reason; "its turn was cancelled" without one). ``phase`` and ``tool_step``: the
+        turn's, as its end found them (a failed turn's too: ``brain.store.failures``)."""
+        if phase not in (TurnPhase.WAIT_TOOLS, TurnPhase.APPLY_RESULTS):
+            return []
+        await conn.execute(
+            "UPDATE executions SET error = $3, updated_at = now()"
+            " WHERE turn_id = $1 AND tool_step = $2 AND status = 'cancelled' AND error IS NULL",
+            turn_id, tool_step, {"code": "cancelled", "message": why or "its turn was cancelled"},
+        )  # fmt: skip
+        ids = await self.store.executions.step_execution_ids(conn, turn_id, tool_step)
+        return [facts.results_applied(ids)] if ids else []
 
     async def settle_not_accepted(
-        self, conn: Connection, turn: TurnRow, topology: Topology
+        self, conn: Connection, turn: TurnRow, topology: Topology, why: str | None = None
     ) -> tuple[list[Control], list[dict[str, Any]]]:
         """Settle, in a cancel's commit, the turn's executions that no Hands worker accepted as
         far as the Brain heard (INTENDED: their command may wait in a queue whose pool is down):
@@ -136,8 +158,10 @@ class Controls(Part):
         does not wait for a pool. If a worker did accept one meanwhile (its events on their way),
         the cancel reaches it as it reaches any accepted call (a body not started never starts, a
         running one is asked to stop), and what its Hands report afterwards is kept as a late
-        note. Returns the cancels (in the outbox) and the facts."""
-        error = {"code": "cancelled", "message": NOT_ACCEPTED_REASON}
+        note. ``why``: what the calls' error says (the model reads it when their turn's calls are
+        closed), NOT_ACCEPTED_REASON unless given. Returns the cancels (in the outbox) and the facts."""
+        why = why or NOT_ACCEPTED_REASON
+        error = {"code": "cancelled", "message": why}
         rows = await conn.fetch(
             f"""UPDATE executions SET {_NOT_ACCEPTED.set}, error = $2, holding = false, command = NULL,
                        updated_at = now()
@@ -149,11 +173,9 @@ class Controls(Part):
         controls, said = [], []
         for e in sorted(rows, key=lambda r: r["id"]):
             controls.append(
-                await self.store.outbox.add_cancel(
-                    conn, topology, turn.namespace, turn.session_id, e, NOT_ACCEPTED_REASON
-                )
+                await self.store.outbox.add_cancel(conn, topology, turn.namespace, turn.session_id, e, why)
             )
-            said.append(facts.cancelled(e["id"], e["call_id"], e["tool"], NOT_ACCEPTED_REASON))
+            said.append(facts.cancelled(e["id"], e["call_id"], e["tool"], why))
             await conn.execute("DELETE FROM held_events WHERE execution_id = $1", e["id"])
         return controls, said
 

@@ -48,7 +48,7 @@ class Failures(Part):
                        waiting_for = NULL, lease_epoch = lease_epoch + 1, revision = revision + 1,
                        updated_at = now()
                  WHERE id = $1 AND {_FAILED.guard} AND ({fence})
-             RETURNING session_id, thread_id, namespace, phase, created_at, cancel_requested""",
+             RETURNING session_id, thread_id, namespace, phase, tool_step, created_at, cancel_requested""",
             turn_id,
             error,
             *owned,
@@ -59,7 +59,9 @@ class Failures(Part):
             conn, turn_id, row["namespace"], row["session_id"], error, topology,
             told=bool(row["cancel_requested"]),
         )  # fmt: skip
-        written = [*preface, facts.failed(error)] + [facts.cancelled(*one) for one in cancelled]
+        # Its step's calls closed before its end, as a cancel closes them (``Controls.closing``).
+        closed = await self.store.controls.closing(conn, turn_id, row["phase"], row["tool_step"], None)
+        written = [*preface, *closed, facts.failed(error)] + [facts.cancelled(*one) for one in cancelled]
         written += await self.store.controls.reject_received(conn, turn_id, "the turn failed first")
         await self.store.journal.append(
             conn, row["session_id"], turn_id, written, thread_id=row["thread_id"], status="failed",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from brain.rules.doubletext import check_busy
 from brain.rules.records import TurnRow
 from brain.rules.submits import (
     Start,
@@ -112,6 +113,7 @@ class Submits(Part):
         )  # fmt: skip
         if existing is not None:
             return Submitted(existing, False)
+        check_busy(known, s.strategy, s.where)
         stale = start is not None and not await self._still_announced(conn, known, start)
         if start is not None and (stale or not starts_now(known, start)):
             start = None

@@ -8,6 +8,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from brain.rules.doubletext import check_busy
 from brain.rules.records import TurnRow
 from brain.rules.submits import (
     Start,
@@ -33,6 +34,7 @@ _ROW = [
     ("tid", "text"), ("adigest", "text"), ("adef", "jsonb"), ("new_turn", "text"), ("idigest", "text"),
     ("said", "jsonb"), ("tname", "text"), ("owner", "text"), ("offered", "jsonb"), ("lease", "float8"),
     ("started", "jsonb"), ("tools", "jsonb"), ("marked", "bigint"), ("marked_at", "timestamptz"),
+    ("strategy", "text"),
 ]  # fmt: skip
 
 # ``KNOWN_SQL`` reads one submit's parameters; here each row's values.
@@ -51,9 +53,10 @@ _KNOWN = re.sub(r"\$([1-6])\b", lambda m: _KNOWN_ARGS[int(m[1]) - 1], KNOWN_SQL)
 # for the sessions' by a sub-select in its condition, run before its first row is locked. Whether
 # they are closed is read from the rows as the locks found them: a close that committed while this
 # statement waited refuses the turn, and a close that waits for this statement counts it (a close
-# counts after its lock: brain/store/sessions.py). With an owner, the thread's unfinished turns are
-# counted by a function that sees what committed meanwhile (migration 0013), so that of two served
-# submits racing on an idle thread only one starts.
+# counts after its lock: brain/store/sessions.py). With an owner, or a strategy for a busy thread
+# other than enqueue (``brain.rules.doubletext``), the thread's unfinished turns are counted by a
+# function that sees what committed meanwhile (migration 0013), so that of two served submits racing
+# on an idle thread only one starts, and a reject never misses a turn that committed meanwhile.
 _SUBMITS = f"""
 WITH r AS NOT MATERIALIZED (SELECT * FROM {{rows}}),
 session_lock AS (
@@ -61,14 +64,16 @@ session_lock AS (
 locked AS (
     SELECT th.id, th.closed_at, th.bindings IS NOT NULL AS bound FROM r JOIN threads th ON th.id = r.tid
      WHERE (SELECT count(*) FROM session_lock) >= 0 ORDER BY th.id FOR UPDATE OF th),
--- Each row as the checks found it: whether its turn is new and nothing conflicts (``fits``), and
+-- Each row as the checks found it: whether its turn is new and nothing conflicts (``fits``: a
+-- reject also needs an idle thread), and
 -- whether the announcements its offered bindings were chosen from are still those (``fresh``:
 -- else a new thread does not freeze them).
 known AS (
     SELECT *, turn_id IS NULL AND (agent_digest IS NULL OR agent_digest = adigest)
               AND (session_ns IS NULL OR (session_ns = ns AND session_closed IS NULL))
               AND (agent_name IS NULL OR (agent_name = aname AND agent_version = aversion
-                                          AND thread_closed IS NULL)) AS fits,
+                                          AND thread_closed IS NULL))
+              AND NOT (strategy = 'reject' AND thread_open > 0) AS fits,
               owner IS NOT NULL AND thread_open = 0 AND {owner_not_dead("owner")}
               AND (thread_bound OR (agent_name IS NULL AND offered IS NOT NULL AND fresh)) AS starts
       FROM (SELECT r.*, k.turn_id, k.input_digest, k.turn_thread, k.session_ns,
@@ -82,7 +87,7 @@ known AS (
                    k.agent_name, k.agent_version,
                    CASE WHEN l.id IS NULL THEN k.thread_closed ELSE l.closed_at END AS thread_closed,
                    coalesce(l.bound, k.thread_bound) AS thread_bound,
-                   CASE WHEN l.id IS NULL OR r.owner IS NULL THEN k.thread_open
+                   CASE WHEN l.id IS NULL OR (r.owner IS NULL AND r.strategy = 'enqueue') THEN k.thread_open
                         ELSE thread_open_turns(r.tid, ARRAY[{TERMINAL_SQL[1:-1]}]) END AS thread_open,
                    r.tools IS NULL OR (b.n = r.marked AND b.at IS NOT DISTINCT FROM r.marked_at) AS fresh
               FROM r CROSS JOIN LATERAL ({_KNOWN}) AS k
@@ -166,7 +171,7 @@ class PgSubmits(Submits):
                 as_json(submit_facts(s, None)), s.thread, start.owner if start else None,
                 as_json(start.bindings if start else None), start.lease_seconds if start else None,
                 as_json(started_facts(start) if start else None),
-                as_json(list(tools) if tools is not None else None), *mark,
+                as_json(list(tools) if tools is not None else None), *mark, str(s.strategy),
             ]  # fmt: skip
             for col, value in zip(cols, values, strict=True):
                 col.append(value)
@@ -194,6 +199,8 @@ def _submitted(known: Any, s: Submit, start: Start | None) -> Submitted | Tendon
             known, namespace=s.namespace, session_id=s.session_id, thread=s.thread, request_id=s.request_id,
             input_digest=s.input_digest, agent=s.agent,
         )  # fmt: skip
+        if existing is None:
+            check_busy(known, s.strategy, s.where)
     except TendonError as exc:
         return exc
     # Nothing conflicts, yet nothing was written: only a race that lost an insert does that,

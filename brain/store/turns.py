@@ -261,5 +261,14 @@ class Turns(Part):
         )
         return TurnRow.from_record(rec) if rec is not None else None
 
+    async def unfinished_of_thread(self, conn: Connection, thread_id: str) -> list[TurnRow]:
+        """A thread's unfinished turns in their order, locked for this transaction."""
+        recs = await conn.fetch(
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE thread_id = $1 AND status NOT IN {TERMINAL_SQL}"
+            f" ORDER BY seq{self.store.FOR_UPDATE}",
+            thread_id,
+        )
+        return [TurnRow.from_record(r) for r in recs]
+
     async def status_of(self, conn: Connection, turn_id: str) -> str:
         return str(await conn.fetchval("SELECT status FROM turns WHERE id = $1", turn_id))

@@ -17,7 +17,8 @@ cancel     a queued turn (or one with nothing a Hands worker accepted) is cancel
            CANCELLED once each is settled (cancelled, finished or UNKNOWN). Calls that no worker
            accepted are settled CANCELLED in the cancel's own commit, whether a pool serves
            their route or not, and their Hands get a cancel that stops a late command (the
-           cancel guarantee: docs/design.md)
+           cancel guarantee: docs/design.md); a new message's interrupt or rollback is a cancel
+           too (``brain.verbs.doubletext``)
 respond    a person's answer to a call that waits for one: approve or deny it, or give a
            manual tool's result
 =========  ===================================================================================
@@ -29,7 +30,7 @@ turn in a given state is a pure rule: ``brain.rules.controls.decide``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -122,7 +123,7 @@ async def control(
             return earlier
         if kind is Kind.WITHDRAW:
             return await _withdraw(store, conn, turn, request_id, body, input_digest)
-        receipt = await _record(
+        receipt = await record(
             store, conn, turn, kind, body, request_id, input_digest, topology, wake_channel, queued
         )
         if kind is Kind.CANCEL and receipt.status == "applied":
@@ -155,7 +156,7 @@ async def locked_turn(
     return turn, Receipt.of(earlier) if earlier is not None else None
 
 
-async def _record(
+async def record(
     store: BrainStore,
     conn: Connection,
     turn: TurnRow,
@@ -166,9 +167,14 @@ async def _record(
     topology: Topology,
     wake_channel: str,
     queued: list[Control],
+    *,
+    why: str | None = None,
+    note: Sequence[dict[str, Any]] = (),
 ) -> Receipt:
     """Decide a new control by the turn as it stands, record it with its receipt, do what it does
-    now, and journal what it did; the cancels it put in the outbox go to ``queued``."""
+    now, and journal what it did (and ``note``); the cancels it put in the outbox go to ``queued``.
+    ``why``: a cancel's reason, for its receipt and the calls it settles (a new turn's
+    interrupt: ``brain.verbs.doubletext``)."""
     received = await store.controls.controls_of(conn, turn.id, received_only=True)
     accepted = [
         e for e in await store.executions.open_executions(conn, turn.id) if e["status"] in ACCEPTED_EXECUTION
@@ -182,40 +188,37 @@ async def _record(
         pause_pending=any(c["kind"] == Kind.PAUSE for c in received),
     )
     outcome, reason = decide(kind, view, body)
+    reason = reason or why
     row = await store.controls.record_control(
         conn, turn.id, request_id, str(kind), input_digest, body, str(outcome), reason
     )
     said = [facts.control(row["id"], str(kind), str(outcome), reason)]
     if kind is Kind.CANCEL and outcome is not Outcome.REJECT and not turn.cancel_requested:
         # What no Hands worker accepted is settled now, whatever the outcome: nothing waits for it.
-        controls, settled = await store.controls.settle_not_accepted(conn, turn, topology)
+        controls, settled = await store.controls.settle_not_accepted(conn, turn, topology, why)
         queued += controls
         said += settled
     if outcome is Outcome.DEFER:
         await store.controls.add_pending(conn, turn.id, 1)
         if kind is Kind.CANCEL and not turn.cancel_requested:
             # The cancels for the Hands are outbox rows: the Brains' control relays send them.
-            why = "its turn was cancelled"
-            queued += await store.controls.begin_cancel(conn, turn, accepted, topology, why)
+            told = why or "its turn was cancelled"
+            queued += await store.controls.begin_cancel(conn, turn, accepted, topology, told)
             said.append(facts.waiting(f"{len(accepted)} execution(s) to settle after a cancel"))
     elif outcome is Outcome.APPLY:
-        said += await _apply_now(store, conn, turn, kind, received, wake_channel)
+        said += await _apply_now(store, conn, turn, kind, received, wake_channel, why)
     status = await store.turns.status_of(conn, turn.id)
     await store.journal.append(
-        conn,
-        turn.session_id,
-        turn.id,
-        said,
-        thread_id=turn.thread_id,
-        status=status,
+        conn, turn.session_id, turn.id, [*said, *note], thread_id=turn.thread_id, status=status,
         phase=str(turn.phase),
-    )
+    )  # fmt: skip
     return Receipt.of(row)
 
 
 async def _apply_now(
-    store: BrainStore, conn: Connection, turn: TurnRow, kind: Kind, received: list[Any], wake_channel: str
-) -> list[dict[str, Any]]:
+    store: BrainStore, conn: Connection, turn: TurnRow, kind: Kind, received: list[Any], wake_channel: str,
+    why: str | None,
+) -> list[dict[str, Any]]:  # fmt: skip
     """What an applied pause, resume or cancel does in the control's own commit; its facts."""
     if kind is Kind.PAUSE:
         if turn.status is not TurnStatus.PAUSED:
@@ -230,11 +233,11 @@ async def _apply_now(
             await store.controls.resume_now(conn, turn, wake_channel)
         return [facts.control(c, "pause", "rejected", "withdrawn by a resume") for c in pauses]
     assert kind is Kind.CANCEL
-    await store.controls.cancel_now(conn, turn)
+    closed = await store.controls.cancel_now(conn, turn, why)
     others = [c["id"] for c in received]
     await store.controls.decide_controls(conn, others, "rejected", "the turn was cancelled")
     said = [facts.control(c["id"], c["kind"], "rejected", "the turn was cancelled") for c in received]
-    return [*said, facts.cancelled_turn()]
+    return [*closed, *said, facts.cancelled_turn()]
 
 
 async def _withdraw(

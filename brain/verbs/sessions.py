@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
+from functools import partial
 from typing import Any
 
 from brain.rules.agents import AgentDefinition
+from brain.rules.doubletext import SUPERSEDING, Strategy, strategy_of
 from brain.rules.metadata import check_metadata
 from brain.rules.submits import MAIN_THREAD, Submit, session_key, shown_session, thread_id
-from brain.store import BrainStore
+from brain.store import BrainStore, Control
 from brain.store.metadata import SESSION, THREAD
+from brain.verbs.doubletext import submit_superseding
 from brain.verbs.tools import KnownTools
 from brain.verbs.turn_history import turn_history
 from infra.db import Connection
+from infra.transport import Topology
 from protocol import NotFoundError, SchemaError
 from protocol.storable import unstorable
 
@@ -48,28 +53,30 @@ async def submit(
     tools: KnownTools | None = None,
     metadata: Mapping[str, str] | None = None,
     thread_metadata: Mapping[str, str] | None = None,
+    strategy: Strategy | str = Strategy.ENQUEUE,
+    topology: Topology | None = None,
+    ended: Callable[[str, str, datetime], None] | None = None,
+    send: Callable[[list[Control]], object] | None = None,
 ) -> tuple[str, bool]:
     """Accept a turn durably (invariant 1) on ``thread`` of the session (created on first use,
     pinned to ``agent``'s version); returns (turn id, created by this call). ``served``: a Brain's
     own submit, which may start the turn's run in the same commit (``brain.run.claims.Served``).
 
-    Racing submits of one request id all get the one turn: the one that lost the race to insert
-    it is tried again, and then finds it. Text the database cannot store (a NUL) is bad input,
-    said so before anything is written.
-
+    Racing submits of one request id all get the one turn (the loser tries again and finds it).
+    Text the database cannot store (a NUL) is bad input, said so before anything is written.
     ``follow_edits`` (a local development server): the agent's version is taken from its content,
     and a thread pinned to another version of it, with nothing unfinished, moves to this one (and
     is told to it) instead of refusing the submit: an edited agent file needs no new version.
-
     An agent whose model kind no Brain has, or that names a tool no Hands pool has announced, is
     refused (``KnownTools.admit``; ``tools``: what this process knows of them already), unless
     ``expect_tools`` (or the agent's own ``expect_tools``) says a pool will announce it later.
-
-    ``metadata`` and ``thread_metadata`` are set on the session and the thread right after the
-    turn's commit (apart from it: a submit without them writes nothing more); a repeated submit
-    sets them again.
+    ``metadata``, ``thread_metadata``: set on the session and thread just after the turn's commit
+    (a submit without them writes nothing more; a repeated one sets them again). ``strategy``:
+    what to do when the thread has an unfinished turn (``brain.rules.doubletext``); interrupt and
+    rollback cancel those, with ``topology`` (``ended``, ``send`` as for ``controls.control``).
     """
     check_thread_name(thread)
+    chose = strategy_of(strategy)
     pairs = check_metadata(metadata), check_metadata(thread_metadata, "thread_metadata")
     for what, problem in (("the input", unstorable(user_input)), (f"agent {agent.name}", agent.unstorable)):
         if problem is not None:
@@ -80,16 +87,24 @@ async def submit(
         chosen, edited = thread_id(session_key(namespace, session_id), thread), agent
         if await store.transact(lambda conn: store.sessions.repin_thread(conn, namespace, chosen, edited)):
             follow_edits(chosen)
-    submit = Submit(namespace, session_id, request_id, user_input, agent, wake_channel, thread)
-    done = await (served or store.submits.submit)(submit)
+    submit = Submit(
+        namespace, session_id, request_id, user_input, agent, wake_channel, thread, strategy=chose
+    )
+    if chose in SUPERSEDING:
+        done = await submit_superseding(store, submit, topology=topology, ended=ended, send=send)
+    else:
+        done = await (served or store.submits.submit)(submit)
     if any(pairs):
-
-        async def describe(conn: Connection) -> None:
-            await store.metadata.set(conn, SESSION, submit.session_key, pairs[0])
-            await store.metadata.set(conn, THREAD, submit.thread_id, pairs[1])
-
-        await store.transact(describe)
+        await store.transact(partial(_describe, store, submit, *pairs))
     return done
+
+
+async def _describe(
+    store: BrainStore, submit: Submit, session: Mapping[str, str], thread: Mapping[str, str], conn: Connection
+) -> None:
+    """Set a submit's metadata on its session and thread."""
+    await store.metadata.set(conn, SESSION, submit.session_key, session)
+    await store.metadata.set(conn, THREAD, submit.thread_id, thread)
 
 
 async def _session(store: BrainStore, conn: Connection, namespace: str, session_id: str) -> str:

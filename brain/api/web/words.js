@@ -101,13 +101,16 @@ export function say(fact, entry = {}) {
     case "control.received":
       return s(`A ${fact.control} (control #${fact.control_id}) was received; it applies at the next boundary.`);
     case "control.applied":
-      return s(`The ${fact.control} (control #${fact.control_id}) was applied.`, "good");
+      return s(`The ${fact.control} (control #${fact.control_id}) was applied`
+        + `${fact.reason ? `: ${fact.reason}` : ""}.`, "good");
     case "control.rejected":
       return s(`The ${fact.control} (control #${fact.control_id}) was rejected: ${fact.reason}.`, "warn");
     case "turn.input_added":
       return s(`A ${fact.control} added: “${fact.text}”.`);
     case "turn.cancelled":
       return s("The turn was cancelled.", "warn");
+    case "turn.rolled_back":
+      return s(`Rolled back by turn ${fact.by}: its messages left the conversation (kept here).`, "warn");
     case "turn.completed":
       return s("The turn completed.", "good");
     case "turn.failed":
