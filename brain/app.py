@@ -123,6 +123,7 @@ async def serve_api(
         served=served.submit if served is not None else None,
         transport=backends.transport if backends is not None else None,
         edits=ctx.threads.forget if backends is not None and backends.follows_edits else None,
+        max_request_bytes=settings.max_request_bytes,
     )
     if api.tokens.open:
         log.warning(

@@ -56,6 +56,7 @@ from protocol.errors import (
     SchemaError,
     StaleOwnerError,
     TendonError,
+    TooLargeError,
     TransientError,
     is_retryable,
 )
@@ -121,6 +122,7 @@ __all__ = [
     "SucceededEvent",
     "TERMINAL_EVENT_KINDS",
     "TendonError",
+    "TooLargeError",
     "ToolBinding",
     "TransientError",
     "UnknownBody",

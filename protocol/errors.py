@@ -3,7 +3,8 @@
 TendonError                      root; ``retryable`` says whether trying again can help
 ├── ProtocolError                a message or input that can never be accepted as it is
 │   ├── DecodeError              not strict JSON (duplicate keys, trailing values, lossy numbers)
-│   └── SchemaError              valid JSON, wrong shape for its kind
+│   ├── SchemaError              valid JSON, wrong shape for its kind
+│   └── TooLargeError            a request body over the size a server takes (TENDON_MAX_REQUEST_BYTES)
 ├── ConflictError                same request id, different input; same execution id, different digest
 ├── NotFoundError                an id that does not exist (or that belongs to another namespace)
 ├── GoneError                    a cursor older than what retention keeps: start again from a snapshot
@@ -49,6 +50,10 @@ class DecodeError(ProtocolError):
 
 class SchemaError(ProtocolError):
     code = "schema_error"
+
+
+class TooLargeError(ProtocolError):
+    code = "too_large"
 
 
 class ConflictError(TendonError):

@@ -6,11 +6,11 @@ answers what the first call did, however many race; with other input it raises C
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from brain.rules.agents import AgentDefinition
+from brain.rules.names import MAX_REQUEST_ID, MAX_SESSION_ID, check_id, check_thread_name
 from brain.rules.submits import MAIN_THREAD, Submit, thread_id
 from brain.store import BrainStore
 from brain.verbs.turn_history import turn_history
@@ -18,16 +18,6 @@ from infra.db import Connection
 from infra.transport import Topology, Transport
 from protocol import NotFoundError, SchemaError
 from protocol.storable import unstorable
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-def check_thread_name(thread: str) -> None:
-    if not _NAME.match(thread):
-        raise SchemaError(
-            f"thread name {thread!r} is not valid: 1 to 64 letters, digits, '_', '.' or '-', "
-            "starting with a letter or digit"
-        )
 
 
 async def submit(
@@ -55,6 +45,8 @@ async def submit(
     and a thread pinned to another version of it, with nothing unfinished, moves to this one (and
     is told to it) instead of refusing the submit: an edited agent file needs no new version.
     """
+    check_id("session id", session_id, MAX_SESSION_ID)
+    check_id("request id", request_id, MAX_REQUEST_ID)
     check_thread_name(thread)
     for what, problem in (("the input", unstorable(user_input)), (f"agent {agent.name}", agent.unstorable)):
         if problem is not None:
