@@ -39,7 +39,7 @@ from infra.process.logging import configure_logging, get_logger
 from infra.process.settings import Settings, bad_setting, unknown_variables
 from infra.process.startup import wait_for
 from infra.transport.broker import Broker, Topology
-from protocol import NotFoundError, StaleOwnerError, TransientError, loads
+from protocol import DecodeError, NotFoundError, StaleOwnerError, TransientError, loads
 
 EXIT_ERROR = 2
 EXITS = ExitCodes(conflict=EXIT_ERROR, usage=EXIT_ERROR, unavailable=EXIT_ERROR)  # one code for every error
@@ -272,7 +272,10 @@ def _describe_row(row: Execution) -> str:
 async def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
     extra: dict[str, Any] = {}
     if args.result is not None:
-        extra["result"] = loads(args.result)  # strict: a DecodeError says what is wrong
+        try:
+            extra["result"] = loads(args.result)  # strict: a DecodeError says what is wrong
+        except DecodeError as exc:
+            raise DecodeError(f"--result is not valid JSON: {exc.message}") from None
     else:
         extra["failure"] = args.failed
     actor = args.actor or getpass.getuser()

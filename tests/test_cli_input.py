@@ -127,6 +127,14 @@ async def test_a_respond_result_that_is_not_strict_json_is_one_line_and_exit_cod
     assert line.startswith("brain: --result is not valid JSON: ") and words in line, line
 
 
+async def test_a_reconcile_result_that_is_not_strict_json_is_one_line_naming_the_option() -> None:
+    env = {"TENDON_HANDS_DATABASE_URL": f"postgresql://t@127.0.0.1:{_closed_port()}/t"}  # never reached
+    for result, words in (("NaN", "NaN is not valid JSON"), ('{"a": 1, "a": 2}', "duplicate JSON key 'a'")):
+        args = ["-m", "hands", "reconcile", "exec-1", "--result", result, "--evidence", "seen"]
+        line = one_line(*await run_cli(args, env), 2)
+        assert line == f"hands: --result is not valid JSON: {words}", line
+
+
 # ---- agent files ------------------------------------------------------------------------------
 
 

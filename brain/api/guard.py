@@ -4,8 +4,9 @@
   ``TENDON_MAX_REQUEST_BYTES`` of it. A ``Content-Length`` over the limit is refused (413)
   before a byte of the body is kept; a body sent without one (chunked) is counted as it comes,
   and refused (413) once it passed the limit. So no request holds more than the limit in memory,
-  however big it says it is or turns out to be. (What follows a refused body is read and dropped,
-  up to the limit again, so that the client hears the 413 before its connection closes.)
+  however big it says it is or turns out to be. (The rest of a body refused that is not much over
+  the limit, up to twice the limit in all, is read and dropped, so that the client hears the 413:
+  a connection closed on a body it still sends may lose the answer. One far over is closed.)
 - **Ids** (:class:`CheckedRoute`, every route of the API): each path parameter is an id as
   ``brain.rules.names`` says (no control character, no lone surrogate, at most its length), and
   no query value holds a control character: refused (422) before anything is looked up.
