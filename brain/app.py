@@ -131,6 +131,7 @@ async def serve_api(
         edits=ctx.threads.forget if backends is not None and backends.follows_edits else None,
         tools=KnownTools(served=backends.served_tools if backends is not None else None),
         mcp_agents=load_agents(settings.mcp_agents),
+        max_request_bytes=settings.max_request_bytes,
     )
     if api.tokens.open:
         log.warning(

@@ -17,10 +17,12 @@ import argparse
 import asyncio
 import getpass
 import json
+import os
 import signal
 import sys
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
+from functools import partial
 from typing import Any
 
 from hands.app import HandsApp
@@ -36,9 +38,10 @@ from infra.process.entry import run_async
 from infra.process.heap import settle_heap
 from infra.process.killpoints import KillPoints
 from infra.process.logging import configure_logging, get_logger
-from infra.process.settings import Settings, bad_setting
+from infra.process.settings import Settings, bad_setting, unknown_variables
+from infra.process.startup import wait_for
 from infra.transport.broker import Broker, Topology
-from protocol import NotFoundError, StaleOwnerError, TransientError, loads
+from protocol import DecodeError, NotFoundError, StaleOwnerError, TransientError, loads
 
 EXIT_ERROR = 2
 EXITS = ExitCodes(conflict=EXIT_ERROR, usage=EXIT_ERROR, unavailable=EXIT_ERROR)  # one code for every error
@@ -150,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # pydantic's ValidationError among them
         print(f"hands: {bad_setting(exc)}", file=sys.stderr)
         return EXIT_ERROR
+    for line in unknown_variables(os.environ):
+        print(f"hands: warning: {line}", file=sys.stderr)
     configure_logging(settings.log_format, settings.log_level, process="hands")
     return reported("hands", lambda: int(run_async(args.func(args, settings))), EXITS)
 
@@ -194,7 +199,9 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _ledger(stack: AsyncExitStack, settings: Settings) -> Ledger:
-    pool = await create_pool(settings.ledger_database_url, settings.hands_schema, max_size=2)
+    # Not waited for (a user who typed a command learns at once), but named when it is away.
+    connect = partial(create_pool, settings.ledger_database_url, settings.hands_schema, max_size=2)
+    pool = await wait_for(connect, service="PostgreSQL", url=settings.ledger_database_url, patience=0)
     stack.push_async_callback(pool.close)
     ledger = ledger_for(pool)
     if not await ledger.exists():
@@ -285,7 +292,10 @@ def _describe_row(row: Execution) -> str:
 async def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
     extra: dict[str, Any] = {}
     if args.result is not None:
-        extra["result"] = loads(args.result)  # strict: a DecodeError says what is wrong
+        try:
+            extra["result"] = loads(args.result)  # strict: a DecodeError says what is wrong
+        except DecodeError as exc:
+            raise DecodeError(f"--result is not valid JSON: {exc.message}") from None
     else:
         extra["failure"] = args.failed
     actor = args.actor or getpass.getuser()

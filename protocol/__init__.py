@@ -56,8 +56,10 @@ from protocol.errors import (
     SchemaError,
     StaleOwnerError,
     TendonError,
+    TooLargeError,
     TransientError,
     UnknownToolError,
+    error_of,
     is_retryable,
 )
 from protocol.wire import (
@@ -74,6 +76,7 @@ from protocol.wire import (
 )
 
 __all__ = [
+    "error_of",
     "AcceptedBody",
     "AcceptedEvent",
     "AuthError",
@@ -122,6 +125,7 @@ __all__ = [
     "SucceededEvent",
     "TERMINAL_EVENT_KINDS",
     "TendonError",
+    "TooLargeError",
     "ToolBinding",
     "TransientError",
     "UnknownToolError",

@@ -1,15 +1,18 @@
 """The one strict JSON codec for everything that crosses a process boundary.
 
 Strict means: duplicate object keys, more than one JSON value in a body, NaN/Infinity,
-integers outside the range a double holds exactly, and decimals that a double cannot
-represent without rounding are all rejected with a ``DecodeError`` that says where.
-Encoding is canonical (sorted keys, no spaces, UTF-8) so that digests are stable.
+numbers beyond what a double holds (``1e999``), integers outside the range a double holds
+exactly, and decimals that a double cannot represent without rounding are all rejected with a
+``DecodeError`` that says where. Encoding is canonical (sorted keys, no spaces, UTF-8) so that
+digests are stable, and refuses what decoding would refuse (NaN, Infinity, big integers) with a
+``DecodeError`` too, never a bare ``ValueError``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -42,6 +45,8 @@ def _parse_int(text: str) -> int:
 
 def _parse_float(text: str) -> float:
     value = float(text)
+    if math.isinf(value):
+        raise DecodeError(f"number {text} is out of range: larger than a double holds")
     try:
         exact = Decimal(text)
     except InvalidOperation as exc:  # pragma: no cover - json already validated the literal
@@ -115,9 +120,9 @@ class Encoded(dict[str, Any]):
 def dumps(value: Any) -> bytes:
     """Canonical JSON: sorted keys, compact separators, UTF-8, no NaN.
 
-    Refuses what ``loads`` would refuse (big integers), so nothing is sent that the
-    receiver must dead-letter. An ``Encoded`` value, alone or as an item of a list, is not
-    encoded again.
+    Refuses what ``loads`` would refuse (NaN, Infinity, big integers) with a ``DecodeError``,
+    so nothing is sent or stored that the receiver must dead-letter. An ``Encoded`` value,
+    alone or as an item of a list, is not encoded again.
     """
     if isinstance(value, Encoded):
         return value.raw
@@ -125,7 +130,12 @@ def dumps(value: Any) -> bytes:
         # The same bytes as one encoding of the whole list, with each item's own where it has one
         # (only then: a long list of plain values is faster as one encoding).
         return b"[" + b",".join([dumps(item) for item in value]) + b"]"
-    raw = _ENCODER.encode(value).encode("utf-8")
+    try:
+        raw = _ENCODER.encode(value).encode("utf-8")
+    except ValueError as exc:
+        if "Out of range float" not in str(exc):
+            raise  # a circular reference: a bug, not a value
+        raise DecodeError("NaN and Infinity are not JSON: send such a number as a string") from exc
     if _SIXTEEN_DIGITS in raw.translate(_DIGITS_AS_ZERO):  # an unsafe integer has 16 digits at least
         _check_ints(value)
     return raw

@@ -3,7 +3,8 @@
 TendonError                      root; ``retryable`` says whether trying again can help
 ├── ProtocolError                a message or input that can never be accepted as it is
 │   ├── DecodeError              not strict JSON (duplicate keys, trailing values, lossy numbers)
-│   └── SchemaError              valid JSON, wrong shape for its kind
+│   ├── SchemaError              valid JSON, wrong shape for its kind
+│   └── TooLargeError            a request body over the size a server takes (TENDON_MAX_REQUEST_BYTES)
 ├── ConflictError                same request id, different input; same execution id, different digest
 ├── NotFoundError                an id that does not exist (or that belongs to another namespace)
 ├── GoneError                    a cursor older than what retention keeps: start again from a snapshot
@@ -50,6 +51,10 @@ class DecodeError(ProtocolError):
 
 class SchemaError(ProtocolError):
     code = "schema_error"
+
+
+class TooLargeError(ProtocolError):
+    code = "too_large"
 
 
 class ConflictError(TendonError):
@@ -137,3 +142,17 @@ def is_retryable(exc: BaseException) -> bool:
     if isinstance(exc, TendonError):
         return exc.retryable
     return isinstance(exc, (ConnectionError, TimeoutError, OSError))
+
+
+def error_of(code: str, message: str) -> TendonError:
+    """The error a wire answer names by its ``code``: the class of the tree that has that code
+    (the first met from the root: a base before its subclasses), else a ``TendonError``."""
+    found: dict[str, type[TendonError]] = {}
+    kinds: list[type[TendonError]] = [TendonError]
+    while kinds:
+        kind = kinds.pop(0)
+        found.setdefault(kind.code, kind)
+        kinds += kind.__subclasses__()
+    error = found.get(code, TendonError)(message)
+    error.code = code
+    return error

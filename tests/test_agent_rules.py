@@ -16,7 +16,7 @@ from brain.rules.states import TurnPhase, TurnStatus
 from brain.run.claims import crash_loop
 from brain.run.threads import FrozenThreads
 from brain.store import Intent, TurnRow
-from protocol import SchemaError, digest
+from protocol import DecodeError, SchemaError, digest
 
 BINDINGS = {
     "send_email": {
@@ -99,14 +99,14 @@ def test_a_definitions_digest_and_stored_form_are_made_once_for_its_content_and_
     assert first.stored == first.model_dump(mode="json") and first.stored is again.stored
     assert first.digest == again.digest
     # Any other content is another definition, however its JSON reads: an infinity is not the
-    # null of another (the stored form refuses it, as before)
+    # null of another (the stored form refuses it, as the codec refuses it: bad input, not a crash)
     other = AgentDefinition.model_validate({**spec, "model": {"kind": "scripted", "t": 0.25}})
     assert other.digest != first.digest and other.stored["model"]["t"] == 0.25
     for where in ("model", "manual_tools"):
         assert AgentDefinition.model_validate(_with(spec, where, None)).digest
-        with pytest.raises(ValueError, match="Out of range float"):
+        with pytest.raises(DecodeError, match="NaN and Infinity are not JSON"):
             AgentDefinition.model_validate(_with(spec, where, float("inf"))).digest  # noqa: B018
-    with pytest.raises(ValueError, match="Out of range float"):
+    with pytest.raises(DecodeError, match="NaN and Infinity are not JSON"):
         AgentDefinition.model_validate({**spec, "retry": {"maximum": float("inf")}}).digest  # noqa: B018
 
 

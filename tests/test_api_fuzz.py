@@ -1,6 +1,8 @@
 """A property-based run against the OpenAPI document: Schemathesis generates requests for every
 operation (valid and invalid paths, queries, headers and bodies) and checks that none gets a 5xx
-from `brain serve --local`. Bad input must come back as a structured 4xx, never as a crash.
+from `brain serve --local`. Bad input must come back as a structured 4xx, never as a crash: every
+answer matches the document, and every error has the one error shape (a check of its own,
+tests/schemathesis_hooks.py). tests/test_api_input.py sends a table of known nasty inputs.
 
 Random ids would only ever meet 404s, so the run first records a session with a finished turn
 and a waiting one, and most generated requests name those (Schemathesis dictionaries): the
@@ -13,13 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
 
 import httpx
 
-from tests.support import Processes, free_port
+from tests.support import REPO, Processes, free_port
 from tests.test_api import TOOL_THEN_DONE, agent
 from tests.test_console import local_server
 
@@ -72,12 +75,16 @@ async def test_no_generated_request_gets_a_server_error(processes: Processes, tm
     (tmp_path / "schemathesis.toml").write_text(config(await seed(url)))
     st = shutil.which("st") or f"{sys.executable} -m schemathesis.cli"
     args = [*st.split(), "--config-file", str(tmp_path / "schemathesis.toml"), "run", f"{url}/openapi.json"]
-    args += ["--checks", "not_a_server_error", "--exclude-path-regex", "stream"]
+    # Every answer matches the document; every error has the one error shape (tests/schemathesis_hooks.py)
+    checks = "not_a_server_error,response_schema_conformance,error_shape"
+    args += ["--checks", checks, "--exclude-path-regex", "stream"]
     args += ["--max-examples", "30", "--request-timeout", "10", "--seed", "15", "--no-color"]
     # Its example database goes to the test's directory, not the checkout (cwd).
+    hooks = {"SCHEMATHESIS_HOOKS": "tests.schemathesis_hooks", "PYTHONPATH": str(REPO)}
     proc = await asyncio.create_subprocess_exec(
-        *args, cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-    )
+        *args, cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, **hooks},
+    )  # fmt: skip
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=400)
     report = out.decode(errors="replace")
     assert proc.returncode == 0, report

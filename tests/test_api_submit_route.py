@@ -63,23 +63,32 @@ async def test_the_submit_is_documented_as_its_declared_signature_was() -> None:
 
 
 @pytest.mark.parametrize(
-    ("body", "where"),
+    ("body", "code", "where"),
     [
-        ({"request_id": "r1", "input": "go"}, "body.agent: Field required"),
-        ({"request_id": "", "input": "go", "agent": TOOL_THEN_DONE}, "body.request_id: "),
-        ({"request_id": "r1", "input": "go", "agent": TOOL_THEN_DONE, "extra": 1}, "body.extra: "),
-        ({"request_id": "r1", "input": "go", "agent": {**TOOL_THEN_DONE, "tools": 5}}, "body.agent.tools: "),
-        ("not json", "body: Invalid JSON"),
-        ("", "body: Invalid JSON"),
+        ({"request_id": "r1", "input": "go"}, "schema_error", "body.agent: Field required"),
+        ({"request_id": "", "input": "go", "agent": TOOL_THEN_DONE}, "schema_error", "body.request_id: "),
+        (
+            {"request_id": "r1", "input": "go", "agent": TOOL_THEN_DONE, "extra": 1},
+            "schema_error",
+            "body.extra: ",
+        ),
+        (
+            {"request_id": "r1", "input": "go", "agent": {**TOOL_THEN_DONE, "tools": 5}},
+            "schema_error",
+            "body.agent.tools: ",
+        ),
+        ("not json", "decode_error", "body: malformed JSON: Expecting value"),
+        ("", "decode_error", "body: malformed JSON: Expecting value"),
+        ('{"request_id": "r1", "request_id": "r2"}', "decode_error", "body: duplicate JSON key 'request_id'"),
     ],
 )
-async def test_a_bad_submit_body_is_refused_as_a_schema_error_that_says_where(body: Any, where: str) -> None:
+async def test_a_bad_submit_body_is_refused_saying_where(body: Any, code: str, where: str) -> None:
     async with app_client(authorization="Bearer secret") as http:
         raw = body if isinstance(body, str) else json.dumps(body)
         answer = await http.post(PATH, content=raw, headers={"content-type": "application/json"})
     assert answer.status_code == 422, answer.text
     error = answer.json()["error"]
-    assert error["code"] == "schema_error" and error["message"].startswith(where), error
+    assert error["code"] == code and error["message"].startswith(where), error
 
 
 async def test_a_submit_is_refused_for_its_caller_first_then_for_its_wait() -> None:
@@ -95,10 +104,10 @@ async def test_a_submit_is_refused_for_its_caller_first_then_for_its_wait() -> N
 
 
 def test_a_body_is_read_as_its_model_and_refused_with_the_place_of_each_error() -> None:
-    body = json.dumps({"request_id": "r1", "input": "go", "agent": TOOL_THEN_DONE}).encode()
+    body = {"request_id": "r1", "input": "go", "agent": TOOL_THEN_DONE}
     assert parsed(SubmitRequest, body).agent.name == "api-agent"
     with pytest.raises(RequestValidationError) as refused:
-        parsed(SubmitRequest, b'{"request_id": 5, "input": "go"}')
+        parsed(SubmitRequest, {"request_id": 5, "input": "go"})
     assert sorted(e["loc"] for e in refused.value.errors()) == [("body", "agent"), ("body", "request_id")]
 
 

@@ -38,8 +38,9 @@ def _one_clear_line(code: int, err: str) -> str:
 async def test_an_unreachable_ledger_database_is_one_clear_line_and_exit_code_2(verb: list[str]) -> None:
     # Given a ledger database URL pointing at a closed loopback port (and `serve` told not to
     # wait for it: tests/test_startup.py has the wait)
+    port = _closed_port()
     env = {
-        "TENDON_HANDS_DATABASE_URL": f"postgresql://tendon@127.0.0.1:{_closed_port()}/tendon",
+        "TENDON_HANDS_DATABASE_URL": f"postgresql://tendon@127.0.0.1:{port}/tendon",
         "TENDON_LOG_FORMAT": "json",
         "TENDON_SERVICE_WAIT_SECONDS": "0",
     }
@@ -47,8 +48,8 @@ async def test_an_unreachable_ledger_database_is_one_clear_line_and_exit_code_2(
     # When a hands verb needs the ledger
     code, _, err = await run_cli(["-m", "hands", *verb], env)
 
-    # Then it says so in one line and exits 2
-    assert _one_clear_line(code, err).startswith("hands: cannot reach a service: ConnectionRefusedError")
+    # Then it says so in one line, naming the database and its address, and exits 2
+    assert _one_clear_line(code, err).startswith(f"hands: cannot reach PostgreSQL at 127.0.0.1:{port}: ")
 
 
 async def test_a_ledger_login_the_database_refuses_is_one_clear_line_and_exit_code_2(pg_url: str) -> None:

@@ -169,9 +169,13 @@ async def test_a_server_waits_for_a_service_not_there_yet_but_not_for_one_that_r
         raise ConnectionRefusedError("still away")
 
     started = asyncio.get_running_loop().time()
-    with pytest.raises(ConnectionRefusedError):
-        await wait_for(away, service="RabbitMQ", url="amqp://h:1/", patience=0.5)
+    # Given up on: the service and its address named (an OSError names neither), the error kept
+    with pytest.raises(TransientError) as gone:
+        await wait_for(away, service="RabbitMQ", url="amqp://guest:secret@h:1/", patience=0.5)
     assert asyncio.get_running_loop().time() - started < 5
+    assert gone.value.message == "cannot reach RabbitMQ at h:1: ConnectionRefusedError: still away"
+    assert isinstance(gone.value.__cause__, ConnectionRefusedError)
+    assert explained(gone.value) == (Fault.UNAVAILABLE, gone.value.message)
 
 
 def test_the_http_address_is_host_and_port_or_off() -> None:

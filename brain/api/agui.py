@@ -26,14 +26,15 @@ from sse_starlette.sse import EventSourceResponse
 
 from brain import verbs
 from brain.api.agui_events import OUTCOMES, AguiEvents, wire
+from brain.api.guard import CheckedRoute
 from brain.api.routes import CallerDep, api_of
 from brain.api.stream import previews_for
 from brain.rules.agents import AgentDefinition
 from brain.rules.submits import session_key
 from brain.verbs import observe
-from protocol import SchemaError
+from protocol import SchemaError, loads
 
-router = APIRouter(prefix="/v1/agui", tags=["ag-ui"])
+router = APIRouter(prefix="/v1/agui", tags=["ag-ui"], route_class=CheckedRoute)
 PAGE = 200
 
 
@@ -121,10 +122,9 @@ def _input_of(body: Mapping[str, Any]) -> tuple[str, str, str, AgentDefinition, 
 @router.post("/run")
 async def run(request: Request, caller: CallerDep) -> EventSourceResponse:
     """Submit the turn an AG-UI client asks for and stream it as AG-UI events until it ends."""
-    try:
-        body = json.loads(await request.body())
-    except ValueError as exc:
-        raise SchemaError(f"the body is not JSON: {exc}") from exc
+    body = loads(await request.body())  # the one strict codec: a DecodeError (422) says where
+    if not isinstance(body, dict):
+        raise SchemaError("an AG-UI run takes a RunAgentInput object")
     session_id, request_id, text, agent, thread = _input_of(body)
     api, namespace = api_of(request), caller.tenant()
     turn_id, _ = await verbs.submit(

@@ -1,6 +1,8 @@
 """The HTTP API as an ASGI app (FastAPI): one set of verbs (``brain.verbs``: sessions, controls,
 observe) behind routes that check whose namespace a request acts in, with every error
-a structured body (``{"error": {"code", "message"}}``) and a status that says what kind it is.
+a structured body (``{"error": {"code", "message"}}``) and a status that says what kind it is:
+Tendon's own errors, FastAPI's validation errors, an unknown route (404) or method (405), a body
+over the size limit (413, ``brain.api.guard``) alike.
 
 Leases, commits and the Hands' ledger are not reachable from here; the operator routes (reconcile,
 which goes to the Hands as a control, UNKNOWN executions, parked messages, routes and their
@@ -17,8 +19,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from brain.api.auth import Caller, Tokens
+from brain.api.guard import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
+from brain.rules.names import shown
 from brain.rules.submits import Submit
 from brain.run.endings import Endings
 from brain.run.metrics import BrainMetrics
@@ -39,6 +44,7 @@ from protocol import (
     NotFoundError,
     ProtocolError,
     TendonError,
+    TooLargeError,
 )
 
 log = get_logger(__name__)
@@ -51,8 +57,20 @@ STATUS: list[tuple[type[TendonError], int]] = [
     (IllegalTransitionError, 409),
     (LimitReachedError, 409),
     (GoneError, 410),
+    (TooLargeError, 413),
     (ProtocolError, 422),
 ]
+
+# The codes of the errors FastAPI and Starlette raise themselves (an unknown route, a method a
+# route does not take...), by status.
+HTTP_CODES = {
+    400: "bad_request",
+    401: AuthError.code,
+    403: ForbiddenError.code,
+    404: NotFoundError.code,
+    405: "method_not_allowed",
+    413: TooLargeError.code,
+}
 
 
 def status_of(exc: TendonError) -> int:
@@ -95,6 +113,7 @@ class Api:
     poll: float = 0.25  # seconds between looks at the journal while a stream is idle
     # Seconds between looks at a waited-for turn that does not end here (another Brain runs it).
     wait_poll: float = 0.2
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # a bigger request body is refused (413)
 
     def ended(self, turn_id: str, status: str, created_at: datetime) -> None:
         """A request ended a turn in its own commit (a cancel with nothing running): its waiters
@@ -121,9 +140,11 @@ def create_app(api: Api) -> FastAPI:
         title="Tendon",
         version="1",
         description="Durable agent turns: submit, observe, steer. Every error is "
-        '`{"error": {"code", "message"}}`; auth is `Authorization: Bearer TOKEN`.',
+        '`{"error": {"code", "message"}}`; auth is `Authorization: Bearer TOKEN`. A request body is '
+        f"strict JSON of at most {api.max_request_bytes:,} bytes (`TENDON_MAX_REQUEST_BYTES`; else 413).",
     )
     app.state.api = api
+    app.add_middleware(BodyLimit, limit=api.max_request_bytes)
 
     @app.exception_handler(TendonError)
     async def tendon_error(request: Request, exc: TendonError) -> JSONResponse:
@@ -133,7 +154,19 @@ def create_app(api: Api) -> FastAPI:
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         where = ".".join(str(p) for p in first.get("loc", ()))
-        return JSONResponse(error_body("schema_error", f"{where}: {first.get('msg')}"), status_code=422)
+        message = f"{where[:200]}: {first.get('msg')}"
+        return JSONResponse(error_body("schema_error", message), status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        # FastAPI answers an error of ours met while it read a body as its own 400: ours it is.
+        if isinstance(exc.__cause__, TendonError):
+            return await tendon_error(request, exc.__cause__)
+        path = shown(request.url.path)
+        said = {404: f"there is no route {path}", 405: f"{request.method} is not allowed on {path}"}
+        message = said.get(exc.status_code, str(exc.detail))
+        code = HTTP_CODES.get(exc.status_code, "http_error")
+        return JSONResponse(error_body(code, message), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -11,9 +11,10 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, RedirectResponse
 
+from brain.api.guard import CheckedRoute
 from protocol import NotFoundError
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False, route_class=CheckedRoute)
 WEB = Path(__file__).with_name("web")
 TYPES = {".html": "text/html", ".css": "text/css", ".js": "text/javascript"}
 # The files served, by name: only these (a name is never a path).

@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from brain.rules.agents import AgentDefinition
+from brain.rules.names import LookupId, RequestId
 
 M = TypeVar("M", bound=BaseModel)
 JSON = "application/json"
@@ -34,7 +35,7 @@ class SubmitRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    request_id: str = Field(min_length=1, max_length=200, description="idempotency key, per session")
+    request_id: RequestId = Field(description="idempotency key, per session")
     input: str = Field(description="the user's input")
     agent: AgentDefinition = Field(description="the agent definition (a thread is pinned to its version)")
     thread: str = Field(default="main", description="the session's thread (created on first use)")
@@ -77,7 +78,7 @@ class ControlRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["steer", "inject", "withdraw", "pause", "resume", "cancel"]
-    request_id: str | None = Field(default=None, min_length=1, max_length=200, description="idempotency key")
+    request_id: RequestId | None = Field(default=None, description="idempotency key")
     text: str | None = Field(default=None, description="steer, inject: the input to add")
     revision: int | None = Field(
         default=None, ge=0, le=INT32, description="resume: the turn's revision the caller saw"
@@ -92,9 +93,9 @@ class RespondRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    call: str = Field(min_length=1, description="the call id (or execution id)")
+    call: LookupId = Field(description="the call id (or execution id)")
     decision: Literal["approve", "deny", "result"]
-    request_id: str | None = Field(default=None, min_length=1, max_length=200)
+    request_id: RequestId | None = Field(default=None, description="idempotency key")
     result: Any = Field(default=None, description="result: the manual tool's outcome (JSON)")
     reason: str | None = Field(default=None, description="deny: why (the model is told)")
 
@@ -132,8 +133,8 @@ class ReconcileRequest(BaseModel):
         default=None, description="what the operation returned, for a success (any JSON, null included)"
     )
     failure: str | None = Field(default=None, min_length=1, description="what went wrong, for a failure")
-    request_id: str | None = Field(
-        default=None, min_length=1, max_length=200,
+    request_id: RequestId | None = Field(
+        default=None,
         description="idempotency key (per turn, like every control's): the same request again answers "
         "the same, and is carried out once; without one, each request is a new one",
     )  # fmt: skip
@@ -164,11 +165,12 @@ class EventPage(BaseModel):
     cursor: int = Field(description="ask from here next (past every entry looked at)")
 
 
-def parsed(model: type[M], body: bytes) -> M:
-    """A request's body read as ``model`` by a route that reads its own (the submit): a body that
-    is not one is refused as a declared body is, with the error's place under ``body``."""
+def parsed(model: type[M], body: Any) -> M:
+    """A request's body (decoded by the strict codec: ``brain.api.guard.StrictRequest``) read as
+    ``model`` by a route that reads its own (the submit): a body that is not one is refused as a
+    declared body is, with the error's place under ``body``."""
     try:
-        return model.model_validate_json(body)
+        return model.model_validate(body)
     except ValidationError as exc:
         errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
         raise RequestValidationError(errors) from None

@@ -11,8 +11,9 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from brain.api.app import Api
+from brain.api.guard import CheckedRoute
 from brain.api.models import Reconciled, ReconcileRequest
-from brain.api.routes import CallerDep, api_of, seconds
+from brain.api.routes import ERRORS, CallerDep, api_of, seconds
 from brain.rules.states import ExecutionStatus
 from brain.run.metrics import CONTENT_TYPE
 from brain.verbs import browse
@@ -20,8 +21,8 @@ from brain.verbs import reconcile as reconciling
 from infra.db.parked import listing as parked_listing
 from protocol import TransientError, new_id
 
-router = APIRouter(prefix="/v1/operator", tags=["operator"])
-metrics = APIRouter(tags=["operator"])
+router = APIRouter(prefix="/v1/operator", tags=["operator"], responses=ERRORS, route_class=CheckedRoute)
+metrics = APIRouter(tags=["operator"], route_class=CheckedRoute)
 
 RECONCILE_WAIT = 10.0  # seconds a reconcile waits for its outcome when the request says nothing
 

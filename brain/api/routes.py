@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from brain import verbs
 from brain.api.app import Api, caller_of
 from brain.api.auth import Caller
+from brain.api.guard import CheckedRoute
 from brain.api.models import (
     INT32,
     INT64,
@@ -30,6 +31,7 @@ from brain.api.models import (
     parsed,
 )
 from brain.rules.agents import AgentDefinition
+from brain.rules.names import shown
 from brain.rules.states import TERMINAL_TURN, TurnStatus
 from brain.run.endings import wake_or_timeout
 from brain.verbs import browse, controls, observe, signals
@@ -37,9 +39,9 @@ from brain.verbs.describe import describe
 from protocol import SchemaError, new_id
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (401, 403, 404, 409, 410, 422, 503)
+    code: {"model": ErrorBody} for code in (401, 403, 404, 409, 410, 413, 422, 503)
 }
-router = APIRouter(prefix="/v1", responses=ERRORS)
+router = APIRouter(prefix="/v1", responses=ERRORS, route_class=CheckedRoute)
 CallerDep = Annotated[Caller, Depends(caller_of)]
 MAX_WAIT = 60.0
 
@@ -52,9 +54,9 @@ def seconds(wait: str | None) -> float:
     """``30``, ``30s`` or ``1.5s`` as seconds (at most a minute)."""
     if wait is None:
         return 0.0
-    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*s?\s*", wait)
+    found = re.fullmatch(r"\s*(\d{1,9}(?:\.\d{1,9})?)\s*s?\s*", wait, re.ASCII)
     if found is None:
-        raise SchemaError(f"wait takes seconds (`30` or `30s`), not {wait!r}")
+        raise SchemaError(f"wait takes seconds (`30` or `30s`), not {shown(wait)}")
     return min(float(found.group(1)), MAX_WAIT)
 
 
@@ -113,7 +115,7 @@ async def submit(request: Request) -> Response:
     caller = await caller_of(request)
     wait = request.query_params.get("wait")
     limit = seconds(wait)  # a bad value is refused before anything is accepted
-    body = parsed(SubmitRequest, await request.body())
+    body = parsed(SubmitRequest, await request.json())  # strict JSON: brain.api.guard
     api, namespace = api_of(request), caller.tenant()
     turn_id, created = await verbs.submit(
         api.store, namespace=namespace, session_id=request.path_params["session_id"],

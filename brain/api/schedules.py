@@ -8,11 +8,12 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from brain.api.guard import CheckedRoute
 from brain.api.routes import ERRORS, CallerDep, api_of
 from brain.rules.agents import AgentDefinition
 from brain.verbs import schedules
 
-router = APIRouter(prefix="/v1", responses=ERRORS)
+router = APIRouter(prefix="/v1", responses=ERRORS, route_class=CheckedRoute)
 
 
 class ScheduleRequest(BaseModel):

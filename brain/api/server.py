@@ -11,6 +11,7 @@ import uvicorn
 
 from brain.api.app import Api, create_app
 from infra.process.logging import get_logger
+from protocol import TransientError
 
 log = get_logger(__name__)
 
@@ -43,12 +44,13 @@ def listen(where: tuple[str, int]) -> socket.socket:
 @contextlib.asynccontextmanager
 async def serving(api: Api, where: tuple[str, int], *, required: bool) -> AsyncIterator[int | None]:
     """Serve the API at ``where`` while the block runs; yields the port it listens on. An address
-    in use is an error when it was asked for (``required``), else a warning and no API."""
+    in use is an error that names it when it was asked for (``required``), else a warning and no API."""
     try:
         sock = listen(where)
     except OSError as exc:
         if required:
-            raise
+            why = exc.strerror or str(exc)
+            raise TransientError(f"cannot serve the HTTP API at {where[0]}:{where[1]}: {why}") from exc
         log.warning("http_api_not_served", address=f"{where[0]}:{where[1]}", error=str(exc))
         yield None
         return

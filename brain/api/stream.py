@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
@@ -21,13 +22,15 @@ from fastapi import APIRouter, Header, Query, Request
 from sse_starlette.sse import EventSourceResponse
 
 from brain.api import stream_schema
+from brain.api.guard import CheckedRoute
 from brain.api.models import INT64
 from brain.api.routes import CallerDep, FilterDep, api_of
+from brain.rules.names import shown
 from brain.rules.submits import session_key
 from brain.verbs import observe
 from protocol import GoneError, NotFoundError, SchemaError
 
-router = APIRouter(prefix="/v1", tags=["events"])
+router = APIRouter(prefix="/v1", tags=["events"], route_class=CheckedRoute)
 PAGE = 200
 
 
@@ -133,8 +136,11 @@ async def previews_for(pieces: asyncio.Queue[Any] | None, seconds: float) -> Asy
 
 
 def _last_id(value: str | None) -> int:
-    if value is None or not value.strip():
+    """The ``Last-Event-ID`` header as the journal seq it must be: ASCII digits only (``isdigit``
+    takes ``²`` too, which ``int`` does not), at most a bigint's."""
+    text = (value or "").strip(" \t")  # HTTP's own white space (str.strip takes "\x85" too)
+    if not text:
         return 0
-    if not value.strip().isdigit() or int(value) > INT64:
-        raise SchemaError(f"Last-Event-ID must be an event id (a journal seq), not {value!r}")
-    return int(value)
+    if not re.fullmatch(r"[0-9]{1,19}", text) or int(text) > INT64:
+        raise SchemaError(f"Last-Event-ID must be an event id (a journal seq), not {shown(value or '')}")
+    return int(text)

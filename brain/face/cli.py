@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Coroutine
 from functools import partial
@@ -19,17 +20,19 @@ from brain.face.commands import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
+from brain.rules.names import MAX_ID, MAX_REQUEST_ID, MAX_SESSION_ID, check_id, check_thread_name
 from infra.process.cli import ExitCodes, add_parked_command, reported
 from infra.process.entry import run_async
 from infra.process.logging import configure_logging
-from infra.process.settings import Settings, bad_setting
+from infra.process.settings import Settings, bad_setting, unknown_variables
 
 EXIT_CODES = f"""exit codes:
   0  done (submit: the turn is accepted and durable; wait: it completed; a control: received or
      applied, as its receipt says)
   {EXIT_FAILED}  the turn failed (wait, watch)
-  {EXIT_USAGE}  bad input (an id that does not exist, a closed thread, a submitted agent naming a tool
-     no Hands pool has announced or a model kind no Brain has...) or a bad TENDON_* setting
+  {EXIT_USAGE}  bad input (an id that does not exist, is too long or holds a control character, a
+     closed thread, JSON that is not strict, a submitted agent naming a tool no Hands pool has
+     announced or a model kind no Brain has...) or a bad TENDON_* setting
   {EXIT_TIMEOUT}  still not finished after --timeout (wait); the turn goes on
   {EXIT_CONFLICT}  CONFLICT: the request id was used before with a different input (or the agent
      version exists with other content, or the thread is pinned to another); nothing was changed
@@ -309,6 +312,8 @@ def main(argv: list[str] | None = None, *, local: commands.Local | None = None) 
     except ValueError as exc:  # pydantic's ValidationError among them
         print(f"brain: {bad_setting(exc)}", file=sys.stderr)
         return EXIT_USAGE
+    for line in unknown_variables(os.environ):
+        print(f"brain: warning: {line}", file=sys.stderr)
     if args.command == "demo":
         if local is None:
             print("brain: the demo runs Brain and Hands in one process: run it with the `brain` command",
@@ -336,7 +341,31 @@ def main(argv: list[str] | None = None, *, local: commands.Local | None = None) 
         **{kind: commands.control for kind in ("steer", "inject", "withdraw", "pause", "resume", "cancel")},
     }
     command = commands_by_name[args.command]
-    return reported("brain", lambda: run_async(command(settings, args)), EXITS)
+
+    def run() -> int:
+        check_ids(args)  # what the API refuses, refused here alike: before anything is opened
+        return run_async(command(settings, args))
+
+    return reported("brain", run, EXITS)
+
+
+# The arguments that are ids, with what each is called and how long it may be (brain.rules.names).
+ID_ARGUMENTS = {
+    "session": ("session id", MAX_SESSION_ID),
+    "request_id": ("request id", MAX_REQUEST_ID),
+    "turn_id": ("turn id", MAX_ID),
+    "call": ("call id", MAX_ID),
+}
+
+
+def check_ids(args: argparse.Namespace) -> None:
+    """Refuse (SchemaError: one line, exit code 2) an argument that is no id, as the API does."""
+    for name, (what, limit) in ID_ARGUMENTS.items():
+        value = getattr(args, name, None)
+        if isinstance(value, str):
+            check_id(what, value, limit)
+    if isinstance(getattr(args, "thread", None), str):
+        check_thread_name(args.thread)
 
 
 if __name__ == "__main__":

@@ -23,34 +23,13 @@ import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 if TYPE_CHECKING:
     import aiohttp
 
 from brain.rules.agents import AgentDefinition
-from protocol import (
-    AuthError,
-    ConflictError,
-    ForbiddenError,
-    GoneError,
-    IllegalTransitionError,
-    NotFoundError,
-    SchemaError,
-    TendonError,
-    TransientError,
-    UnknownToolError,
-)
-
-_BY_CODE: dict[str, type[TendonError]] = {
-    "unauthorized": AuthError,
-    "forbidden": ForbiddenError,
-    "not_found": NotFoundError,
-    "conflict": ConflictError,
-    "illegal_transition": IllegalTransitionError,
-    "gone": GoneError,
-    "schema_error": SchemaError,
-    "unknown_tool": UnknownToolError,
-}
+from protocol import TransientError, error_of
 
 
 def _raise_for(status: int, body: bytes) -> None:
@@ -63,10 +42,12 @@ def _raise_for(status: int, body: bytes) -> None:
         code, message = "http_error", f"HTTP {status}: {body[:300].decode(errors='replace')}"
     if status >= 500:
         raise TransientError(f"{code}: {message}")
-    kind = _BY_CODE.get(code, TendonError)
-    error_obj = kind(message)
-    error_obj.code = code
-    raise error_obj
+    raise error_of(code, message)
+
+
+def _id(value: str) -> str:
+    """An id as one path segment: a ``/``, ``?`` or space in it is sent, not read as the URL's."""
+    return quote(value, safe="")
 
 
 def _agent(agent: AgentDefinition | dict[str, Any]) -> dict[str, Any]:
@@ -171,13 +152,13 @@ class AsyncClient:
             body["multitask_strategy"] = multitask_strategy
         body.update({k: v for k, v in (("metadata", metadata), ("thread_metadata", thread_metadata)) if v})
         params = {"wait": _seconds(wait)} if wait else {}
-        path = f"/v1/sessions/{session}/turns"
+        path = f"/v1/sessions/{_id(session)}/turns"
         return await self._request("POST", path, params=params, body=body)  # type: ignore[no-any-return]
 
     async def turn(self, turn_id: str, *, wait: float = 0) -> dict[str, Any]:
         """The turn as it stands (after waiting up to ``wait`` seconds for it to end)."""
         params = {"wait": _seconds(wait)} if wait else {}
-        return await self._request("GET", f"/v1/turns/{turn_id}", params=params)  # type: ignore[no-any-return]
+        return await self._request("GET", f"/v1/turns/{_id(turn_id)}", params=params)  # type: ignore[no-any-return]
 
     async def call(
         self, session: str, request_id: str, text: str, agent: AgentDefinition | dict[str, Any], *,
@@ -202,12 +183,12 @@ class AsyncClient:
     ) -> dict[str, Any]:
         """steer (text), inject (text), withdraw (control_id), pause, resume (revision), cancel."""
         body = {"kind": kind, "request_id": request_id, **fields}
-        return await self._request("POST", f"/v1/turns/{turn_id}/controls", body=body)  # type: ignore[no-any-return]
+        return await self._request("POST", f"/v1/turns/{_id(turn_id)}/controls", body=body)  # type: ignore[no-any-return]
 
     async def respond(self, turn_id: str, call: str, decision: str, **fields: Any) -> dict[str, Any]:
         """approve, deny (reason) or result (result) for a call that waits for a person."""
         body = {"call": call, "decision": decision, **fields}
-        return await self._request("POST", f"/v1/turns/{turn_id}/respond", body=body)  # type: ignore[no-any-return]
+        return await self._request("POST", f"/v1/turns/{_id(turn_id)}/respond", body=body)  # type: ignore[no-any-return]
 
     async def signal(
         self, turn_id: str, key: str, payload: Any = None, *, request_id: str | None = None
@@ -240,16 +221,16 @@ class AsyncClient:
         """An operator's resolution of an UNKNOWN execution: succeeded with ``result``, or failed
         with ``failure``, on ``evidence`` (an operator's token)."""
         body = {"evidence": evidence, "actor": actor, "result": result, "failure": failure}
-        path = f"/v1/operator/executions/{execution_id}/reconcile"
+        path = f"/v1/operator/executions/{_id(execution_id)}/reconcile"
         return await self._request("POST", path, body=body)  # type: ignore[no-any-return]
 
     async def receipts(self, turn_id: str) -> list[dict[str, Any]]:
         """The turn's controls and where each stands."""
-        return await self._request("GET", f"/v1/turns/{turn_id}/controls")  # type: ignore[no-any-return]
+        return await self._request("GET", f"/v1/turns/{_id(turn_id)}/controls")  # type: ignore[no-any-return]
 
     async def history(self, turn_id: str) -> dict[str, Any]:
         """The turn's runs, steps and model calls."""
-        return await self._request("GET", f"/v1/turns/{turn_id}/history")  # type: ignore[no-any-return]
+        return await self._request("GET", f"/v1/turns/{_id(turn_id)}/history")  # type: ignore[no-any-return]
 
     async def sessions(
         self, *, search: str | None = None, limit: int = 20, after: str | None = None
@@ -262,27 +243,27 @@ class AsyncClient:
 
     async def output(self, execution_id: str, *, offset: int = 0) -> dict[str, Any]:
         """What a tool wrote as it ran, from byte ``offset`` on (its ``pages``, and ``next``)."""
-        path = f"/v1/executions/{execution_id}/output"
+        path = f"/v1/executions/{_id(execution_id)}/output"
         return await self._request("GET", path, params={"offset": offset})  # type: ignore[no-any-return]
 
     async def threads(self, session: str) -> list[dict[str, Any]]:
-        return await self._request("GET", f"/v1/sessions/{session}/threads")  # type: ignore[no-any-return]
+        return await self._request("GET", f"/v1/sessions/{_id(session)}/threads")  # type: ignore[no-any-return]
 
     async def turns(
         self, session: str, *, limit: int = 50, after: int = 0, **where: Any
     ) -> list[dict[str, Any]]:
         """A session's turns in accepted order (``thread``, ``status``), a page after turn ``after``."""
         params = {"limit": limit, "after": after, **{k: v for k, v in where.items() if v is not None}}
-        return await self._request("GET", f"/v1/sessions/{session}/turns", params=params)  # type: ignore[no-any-return]
+        return await self._request("GET", f"/v1/sessions/{_id(session)}/turns", params=params)  # type: ignore[no-any-return]
 
     async def close_session(self, session: str, *, thread: str | None = None) -> bool:
         """Close a session (or one thread of it); False: it was closed already."""
         params = {"thread": thread} if thread else {}
-        found = await self._request("POST", f"/v1/sessions/{session}/close", params=params)
+        found = await self._request("POST", f"/v1/sessions/{_id(session)}/close", params=params)
         return bool(found["closed"])
 
     async def snapshot(self, session: str, **where: Any) -> dict[str, Any]:
-        return await self._request("GET", f"/v1/sessions/{session}/snapshot", params=where)  # type: ignore[no-any-return]
+        return await self._request("GET", f"/v1/sessions/{_id(session)}/snapshot", params=where)  # type: ignore[no-any-return]
 
     async def list_events(
         self, session: str, *, cursor: int = 0, limit: int = 500, **where: Any
@@ -290,7 +271,7 @@ class AsyncClient:
         """The session's events after ``cursor`` that are there now, a page at a time (no following)."""
         while True:
             params = {**where, "cursor": cursor, "limit": limit}
-            page = await self._request("GET", f"/v1/sessions/{session}/events", params=params)
+            page = await self._request("GET", f"/v1/sessions/{_id(session)}/events", params=params)
             for event in page["events"]:
                 yield event
             if not page["events"] or page["cursor"] == cursor:
@@ -310,7 +291,7 @@ class AsyncClient:
         while True:
             try:
                 async with self._session().get(
-                    f"{self._url}/v1/sessions/{session}/stream", params=params,
+                    f"{self._url}/v1/sessions/{_id(session)}/stream", params=params,
                     headers={"Last-Event-ID": str(last)}, timeout=forever,
                 ) as response:  # fmt: skip
                     if response.status >= 400:

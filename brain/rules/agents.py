@@ -10,8 +10,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticSerializationError
 
+from brain.rules.names import MAX_AGENT_VERSION, AgentName, AgentVersion, shown
 from brain.rules.retry import RetryPolicy
-from protocol import SchemaError, digest, loads
+from protocol import DecodeError, SchemaError, digest, loads
 from protocol.codec import Encoded
 from protocol.storable import unstorable
 
@@ -112,8 +113,8 @@ class AgentDefinition(BaseModel):
     # model's, a manual tool's schema) must not read there as the null another one may hold.
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
 
-    name: str = Field(min_length=1)
-    version: str = Field(min_length=1)
+    name: AgentName
+    version: AgentVersion
     instructions: str = ""
     model: dict[str, Any] = Field(description="adapter settings; `kind` picks the adapter")
     tools: list[str] = Field(default_factory=list)
@@ -169,7 +170,13 @@ class AgentDefinition(BaseModel):
         """This definition under a version its content decides (``1+3fa9c2d1e0ab``): what a local
         development server registers, so that an edited file is a new version of the same name
         instead of a CONFLICT (the same content always gets the same version)."""
-        return self.model_copy(update={"version": f"{self.version}+{self.digest[:12]}"})
+        version = f"{self.version}+{self.digest[:12]}"
+        if len(version) > MAX_AGENT_VERSION:
+            raise SchemaError(
+                f"agent {self.name} version {shown(self.version)} is too long for a local development "
+                f"server, which adds its content's digest: at most {MAX_AGENT_VERSION - 13} characters"
+            )
+        return self.model_copy(update={"version": version})
 
     @classmethod
     def from_file(cls, path: str | Path) -> AgentDefinition:
@@ -178,6 +185,8 @@ class AgentDefinition(BaseModel):
             data = loads(Path(path).read_bytes())
         except OSError as exc:
             raise SchemaError(f"cannot read agent definition {path}: {exc.strerror}") from exc
+        except DecodeError as exc:
+            raise SchemaError(f"agent definition {path} is not strict JSON: {exc.message}") from exc
         try:
             return cls.model_validate(data)
         except ValidationError as exc:

@@ -37,6 +37,7 @@ from typing import Any
 
 from brain.rules import facts, waits
 from brain.rules.controls import INPUTS, Kind, Outcome, TurnView, decide
+from brain.rules.names import MAX_ID, MAX_REQUEST_ID, check_id
 from brain.rules.states import ACCEPTED_EXECUTION, TERMINAL_TURN, TurnStatus
 from brain.store import BrainStore, Control, TurnRow
 from infra.db import Connection, Json
@@ -110,6 +111,7 @@ async def control(
     turn in its own commit (a cancel with nothing running) committed. ``send``: hands the cancels
     that commit put in the outbox to a relay to publish now (else a serving Brain's relay sweep
     publishes them)."""
+    check_id("request id", request_id, MAX_REQUEST_ID)
     body = _body(kind, text, revision, target)
     input_digest = digest({"kind": str(kind), **body})
     ends: list[TurnRow] = []
@@ -309,8 +311,11 @@ async def respond(
     is rejected, saying how it was resolved."""
     if decision not in DECISIONS:
         raise SchemaError(f"a response is one of {', '.join(DECISIONS)}, not {decision!r}")
-    if decision == "result" and unstorable(result) is not None:
-        raise SchemaError(f"the result cannot be stored: its text {unstorable(result)}")
+    check_id("request id", request_id, MAX_REQUEST_ID)
+    check_id("call id", call, MAX_ID)
+    for what, value in (("result", result if decision == "result" else None), ("reason", reason)):
+        if unstorable(value) is not None:
+            raise SchemaError(f"the {what} cannot be stored: its text {unstorable(value)}")
     body: dict[str, Any] = {"call": call, "decision": decision}
     if decision == "result":
         body["result"] = result

@@ -32,6 +32,7 @@ from infra.db import Connection
 from infra.objects.payloads import PayloadCodec
 from infra.transport import Topology
 from protocol import (
+    DecodeError,
     IllegalTransitionError,
     NotFoundError,
     ReconcileBody,
@@ -73,8 +74,8 @@ def reconcile_body(*, request_id: str, evidence: str, actor: str, outcome: dict[
             raise SchemaError(f"the reconcile's {name} cannot be stored: it {problem}")
     try:
         dumps(outcome)  # strict JSON: no NaN or infinity, no integer a double cannot hold
-    except ValueError as exc:
-        raise SchemaError(f"the reconcile's result cannot be sent: {exc}") from exc
+    except DecodeError as exc:
+        raise SchemaError(f"the reconcile's result cannot be sent: {exc.message}") from exc
     if not evidence.strip():
         raise SchemaError("reconcile needs evidence: say how you know what happened")
     if not actor.strip():

@@ -12,6 +12,7 @@ from typing import Any
 
 from brain.rules import schedules as rules
 from brain.rules.agents import AgentDefinition
+from brain.rules.names import MAX_REQUEST_ID, MAX_SESSION_ID, check_id
 from brain.rules.submits import MAIN_THREAD
 from brain.store import BrainStore
 from brain.verbs.sessions import check_thread_name
@@ -49,6 +50,8 @@ async def create(
     """A new schedule (or the one this request id made before)."""
     rules.check(cron, delay)
     check_thread_name(thread)
+    check_id("request id", request_id, MAX_REQUEST_ID)
+    check_id("session id", session_id, MAX_SESSION_ID)
     for what, problem in (("the input", unstorable(text)), (f"agent {agent.name}", agent.unstorable)):
         if problem is not None:
             raise SchemaError(f"{what} cannot be stored: its text {problem}")

@@ -6,7 +6,6 @@ answers what the first call did, however many race; with other input it raises C
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from functools import partial
@@ -15,6 +14,7 @@ from typing import Any
 from brain.rules.agents import AgentDefinition
 from brain.rules.doubletext import SUPERSEDING, Strategy, strategy_of
 from brain.rules.metadata import check_metadata
+from brain.rules.names import MAX_REQUEST_ID, MAX_SESSION_ID, check_id, check_thread_name
 from brain.rules.submits import MAIN_THREAD, Submit, session_key, shown_session, thread_id
 from brain.store import BrainStore, Control
 from brain.store.metadata import SESSION, THREAD
@@ -25,16 +25,6 @@ from infra.db import Connection
 from infra.transport import Topology
 from protocol import NotFoundError, SchemaError
 from protocol.storable import unstorable
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-def check_thread_name(thread: str) -> None:
-    if not _NAME.match(thread):
-        raise SchemaError(
-            f"thread name {thread!r} is not valid: 1 to 64 letters, digits, '_', '.' or '-', "
-            "starting with a letter or digit"
-        )
 
 
 async def submit(
@@ -75,12 +65,9 @@ async def submit(
     what to do when the thread has an unfinished turn (``brain.rules.doubletext``); interrupt and
     rollback cancel those, with ``topology`` (``ended``, ``send`` as for ``controls.control``).
     """
-    check_thread_name(thread)
+    _check(session_id, request_id, thread, user_input, agent)
     chose = strategy_of(strategy)
     pairs = check_metadata(metadata), check_metadata(thread_metadata, "thread_metadata")
-    for what, problem in (("the input", unstorable(user_input)), (f"agent {agent.name}", agent.unstorable)):
-        if problem is not None:
-            raise SchemaError(f"{what} cannot be stored: its text {problem}")
     await (tools or KnownTools()).admit(store, agent, expect=expect_tools)
     if follow_edits is not None:
         agent = agent.versioned_by_content()
@@ -97,6 +84,16 @@ async def submit(
     if any(pairs):
         await store.transact(partial(_describe, store, submit, *pairs))
     return done
+
+
+def _check(session_id: str, request_id: str, thread: str, user_input: str, agent: AgentDefinition) -> None:
+    """SchemaError for a submit's id or text that no store should keep."""
+    check_id("session id", session_id, MAX_SESSION_ID)
+    check_id("request id", request_id, MAX_REQUEST_ID)
+    check_thread_name(thread)
+    for what, problem in (("the input", unstorable(user_input)), (f"agent {agent.name}", agent.unstorable)):
+        if problem is not None:
+            raise SchemaError(f"{what} cannot be stored: its text {problem}")
 
 
 async def _describe(

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from brain.rules import facts
+from brain.rules.names import MAX_REQUEST_ID, check_id
 from brain.rules.states import TERMINAL_TURN
 from brain.rules.waits import signal_refusal
 from brain.store import BrainStore
@@ -39,6 +40,7 @@ async def signal(
     why_not = signal_refusal(key)
     if why_not is not None:
         raise SchemaError(why_not)
+    check_id("request id", request_id, MAX_REQUEST_ID)
     if unstorable(payload) is not None:
         raise SchemaError(f"the signal's payload cannot be stored: its text {unstorable(payload)}")
     body = {"key": key, "payload": payload}

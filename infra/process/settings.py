@@ -7,7 +7,9 @@ import time. ``python -m infra.process.settings`` prints every setting as the ta
 
 from __future__ import annotations
 
+import difflib
 import math
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import Field, ValidationError
@@ -160,6 +162,12 @@ class Settings(BaseSettings):
         description="agent definition files (comma-separated) the HTTP API also serves as MCP tools at "
         "`/mcp` (the `mcp` extra); none: no `/mcp`",
     )
+    max_request_bytes: int = Field(
+        default=10 * 1024 * 1024,
+        ge=1024,
+        description="the largest request body the HTTP API takes, in bytes: a bigger one is refused "
+        "(413) and never kept in memory",
+    )
     url: str = Field(
         default="",
         description="the HTTP API the `brain` verbs (submit, show, wait, controls...) use instead of the "
@@ -195,6 +203,34 @@ def http_address(value: str) -> tuple[str, int] | None:
     if not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise SchemaError(f"the HTTP address takes HOST:PORT (or off), not {value!r}")
     return host.strip("[]"), int(port)
+
+
+# TENDON_* variables that are no setting but are read by something else: never reported as unknown.
+OTHER_VARIABLES = {
+    "TENDON_MAILBOX_URL": "the example tools' mail service (examples/email_tools.py)",
+    "TENDON_IMAGE": "the image docker-compose.yml runs",
+    "TENDON_HTTP_PORT": "the host port docker-compose.yml publishes the API on",
+    "TENDON_COMPOSE_FIGURES": "where tests/test_compose_live.py writes its figures",
+}
+OTHER_PREFIXES = ("TENDON_TEST_",)  # the test suite's own (tests/conftest.py)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A line for each ``TENDON_*`` variable in ``environ`` that is no setting (nor one of
+    ``OTHER_VARIABLES``): a typo would otherwise be silently ignored. Names the setting it was
+    probably meant to be, when one is close."""
+    known = {f"TENDON_{name.upper()}" for name in Settings.model_fields}
+    lines = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith("TENDON_") or upper in known or upper in OTHER_VARIABLES:
+            continue
+        if upper.startswith(OTHER_PREFIXES):
+            continue
+        close = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.8)
+        meant = f" (did you mean {close[0]}?)" if close else ""
+        lines.append(f"{name} is not a Tendon setting{meant}: it is ignored")
+    return lines
 
 
 def bad_setting(exc: ValueError) -> str:

@@ -44,6 +44,13 @@ def not_there_yet(exc: BaseException) -> bool:
     )
 
 
+def _said(exc: BaseException) -> str:
+    """What a connection's error says: ``Type: message`` (a TransientError's message alone)."""
+    if isinstance(exc, TransientError):
+        return exc.message
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 def where(url: str) -> str:
     """``host:port`` of a service URL, never its credentials (for the log line)."""
     parts = urlsplit(url)
@@ -55,7 +62,8 @@ async def wait_for(
     connect: Callable[[], Awaitable[T]], *, service: str, url: str, patience: float = math.inf
 ) -> T:
     """``await connect()``, trying again while ``service`` is not there yet, for ``patience``
-    seconds at most (then its last error is raised)."""
+    seconds at most; then a ``TransientError`` that names the service and its address (a refused
+    connection or an unknown host does not say which service it was) with the last error."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     say_at = started
@@ -65,8 +73,10 @@ async def wait_for(
             return await connect()
         except Exception as exc:
             waited = loop.time() - started
-            if not not_there_yet(exc) or waited >= patience:
+            if not not_there_yet(exc):
                 raise
+            if waited >= patience:
+                raise TransientError(f"cannot reach {service} at {where(url)}: {_said(exc)}") from exc
             if loop.time() >= say_at:
                 log.warning(
                     "waiting_for_service",
