@@ -289,15 +289,18 @@ def _describe_row(row: Execution) -> str:
     return "\n".join(lines)
 
 
+def _outcome(args: argparse.Namespace) -> dict[str, Any]:
+    """``--result`` (strict JSON: a DecodeError names the option) or ``--failed``."""
+    if args.result is None:
+        return {"failure": args.failed}
+    try:
+        return {"result": loads(args.result)}
+    except DecodeError as exc:
+        raise DecodeError(f"--result is not valid JSON: {exc.message}") from None
+
+
 async def _reconcile(args: argparse.Namespace, settings: Settings) -> int:
-    extra: dict[str, Any] = {}
-    if args.result is not None:
-        try:
-            extra["result"] = loads(args.result)  # strict: a DecodeError says what is wrong
-        except DecodeError as exc:
-            raise DecodeError(f"--result is not valid JSON: {exc.message}") from None
-    else:
-        extra["failure"] = args.failed
+    extra = _outcome(args)
     actor = args.actor or getpass.getuser()
     async with AsyncExitStack() as stack:
         ledger = await _ledger(stack, settings)
