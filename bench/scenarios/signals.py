@@ -10,7 +10,7 @@ import time
 
 from bench.harness import TendonWorld, agent
 from bench.scenarios.base import Context, Result, Row
-from bench.scenarios.waiting import cpu_seconds, rss_mb
+from bench.scenarios.waiting import park
 
 KEY = "x.bench.go"
 
@@ -27,26 +27,15 @@ async def run(ctx: Context) -> Result:
         brain = await world.start_brain()
         await world.open()
         await asyncio.sleep(0.5)
-        rss0 = rss_mb(brain.pid)
-        ids: list[str] = []
-        t0 = time.monotonic()
-        for i in range(0, n, 50):
-            ids += await asyncio.gather(*(world.submit(definition) for _ in range(min(50, n - i))))
-        submit_s = time.monotonic() - t0
-
-        async def all_waiting() -> bool:
-            rows = await world.fetch("SELECT count(*) AS c FROM executions WHERE how = 'awaiting_signal'")
-            return rows[0]["c"] >= n
-
-        deadline = time.monotonic() + (60 if ctx.quick else 1200)
-        while not await all_waiting():
-            if time.monotonic() > deadline:
-                raise TimeoutError("turns did not all reach their wait")
-            await asyncio.sleep(0.5)
-        cpu0, w0 = cpu_seconds(brain.pid), time.monotonic()
-        await asyncio.sleep(2 if ctx.quick else 20)
-        cpu_idle = (cpu_seconds(brain.pid) - cpu0) / (time.monotonic() - w0) * 100
-        rss1 = rss_mb(brain.pid)
+        waits = "SELECT count(*) AS c FROM executions WHERE how = 'awaiting_signal'"
+        parked = await park(ctx, world, brain.pid, definition, n, waits)
+        ids, submit_s, rss0, rss1, cpu_idle = (
+            parked.ids,
+            parked.submit_s,
+            parked.rss0,
+            parked.rss1,
+            parked.cpu_idle,
+        )
         leased = (await world.fetch("SELECT count(*) AS c FROM turns WHERE lease_owner IS NOT NULL"))[0]["c"]
         waiting = (await world.fetch("SELECT count(*) AS c FROM turns WHERE status = 'waiting'"))[0]["c"]
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.cpu import CpuMeter, per_call
 from bench.harness import TendonWorld, one_call_agent
@@ -31,6 +33,39 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / 100.0  # utime + stime in clock ticks (100 Hz)
 
 
+@dataclass
+class Parked:
+    """Turns submitted and waiting, and what their waiting cost the Brain."""
+
+    ids: list[str]
+    submit_s: float  # seconds to submit them all
+    rss0: float  # the Brain's RSS before (MB)
+    rss1: float  # and once all of them waited
+    cpu_idle: float  # the Brain's CPU while they waited (% of a core)
+
+
+async def park(
+    ctx: Context, world: TendonWorld, brain_pid: int, definition: dict[str, Any], n: int, waiting_sql: str
+) -> Parked:
+    """Submit ``n`` turns of ``definition``, 50 at a time, wait until ``waiting_sql`` counts them
+    all, then read the Brain's RSS and its CPU over a quiet stretch."""
+    rss0 = rss_mb(brain_pid)
+    ids: list[str] = []
+    t0 = time.monotonic()
+    for i in range(0, n, 50):
+        ids += await asyncio.gather(*(world.submit(definition) for _ in range(min(50, n - i))))
+    submit_s = time.monotonic() - t0
+    deadline = time.monotonic() + (60 if ctx.quick else 1200)
+    while (await world.fetch(waiting_sql))[0]["c"] < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the turns did not all reach their wait")
+        await asyncio.sleep(0.5)
+    cpu0, w0 = cpu_seconds(brain_pid), time.monotonic()
+    await asyncio.sleep(2 if ctx.quick else 20)
+    cpu_idle = (cpu_seconds(brain_pid) - cpu0) / (time.monotonic() - w0) * 100
+    return Parked(ids, submit_s, rss0, rss_mb(brain_pid), cpu_idle)
+
+
 async def run(ctx: Context) -> Result:
     n = ctx.waiting or ctx.n(50, 10_000)
     world = TendonWorld(ctx.services, ctx.procs)
@@ -42,26 +77,16 @@ async def run(ctx: Context) -> Result:
         await world.start_hands()
         await world.open()
         await asyncio.sleep(0.5)
-        rss0 = rss_mb(brain.pid)
-        ids: list[str] = []
-        t0 = time.monotonic()
-        for i in range(0, n, 50):
-            ids += await asyncio.gather(*(world.submit(definition) for _ in range(min(50, n - i))))
-        submit_s = time.monotonic() - t0
-
-        async def all_waiting() -> bool:
-            rows = await world.fetch("SELECT count(*) AS c FROM turns WHERE status = 'waiting'")
-            return rows[0]["c"] >= n
-
-        deadline = time.monotonic() + (60 if ctx.quick else 1200)
-        while not await all_waiting():
-            if time.monotonic() > deadline:
-                raise TimeoutError("turns did not all reach waiting")
-            await asyncio.sleep(0.5)
-        cpu0, w0 = cpu_seconds(brain.pid), time.monotonic()
-        await asyncio.sleep(2 if ctx.quick else 20)
-        cpu_idle = (cpu_seconds(brain.pid) - cpu0) / (time.monotonic() - w0) * 100
-        rss1 = rss_mb(brain.pid)
+        parked = await park(
+            ctx, world, brain.pid, definition, n, "SELECT count(*) AS c FROM turns WHERE status = 'waiting'"
+        )
+        ids, submit_s, rss0, rss1, cpu_idle = (
+            parked.ids,
+            parked.submit_s,
+            parked.rss0,
+            parked.rss1,
+            parked.cpu_idle,
+        )
         meter = CpuMeter(world.roles)
         before = meter.read()
         opened = (await world.fetch("SELECT now() AS t"))[0]["t"]
