@@ -230,3 +230,16 @@ async def test_the_claim_loop_looks_again_after_a_run_only_when_that_can_find_so
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
+
+
+def test_a_model_call_too_fast_to_measure_reads_under_a_millisecond_never_zero() -> None:
+    from brain.rules.words import latency
+
+    assert [latency(ms) for ms in (0.0, 0.4, 1.0, 12.6, 1500.0, None)] == [
+        "<1 ms",
+        "<1 ms",
+        "1 ms",
+        "13 ms",
+        "1.5 s",
+        "an unrecorded time",
+    ]
