@@ -1,0 +1,83 @@
+"""The batch executor on the embedded backend (SQLite, a local queue, all in this process): a
+batch call runs its children through the Hands pool of their route, bounded and in order, and its
+result links each child call with its execution."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.process.settings import Settings
+from local.testing import LocalTendon, local_tendon
+from tests.batch_tools import events, most_at_once
+
+
+@pytest.fixture
+async def tendon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[LocalTendon]:
+    monkeypatch.setenv("BATCH_LOG_FILE", str(tmp_path / "log"))
+    monkeypatch.setenv("BATCH_DONE_DIR", str(tmp_path))
+    async with local_tendon(tmp_path, "tests.batch_tools", settings=Settings(scan_interval=0.2)) as t:
+        yield t
+
+
+def agent(name: str, args: dict[str, Any]) -> dict[str, Any]:
+    script = [{"tool_calls": [{"tool": "batch", "args": args}]}, {"content": "done: {results}"}]
+    return {"name": name, "version": "1", "tools": ["batch", "step"],
+            "model": {"kind": "scripted", "script": script}}  # fmt: skip
+
+
+async def test_a_parallel_batch_runs_each_item_once_at_most_its_limit_at_once(
+    tendon: LocalTendon, tmp_path: Path
+) -> None:
+    items = [{"n": i, "delay": 0.1} for i in range(8)]
+    args = {"tool": "step", "items": items, "mode": "parallel", "limit": 3}
+    turn = await tendon.run(agent("fan", args), "go")
+    assert turn["status"] == "completed", turn
+
+    log = events(tmp_path / "log")
+    starts = sorted(n for what, _, n, _ in log if what == "start")
+    assert starts == list(range(8))  # each item ran once
+    assert most_at_once(log) <= 3
+    (batch,) = [e for e in turn["executions"] if e["tool"] == "batch"]
+    assert (batch["status"], batch["how"]) == ("succeeded", "batch")
+    calls = batch["result"]["calls"]
+    children = {e["id"]: e for e in turn["executions"] if e["tool"] == "step"}
+    assert [c["index"] for c in calls] == list(range(8))
+    assert {c["execution_id"] for c in calls} == set(children)
+    assert all(c["status"] == "succeeded" and c["result"] == {"n": c["index"]} for c in calls)
+    assert [c["call_id"] for c in calls] == [f"{batch['call_id']}#{i}" for i in range(8)]
+    # The model read one tool message: the batch's
+    tools = [m for m in turn["history"] if m["role"] == "tool"]
+    assert [m["execution_id"] for m in tools] == [batch["id"]]
+    # Each child shows the arguments its item gave it
+    assert sorted(e["args"]["n"] for e in children.values()) == list(range(8))
+
+
+async def test_an_ordered_fail_fast_batch_keeps_its_order_and_runs_nothing_after_a_failure(
+    tendon: LocalTendon, tmp_path: Path
+) -> None:
+    items = [{"n": 0, "delay": 0.05}, {"n": 1, "delay": 0.05}, {"n": 2, "fail": True}, {"n": 3}, {"n": 4}]
+    args = {"tool": "step", "items": items, "mode": "ordered", "on_failure": "fail_fast"}
+    turn = await tendon.run(agent("line", args), "go")
+    assert turn["status"] == "completed", turn
+
+    log = events(tmp_path / "log")
+    assert [n for what, _, n, _ in log if what == "start"] == [0, 1, 2]
+    assert most_at_once(log) == 1
+    (batch,) = [e for e in turn["executions"] if e["tool"] == "batch"]
+    assert batch["status"] == "failed" and batch["error"]["code"] == "batch_failed"
+    assert "call 2" in batch["error"]["message"]
+    statuses = [c["status"] for c in batch["result"]["calls"]]
+    assert statuses == ["succeeded", "succeeded", "failed", "cancelled", "cancelled"]
+    assert [c.get("how") for c in batch["result"]["calls"]][3:] == ["not_run", "not_run"]
+
+
+async def test_a_batch_the_brain_cannot_run_is_refused_to_the_model(tendon: LocalTendon) -> None:
+    turn = await tendon.run(agent("bad", {"tool": "step", "items": [{"n": "x"}]}), "go")
+    assert turn["status"] == "completed"
+    (batch,) = turn["executions"]
+    assert (batch["status"], batch["how"]) == ("failed", "rejected")
+    assert "item 0" in batch["error"]["message"]
