@@ -1,7 +1,8 @@
 """Tools of route ``bulk`` for the batch tests: they say from the tool's side what ran and when.
 
-- ``BATCH_LOG_FILE``: every body appends ``start <operation id> <n> <time>`` when it begins and
-  ``end <operation id> <n> <time>`` when it returns or raises, so a test can count runs and measure
+- ``BATCH_LOG_FILE``: every body appends ``start <operation id> <n> <time>`` when it begins,
+  ``effect ...`` once its effect happened and ``end ...`` when it returns or raises, so a test can
+  count runs and effects and measure
   how many bodies were inside at once, across processes (a killed body has no ``end``);
 - ``BATCH_DONE_DIR``: the "external system" of ``step``: a file per operation id once its effect
   happened. ``find_step`` (its query) looks there, so a body its worker died in is verified, never
@@ -46,6 +47,7 @@ async def step(ctx: ToolContext, n: int, delay: float = 0.2, fail: bool = False)
         if fail:
             raise ValueError(f"step {n} failed")
         (_done_dir() / ctx.operation_id).write_text(str(n), encoding="utf-8")
+        _log("effect", ctx, n)
         return {"n": n}
     finally:
         _log("end", ctx, n)

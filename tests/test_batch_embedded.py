@@ -81,3 +81,37 @@ async def test_a_batch_the_brain_cannot_run_is_refused_to_the_model(tendon: Loca
     (batch,) = turn["executions"]
     assert (batch["status"], batch["how"]) == ("failed", "rejected")
     assert "item 0" in batch["error"]["message"]
+
+
+async def test_a_parallel_fail_fast_batch_starts_nothing_after_a_failure(
+    tendon: LocalTendon, tmp_path: Path
+) -> None:
+    items = [{"n": 0, "fail": True, "delay": 0.05}, {"n": 1, "delay": 0.3}] + [{"n": i} for i in range(2, 8)]
+    args = {"tool": "step", "items": items, "mode": "parallel", "limit": 2, "on_failure": "fail_fast"}
+    turn = await tendon.run(agent("fast", args), "go")
+    assert turn["status"] == "completed", turn
+
+    # Call 0 failed while call 1 ran: call 1 finished, nothing after it started
+    assert sorted(n for what, _, n, _ in events(tmp_path / "log") if what == "start") == [0, 1]
+    (batch,) = [e for e in turn["executions"] if e["tool"] == "batch"]
+    assert batch["status"] == "failed" and "call 0" in batch["error"]["message"]
+    statuses = [c["status"] for c in batch["result"]["calls"]]
+    assert statuses == ["failed", "succeeded"] + ["cancelled"] * 6
+
+
+async def test_the_repair_scan_admits_what_a_lost_apply_left(
+    tendon: LocalTendon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given applies that never admit anything (as if each one's admission were lost)
+    async def lost(*_: Any) -> list[Any]:
+        return []
+
+    monkeypatch.setattr("brain.run.updates.admit_after_apply", lost)
+    items = [{"n": i, "delay": 0.05} for i in range(5)]
+    turn = await tendon.run(agent("scan", {"tool": "step", "items": items, "mode": "ordered"}), "go")
+
+    # Then the scan admits each call in turn and settles the batch
+    assert turn["status"] == "completed", turn
+    assert [n for what, _, n, _ in events(tmp_path / "log") if what == "start"] == list(range(5))
+    (batch,) = [e for e in turn["executions"] if e["tool"] == "batch"]
+    assert [c["status"] for c in batch["result"]["calls"]] == ["succeeded"] * 5
