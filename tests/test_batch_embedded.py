@@ -4,6 +4,7 @@ result links each child call with its execution."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from infra.process.settings import Settings
 from local.testing import LocalTendon, local_tendon
 from tests.batch_tools import events, most_at_once
+from tests.support import wait_for
 
 
 @pytest.fixture
@@ -115,3 +117,29 @@ async def test_the_repair_scan_admits_what_a_lost_apply_left(
     assert [n for what, _, n, _ in events(tmp_path / "log") if what == "start"] == list(range(5))
     (batch,) = [e for e in turn["executions"] if e["tool"] == "batch"]
     assert [c["status"] for c in batch["result"]["calls"]] == ["succeeded"] * 5
+
+
+async def test_no_person_answers_a_batch_and_a_cancel_admits_no_more_of_it(
+    tendon: LocalTendon, tmp_path: Path
+) -> None:
+    items = [{"n": i, "delay": 0.5} for i in range(6)]
+    turn_id = await tendon.submit(agent("held", {"tool": "step", "items": items, "mode": "ordered"}), "go")
+
+    async def first_started() -> bool:
+        return any(what == "start" for what, *_ in events(tmp_path / "log"))
+
+    await wait_for(first_started, timeout=30, what="the first call to start")
+    # The batch call and a call waiting for its turn are answered by the batch, never by a person
+    for call in ("call-1", "call-1#3"):
+        receipt = await tendon.client.respond(turn_id, call, "approve")
+        assert receipt["status"] == "rejected" and "part of a batch" in receipt["reason"], receipt
+
+    # A cancel stops the batch: the call running is stopped or settles, no other one starts
+    await tendon.client.control(turn_id, "cancel")
+    turn = await tendon.wait(turn_id)
+    assert turn["status"] == "cancelled"
+    await asyncio.sleep(0.8)  # a call admitted late would have started by now
+    assert [n for what, _, n, _ in events(tmp_path / "log") if what == "start"] == [0]
+    statuses = {e["call_id"]: e["status"] for e in turn["executions"]}
+    assert statuses["call-1"] == "cancelled"
+    assert all(statuses[f"call-1#{i}"] == "cancelled" for i in range(1, 6))

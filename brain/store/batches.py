@@ -28,7 +28,10 @@ _SKIPPED = execution_becomes(ExecutionStatus.CANCELLED, from_=WAITING_FOR_A_PERS
 _BATCH = """SELECT b.id, b.turn_id, b.call_id, b.tool, b.mode, b.at_once, b.on_failure, b.size,
                    e.status, e.tool_step
               FROM batches b JOIN executions e ON e.id = b.id WHERE b.id = $1 AND b.open"""
-_CHILD_COLUMNS = "id, call_id, tool, status, how, result, error, route, command, command_message_id"
+# What admission reads of each child (its result only once the batch settles: a batch of many
+# calls reads its children's statuses at each end, not their results).
+_ADMISSION_COLUMNS = "id, call_id, tool, status"
+_REPORT_COLUMNS = "id, call_id, tool, status, how, result, error"
 
 
 @dataclass
@@ -74,22 +77,25 @@ class Batches(Part):
     async def _advance(
         self, conn: Connection, batch_id: str, owner: str, wake_channel: str, done: Admitted
     ) -> None:
-        b = await conn.fetchrow(_BATCH, batch_id)
-        if b is None:
+        turn_id = await conn.fetchval("SELECT turn_id FROM batches WHERE id = $1 AND open", batch_id)
+        if turn_id is None:
             return
         turn = await conn.fetchrow(
             f"SELECT session_id, thread_id, status, phase, cancel_requested FROM turns WHERE id = $1"
             f"{self.store.SKIP_LOCKED}",
-            b["turn_id"],
+            turn_id,
         )
         if turn is None:
             return  # another transaction holds the turn: it (or the next scan) goes on
+        b = await conn.fetchrow(_BATCH, batch_id)  # read under the turn's lock
+        if b is None:
+            return
         if b["status"] != ExecutionStatus.PENDING:  # its turn was cancelled or failed: nothing more
             await conn.execute("UPDATE batches SET open = false WHERE id = $1", batch_id)
             return
         if turn["status"] in TERMINAL_TURN or turn["cancel_requested"]:
             return
-        children = await self._children(conn, b)
+        children = await self._children(conn, b, _ADMISSION_COLUMNS)
         step = next_step(b["mode"], b["at_once"], b["on_failure"], [c["status"] for c in children])
         said: list[dict[str, Any]] = []
         admitted = [a for i in step.admit if (a := await self._admit(conn, children[i], owner, done))]
@@ -103,7 +109,8 @@ class Batches(Part):
         ended = None
         if step.outcome is not None:
             ended = step.outcome
-            said.append(await self._settle(conn, b, children, step.outcome, wake_channel))
+            full = await self._children(conn, b, _REPORT_COLUMNS)
+            said.append(await self._settle(conn, b, full, step.outcome, wake_channel))
             done.settled.append(batch_id)
         if not (admitted or step.skip or ended):
             return
@@ -115,10 +122,10 @@ class Batches(Part):
             status=await self.store.turns.status_of(conn, b["turn_id"]), phase=turn["phase"],
         )  # fmt: skip
 
-    async def _children(self, conn: Connection, b: Any) -> list[dict[str, Any]]:
-        """The batch's children by index (statuses as they stand in this transaction)."""
+    async def _children(self, conn: Connection, b: Any, columns: str) -> list[dict[str, Any]]:
+        """The batch's children by index, as they stand in this transaction."""
         rows = await conn.fetch(
-            f"SELECT {_CHILD_COLUMNS} FROM executions WHERE turn_id = $1 AND tool_step = $2",
+            f"SELECT {columns} FROM executions WHERE turn_id = $1 AND tool_step = $2",
             b["turn_id"],
             b["tool_step"],
         )
