@@ -6,7 +6,7 @@
   how many bodies were inside at once, across processes (a killed body has no ``end``);
 - ``BATCH_DONE_DIR``: the "external system" of ``step``: a file per operation id once its effect
   happened. ``find_step`` (its query) looks there, so a body its worker died in is verified, never
-  run again.
+  run again. ``blind`` does the same through a service that cannot be asked (no query).
 """
 
 from __future__ import annotations
@@ -47,6 +47,18 @@ async def step(ctx: ToolContext, n: int, delay: float = 0.2, fail: bool = False)
         if fail:
             raise ValueError(f"step {n} failed")
         (_done_dir() / ctx.operation_id).write_text(str(n), encoding="utf-8")
+        _log("effect", ctx, n)
+        return {"n": n}
+    finally:
+        _log("end", ctx, n)
+
+
+@tool(route="bulk", version="1", replay="unsafe")
+async def blind(ctx: ToolContext, n: int, delay: float = 0.1) -> dict[str, Any]:
+    """Do step ``n`` through a service that cannot be asked afterwards (unsafe, no query)."""
+    _log("start", ctx, n)
+    try:
+        await asyncio.sleep(delay)
         _log("effect", ctx, n)
         return {"n": n}
     finally:

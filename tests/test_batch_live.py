@@ -30,7 +30,7 @@ def world(tendon: TendonEnv, tmp_path: Path) -> dict[str, str]:
 
 async def submit(env: dict[str, str], tmp_path: Path, args: dict[str, Any]) -> str:
     script = [{"tool_calls": [{"tool": "batch", "args": args}]}, {"content": "done: {results}"}]
-    agent = {"name": "batcher", "version": "1", "tools": ["batch", "step"],
+    agent = {"name": "batcher", "version": "1", "tools": ["batch", "step", "blind"],
              "model": {"kind": "scripted", "script": script}}  # fmt: skip
     path = tmp_path / "agent.json"
     path.write_text(json.dumps(agent), encoding="utf-8")
@@ -150,3 +150,45 @@ async def test_a_cancel_in_the_middle_of_a_batch_admits_no_new_call(
     assert len(await obs.ledger()) == reached
     starts = [n for what, _, n, _ in events(tmp_path / "log") if what == "start"]
     assert len(starts) == reached
+
+
+async def test_an_unknown_call_holds_an_ordered_batch_until_it_is_reconciled(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    # Given a worker that dies right after call 1's body acted, through a service nobody can ask
+    env = world(tendon, tmp_path)
+    await processes.start_ready("brain", BRAIN, env)
+    doomed = await processes.start_ready(
+        "hands", HANDS, {**env, "TENDON_KILL_AT": "hands.after_tool_body@call-1#1"}
+    )
+    items = [{"n": i} for i in range(4)]
+    turn_id = await submit(env, tmp_path, {"tool": "blind", "items": items, "mode": "ordered"})
+    assert await processes.wait_exit(doomed) == -signal.SIGKILL
+    await processes.start_ready("hands", HANDS, env)
+
+    # Then call 1 is UNKNOWN, and the batch runs nothing after it: its order says so
+    obs = Observer(tendon)
+    batch = await batch_row(obs, turn_id)
+    one = child_id(batch["id"], 1)
+
+    async def unknown() -> bool:
+        rows = {r["id"]: r for r in await obs.executions(turn_id)}
+        return rows[one]["status"] == "unknown"
+
+    await wait_for(unknown, timeout=30, what="call 1 to be UNKNOWN")
+    await asyncio.sleep(1.0)
+    assert [n for what, _, n, _ in events(tmp_path / "log") if what == "start"] == [0, 1]
+    assert (await batch_row(obs, turn_id))["status"] == "pending"
+    turn = await obs.turn(turn_id)
+    assert turn is not None and turn["status"] == "waiting" and "reconcile" in turn["waiting_for"]
+
+    # When an operator reconciles it, the batch goes on and completes
+    command = ["-m", "hands", "reconcile", one, "--result", '{"n": 1}', "--evidence", "the service's log"]
+    code, _, err = await run_cli(command, env)
+    assert code == 0, err
+    await obs.wait_turn(turn_id, "completed", timeout=60)
+    log = events(tmp_path / "log")
+    assert [n for what, _, n, _ in log if what == "start"] == [0, 1, 2, 3]
+    assert effects(log) == Counter(child_id(batch["id"], i) for i in range(4))
+    calls = (await batch_row(obs, turn_id))["result"]["calls"]
+    assert [c["status"] for c in calls] == ["succeeded"] * 4 and calls[1]["how"] == "reconciled"
