@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -192,3 +194,25 @@ async def test_an_unknown_call_holds_an_ordered_batch_until_it_is_reconciled(
     assert effects(log) == Counter(child_id(batch["id"], i) for i in range(4))
     calls = (await batch_row(obs, turn_id))["result"]["calls"]
     assert [c["status"] for c in calls] == ["succeeded"] * 4 and calls[1]["how"] == "reconciled"
+
+
+@pytest.mark.skipif(
+    not os.environ.get("TENDON_TEST_BATCH_FIGURES"), reason="figures: TENDON_TEST_BATCH_FIGURES=1"
+)
+@pytest.mark.parametrize(("mode", "limit", "size"), [("parallel", 16, 500), ("ordered", 1, 200)])
+async def test_figures_of_a_batch_of_calls_that_do_nothing(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path, mode: str, limit: int, size: int
+) -> None:
+    """The figures in docs/batches.md: calls per second through one Brain and one Hands worker."""
+    env = world(tendon, tmp_path)
+    await processes.start_ready("brain", BRAIN, env)
+    await processes.start_ready("hands", HANDS, env)
+    items = [{"n": i, "delay": 0} for i in range(size)]
+    started = time.monotonic()
+    turn_id = await submit(env, tmp_path, {"tool": "step", "items": items, "mode": mode, "limit": limit})
+    obs = Observer(tendon)
+    await obs.wait_turn(turn_id, "completed", timeout=600)
+    took = time.monotonic() - started
+    log = events(tmp_path / "log")
+    assert len(effects(log)) == size and most_at_once(log) <= limit
+    print(f"\nbatch {mode} limit {limit}: {size} calls in {took:.2f} s, {size / took:.0f} calls/s")
