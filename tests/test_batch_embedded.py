@@ -143,3 +143,22 @@ async def test_no_person_answers_a_batch_and_a_cancel_admits_no_more_of_it(
     statuses = {e["call_id"]: e["status"] for e in turn["executions"]}
     assert statuses["call-1"] == "cancelled"
     assert all(statuses[f"call-1#{i}"] == "cancelled" for i in range(1, 6))
+
+
+async def test_a_paused_batch_starts_no_call_until_it_is_resumed(tendon: LocalTendon, tmp_path: Path) -> None:
+    items = [{"n": i, "delay": 0.4} for i in range(4)]
+    turn_id = await tendon.submit(agent("paused", {"tool": "step", "items": items, "mode": "ordered"}), "go")
+
+    async def first_started() -> bool:
+        return any(what == "start" for what, *_ in events(tmp_path / "log"))
+
+    await wait_for(first_started, timeout=30, what="the first call to start")
+    await tendon.client.control(turn_id, "pause")
+    await asyncio.sleep(1.0)  # call 0 ends meanwhile: nothing takes its place
+    assert [n for what, _, n, _ in events(tmp_path / "log") if what == "start"] == [0]
+
+    revision = (await tendon.client.turn(turn_id))["revision"]
+    await tendon.client.control(turn_id, "resume", revision=revision)
+    turn = await tendon.wait(turn_id)
+    assert turn["status"] == "completed"
+    assert [n for what, _, n, _ in events(tmp_path / "log") if what == "start"] == [0, 1, 2, 3]

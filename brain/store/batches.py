@@ -6,19 +6,20 @@ call settled with its report once nothing it admitted is open.
 Admission runs under the turn's row lock, in the transaction that applied the children's ends
 (``brain.run.batches``), or in the repair scan's (a batch whose apply was lost): so two siblings
 ending at once never admit past the limit, and a cancel of the turn (which takes the same lock and
-settles the children not admitted) is never followed by an admission.
+settles the children not admitted) is never followed by an admission. A paused turn admits
+nothing; once resumed, the repair scan's look at the open batches admits again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from brain.rules import facts
 from brain.rules.batches import FAILED, FINAL, IN_FLIGHT, NAME, first_failure, next_step, parent_of, report
 from brain.rules.records import Intent
-from brain.rules.states import TERMINAL_TURN, WAITING_FOR_A_PERSON, ExecutionStatus
+from brain.rules.states import TERMINAL_TURN, WAITING_FOR_A_PERSON, ExecutionStatus, TurnStatus
 from brain.store.part import Part
 from brain.store.sql import execution_becomes
 from infra.db import Connection, Json
@@ -97,6 +98,8 @@ class Batches(Part):
             return
         children = await self._children(conn, b, _ADMISSION_COLUMNS)
         step = next_step(b["mode"], b["at_once"], b["on_failure"], [c["status"] for c in children])
+        if turn["status"] == TurnStatus.PAUSED:  # nothing new starts until a resume (then the scan)
+            step = replace(step, admit=())
         said: list[dict[str, Any]] = []
         admitted = [a for i in step.admit if (a := await self._admit(conn, children[i], owner, done))]
         for i in step.skip:
