@@ -92,15 +92,19 @@ async def test_a_parallel_batch_of_20_through_a_hands_sigkill_runs_each_call_onc
     assert all(p["in_flight"] <= 4 for p in progress)
 
 
+@pytest.mark.parametrize(
+    "kill_at",
+    ["brain.after_apply_commit@succeeded", "brain.after_intent_commit@call-1#0"],
+    ids=["after-an-admission-commit", "after-the-manifest-commit-before-publish"],
+)
 async def test_an_ordered_batch_keeps_its_order_through_a_brain_sigkill(
-    tendon: TendonEnv, processes: Processes, tmp_path: Path
+    tendon: TendonEnv, processes: Processes, tmp_path: Path, kill_at: str
 ) -> None:
     # Given a Brain that dies right after it committed the first call's success (and with it the
-    # admission of the second, whose command it may not have sent)
+    # admission of the second, whose command it may not have sent), or the batch's manifest (the
+    # first call's command not sent)
     env = world(tendon, tmp_path)
-    first = await processes.start_ready(
-        "brain", BRAIN, {**env, "TENDON_KILL_AT": "brain.after_apply_commit@succeeded"}
-    )
+    first = await processes.start_ready("brain", BRAIN, {**env, "TENDON_KILL_AT": kill_at})
     await processes.start_ready("hands", HANDS, env)
     items = [{"n": i, "delay": 0.1} for i in range(6)]
     turn_id = await submit(env, tmp_path, {"tool": "step", "items": items, "mode": "ordered"})

@@ -119,3 +119,39 @@ def test_the_models_conversation_has_no_message_for_a_batchs_children() -> None:
     history = ThreadHistory()
     history.extend([entry], {parent: row, **{k: {**row, "id": k} for k in kids}}, "t")
     assert [m.content["execution_id"] for m in history.messages] == [parent]
+
+
+def test_a_batchs_children_reach_ag_ui_as_custom_events_and_its_own_outcome_as_a_tool_result() -> None:
+    from ag_ui.core import CustomEvent, ToolCallResultEvent
+
+    from brain.api.agui_events import AguiEvents
+
+    parent = "exe-0190a1b2c3d47e8f9a0b1c2d3e4f5a6b"
+    kid = child_id(parent, 0)
+    said = [
+        {"kind": "execution.succeeded", "execution_id": kid, "call_id": "call-1#0", "tool": "echo"},
+        {"kind": "execution.succeeded", "execution_id": parent, "call_id": "call-1", "tool": "batch"},
+    ]
+    entry = {"turn_id": "turn-1", "session_id": "s", "thread_id": "t", "seq": 3, "facts": said}
+    out = AguiEvents().entry(entry, {kid: {"result": {"n": 0}}, parent: {"result": {"calls": []}}})
+    assert isinstance(out[0], CustomEvent) and out[0].name == "tendon.execution.succeeded"
+    assert isinstance(out[1], ToolCallResultEvent) and out[1].tool_call_id == "call-1"
+
+
+def test_a_watcher_reads_a_batchs_progress_in_words() -> None:
+    from brain.rules import facts
+    from brain.rules.words import said
+
+    counts = {"done": 3, "failed": 1, "in_flight": 2, "waiting": 4}
+    line = said(facts.batch_progress("exe-x", "call-1", counts, admitted=["exe-b4-x"], skipped=0))
+    assert line == "batch call-1: 1 call(s) started (3 done, 1 failed, 2 running, 4 waiting)"
+    ended = said(facts.batch_progress("exe-x", "call-1", counts, skipped=4, ended="failed"))
+    assert "4 call(s) will not run, it failed" in ended
+    accepted = said(
+        facts.batch_accepted(
+            "exe-x",
+            "call-1",
+            {"tool": "echo", "mode": "ordered", "limit": 4, "on_failure": "fail_fast", "size": 9},
+        )
+    )
+    assert accepted == "batch call-1 accepted: 9 calls of echo, ordered (at most 1 at once), fail_fast"
