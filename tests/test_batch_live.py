@@ -90,6 +90,7 @@ async def test_a_parallel_batch_of_20_through_a_hands_sigkill_runs_each_call_onc
     assert (await obs.facts(turn_id, "batch.accepted"))[0]["size"] == 20
     assert progress[-1]["ended"] == "succeeded" and progress[-1]["done"] == 20
     assert all(p["in_flight"] <= 4 for p in progress)
+    assert await obs.orphans() == {}  # the manifest names its call's execution and its turn
 
 
 @pytest.mark.parametrize(
