@@ -4,7 +4,8 @@ A message of events (an ``EventBatch``: several executions' ranges) is acked onl
 effects are committed (or held behind a gap); the ranges of many messages share transactions
 (``apply``, a group committer). A turn whose step the apply completes is claimed there and then
 for a run of this Brain when it has a free slot, and handed to the scheduler after the commit: its
-results go to the model without another commit or wake-up. What can never be applied is parked
+results go to the model without another commit or wake-up. The same transaction admits the next
+calls of the batches whose calls it ended (``brain.run.batches``). What can never be applied is parked
 in the dead-letter queue with a reason, one execution's part at a time, so that the rest of a
 batch is applied; an object that fails verification also fails its turn.
 """
