@@ -56,6 +56,10 @@ async def test_a_parallel_batch_runs_each_item_once_at_most_its_limit_at_once(
     assert [m["execution_id"] for m in tools] == [batch["id"]]
     # Each child shows the arguments its item gave it
     assert sorted(e["args"]["n"] for e in children.values()) == list(range(8))
+    # `brain history` tells the batch's story in words, to its end
+    said = [line for step in (await tendon.client.history(turn["turn_id"]))["steps"] for line in step["said"]]
+    assert "batch call-1 accepted: 8 calls of step, parallel (at most 3 at once), all_settled" in said
+    assert any(line.startswith("batch call-1: it succeeded (8 done, 0 failed") for line in said), said
 
 
 async def test_an_ordered_fail_fast_batch_keeps_its_order_and_runs_nothing_after_a_failure(
