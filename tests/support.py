@@ -344,6 +344,8 @@ PARENTS: dict[str, list[tuple[str, str, str]]] = {
         ("executions", "turn_id", "turns.id"),
         ("held_events", "execution_id", "executions.id"),
         ("execution_output", "execution_id", "executions.id"),
+        ("batches", "id", "executions.id"),  # a batch is its call's execution
+        ("batches", "turn_id", "turns.id"),
     ],
     "hands": [
         ("output_chunks", "execution_id", "executions.execution_id"),

@@ -38,6 +38,8 @@ from ag_ui.core import (
     ToolCallStartEvent,
 )
 
+from brain.rules.batches import is_child
+
 OUTCOMES = ("execution.succeeded", "execution.failed", "execution.cancelled")
 
 
@@ -66,7 +68,8 @@ class AguiEvents:
                 out.append(RunStartedEvent(thread_id=thread, run_id=run))
             elif kind == "turn.model_replied":
                 out += self._reply(entry, fact)
-            elif kind in OUTCOMES and fact["execution_id"] in outcomes:
+            elif kind in OUTCOMES and fact["execution_id"] in outcomes and not is_child(fact["execution_id"]):
+                # (a batch's child is no call the model made: its outcome is a CUSTOM event)
                 out.append(_result(fact, outcomes[fact["execution_id"]]))
             elif kind == "turn.completed":
                 out.append(RunFinishedEvent(thread_id=thread, run_id=run))

@@ -13,6 +13,7 @@ from collections.abc import Collection
 
 from brain.models.base import MODEL_KINDS
 from brain.rules.agents import AgentDefinition
+from brain.rules.batches import NAME as BATCH
 from brain.rules.waits import NAMES as WAITS
 from protocol import SchemaError, UnknownToolError
 
@@ -29,9 +30,9 @@ def check_model(agent: AgentDefinition) -> None:
 
 def pool_tools(agent: AgentDefinition) -> list[str]:
     """The tools of ``agent`` a Hands pool must announce (a person answers its manual tools, and
-    the Brain its built-in waits: ``brain.rules.waits``)."""
+    the Brain its built-ins: ``brain.rules.waits``, ``brain.rules.batches``)."""
     manual = {m.name for m in agent.manual_tools}
-    return [t for t in agent.tools if t not in manual and t not in WAITS]
+    return [t for t in agent.tools if t not in manual and t not in WAITS and t != BATCH]
 
 
 def unknown_tools(agent: AgentDefinition, known: Collection[str], *, expect: bool) -> list[str]:

@@ -35,6 +35,9 @@ kind                            what happened
 ``turn.completed``              the turn's result (its last reply) is final
 ``turn.failed``                 the turn ended with an error
 ``execution.cancelled``         an open execution of a failed turn was settled
+``batch.accepted``              a batch call's manifest was frozen (its tool, mode, limit, size)
+``batch.progress``              a batch admitted children, skipped them (fail-fast) or ended:
+                                how many are done, failed, in flight, not admitted yet
 ==============================  ==========================================================
 """
 
@@ -54,7 +57,7 @@ KINDS: tuple[str, ...] = (
     "turn.results_applied", "turn.retry_scheduled", "turn.run_lost", "turn.input_added",
     "turn.cancelled", "turn.rolled_back", "turn.completed", "turn.failed",
     "execution.intended", "execution.approved", "execution.output", "execution.output_gap",
-    "execution.reported_late",
+    "execution.reported_late", "batch.accepted", "batch.progress",
     *(f"execution.{s}" for s in ExecutionStatus if s != ExecutionStatus.INTENDED),
     *(f"control.{s}" for s in ControlStatus),
 )  # fmt: skip
@@ -161,3 +164,23 @@ def reported_late(execution_id: str, call_id: str, tool: str, reported: str, how
     fact = {"kind": "execution.reported_late", "execution_id": execution_id, "call_id": call_id, "tool": tool,
             "reported": reported}  # fmt: skip
     return fact | ({"how": how} if how else {})
+
+
+def batch_accepted(execution_id: str, call_id: str, manifest: dict[str, Any]) -> Fact:
+    """``manifest``: the batch's tool, mode, limit, on_failure and size (its items are the call's
+    arguments, in the reply that made it)."""
+    return {"kind": "batch.accepted", "execution_id": execution_id, "call_id": call_id, **manifest}
+
+
+def batch_progress(
+    execution_id: str, call_id: str, counts: dict[str, int], *, admitted: Sequence[str] = (),
+    skipped: int = 0, ended: str | None = None,
+) -> Fact:  # fmt: skip
+    """``counts``: the children by where they stand (done, failed, in_flight, waiting);
+    ``admitted``: the child executions this commit admitted; ``ended``: how the batch call ended."""
+    fact = {"kind": "batch.progress", "execution_id": execution_id, "call_id": call_id, **counts}
+    if admitted:
+        fact["admitted"] = list(admitted)
+    if skipped:
+        fact["skipped"] = skipped
+    return fact | ({"ended": ended} if ended else {})

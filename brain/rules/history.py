@@ -10,7 +10,8 @@ fact                        message
 ``turn.prepared``           the user's message: that turn's input
 ``turn.model_replied``      the assistant's message (its text and tool calls)
 ``turn.results_applied``    one tool message per execution it names, made from the
-                            execution's row (its outcome is recorded once, there)
+                            execution's row (its outcome is recorded once, there); a batch's
+                            children are none: the batch call's result reports them
 ``turn.input_added``        a steer (an instruction) or an inject (the user's message) that
                             a control added between two model steps
 ``history.message``         a message as an earlier version of Tendon kept it
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from brain.models.base import Message
+from brain.rules.batches import is_child
 from brain.rules.records import Entry
 
 
@@ -61,6 +63,7 @@ def needed_executions(entries: Iterable[Entry]) -> list[str]:
         for fact in entry.facts
         if fact.get("kind") == "turn.results_applied"
         for execution_id in fact.get("executions", [])
+        if not is_child(execution_id)
     ]
 
 
@@ -107,7 +110,7 @@ class ThreadHistory:
         elif kind == "turn.results_applied":
             for execution_id in fact.get("executions", []):
                 row = executions.get(execution_id)
-                if row is not None:
+                if row is not None and not is_child(execution_id):
                     self.messages.append(Message(role="tool", turn_id=turn_id, content=tool_message(row)))
                     self.open_calls.get(turn_id, {}).pop(row["call_id"], None)
         elif kind == "turn.input_added":

@@ -154,6 +154,8 @@ def intents_reason(intents: Sequence[Intent]) -> str:
         elif i.awaits == "signal":
             until = f" (at most {i.wait_seconds:g} s)" if i.wait_seconds is not None else ""
             parts.append(f"signal {i.wait_key} for {i.call_id}{until}")
+        elif i.awaits == "batch" and i.batch is not None:
+            parts.append(f"batch {i.call_id} ({len(i.batch['items'])} calls of {i.batch['tool']})")
     return "; ".join(parts) or "nothing"
 
 
@@ -175,7 +177,15 @@ def intent_facts(intents: Sequence[Intent]) -> list[dict[str, Any]]:
     for i in intents:
         if i.status == ExecutionStatus.FAILED:
             said.append(facts.execution_event("failed", i.execution_id, i.call_id, i.tool, how="rejected"))
-        elif i.awaits is not None:
+        elif i.batch is not None:  # its children wait for admission as part of it
+            said.append(
+                facts.batch_accepted(
+                    i.execution_id,
+                    i.call_id,
+                    {k: v for k, v in i.batch.items() if k not in ("items", "binding")},
+                )
+            )
+        elif i.awaits is not None and i.awaits != "admission":
             said.append(facts.execution_event("pending", i.execution_id, i.call_id, i.tool, awaits=i.awaits))
     return said
 

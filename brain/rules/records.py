@@ -116,6 +116,7 @@ class Intent:
     # built-in's wait (brain.rules.waits): "clock", "signal", "approval"
     wait_key: str | None = None  # the signal a built-in wait_for_signal waits for
     wait_seconds: float | None = None  # a built-in wait: seconds from its commit until the clock answers it
+    batch: Mapping[str, Any] | None = None  # a batch call's manifest, frozen with it (brain.rules.batches)
 
     @property
     def sends(self) -> bool:

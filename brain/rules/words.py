@@ -20,12 +20,16 @@ HOW = {
     "slept": "its sleep ended",
     "timed_out": "its wait for a signal timed out",
     "signalled": "answered by its signal",
+    "batch": "every call of the batch settled",
+    "not_run": "not run: its batch stopped after a failure",
 }
 AWAITS = {
     "approval": "a person's approval",
     "result": "a person's result (a manual tool)",
     "clock": "its time (a sleep)",
     "signal": "a signal",
+    "batch": "the calls of its batch",
+    "admission": "its turn in its batch",
 }
 
 
@@ -123,6 +127,17 @@ def _control(kind: str, f: Mapping[str, Any]) -> str:
     return f"{what} was {status}" + (f": {f['reason']}" if f.get("reason") else "")
 
 
+def _batch_progress(f: Mapping[str, Any]) -> str:
+    counts = (
+        f"{f.get('done')} done, {f.get('failed')} failed, {f.get('in_flight')} running, "
+        f"{f.get('waiting')} waiting"
+    )
+    what = [f"{len(f['admitted'])} call(s) started"] if f.get("admitted") else []
+    what += [f"{f['skipped']} call(s) will not run"] if f.get("skipped") else []
+    what += [f"it {f['ended']}"] if f.get("ended") else []
+    return f"batch {f.get('call_id')}: {', '.join(what) or 'progress'} ({counts})"
+
+
 def said(fact: Mapping[str, Any]) -> str:
     """One fact of the journal as a sentence (without its final stop)."""
     kind = str(fact.get("kind", ""))
@@ -158,5 +173,10 @@ def said(fact: Mapping[str, Any]) -> str:
         "turn.completed": lambda f: "the turn completed",
         "turn.failed": lambda f: f"the turn failed: {(f.get('error') or {}).get('message')}",
         "history.message": lambda f: f"a {f.get('role')} message (kept by an earlier version)",
+        "batch.accepted": lambda f: (
+            f"batch {f.get('call_id')} accepted: {f.get('size')} calls of {f.get('tool')}, {f.get('mode')}"
+            f" (at most {1 if f.get('mode') == 'ordered' else f.get('limit')} at once), {f.get('on_failure')}"
+        ),
+        "batch.progress": _batch_progress,
     }
     return simple[kind](fact) if kind in simple else kind.replace(".", " ").replace("_", " ")

@@ -13,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from brain.rules.batches import NAME as BATCH
 from brain.rules.calls import manual_intent, refusal, refused_intent
 from brain.rules.submits import shown_session
 from brain.rules.waits import builtin_intent
+from brain.run.batches import batch_intents
 from brain.run.context import BrainContext
 from brain.store import Intent, TurnRow
 from protocol import ExecuteBody, new_timed_id
@@ -36,7 +38,8 @@ async def build_intents(
     to nothing), or FAILED with the reason the Brain refused it. A call that needs a person's
     approval (its binding says so, or the agent's ``approvals`` name its tool) is PENDING with its
     command, sent once approved; a call of a manual tool is PENDING until a person answers it, and
-    one of a built-in wait until its clock, signal or approval does (``brain.rules.waits``).
+    one of a built-in wait until its clock, signal or approval does (``brain.rules.waits``); a
+    batch call is its own intent and one per item (``brain.run.batches``).
     ``trace``: the span the commands continue (carried to the Hands)."""
     intents = []
     for call in calls:
@@ -45,6 +48,11 @@ async def build_intents(
         binding = bindings.get(call["tool"]) or {}
         if why is not None:
             intents.append(refused_intent(execution_id, step, call, binding, why, detailed=detailed))
+        elif binding.get("builtin") and call["tool"] == BATCH:  # brain.run.batches
+            intents += await batch_intents(
+                ctx, row, execution_id, call, bindings, detailed=detailed, approvals=approvals, trace=trace,
+                pack=_sent,
+            )  # fmt: skip
         elif binding.get("builtin"):
             intents.append(builtin_intent(execution_id, step, call, detailed=detailed))
         elif binding.get("manual"):

@@ -15,9 +15,10 @@ from typing import Any
 
 from brain.rules import facts, moves
 from brain.rules.agents import AgentDefinition
+from brain.rules.batches import BUILTINS as BATCH_BUILTINS
 from brain.rules.states import TERMINAL_TURN, TurnPhase, TurnStatus
 from brain.rules.submits import Mark, Start, Submit, Submitted
-from brain.rules.waits import BUILTINS
+from brain.rules.waits import BUILTINS as WAIT_BUILTINS
 from brain.run.context import BrainContext
 from brain.run.history import ReadAhead
 from brain.store import Move, Moved, Settled, TurnRow
@@ -27,6 +28,8 @@ from infra.process.logging import get_logger
 from protocol import IllegalTransitionError, LimitReachedError, RoutingError, StaleOwnerError, TendonError
 
 log = get_logger(__name__)
+
+BUILTINS = WAIT_BUILTINS | BATCH_BUILTINS  # the tools the Brain answers itself
 
 
 @dataclass

@@ -62,7 +62,9 @@ class BrainContext:
             self._commit_moves,
             name="moves",
             order=lambda m: m.before.id,
-            single=lambda moves: True,  # commit_moves: one statement (the refusals are reads)
+            # commit_moves: one statement (the refusals are reads), and one more to freeze the
+            # manifests of batch calls (brain.store.batches), which then need a transaction
+            single=lambda moves: not any(i.batch for m in moves for i in m.intents),
         )
 
     async def move(self, move: Move) -> Moved:
@@ -93,6 +95,7 @@ class BrainContext:
         results: list[Moved | Exception] = []
         for move, moved in zip(moves, done, strict=True):
             if moved is not None:
+                await self.store.batches.freeze(conn, move.before.id, move.intents)
                 results.append(moved)
                 continue
             try:

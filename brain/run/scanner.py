@@ -37,6 +37,7 @@ from enum import StrEnum
 from typing import Any
 
 from brain.rules.submits import shown_session
+from brain.run.batches import admit_open
 from brain.run.context import BrainContext
 from brain.store import Settled
 from infra.db import Connection
@@ -142,6 +143,7 @@ class RepairScanner:
             await store.waits.answer_kept_signals(conn, self.ctx.wake_channel)
             await store.waits.answer_due(conn, self.ctx.wake_channel)
             await store.waits.reject_kept_signals(conn)
+            done.messages += await admit_open(self.ctx, conn)  # batches a lost apply left behind
             due = await store.repairs.due_waiting(conn)
             looks: dict[str, float] = {}
             for turn_id, group in itertools.groupby(due, key=lambda r: r["turn_id"]):

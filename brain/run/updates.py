@@ -4,7 +4,8 @@ A message of events (an ``EventBatch``: several executions' ranges) is acked onl
 effects are committed (or held behind a gap); the ranges of many messages share transactions
 (``apply``, a group committer). A turn whose step the apply completes is claimed there and then
 for a run of this Brain when it has a free slot, and handed to the scheduler after the commit: its
-results go to the model without another commit or wake-up. What can never be applied is parked
+results go to the model without another commit or wake-up. The same transaction admits the next
+calls of the batches whose calls it ended (``brain.run.batches``). What can never be applied is parked
 in the dead-letter queue with a reason, one execution's part at a time, so that the rest of a
 batch is applied; an object that fails verification also fails its turn.
 """
@@ -20,6 +21,7 @@ from typing import Any
 from structlog.contextvars import bound_contextvars
 
 from brain.rules.states import TERMINAL_TURN
+from brain.run.batches import admit_after_apply
 from brain.run.context import BrainContext
 from brain.run.history import ReadAhead
 from brain.run.runs import Scheduler
@@ -86,6 +88,7 @@ class UpdateConsumer:
         applied = await self.ctx.store.events.apply_events(
             conn, ranges, wake_channel=self.ctx.wake_channel, budget=budget
         )
+        admitted = await admit_after_apply(self.ctx, conn, applied.ended)  # batches' next children
         read = self._read_ahead(applied)
         results: list[Any] = []
         # Each execution this apply ended goes to the first range that names it: two ranges of one
@@ -96,7 +99,11 @@ class UpdateConsumer:
             mine = [e for e in dict.fromkeys(e.execution_id for e in events) if e not in told]
             ended = [applied.ended[e] for e in mine if e in applied.ended]
             told.update(mine)
-            results.append(refused if refused is not None else (claimed, ended, applied, read))
+            if refused is not None:
+                results.append(refused)
+                continue
+            results.append((claimed, ended, applied, read, admitted))
+            admitted = []  # sent once, by the first range's caller
         return results
 
     def _read_ahead(self, applied: Applied) -> SharedRead | None:
@@ -177,7 +184,9 @@ class UpdateConsumer:
                 }
                 await self._fail_turn_of(first, error)
                 raise ObjectRefError(error["message"]) from exc
-            claimed, ended, applied, read = await self.applier.submit(resolved)
+            claimed, ended, applied, read, admitted = await self.applier.submit(resolved)
+            if admitted:
+                self.ctx.commands.send(admitted)
             for tool in ended:
                 self.ctx.metrics.tool_ended(tool.tool, tool.status, tool.created_at)
             for row in claimed:  # committed: the run goes on from what this apply wrote
@@ -209,6 +218,8 @@ class UpdateConsumer:
         this Brain's to run (the message comes again, and applying it again is a no-op)."""
         if not isinstance(result, BaseException):
             self._adopt(result[0])
+            if result[4]:
+                self.ctx.commands.send(result[4])
 
     async def _fail_turn_of(self, header: Any, error: dict[str, str]) -> None:
         """Fail the turn of the execution an unverifiable update names, if the update's header is

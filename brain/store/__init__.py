@@ -18,6 +18,7 @@ field              part (PostgreSQL's)        what it owns
                                               person's answer to a call
 ``views``          ``Views`` (``_pg``)        a turn as its description reads it
 ``waits``          ``Waits``                  built-in waits: those the clock answers, a signal's
+``batches``        ``Batches``                batch calls' manifests, and admitting their children
 ``schedules``      ``Schedules``              schedules, and those due now
 ``metadata``       ``Metadata``               sessions' and threads' metadata (string pairs)
 ``gauges``         ``GaugeRows``              what the metrics count when scraped
@@ -54,6 +55,7 @@ from brain.rules.records import (
     Settled,
     TurnRow,
 )
+from brain.store.batches import Batches
 from brain.store.bindings import Bindings
 from brain.store.bindings_pg import PgBindings
 from brain.store.controls import Controls
@@ -130,6 +132,7 @@ class BrainStore(StoreBase, ParkedRows):
     controls: Controls
     views: Views
     waits: Waits
+    batches: Batches
     schedules: Schedules
     metadata: Metadata
     gauges: GaugeRows
@@ -150,6 +153,7 @@ class BrainStore(StoreBase, ParkedRows):
         self.controls = Controls(self)
         self.views = Views(self)
         self.waits = Waits(self)
+        self.batches = Batches(self)
         self.schedules = Schedules(self)
         self.metadata = Metadata(self)
         self.gauges = GaugeRows(self)

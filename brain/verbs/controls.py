@@ -355,6 +355,8 @@ def _refuse_response(turn: TurnRow, execution: Any, call: str, decision: str) ->
         how = f" ({execution['how']})" if execution["how"] else ""
         return f"call {execution['call_id']} waits for no answer: it is {execution['status']}{how}"
     awaits = (execution["how"] or "").removeprefix("awaiting_")
+    if awaits in ("batch", "admission"):  # brain.rules.batches: its calls answer it, no person
+        return f"call {execution['call_id']} is part of a batch: its calls answer it, not a person"
     if awaits in ("clock", "signal"):  # a built-in wait: its clock or a signal answers it, no person
         what = "its time" if awaits == "clock" else "a signal"
         return f"call {execution['call_id']} waits for {what}, not a person"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from brain.rules.batches import NAME as BATCH
+from brain.rules.batches import child_call
 from brain.rules.history import ThreadHistory
 from brain.rules.submits import shown_session, thread_name
 from brain.store import BrainStore, Entry
@@ -26,6 +28,9 @@ def call_arguments(entries: Iterable[Entry]) -> dict[str, Any]:
             if fact.get("kind") == "turn.model_replied":
                 for call in (fact.get("message") or {}).get("tool_calls") or []:
                     found[call.get("call_id")] = call.get("args")
+                    if call.get("tool") == BATCH:  # its children's: its items (brain.rules.batches)
+                        items = (call.get("args") or {}).get("items") or []
+                        found |= {child_call(call.get("call_id"), i): item for i, item in enumerate(items)}
     return found
 
 

@@ -11,6 +11,7 @@ function call(f) {
 const AWAITS = {
   approval: "a person's approval", result: "a person's result (a manual tool)",
   clock: "its time (a sleep)", signal: "a signal",
+  batch: "the calls of its batch", admission: "its turn in its batch",
 };
 
 // How an execution's outcome came about, by its ``how``.
@@ -26,6 +27,10 @@ export const HOW = {
   slept: "its sleep ended",
   timed_out: "its wait for a signal timed out",
   signalled: "answered by its signal",
+  batch: "every call of the batch settled",
+  not_run: "not run: its batch stopped after a failure",
+  awaiting_batch: "waits for the calls of its batch",
+  awaiting_admission: "waits for its turn in its batch",
   awaiting_clock: "waits for its time (a sleep)",
   awaiting_signal: "waits for a signal",
   awaiting_approval: "waits for a person's approval",
@@ -117,6 +122,17 @@ export function say(fact, entry = {}) {
       return s(`The turn failed: ${(fact.error || {}).message || "?"}.`, "bad");
     case "history.message":
       return s(`A ${fact.role} message (kept by an earlier version).`);
+    case "batch.accepted":
+      return s(`Batch ${fact.call_id} accepted: ${fact.size} calls of ${fact.tool}, ${fact.mode}`
+        + ` (at most ${fact.mode === "ordered" ? 1 : fact.limit} at once), ${fact.on_failure}.`);
+    case "batch.progress": {
+      const what = [];
+      if (fact.admitted) what.push(`${fact.admitted.length} call(s) started`);
+      if (fact.skipped) what.push(`${fact.skipped} call(s) will not run`);
+      if (fact.ended) what.push(`it ${fact.ended}`);
+      return s(`Batch ${fact.call_id}: ${what.join(", ") || "progress"} (${fact.done} done, ${fact.failed} failed, `
+        + `${fact.in_flight} running, ${fact.waiting} waiting).`, fact.ended === "failed" ? "bad" : "");
+    }
     default:
       return s(k.replace(/[._]/g, " "));
   }
