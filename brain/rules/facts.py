@@ -35,6 +35,10 @@ kind                            what happened
 ``turn.completed``              the turn's result (its last reply) is final
 ``turn.failed``                 the turn ended with an error
 ``execution.cancelled``         an open execution of a failed turn was settled
+``turn.delegated``              a delegated call's child turn was accepted (its turn and thread)
+``tool.delegated``              a delegated call was answered by its child's end (and its usage)
+``tool.child_cancel_requested`` a cancel was asked of a child whose parent call ended (or whose
+                                time budget ran out)
 ==============================  ==========================================================
 """
 
@@ -57,6 +61,7 @@ KINDS: tuple[str, ...] = (
     "execution.reported_late",
     *(f"execution.{s}" for s in ExecutionStatus if s != ExecutionStatus.INTENDED),
     *(f"control.{s}" for s in ControlStatus),
+    "turn.delegated", "tool.delegated", "tool.child_cancel_requested",
 )  # fmt: skip
 
 
@@ -161,3 +166,22 @@ def reported_late(execution_id: str, call_id: str, tool: str, reported: str, how
     fact = {"kind": "execution.reported_late", "execution_id": execution_id, "call_id": call_id, "tool": tool,
             "reported": reported}  # fmt: skip
     return fact | ({"how": how} if how else {})
+
+
+def delegated(execution_id: str, call_id: str, tool: str, child: dict[str, Any]) -> Fact:
+    """A delegated call's child turn was accepted: ``child`` names its turn, thread (the child's
+    own entries are in the same session's stream) and agent."""
+    return {"kind": "turn.delegated", "execution_id": execution_id, "call_id": call_id, "tool": tool,
+            **child}  # fmt: skip
+
+
+def tool_delegated(execution_id: str, call_id: str, tool: str, child_turn: str, status: str,
+                   usage: dict[str, int]) -> Fact:  # fmt: skip
+    """A delegated call took its child's end as its outcome; what the child spent."""
+    return {"kind": "tool.delegated", "execution_id": execution_id, "call_id": call_id, "tool": tool,
+            "child_turn": child_turn, "child_status": status, "usage": usage}  # fmt: skip
+
+
+def child_cancel_requested(execution_id: str, child_turn: str, control_id: int, reason: str) -> Fact:
+    return {"kind": "tool.child_cancel_requested", "execution_id": execution_id, "child_turn": child_turn,
+            "control_id": control_id, "reason": reason}  # fmt: skip

@@ -26,6 +26,7 @@ AWAITS = {
     "result": "a person's result (a manual tool)",
     "clock": "its time (a sleep)",
     "signal": "a signal",
+    "child": "its child turn (a delegate)",
 }
 
 

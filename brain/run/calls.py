@@ -14,6 +14,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from brain.rules.calls import manual_intent, refusal, refused_intent
+from brain.rules.delegation import delegate_intent
 from brain.rules.submits import shown_session
 from brain.rules.waits import builtin_intent
 from brain.run.context import BrainContext
@@ -45,6 +46,8 @@ async def build_intents(
         binding = bindings.get(call["tool"]) or {}
         if why is not None:
             intents.append(refused_intent(execution_id, step, call, binding, why, detailed=detailed))
+        elif binding.get("delegate"):
+            intents.append(delegate_intent(execution_id, step, call, binding, detailed=detailed))
         elif binding.get("builtin"):
             intents.append(builtin_intent(execution_id, step, call, detailed=detailed))
         elif binding.get("manual"):

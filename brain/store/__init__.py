@@ -19,6 +19,7 @@ field              part (PostgreSQL's)        what it owns
 ``views``          ``Views`` (``_pg``)        a turn as its description reads it
 ``waits``          ``Waits``                  built-in waits: those the clock answers, a signal's
 ``schedules``      ``Schedules``              schedules, and those due now
+``delegations``    ``Delegations``            parent calls and the child turns they started
 ``metadata``       ``Metadata``               sessions' and threads' metadata (string pairs)
 ``gauges``         ``GaugeRows``              what the metrics count when scraped
 ``retention``      ``RetentionRows``          what retention prunes (the journal of closed sessions)
@@ -57,6 +58,7 @@ from brain.rules.records import (
 from brain.store.bindings import Bindings
 from brain.store.bindings_pg import PgBindings
 from brain.store.controls import Controls
+from brain.store.delegations import Delegations
 from brain.store.events import Events
 from brain.store.events_pg import PgEvents
 from brain.store.executions import Executions
@@ -131,6 +133,7 @@ class BrainStore(StoreBase, ParkedRows):
     views: Views
     waits: Waits
     schedules: Schedules
+    delegations: Delegations
     metadata: Metadata
     gauges: GaugeRows
     retention: RetentionRows
@@ -151,6 +154,7 @@ class BrainStore(StoreBase, ParkedRows):
         self.views = Views(self)
         self.waits = Waits(self)
         self.schedules = Schedules(self)
+        self.delegations = Delegations(self)
         self.metadata = Metadata(self)
         self.gauges = GaugeRows(self)
         self.retention = RetentionRows(self)

@@ -355,8 +355,8 @@ def _refuse_response(turn: TurnRow, execution: Any, call: str, decision: str) ->
         how = f" ({execution['how']})" if execution["how"] else ""
         return f"call {execution['call_id']} waits for no answer: it is {execution['status']}{how}"
     awaits = (execution["how"] or "").removeprefix("awaiting_")
-    if awaits in ("clock", "signal"):  # a built-in wait: its clock or a signal answers it, no person
-        what = "its time" if awaits == "clock" else "a signal"
+    if awaits in ("clock", "signal", "child"):  # its clock, a signal or its child answers it, no person
+        what = {"clock": "its time", "signal": "a signal", "child": "its child turn"}[awaits]
         return f"call {execution['call_id']} waits for {what}, not a person"
     if awaits == "approval" and decision == "result":
         return f"call {execution['call_id']} waits for an approval (approve or deny), not a result"
