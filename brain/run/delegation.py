@@ -67,6 +67,7 @@ class DelegationLoop:
 
     async def _start_one(self, conn: Connection, e: Any) -> None:
         store = self.ctx.store
+        self.ctx.killpoints.hit("brain.before_child_accepted", e["call_id"])  # nothing of it committed
         agent, _ = await self.ctx.threads.get(conn, e["thread_id"])
         delegate = agent.delegates[e["tool"]]
         child = delegate.agent
