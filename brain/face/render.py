@@ -78,7 +78,7 @@ def _model_call(c: dict[str, Any]) -> str:
     return line
 
 
-def print_history(h: dict[str, list[dict[str, Any]]]) -> None:
+def print_history(h: dict[str, Any]) -> None:
     """`brain history` for people: each run, model call and committed step with its time, the steps
     in words."""
     print("runs" + _began(h) + ":")

@@ -29,13 +29,13 @@ field          meaning
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from brain.rules.names import check_thread_name
 from brain.rules.records import Intent
-from protocol import digest
+from protocol import SchemaError, digest
 
 if TYPE_CHECKING:
     from brain.rules.agents import AgentDefinition
@@ -47,6 +47,7 @@ AWAITING = "awaiting_child"  # the ``how`` of a call whose child runs (or is abo
 # by (a small partial index; cleared when the child starts, so it holds only the calls to start).
 TO_START = "delegate"
 REQUEST_PREFIX = "delegate:"  # a child turn's request id: this plus its parent call's execution id
+_AGENT = "the delegate's agent definition (name, version, model, tools...): a whole one, pinned with this"
 _INPUT_SCHEMA = {
     "type": "object",
     "properties": {"input": {"type": "string", "minLength": 1, "description": "what to ask the delegate"}},
@@ -71,7 +72,10 @@ class Delegate(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    agent: AgentDefinition
+    # Its schema says "an object", not the definition again: a schema that contains itself cannot
+    # be written out in place (the submit route's OpenAPI entry), and the definition is checked all
+    # the same when read.
+    agent: Annotated[AgentDefinition, WithJsonSchema({"type": "object", "description": _AGENT})]
     description: str = ""
     thread: str = PER_CALL
     budget: Budget = Budget()
@@ -81,7 +85,10 @@ class Delegate(BaseModel):
     @classmethod
     def _thread_name(cls, value: str) -> str:
         if value != PER_CALL:
-            check_thread_name(value)
+            try:
+                check_thread_name(value)
+            except SchemaError as exc:  # said as the definition's own error, where it is
+                raise ValueError(exc.message) from exc
         return value
 
     def binding(self, name: str) -> dict[str, Any]:

@@ -71,70 +71,52 @@ class DelegationLoop:
         agent, _ = await self.ctx.threads.get(conn, e["thread_id"])
         delegate = agent.delegates[e["tool"]]
         child = delegate.agent
-        name = rules.child_thread(delegate, e["id"])
-        child_thread = thread_id(e["session_id"], name)
+        child_thread = thread_id(e["session_id"], rules.child_thread(delegate, e["id"]))
         parent = await store.delegations.of_child(conn, e["turn_id"])
-        chain = (
-            list(parent["chain"])
-            if parent is not None
-            else [_link(e["session_id"], e["thread_id"], agent.name)]
-        )
+        root = [_link(e["session_id"], e["thread_id"], agent.name)]
+        chain = list(parent["chain"]) if parent is not None else root
         record = {
-            "agent_name": child.name,
-            "agent_version": child.version,
-            "budget": delegate.budget.model_dump(),
-            "on_budget": delegate.on_budget,
+            "agent_name": child.name, "agent_version": child.version, "on_budget": delegate.on_budget,
+            "budget": delegate.budget.model_dump(), "seconds": delegate.budget.seconds,
             "chain": [*chain, _link(e["session_id"], child_thread, child.name)],
-        }
+            "child_thread_id": child_thread,
+        }  # fmt: skip
         if e["status"] != "pending":  # the call ended first (its turn cancelled): no child, ever
             ended = f"the call was {e['status']} before its child was accepted"
-            await store.delegations.record(conn, e, {**record, "state": "never_started", "reason": ended})
+            never = {**record, "state": "never_started", "reason": ended, "child_thread_id": None}
+            await store.delegations.record(conn, e, never)
             return
         why = rules.cycle(chain, child_thread, child.name)
-        text = await _input(self.ctx, conn, e) if why is None else ""
-        turn_id = None
         if why is None:
-            submit = Submit(
-                e["namespace"],
-                shown_session(e["namespace"], e["session_id"]),
-                rules.child_request(e["id"]),
-                text,
-                child,
-                self.ctx.wake_channel,
-                name,
-            )
             try:
-                turn_id = (await store.submits.submit_in(conn, submit, None)).turn_id
+                await self._accept(conn, e, delegate, record)
+                return
             except TendonError as exc:  # refused before anything was written (a thread of another agent)
                 why = exc.message
-        if turn_id is None:
-            await self._refuse(conn, e, record, why or "refused")
-            return
-        await store.delegations.record(
-            conn,
-            e,
-            {
-                **record,
-                "state": "running",
-                "child_thread_id": child_thread,
-                "child_turn_id": turn_id,
-                "seconds": delegate.budget.seconds,
-            },
-        )
+        await self._refuse(conn, e, {**record, "child_thread_id": None}, why)
+
+    async def _accept(
+        self, conn: Connection, e: Any, delegate: rules.Delegate, record: dict[str, Any]
+    ) -> None:
+        """Accept the child turn, write its record and say so in the parent's stream: one commit."""
+        store, child = self.ctx.store, delegate.agent
+        name = rules.child_thread(delegate, e["id"])
+        text = await _input(self.ctx, conn, e)
+        submit = Submit(
+            e["namespace"], shown_session(e["namespace"], e["session_id"]), rules.child_request(e["id"]),
+            text, child, self.ctx.wake_channel, name,
+        )  # fmt: skip
+        turn_id = (await store.submits.submit_in(conn, submit, None)).turn_id
+        await store.delegations.record(conn, e, {**record, "state": "running", "child_turn_id": turn_id})
         said = {
             "child_turn": turn_id,
             "child_thread": name,
             "agent": {"name": child.name, "version": child.version},
         }
         await store.journal.append(
-            conn,
-            e["session_id"],
-            e["turn_id"],
-            [facts.delegated(e["id"], e["call_id"], e["tool"], said)],
-            thread_id=e["thread_id"],
-            status=e["turn_status"],
-            phase=e["phase"],
-        )
+            conn, e["session_id"], e["turn_id"], [facts.delegated(e["id"], e["call_id"], e["tool"], said)],
+            thread_id=e["thread_id"], status=e["turn_status"], phase=e["phase"],
+        )  # fmt: skip
         log.info("child_accepted", execution_id=e["id"], child_turn=turn_id, thread=name)
 
     async def _refuse(self, conn: Connection, e: Any, record: dict[str, Any], why: str) -> None:

@@ -1,0 +1,130 @@
+"""The rules of delegation, without servers: what a definition may declare, what the model sees of
+a delegate, how a call of one waits, which chains are cycles, when a budget is spent, and what a
+child's end makes of its parent's call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from brain.rules import delegation as rules
+from brain.rules.agents import AgentDefinition
+from brain.rules.moves import intents_reason
+from brain.run.claims import offered
+
+
+def sub(name: str = "researcher", **fields: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "version": "1",
+        "model": {"kind": "scripted", "script": [{"content": "x"}]},
+        **fields,
+    }
+
+
+def lead(**delegate: Any) -> AgentDefinition:
+    return AgentDefinition.model_validate(sub("lead", delegates={"research": {"agent": sub(), **delegate}}))
+
+
+def test_a_definition_declares_delegates_and_refuses_what_cannot_work() -> None:
+    agent = lead(thread="notes", budget={"model_calls": 3, "seconds": 60}, on_budget="partial")
+    d = agent.delegates["research"]
+    assert (d.agent.name, d.thread, d.budget.model_calls, d.budget.tokens) == ("researcher", "notes", 3, None)
+    for bad in ({"thread": "no spaces"}, {"on_budget": "retry"}, {"budget": {"model_calls": 0}},
+                {"budget": {"minutes": 1}}):  # fmt: skip
+        with pytest.raises(ValidationError):
+            lead(**bad)
+    with pytest.raises(ValidationError, match="a tool already"):
+        AgentDefinition.model_validate(
+            sub("lead", tools=["research"], delegates={"research": {"agent": sub()}})
+        )
+
+
+def test_a_definition_without_delegates_keeps_its_digest() -> None:
+    plain = AgentDefinition.model_validate(sub("lead"))
+    assert plain.digest == AgentDefinition.model_validate(sub("lead", delegates={})).digest
+    assert plain.digest != lead().digest
+
+
+def test_the_model_sees_a_delegate_as_a_tool_with_one_input_and_the_thread_freezes_it() -> None:
+    agent = lead()
+    binding = agent.delegates["research"].binding("research")
+    assert (binding["route"], binding["delegate"], binding["input_schema"]["required"]) == (
+        "brain",
+        True,
+        ["input"],
+    )
+    bindings, missing = offered(agent, {})
+    assert bindings["research"] == binding and missing == []
+    other = AgentDefinition.model_validate(
+        sub("lead", delegates={"research": {"agent": sub(instructions="new")}})
+    )
+    assert other.delegates["research"].binding("research")["digest"] != binding["digest"]  # pins the child
+
+
+def test_a_delegated_call_is_pending_until_its_child_ends_and_sends_nothing() -> None:
+    binding = lead().delegates["research"].binding("research")
+    call = {"call_id": "call-1", "tool": "research", "args": {"input": "look"}}
+    intent = rules.delegate_intent("exe-1", 1, call, binding, detailed=False)
+    assert (intent.status, intent.awaits, intent.how, intent.wait_key) == (
+        "pending", "child", rules.AWAITING, rules.TO_START,
+    )  # fmt: skip
+    assert not intent.sends and intent.command is None
+    assert intents_reason([intent]) == "a child turn for research call-1"
+    assert rules.child_thread(lead().delegates["research"], "exe-1") == "d-exe-1"
+    assert rules.child_thread(lead(thread="notes").delegates["research"], "exe-1") == "notes"
+    assert rules.child_request("exe-1") == "delegate:exe-1"
+
+
+def test_a_chain_that_comes_back_to_a_thread_or_an_agent_is_a_cycle() -> None:
+    chain = [{"thread": "ns/s", "thread_name": "main", "agent": "lead"},
+             {"thread": "ns/s/d-1", "thread_name": "d-1", "agent": "researcher"}]  # fmt: skip
+    assert rules.cycle(chain, "ns/s/d-2", "writer") is None
+    assert "thread 'main' would wait on itself" in (rules.cycle(chain, "ns/s", "writer") or "")
+    assert "lead -> researcher -> lead" in (rules.cycle(chain, "ns/s/d-2", "lead") or "")
+    assert "agent researcher delegates to itself" in (rules.cycle(chain, "ns/s/d-3", "researcher") or "")
+
+
+def replied(calls: int = 0, **usage: int) -> dict[str, Any]:
+    message = {"text": "t", "tool_calls": [{"call_id": f"c{i}"} for i in range(calls)]}
+    return {"kind": "turn.model_replied", "message": message, "usage": usage}
+
+
+def test_what_a_child_spent_and_when_its_budget_is_spent() -> None:
+    said = [
+        replied(2, prompt_tokens=10, completion_tokens=5),
+        {"kind": "turn.prepared"},
+        replied(1, total_tokens=30),
+    ]
+    used = rules.used(said)
+    assert used == {"model_calls": 2, "tool_calls": 3, "tokens": 45}
+    assert rules.spent(rules.Budget(), used, 10**6) is None
+    assert rules.spent(rules.Budget(model_calls=3, tool_calls=4, tokens=46, seconds=5), used, 4.9) is None
+    assert "2 model calls" in (rules.spent(rules.Budget(model_calls=2), used, 0) or "")
+    assert "3 tool calls" in (rules.spent(rules.Budget(tool_calls=3), used, 0) or "")
+    assert "45 tokens" in (rules.spent(rules.Budget(tokens=45), used, 0) or "")
+    assert "5 seconds" in (rules.spent(rules.Budget(seconds=5), used, 5.0) or "")
+    assert rules.tokens({"input_tokens": 3, "output_tokens": 4}) == 7
+
+
+def test_a_childs_end_is_its_parents_result() -> None:
+    assert rules.answer("completed", {"text": "hi"}, None) == ("succeeded", "delegated", {"text": "hi"}, None)
+    partial = rules.partial_result("so far", "its budget of 2 model calls is spent")
+    assert rules.answer("completed", partial, None)[:2] == ("succeeded", "partial")
+    status, how, result, error = rules.answer("failed", None, {"code": "x", "message": "boom"})
+    assert (status, result, error["code"]) == ("failed", None, "child_failed") and "boom" in error["message"]
+    assert rules.answer("cancelled", None, None)[3]["code"] == "child_cancelled"
+    rows = [{"tool": "sleep", "call_id": "call-1", "status": "cancelled", "result": None}]
+    late = rules.answer("cancelled", None, None, stopped="its time budget is spent", on_budget="partial",
+                        last_text="half", executions=rows)  # fmt: skip
+    assert (
+        late[:2] == ("succeeded", "partial")
+        and late[2]["text"] == "half"
+        and late[2]["results"][0]["tool"] == "sleep"
+    )
+    failed = rules.answer("cancelled", None, None, stopped="its time budget is spent")
+    assert failed[0] == "failed" and failed[3]["code"] == "limit_reached"
+    said = [replied(0), {"kind": "turn.model_replied", "message": {"text": ""}, "usage": {}}]
+    assert rules.last_text(said) == "t" and rules.last_text([]) is None
