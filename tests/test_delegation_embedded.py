@@ -210,3 +210,63 @@ async def test_cancelling_the_lead_cancels_its_children_and_their_running_tools(
             for f in r["facts"]]  # fmt: skip
     asked = [f for f in said if f["kind"] == "tool.child_cancel_requested"]
     assert sorted(f["child_turn"] for f in asked) == sorted(r["child_turn_id"] for r in records)
+
+
+async def test_a_child_stops_once_its_token_budget_is_spent(system: LocalSystem) -> None:
+    # Given a child whose every reply costs 10 tokens, with a budget of 25
+    step = {"tool_calls": [{"tool": "slow_step", "args": {"seconds": 0}}], "usage": {"total_tokens": 10}}
+    child = agent("spender", [step] * 10, tools=["slow_step"])
+    delegates = {"spend": {"agent": child, "budget": {"tokens": 25}}}
+    turn = await submit(system, lead(delegates, [{"tool": "spend", "args": {"input": "x"}}]), "t1")
+
+    # Then it made three model calls (30 tokens: the third took it past the bound), and no fourth
+    done = await ended(system, turn)
+    assert done["status"] == "completed", done["error"]
+    (record,) = await rows(system, "SELECT * FROM delegations WHERE parent_turn_id = $1", turn)
+    kid = (await rows(system, "SELECT * FROM turns WHERE id = $1", record["child_turn_id"]))[0]
+    assert (kid["status"], kid["model_calls"]) == ("failed", 3)
+    assert "25 tokens is spent (30 used)" in kid["error"]["message"]
+    history = await verbs.history(system.brain, namespace=NS, turn_id=turn)
+    assert history["children"][0]["usage"] == {"model_calls": 3, "total_tokens": 30}
+    assert history["usage"]["total_tokens"] == 30
+
+
+async def test_pausing_the_lead_does_not_pause_its_child(system: LocalSystem, tmp_path: Path) -> None:
+    # Given a lead whose child runs a tool until a file exists
+    gate = tmp_path / "go"
+    step = {"tool_calls": [{"tool": "slow_step", "args": {"seconds": 60, "gate": str(gate)}}]}
+    child = agent("worker", [step, {"content": "worked"}], tools=["slow_step"])
+    turn = await submit(
+        system, lead({"work": {"agent": child}}, [{"tool": "work", "args": {"input": "x"}}]), "p1"
+    )
+    await wait_for(lambda: lines(tmp_path / "runs.txt", "started", 1), timeout=30, what="the child's tool")
+    topology = Topology(Settings().queue_prefix)
+
+    # When the lead is paused, and the child's tool then finishes
+    paused = await controls.control(
+        system.brain, namespace=NS, turn_id=turn, request_id="hold", kind=Kind.PAUSE, topology=topology,
+        wake_channel=system.wake_channel,
+    )  # fmt: skip
+    assert paused.status == "applied"
+    await asyncio.to_thread(gate.write_text, "")
+
+    # Then the child completes, its answer is the lead's call's result, and the lead stays paused
+    (record,) = await rows(system, "SELECT * FROM delegations WHERE parent_turn_id = $1", turn)
+    assert (await ended(system, record["child_turn_id"]))["status"] == "completed"
+
+    async def answered() -> Any:
+        (call,) = await rows(system, "SELECT * FROM executions WHERE turn_id = $1", turn)
+        return call if call["status"] == "succeeded" else None
+
+    assert (await wait_for(answered, timeout=30, what="the lead's call answered"))["result"][
+        "text"
+    ] == "worked"
+    assert (await rows(system, "SELECT status FROM turns WHERE id = $1", turn))[0]["status"] == "paused"
+
+    # And once resumed, the lead completes with it
+    revision = (await rows(system, "SELECT revision FROM turns WHERE id = $1", turn))[0]["revision"]
+    await controls.control(
+        system.brain, namespace=NS, turn_id=turn, request_id="go", kind=Kind.RESUME, topology=topology,
+        wake_channel=system.wake_channel, revision=revision,
+    )  # fmt: skip
+    assert "worked" in (await ended(system, turn))["result"]["text"]
