@@ -116,3 +116,5 @@ def sent(ctx: BrainContext, intents: Sequence[Intent]) -> None:
     for intent in intents:
         ctx.killpoints.hit("brain.after_intent_commit", intent.call_id)
     ctx.commands.send([(i.queue, i.command, i.command_message_id) for i in intents if i.sends and i.command])
+    if any(i.awaits == "child" for i in intents):
+        ctx.delegations.set()  # its child is accepted at once, not at the loop's next period

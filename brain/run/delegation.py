@@ -235,7 +235,9 @@ class DelegationLoop:
         return len(rows)
 
     async def run(self) -> None:
-        await BackgroundLoop("delegations", self.pass_once, period=self.interval).run()
+        await BackgroundLoop(
+            "delegations", self.pass_once, period=self.interval, wake=self.ctx.delegations
+        ).run()
 
 
 def _link(session_key: str, thread: str, agent: str) -> dict[str, str]:
