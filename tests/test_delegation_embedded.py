@@ -48,10 +48,13 @@ async def system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
         yield running
 
 
-async def submit(system: LocalSystem, definition: AgentDefinition, request: str, session: str = "s") -> str:
+async def submit(
+    system: LocalSystem, definition: AgentDefinition, request: str, session: str = "s", thread: str = "main"
+) -> str:
     turn_id, _ = await verbs.submit(
         system.brain, namespace=NS, session_id=session, request_id=request, user_input="go",
         agent=definition, wake_channel=system.wake_channel, tools=verbs.KnownTools(served=system.served),
+        thread=thread,
     )  # fmt: skip
     return turn_id
 
@@ -270,3 +273,63 @@ async def test_pausing_the_lead_does_not_pause_its_child(system: LocalSystem, tm
         wake_channel=system.wake_channel, revision=revision,
     )  # fmt: skip
     assert "worked" in (await ended(system, turn))["result"]["text"]
+
+
+async def test_children_delegate_further_and_the_lead_history_adds_every_level(system: LocalSystem) -> None:
+    # Given lead -> planner -> writer, each level answering with what the one below said
+    writer = agent("writer", [{"content": "a draft"}])
+    plan = [
+        {"tool_calls": [{"tool": "write", "args": {"input": "draft it"}}]},
+        {"content": "plan: {results}"},
+    ]
+    planner = agent("planner", plan, delegates={"write": {"agent": writer}})
+    turn = await submit(
+        system, lead({"plan": {"agent": planner}}, [{"tool": "plan", "args": {"input": "x"}}]), "d1"
+    )
+
+    # Then the lead's answer holds the writer's, and its history each level's cost
+    done = await ended(system, turn)
+    assert done["status"] == "completed" and "a draft" in done["result"]["text"], done["error"]
+    history = await verbs.history(system.brain, namespace=NS, turn_id=turn)
+    (plan,) = history["children"]
+    (write,) = plan["children"]
+    assert (plan["agent"]["name"], write["agent"]["name"]) == ("planner", "writer")
+    assert (write["usage"]["model_calls"], plan["usage"]["model_calls"], history["usage"]["model_calls"]) == (
+        1,
+        3,
+        5,
+    )
+    (record,) = await rows(system, "SELECT chain FROM delegations WHERE agent_name = 'writer'")
+    assert [link["agent"] for link in record["chain"]] == ["lead", "planner", "writer"]
+
+
+async def test_a_named_thread_of_another_agent_is_refused_with_the_reason(system: LocalSystem) -> None:
+    # Given a session whose thread "shared" a child of alpha made
+    first = {"ask": {"agent": agent("alpha", [{"content": "a"}]), "thread": "shared"}}
+    call = [{"tool": "ask", "args": {"input": "x"}}]
+    assert (await ended(system, await submit(system, lead(first, call, name="l1"), "a1", "s1")))[
+        "status"
+    ] == "completed"
+
+    # When another lead of the session (in another thread) delegates to beta in that thread
+    second = {"ask": {"agent": agent("beta", [{"content": "b"}]), "thread": "shared"}}
+    turn = await submit(system, lead(second, call, name="l2"), "a2", "s1", thread="other")
+
+    # Then its call fails with the reason, and no child of beta exists
+    assert (await ended(system, turn))["status"] == "completed"
+    (refused,) = await rows(system, "SELECT * FROM executions WHERE turn_id = $1", turn)
+    assert (refused["status"], refused["how"]) == ("failed", "refused")
+    assert "pinned to agent alpha version 1" in refused["error"]["message"]
+    assert not await rows(system, "SELECT id FROM turns WHERE request_id = $1", f"delegate:{refused['id']}")
+
+
+async def test_the_readme_lead_agent_runs(tmp_path: Path) -> None:
+    settings = Settings(scan_interval=0.5, reconnect_grace=0.5, lease_seconds=10, http="off")
+    pools = [("hello", "examples.hello_tools")]
+    async with run_local(
+        settings, DataDir(tmp_path / "data"), pools=pools, killpoints=KillPoints()
+    ) as system:
+        definition = AgentDefinition.from_file(Path("examples/lead_agent.json"))
+        done = await ended(system, await submit(system, definition, "readme"))
+        assert done["status"] == "completed", done["error"]
+        assert "Hello, world!" in done["result"]["text"] and "Yes, it is." in done["result"]["text"]
