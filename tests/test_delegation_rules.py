@@ -10,9 +10,11 @@ import pytest
 from pydantic import ValidationError
 
 from brain.rules import delegation as rules
+from brain.rules.admission import check_model, unknown_tools
 from brain.rules.agents import AgentDefinition
 from brain.rules.moves import intents_reason
 from brain.run.claims import offered
+from protocol import SchemaError
 
 
 def sub(name: str = "researcher", **fields: Any) -> dict[str, Any]:
@@ -128,3 +130,15 @@ def test_a_childs_end_is_its_parents_result() -> None:
     assert failed[0] == "failed" and failed[3]["code"] == "limit_reached"
     said = [replied(0), {"kind": "turn.model_replied", "message": {"text": ""}, "usage": {}}]
     assert rules.last_text(said) == "t" and rules.last_text([]) is None
+
+
+def test_a_submit_checks_its_delegates_tools_and_models_too() -> None:
+    child = sub(tools=["search", "fetch"], expect_tools=["fetch"])
+    agent = AgentDefinition.model_validate(sub("lead", tools=["read"], delegates={"r": {"agent": child}}))
+    assert unknown_tools(agent, {"read"}, expect=False) == ["search"]
+    assert unknown_tools(agent, {"read", "search"}, expect=False) == []
+    odd = AgentDefinition.model_validate(
+        sub("lead", delegates={"r": {"agent": {**sub(), "model": {"kind": "x"}}}})
+    )
+    with pytest.raises(SchemaError, match="agent researcher names model kind 'x'"):
+        check_model(odd)
