@@ -137,3 +137,23 @@ async def test_a_child_over_its_time_budget_ends_with_its_partial_result(world: 
     assert (call["status"], call["how"], call["result"]["partial"]) == ("succeeded", "partial", True)
     (asked,) = await world.obs.facts(turn, "tool.child_cancel_requested")
     assert asked["child_turn"] == record["child_turn_id"]
+
+
+async def test_two_brains_start_each_child_once(world: World) -> None:
+    # Given two Brains, and five leads that each delegate to two sub-agents at once
+    for name in ("brain1", "brain2"):
+        await world.processes.start_ready(name, BRAIN, world.env)
+    delegates = {
+        "a": {"agent": sub("alpha", [{"content": "from alpha"}])},
+        "b": {"agent": sub("beta", [{"content": "from beta"}])},
+    }
+    calls = [{"tool": "a", "args": {"input": "x"}}, {"tool": "b", "args": {"input": "y"}}]
+    turns = [await world.submit(f"lead{i}", delegates, calls) for i in range(5)]
+
+    # Then each completes with both answers, from exactly one child per call
+    for turn in turns:
+        done = await world.obs.wait_turn(turn, "completed")
+        assert "from alpha" in done["result"]["text"] and "from beta" in done["result"]["text"]
+        assert len(await world.obs.facts(turn, "turn.delegated")) == 2
+        assert len(await world.obs.facts(turn, "tool.delegated")) == 2
+    assert len(await world.children()) == 10

@@ -333,3 +333,15 @@ async def test_the_readme_lead_agent_runs(tmp_path: Path) -> None:
         done = await ended(system, await submit(system, definition, "readme"))
         assert done["status"] == "completed", done["error"]
         assert "Hello, world!" in done["result"]["text"] and "Yes, it is." in done["result"]["text"]
+
+
+async def test_a_child_over_its_time_budget_fails_when_told_to(system: LocalSystem) -> None:
+    nap = [{"tool_calls": [{"tool": "sleep", "args": {"seconds": 300}}]}, {"content": "woke"}]
+    delegates = {"nap": {"agent": agent("sleeper", nap, tools=["sleep"]), "budget": {"seconds": 0.5}}}
+    turn = await submit(system, lead(delegates, [{"tool": "nap", "args": {"input": "x"}}]), "s1")
+    assert (await ended(system, turn))["status"] == "completed"
+    (call,) = await rows(system, "SELECT * FROM executions WHERE turn_id = $1", turn)
+    assert (call["status"], call["error"]["code"]) == ("failed", "limit_reached")
+    assert "time budget" in call["error"]["message"]
+    (record,) = await rows(system, "SELECT * FROM delegations WHERE parent_turn_id = $1", turn)
+    assert (await ended(system, record["child_turn_id"]))["status"] == "cancelled"

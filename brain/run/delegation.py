@@ -186,7 +186,7 @@ class DelegationLoop:
                         rules.used(child),
                     )
                 )
-                await store.delegations.mark(conn, d["execution_id"], "settled")
+                await store.delegations.settled(conn, d["execution_id"])
             await store.journal.append(
                 conn,
                 d["session_id"],
@@ -214,7 +214,8 @@ class DelegationLoop:
                 conn: Connection, d: Any = d, why: str = why, over: bool = over, cid: int = control_id
             ) -> None:
                 state = "over_budget" if over else d["state"]
-                await store.delegations.mark(conn, d["execution_id"], state, reason=why, cancel_control=cid)
+                if not await store.delegations.cancel_asked(conn, d["execution_id"], state, why, cid):
+                    return  # another Brain's pass said it already
                 fact = facts.child_cancel_requested(d["execution_id"], d["child_turn_id"], cid, why)
                 await store.journal.append(
                     conn,

@@ -116,22 +116,20 @@ class Delegations(Part):
             )
         )
 
-    async def mark(
-        self,
-        conn: Connection,
-        execution_id: str,
-        state: str,
-        *,
-        reason: str | None = None,
-        cancel_control: int | None = None,
-    ) -> None:
-        settled = ", settled_at = now()" if state == "settled" else ""
+    async def cancel_asked(
+        self, conn: Connection, execution_id: str, state: str, reason: str, control_id: int
+    ) -> bool:
+        """Note the cancel asked of a record's child; False when it was noted already."""
+        status = await conn.execute(
+            """UPDATE delegations SET state = $2, reason = $3, cancel_control = $4
+                WHERE execution_id = $1 AND cancel_control IS NULL""",
+            execution_id, state, reason, control_id,
+        )  # fmt: skip
+        return str(status).endswith(" 1")
+
+    async def settled(self, conn: Connection, execution_id: str) -> None:
+        """The record's call took its child's end."""
         await conn.execute(
-            f"""UPDATE delegations SET state = $2, reason = COALESCE($3, reason),
-                       cancel_control = COALESCE($4, cancel_control){settled}
-                 WHERE execution_id = $1""",
+            "UPDATE delegations SET state = 'settled', settled_at = now() WHERE execution_id = $1",
             execution_id,
-            state,
-            reason,
-            cancel_control,
         )
