@@ -93,7 +93,7 @@ def print_history(h: dict[str, Any]) -> None:
     for line in _children(h.get("children") or []):
         print(line)
     if h.get("usage"):
-        print(f"usage, children included: {_usage(h['usage'])}")
+        print(f"usage{', children included' if h.get('children') else ''}: {_usage(h['usage'])}")
     print(f"steps ({len(h['steps'])} committed, each a journal entry):")
     for s in h["steps"]:
         said = s.get("said") or s["facts"]
