@@ -149,54 +149,39 @@ class DelegationLoop:
         for turn_id, group in itertools.groupby(rows, key=lambda r: r["parent_turn_id"]):
             said: list[dict[str, Any]] = []
             for d in group:
-                child = await _facts(self.ctx, conn, d["session_id"], d["child_turn_id"])
-                status = d["child_status"]
-                if d["call_status"] == "pending":
-                    stopped = d["reason"] if d["state"] == "over_budget" else None
-                    outcome, how, result, error = rules.answer(
-                        status,
-                        d["child_result"],
-                        d["child_error"],
-                        stopped=stopped,
-                        on_budget=d["on_budget"],
-                        last_text=rules.last_text(child),
-                        executions=await store.executions.turn_executions(conn, d["child_turn_id"]),
-                    )
-                    call = {"id": d["execution_id"], "turn_id": turn_id, "tool_step": d["tool_step"]}
-                    await store.controls.settle_by_hand(
-                        conn,
-                        call,
-                        status=outcome,
-                        how=how,
-                        result=Json(result) if result is not None else None,
-                        error=Json(error) if error else None,
-                        evidence=f"child turn {d['child_turn_id']} {status}",
-                        wake_channel=self.ctx.wake_channel,
-                    )
-                    said.append(
-                        facts.execution_event(outcome, d["execution_id"], d["call_id"], d["tool"], how=how)
-                    )
-                said.append(
-                    facts.tool_delegated(
-                        d["execution_id"],
-                        d["call_id"],
-                        d["tool"],
-                        d["child_turn_id"],
-                        status,
-                        rules.used(child),
-                    )
-                )
-                await store.delegations.settled(conn, d["execution_id"])
+                said += await self._answer_one(conn, d)
             await store.journal.append(
-                conn,
-                d["session_id"],
-                turn_id,
-                said,
-                thread_id=d["parent_thread_id"],
-                status=await store.turns.status_of(conn, turn_id),
-                phase=d["parent_phase"],
-            )
+                conn, d["session_id"], turn_id, said, thread_id=d["parent_thread_id"],
+                status=await store.turns.status_of(conn, turn_id), phase=d["parent_phase"],
+            )  # fmt: skip
         return len(rows)
+
+    async def _answer_one(self, conn: Connection, d: Any) -> list[dict[str, Any]]:
+        """Settle the parent's call of a child that ended (unless the call ended first: a cancel of
+        the parent); the facts that say so, and what the child spent."""
+        store, child_turn, status = self.ctx.store, d["child_turn_id"], d["child_status"]
+        child = await _facts(self.ctx, conn, d["session_id"], child_turn)
+        said = []
+        if d["call_status"] == "pending":
+            outcome, how, result, error = rules.answer(
+                status, d["child_result"], d["child_error"], on_budget=d["on_budget"],
+                stopped=d["reason"] if d["state"] == "over_budget" else None,
+                last_text=rules.last_text(child),
+                executions=await store.executions.turn_executions(conn, child_turn),
+            )  # fmt: skip
+            call = {"id": d["execution_id"], "turn_id": d["parent_turn_id"], "tool_step": d["tool_step"]}
+            await store.controls.settle_by_hand(
+                conn, call, status=outcome, how=how, result=None if result is None else Json(result),
+                error=Json(error) if error else None, evidence=f"child turn {child_turn} {status}",
+                wake_channel=self.ctx.wake_channel,
+            )  # fmt: skip
+            said.append(facts.execution_event(outcome, d["execution_id"], d["call_id"], d["tool"], how=how))
+        used = rules.used(child)
+        said.append(
+            facts.tool_delegated(d["execution_id"], d["call_id"], d["tool"], child_turn, status, used)
+        )
+        await store.delegations.settled(conn, d["execution_id"])
+        return said
 
     async def _stop_children(self) -> int:
         """Cancel the children whose parent's call ended or whose time ran out (each a control,
