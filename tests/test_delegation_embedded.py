@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from brain import verbs
@@ -21,6 +22,7 @@ from infra.process.killpoints import KillPoints
 from infra.process.settings import Settings
 from infra.transport import Topology
 from local.embedded import DataDir, LocalSystem, run_local
+from local.testing import local_tendon
 from tests.support import wait_for
 
 NS = "default"
@@ -345,3 +347,22 @@ async def test_a_child_over_its_time_budget_fails_when_told_to(system: LocalSyst
     assert "time budget" in call["error"]["message"]
     (record,) = await rows(system, "SELECT * FROM delegations WHERE parent_turn_id = $1", turn)
     assert (await ended(system, record["child_turn_id"]))["status"] == "cancelled"
+
+
+async def test_over_http_a_lead_runs_and_its_history_and_stream_name_its_children(tmp_path: Path) -> None:
+    # Given the development server (HTTP API), and the README's lead agent submitted through it
+    definition = AgentDefinition.from_file(Path("examples/lead_agent.json"))
+    async with local_tendon(tmp_path / "data", "examples.hello_tools") as local:
+        turn = await local.run(definition, "Go", session="team")
+        assert turn["status"] == "completed" and "Hello, world!" in turn["result"]["text"]
+
+        # Then its history names both children with their cost, and the session's stream holds
+        # the children's own entries beside the lead's facts that name them
+        history = await local.client.history(turn["turn_id"])
+        assert sorted(c["agent"]["name"] for c in history["children"]) == ["greeter", "reviewer"]
+        assert history["usage"]["model_calls"] == 2 + 2 + 1
+        async with httpx.AsyncClient(base_url=local.url, timeout=30) as http:
+            page = (await http.get("/v1/sessions/team/events", params={"limit": 1000})).json()
+        named = {f["child_turn"] for e in page["events"] for f in e["facts"] if f["kind"] == "turn.delegated"}
+        assert named == {c["child_turn"] for c in history["children"]}
+        assert named <= {e["turn_id"] for e in page["events"]}
