@@ -366,3 +366,20 @@ async def test_over_http_a_lead_runs_and_its_history_and_stream_name_its_childre
         named = {f["child_turn"] for e in page["events"] for f in e["facts"] if f["kind"] == "turn.delegated"}
         assert named == {c["child_turn"] for c in history["children"]}
         assert named <= {e["turn_id"] for e in page["events"]}
+
+
+async def test_a_child_makes_no_model_call_after_its_tool_call_budget(system: LocalSystem) -> None:
+    # Given a child whose first reply asks for two tool calls, with a budget of one tool call
+    two = {"tool_calls": [{"tool": "slow_step", "args": {"seconds": 0}}] * 2}
+    child = agent("caller", [two, two, {"content": "never"}], tools=["slow_step"])
+    delegates = {"call": {"agent": child, "budget": {"tool_calls": 1}, "on_budget": "partial"}}
+    turn = await submit(system, lead(delegates, [{"tool": "call", "args": {"input": "x"}}]), "tc1")
+
+    # Then the reply that crossed the bound was its last: its calls ran, no model call followed
+    assert (await ended(system, turn))["status"] == "completed"
+    (record,) = await rows(system, "SELECT * FROM delegations WHERE parent_turn_id = $1", turn)
+    kid = (await rows(system, "SELECT * FROM turns WHERE id = $1", record["child_turn_id"]))[0]
+    assert (kid["status"], kid["model_calls"]) == ("completed", 1)
+    (call,) = await rows(system, "SELECT * FROM executions WHERE turn_id = $1", turn)
+    assert call["how"] == "partial" and len(call["result"]["results"]) == 2
+    assert "1 tool calls is spent (2 used)" in call["result"]["reason"]
