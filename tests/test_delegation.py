@@ -1,9 +1,10 @@
 """Delegation with real Brain processes on PostgreSQL: a lead agent delegates to two sub-agents at
 once and its Brain is SIGKILLed right after the children were accepted: the next Brain finds the
-record, starts no second child, and the lead completes with both answers; a cancel that came
-before a child was accepted leaves a record, so no child starts late; a child over its time
-budget ends with its partial result; `brain history` of the lead shows each child's cost, added
-up. No Hands pool runs: the children's tools are the Brain's own built-ins."""
+record, starts no second child, and the lead completes with both answers; two Brains start each
+child once; a cancel that came before a child was accepted leaves a record, so no child starts
+late; cancelling the lead cancels both children and their running tools (a real Hands pool); a
+child over its time budget ends with its partial result; `brain history` of the lead shows each
+child's cost, added up."""
 
 from __future__ import annotations
 
