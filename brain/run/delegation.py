@@ -69,7 +69,11 @@ class DelegationLoop:
         store = self.ctx.store
         self.ctx.killpoints.hit("brain.before_child_accepted", e["call_id"])  # nothing of it committed
         agent, _ = await self.ctx.threads.get(conn, e["thread_id"])
-        delegate = agent.delegates[e["tool"]]
+        delegate = agent.delegates.get(e["tool"])
+        if delegate is None:  # its thread moved to an edited agent (a development server's)
+            gone = {"agent_name": "", "agent_version": "", "budget": {}, "on_budget": "fail", "chain": []}
+            await self._refuse(conn, e, gone, f"agent {agent.name} has no delegate {e['tool']!r} any more")
+            return
         child = delegate.agent
         child_thread = thread_id(e["session_id"], rules.child_thread(delegate, e["id"]))
         parent = await store.delegations.of_child(conn, e["turn_id"])
