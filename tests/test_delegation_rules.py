@@ -10,9 +10,11 @@ import pytest
 from pydantic import ValidationError
 
 from brain.rules import delegation as rules
+from brain.rules import facts
 from brain.rules.admission import check_model, unknown_tools
 from brain.rules.agents import AgentDefinition
 from brain.rules.moves import intents_reason
+from brain.rules.words import said
 from brain.run.claims import offered
 from protocol import SchemaError
 
@@ -142,3 +144,24 @@ def test_a_submit_checks_its_delegates_tools_and_models_too() -> None:
     )
     with pytest.raises(SchemaError, match="agent researcher names model kind 'x'"):
         check_model(odd)
+
+
+def test_the_delegation_facts_say_in_words_what_happened() -> None:
+    call = {"execution_id": "exe-1", "call_id": "call-1", "tool": "research"}
+    child = {
+        "child_turn": "turn-9",
+        "child_thread": "d-exe-1",
+        "agent": {"name": "researcher", "version": "1"},
+    }
+    assert said(facts.delegated("exe-1", "call-1", "research", child)) == (
+        "research (call-1) started child turn turn-9 of agent researcher in thread d-exe-1"
+    )
+    spent = {"model_calls": 2, "tool_calls": 0, "tokens": 30}
+    assert "child turn turn-9 completed (2 model calls" in said(
+        facts.tool_delegated("exe-1", "call-1", "research", "turn-9", "completed", spent)
+    )
+    asked = said(facts.child_cancel_requested("exe-1", "turn-9", 4, "its parent's call was cancelled"))
+    assert asked == "a cancel was asked of child turn turn-9 (control #4): its parent's call was cancelled"
+    partial = said({"kind": "execution.succeeded", **call, "how": "partial"})
+    assert "when its budget was spent" in partial
+    assert {"turn.delegated", "tool.delegated", "tool.child_cancel_requested"} <= set(facts.KINDS)

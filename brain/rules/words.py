@@ -20,6 +20,9 @@ HOW = {
     "slept": "its sleep ended",
     "timed_out": "its wait for a signal timed out",
     "signalled": "answered by its signal",
+    "delegated": "answered by its child turn",
+    "partial": "answered by its child turn, with what it had when its budget was spent",
+    "refused": "refused: no child turn was started",
 }
 AWAITS = {
     "approval": "a person's approval",
@@ -159,5 +162,17 @@ def said(fact: Mapping[str, Any]) -> str:
         "turn.completed": lambda f: "the turn completed",
         "turn.failed": lambda f: f"the turn failed: {(f.get('error') or {}).get('message')}",
         "history.message": lambda f: f"a {f.get('role')} message (kept by an earlier version)",
+        "turn.delegated": lambda f: (
+            f"{_call(f)} started child turn {f.get('child_turn')} of agent "
+            f"{(f.get('agent') or {}).get('name')} in thread {f.get('child_thread')}"
+        ),
+        "tool.delegated": lambda f: (
+            f"{_call(f)}: its child turn {f.get('child_turn')} {f.get('child_status')} "
+            f"({usage_words(f.get('usage'))})"
+        ),
+        "tool.child_cancel_requested": lambda f: (
+            f"a cancel was asked of child turn {f.get('child_turn')} (control #{f.get('control_id')}): "
+            f"{f.get('reason')}"
+        ),
     }
     return simple[kind](fact) if kind in simple else kind.replace(".", " ").replace("_", " ")
