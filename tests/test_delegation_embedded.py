@@ -383,3 +383,29 @@ async def test_a_child_makes_no_model_call_after_its_tool_call_budget(system: Lo
     (call,) = await rows(system, "SELECT * FROM executions WHERE turn_id = $1", turn)
     assert call["how"] == "partial" and len(call["result"]["results"]) == 2
     assert "1 tool calls is spent (2 used)" in call["result"]["reason"]
+
+
+async def test_a_child_cancelled_on_its_own_fails_its_call_and_the_lead_goes_on(
+    system: LocalSystem, tmp_path: Path
+) -> None:
+    step = {"tool_calls": [{"tool": "slow_step", "args": {"seconds": 60, "gate": str(tmp_path / "never")}}]}
+    child = agent("stuck", [step, {"content": "done"}], tools=["slow_step"])
+    turn = await submit(
+        system, lead({"go": {"agent": child}}, [{"tool": "go", "args": {"input": "x"}}]), "k1"
+    )
+    (record,) = await wait_for(
+        lambda: rows(system, "SELECT * FROM delegations WHERE parent_turn_id = $1", turn), what="the child"
+    )
+    await wait_for(lambda: lines(tmp_path / "runs.txt", "started", 1), timeout=30, what="the child's tool")
+
+    # When someone cancels the child itself
+    await controls.control(
+        system.brain, namespace=NS, turn_id=record["child_turn_id"], request_id="stop-child",
+        kind=Kind.CANCEL, topology=Topology(Settings().queue_prefix), wake_channel=system.wake_channel,
+    )  # fmt: skip
+
+    # Then the lead's call fails saying so, and the lead goes on to its answer
+    done = await ended(system, turn)
+    assert done["status"] == "completed"
+    (call,) = await rows(system, "SELECT * FROM executions WHERE turn_id = $1", turn)
+    assert (call["status"], call["error"]["code"]) == ("failed", "child_cancelled")

@@ -165,3 +165,13 @@ def test_the_delegation_facts_say_in_words_what_happened() -> None:
     partial = said({"kind": "execution.succeeded", **call, "how": "partial"})
     assert "when its budget was spent" in partial
     assert {"turn.delegated", "tool.delegated", "tool.child_cancel_requested"} <= set(facts.KINDS)
+
+
+def test_a_development_server_versions_the_delegates_by_content_too() -> None:
+    edited = AgentDefinition.model_validate(sub("lead", delegates={"r": {"agent": sub(instructions="new")}}))
+    original, changed = lead().versioned_by_content(), edited.versioned_by_content()
+    first, second = original.delegates["research"].agent, changed.delegates["r"].agent
+    assert (
+        first.version.startswith("1+") and second.version.startswith("1+") and first.version != second.version
+    )
+    assert lead().versioned_by_content() == original  # the same content, the same versions

@@ -186,7 +186,12 @@ class AgentDefinition(BaseModel):
                 f"agent {self.name} version {shown(self.version)} is too long for a local development "
                 f"server, which adds its content's digest: at most {MAX_AGENT_VERSION - 13} characters"
             )
-        return self.model_copy(update={"version": version})
+        # Its delegates' agents too: an edited child is a new version of its name, not a CONFLICT.
+        delegates = {
+            n: d.model_copy(update={"agent": d.agent.versioned_by_content()})
+            for n, d in self.delegates.items()
+        }
+        return self.model_copy(update={"version": version, "delegates": delegates})
 
     @classmethod
     def from_file(cls, path: str | Path) -> AgentDefinition:
