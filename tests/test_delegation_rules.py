@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from brain.face.render import print_history
 from brain.rules import delegation as rules
 from brain.rules import facts
 from brain.rules.admission import check_model, unknown_tools
@@ -175,3 +176,30 @@ def test_a_development_server_versions_the_delegates_by_content_too() -> None:
         first.version.startswith("1+") and second.version.startswith("1+") and first.version != second.version
     )
     assert lead().versioned_by_content() == original  # the same content, the same versions
+
+
+def test_brain_history_prints_each_child_and_the_sum(capsys: pytest.CaptureFixture[str]) -> None:
+    leaf = {"tool": "write", "call_id": "call-1", "agent": {"name": "writer"}, "child_turn": "turn-3",
+            "child_thread": "d-exe-2", "child_status": "completed", "state": "settled", "reason": None,
+            "usage": {"model_calls": 1}, "children": []}  # fmt: skip
+    mid = {**leaf, "tool": "plan", "agent": {"name": "planner"}, "child_turn": "turn-2",
+           "child_thread": "d-exe-1", "usage": {"model_calls": 3}, "children": [leaf]}  # fmt: skip
+    refused = {**leaf, "tool": "again", "call_id": "call-2", "child_turn": None, "child_status": None,
+               "state": "refused", "reason": "a cycle", "usage": {}}  # fmt: skip
+    history = {
+        "runs": [],
+        "model_calls": [],
+        "steps": [],
+        "children": [mid, refused],
+        "usage": {"model_calls": 5},
+    }
+    print_history(history)
+    out = capsys.readouterr().out
+    assert (
+        "delegated:\n  plan call-1 -> agent planner, turn turn-2 in thread d-exe-1, completed: 3 model" in out
+    )
+    assert (
+        "    write call-1 -> agent writer, turn turn-3 in thread d-exe-2, completed: 1 model calls\n" in out
+    )
+    assert "  again call-2 -> agent writer, no child, refused (a cycle)\n" in out
+    assert "usage, children included: 5 model calls" in out
