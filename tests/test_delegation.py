@@ -74,7 +74,7 @@ async def test_a_brain_killed_after_its_children_were_accepted_starts_no_second_
     turn = await world.submit("lead", delegates, calls)
     assert await world.processes.wait_exit(doomed) == -9
     accepted = await world.records(turn, 2)
-    assert all(r["state"] == "running" and r["child_turn_id"] for r in accepted)
+    assert all(r["status"] == "running" and r["child_turn_id"] for r in accepted)
 
     # When another Brain starts
     await world.processes.start_ready("brain2", BRAIN, world.env)
@@ -113,7 +113,7 @@ async def test_a_cancel_before_the_child_was_accepted_leaves_a_record_and_no_chi
 
     # Then the call's record says no child was started, and none ever is
     (record,) = await world.records(turn, 1)
-    assert record["state"] == "never_started" and record["child_turn_id"] is None
+    assert record["status"] == "never_started" and record["child_turn_id"] is None
     assert "cancelled before its child was accepted" in record["reason"]
     assert await world.children() == []
 
@@ -129,7 +129,7 @@ async def test_a_child_over_its_time_budget_ends_with_its_partial_result(world: 
     # Then the child is cancelled once its time is spent, and the lead's call takes what it had
     await world.obs.wait_turn(turn, "completed", timeout=30)
     (record,) = await world.records(turn, 1)
-    assert record["state"] == "settled" and "time budget" in record["reason"]
+    assert record["status"] == "settled" and "time budget" in record["reason"]
     assert await world.obs.turn_status(record["child_turn_id"]) == "cancelled"
     (call,) = await world.obs.executions(turn)
     assert (call["status"], call["how"], call["result"]["partial"]) == ("succeeded", "partial", True)

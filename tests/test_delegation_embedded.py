@@ -98,7 +98,7 @@ async def test_a_lead_delegates_to_two_children_and_answers_with_both(system: Lo
     assert done["status"] == "completed", done["error"]
     assert "found: water is wet" in done["result"]["text"] and "reviewed ok" in done["result"]["text"]
     records = await rows(system, "SELECT * FROM delegations WHERE parent_turn_id = $1 ORDER BY call_id", turn)
-    assert [(r["tool"], r["state"]) for r in records] == [("research", "settled"), ("review", "settled")]
+    assert [(r["tool"], r["status"]) for r in records] == [("research", "settled"), ("review", "settled")]
     children = {r["tool"]: r for r in records}
     assert children["review"]["child_thread_id"] == "default/s/reviews"
     assert children["research"]["child_thread_id"] == f"default/s/d-{children['research']['execution_id']}"

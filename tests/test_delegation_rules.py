@@ -17,7 +17,8 @@ from brain.rules.agents import AgentDefinition
 from brain.rules.moves import intents_reason
 from brain.rules.words import said
 from brain.run.claims import offered
-from protocol import SchemaError
+from brain.store.sql import delegation_becomes
+from protocol import IllegalTransitionError, SchemaError
 
 
 def sub(name: str = "researcher", **fields: Any) -> dict[str, Any]:
@@ -180,12 +181,12 @@ def test_a_development_server_versions_the_delegates_by_content_too() -> None:
 
 def test_brain_history_prints_each_child_and_the_sum(capsys: pytest.CaptureFixture[str]) -> None:
     leaf = {"tool": "write", "call_id": "call-1", "agent": {"name": "writer"}, "child_turn": "turn-3",
-            "child_thread": "d-exe-2", "child_status": "completed", "state": "settled", "reason": None,
+            "child_thread": "d-exe-2", "child_status": "completed", "status": "settled", "reason": None,
             "usage": {"model_calls": 1}, "children": []}  # fmt: skip
     mid = {**leaf, "tool": "plan", "agent": {"name": "planner"}, "child_turn": "turn-2",
            "child_thread": "d-exe-1", "usage": {"model_calls": 3}, "children": [leaf]}  # fmt: skip
     refused = {**leaf, "tool": "again", "call_id": "call-2", "child_turn": None, "child_status": None,
-               "state": "refused", "reason": "a cycle", "usage": {}}  # fmt: skip
+               "status": "refused", "reason": "a cycle", "usage": {}}  # fmt: skip
     history = {
         "runs": [],
         "model_calls": [],
@@ -203,3 +204,12 @@ def test_brain_history_prints_each_child_and_the_sum(capsys: pytest.CaptureFixtu
     )
     assert "  again call-2 -> agent writer, no child, refused (a cycle)\n" in out
     assert "usage, children included: 5 model calls" in out
+
+
+def test_a_delegation_record_moves_only_as_its_table_says() -> None:
+    S = rules.DelegationStatus
+    assert rules.OPEN_DELEGATION == {S.RUNNING, S.OVER_BUDGET}
+    assert delegation_becomes(S.SETTLED).guard == "status IN ('over_budget', 'running')"
+    assert delegation_becomes(S.OVER_BUDGET).guard == "status IN ('running')"
+    with pytest.raises(IllegalTransitionError):
+        delegation_becomes(S.RUNNING)  # nothing moves back to running

@@ -109,7 +109,7 @@ def _children(children: list[dict[str, Any]], depth: int = 1) -> list[str]:
     lines = ["delegated:"] if depth == 1 and children else []
     for c in children:
         where = f"turn {c['child_turn']} in thread {c['child_thread']}" if c["child_turn"] else "no child"
-        end = c["child_status"] or c["state"]
+        end = c["child_status"] or c["status"]
         cost = f": {_usage(c['usage'])}" if c["usage"] else ""
         why = f" ({c['reason']})" if c.get("reason") else ""
         call = f"{c['tool']} {c['call_id']} -> agent {c['agent']['name']}"

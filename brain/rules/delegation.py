@@ -29,6 +29,7 @@ field          meaning
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
@@ -54,6 +55,28 @@ _INPUT_SCHEMA = {
     "required": ["input"],
     "additionalProperties": False,
 }
+
+
+class DelegationStatus(StrEnum):
+    """Where a delegated call's record stands (its first status is one of running, refused and
+    never_started)."""
+
+    RUNNING = "running"  # its child was accepted and has not ended
+    OVER_BUDGET = "over_budget"  # its child's time budget ran out: a cancel was asked of it
+    SETTLED = "settled"  # the call took its child's end
+    REFUSED = "refused"  # no child: a cycle, or the child's thread refused it
+    NEVER_STARTED = "never_started"  # no child: the call ended (its turn cancelled) first
+
+
+_D = DelegationStatus
+DELEGATION_TRANSITIONS: dict[DelegationStatus, frozenset[DelegationStatus]] = {
+    _D.RUNNING: frozenset({_D.OVER_BUDGET, _D.SETTLED}),
+    _D.OVER_BUDGET: frozenset({_D.SETTLED}),
+    _D.SETTLED: frozenset(),
+    _D.REFUSED: frozenset(),
+    _D.NEVER_STARTED: frozenset(),
+}
+OPEN_DELEGATION = frozenset(s for s, targets in DELEGATION_TRANSITIONS.items() if targets)
 
 
 class Budget(BaseModel):

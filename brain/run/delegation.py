@@ -26,6 +26,7 @@ from typing import Any
 
 from brain.rules import delegation as rules
 from brain.rules import facts, moves
+from brain.rules.delegation import DelegationStatus as Status
 from brain.rules.states import TurnPhase, TurnStatus
 from brain.rules.submits import Submit, shown_session, thread_id
 from brain.run.context import BrainContext
@@ -87,7 +88,12 @@ class DelegationLoop:
         }  # fmt: skip
         if e["status"] != "pending":  # the call ended first (its turn cancelled): no child, ever
             ended = f"the call was {e['status']} before its child was accepted"
-            never = {**record, "state": "never_started", "reason": ended, "child_thread_id": None}
+            never = {
+                **record,
+                "status": Status.NEVER_STARTED,
+                "reason": ended,
+                "child_thread_id": None,
+            }
             await store.delegations.record(conn, e, never)
             return
         why = rules.cycle(chain, child_thread, child.name)
@@ -111,7 +117,9 @@ class DelegationLoop:
             text, child, self.ctx.wake_channel, name,
         )  # fmt: skip
         turn_id = (await store.submits.submit_in(conn, submit, None)).turn_id
-        await store.delegations.record(conn, e, {**record, "state": "running", "child_turn_id": turn_id})
+        await store.delegations.record(
+            conn, e, {**record, "status": Status.RUNNING, "child_turn_id": turn_id}
+        )
         said = {
             "child_turn": turn_id,
             "child_thread": name,
@@ -125,7 +133,7 @@ class DelegationLoop:
 
     async def _refuse(self, conn: Connection, e: Any, record: dict[str, Any], why: str) -> None:
         store = self.ctx.store
-        await store.delegations.record(conn, e, {**record, "state": "refused", "reason": why})
+        await store.delegations.record(conn, e, {**record, "status": Status.REFUSED, "reason": why})
         await store.controls.settle_by_hand(
             conn,
             e,
@@ -169,7 +177,7 @@ class DelegationLoop:
         if d["call_status"] == "pending":
             outcome, how, result, error = rules.answer(
                 status, d["child_result"], d["child_error"], on_budget=d["on_budget"],
-                stopped=d["reason"] if d["state"] == "over_budget" else None,
+                stopped=d["reason"] if d["status"] == Status.OVER_BUDGET else None,
                 last_text=rules.last_text(child),
                 executions=await store.executions.turn_executions(conn, child_turn),
             )  # fmt: skip
@@ -202,8 +210,9 @@ class DelegationLoop:
             async def work(
                 conn: Connection, d: Any = d, why: str = why, over: bool = over, cid: int = control_id
             ) -> None:
-                state = "over_budget" if over else d["state"]
-                if not await store.delegations.cancel_asked(conn, d["execution_id"], state, why, cid):
+                if not await store.delegations.cancel_asked(
+                    conn, d["execution_id"], why, cid, over_budget=over
+                ):
                     return  # another Brain's pass said it already
                 fact = facts.child_cancel_requested(d["execution_id"], d["child_turn_id"], cid, why)
                 await store.journal.append(

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from brain.rules.delegation import TO_START
+from brain.rules.delegation import OPEN_DELEGATION, TO_START, DelegationStatus
 from brain.store.part import Part
-from brain.store.sql import TERMINAL_SQL
+from brain.store.sql import TERMINAL_SQL, delegation_becomes, in_list
 from infra.db import Connection, Json
 
-OPEN = "d.state IN ('running', 'over_budget')"
+OPEN = f"d.status IN {in_list(OPEN_DELEGATION)}"  # the partial index's own words
+_OVER_BUDGET = delegation_becomes(DelegationStatus.OVER_BUDGET)
+_SETTLED = delegation_becomes(DelegationStatus.SETTLED)
 COLUMNS = (
     "d.execution_id, d.namespace, d.session_id, d.parent_turn_id, d.parent_thread_id, d.call_id, d.tool, "
     "d.agent_name, d.agent_version, d.child_thread_id, d.child_turn_id, d.chain, d.budget, d.on_budget, "
-    "d.deadline, d.state, d.reason, d.cancel_control, d.created_at"
+    "d.deadline, d.status, d.reason, d.cancel_control, d.created_at"
 )
 
 
@@ -44,7 +46,7 @@ class Delegations(Part):
         await conn.execute(
             """INSERT INTO delegations (execution_id, namespace, session_id, parent_turn_id, parent_thread_id,
                                         call_id, tool, agent_name, agent_version, child_thread_id,
-                                        child_turn_id, chain, budget, on_budget, deadline, state, reason)
+                                        child_turn_id, chain, budget, on_budget, deadline, status, reason)
                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, ts_add(now(), $15),
                        $16, $17)
                ON CONFLICT DO NOTHING""",
@@ -63,7 +65,7 @@ class Delegations(Part):
             Json(values["budget"]),
             values["on_budget"],
             values.get("seconds"),
-            values["state"],
+            str(values["status"]),
             values.get("reason"),
         )
         await conn.execute("UPDATE executions SET wait_key = NULL WHERE id = $1", e["id"])
@@ -117,19 +119,23 @@ class Delegations(Part):
         )
 
     async def cancel_asked(
-        self, conn: Connection, execution_id: str, state: str, reason: str, control_id: int
+        self, conn: Connection, execution_id: str, reason: str, control_id: int, *, over_budget: bool
     ) -> bool:
-        """Note the cancel asked of a record's child; False when it was noted already."""
+        """Note the cancel asked of a record's child (over its time budget: the record says so);
+        False when it was noted already."""
+        became = f"{_OVER_BUDGET.set}, " if over_budget else ""
+        guard = f" AND {_OVER_BUDGET.guard}" if over_budget else ""
         status = await conn.execute(
-            """UPDATE delegations SET state = $2, reason = $3, cancel_control = $4
-                WHERE execution_id = $1 AND cancel_control IS NULL""",
-            execution_id, state, reason, control_id,
+            f"""UPDATE delegations SET {became}reason = $2, cancel_control = $3
+                 WHERE execution_id = $1 AND cancel_control IS NULL{guard}""",
+            execution_id, reason, control_id,
         )  # fmt: skip
         return str(status).endswith(" 1")
 
     async def settled(self, conn: Connection, execution_id: str) -> None:
         """The record's call took its child's end."""
         await conn.execute(
-            "UPDATE delegations SET state = 'settled', settled_at = now() WHERE execution_id = $1",
+            f"UPDATE delegations SET {_SETTLED.set}, settled_at = now()"
+            f" WHERE execution_id = $1 AND {_SETTLED.guard}",
             execution_id,
         )

@@ -44,7 +44,7 @@ async def children(
     for r in await store.delegations.children_of(conn, turn_id):
         child: dict[str, Any] = {
             "execution_id": r["execution_id"], "call_id": r["call_id"], "tool": r["tool"],
-            "agent": {"name": r["agent_name"], "version": r["agent_version"]}, "state": r["state"],
+            "agent": {"name": r["agent_name"], "version": r["agent_version"]}, "status": r["status"],
             "reason": r["reason"], "child_turn": r["child_turn_id"], "child_status": r["child_status"],
             "child_thread": thread_name(session_key, r["child_thread_id"]) if r["child_thread_id"] else None,
             "usage": {},

@@ -19,14 +19,14 @@ CREATE TABLE delegations (
     budget jsonb NOT NULL,
     on_budget text NOT NULL,
     deadline timestamptz,
-    state text NOT NULL,
+    status text NOT NULL,
     reason text,
     cancel_control bigint,
     created_at timestamptz NOT NULL DEFAULT now(),
     settled_at timestamptz);
 CREATE INDEX delegations_child ON delegations (child_turn_id);
 CREATE INDEX delegations_parent ON delegations (parent_turn_id);
-CREATE INDEX delegations_open ON delegations (created_at) WHERE state IN ('running', 'over_budget');
+CREATE INDEX delegations_open ON delegations (created_at) WHERE status IN ('over_budget', 'running');
 -- The delegated calls whose child is not accepted yet (their ``wait_key`` is cleared when it is):
 -- no column an event's apply writes is in it, so those updates stay HOT.
 CREATE INDEX executions_to_delegate ON executions (created_at) WHERE wait_key = 'delegate';
