@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from brain.rules.controls import Kind
 from brain.run.claims import Served
 from brain.run.context import BrainContext
+from brain.run.delegation import DelegationLoop
 from brain.run.metrics import BrainMetrics
 from brain.run.relay import CommandRelay, ControlRelay
 from brain.run.runs import Scheduler, Wakeups
@@ -20,6 +22,7 @@ from brain.run.scanner import RepairScanner
 from brain.run.schedules import ScheduleLoop
 from brain.run.updates import BindingsConsumer, UpdateConsumer
 from brain.store import BrainStore, open_store, wake_channel
+from brain.verbs.controls import control
 from infra.db import Connection, keep_statistics, session_name
 from infra.db.notify import Listener
 from infra.db.retention import DAY, Horizon, keep_pruned
@@ -159,6 +162,16 @@ def horizons(store: BrainStore, settings: Settings) -> list[Horizon]:
     ]
 
 
+async def cancel_child(ctx: BrainContext, namespace: str, turn_id: str, request_id: str) -> int:
+    """Cancel a delegated child through the controls' verb (its running tools with it); the
+    control's id. The request id makes asking again asking once."""
+    receipt = await control(
+        ctx.store, namespace=namespace, turn_id=turn_id, request_id=request_id, kind=Kind.CANCEL,
+        topology=ctx.topology, wake_channel=ctx.wake_channel, ended=ctx.ended, send=ctx.controls.send,
+    )  # fmt: skip
+    return receipt.control_id
+
+
 def first_look(settings: Settings) -> float:
     """When the repair scan first looks at a turn that waits for its tools: once a Brain that died
     right after committing its intents has been seen dead (its commands are then sent again)."""
@@ -272,6 +285,7 @@ async def _start(
         "control-relay": ctx.controls.run(),
         "repair-scan": scanner.run(),
         "schedules": ScheduleLoop(ctx, settings.scan_interval).run(),
+        "delegations": DelegationLoop(ctx, settings.scan_interval, partial(cancel_child, ctx)).run(),
         "statistics": keep_statistics(store.pool),
         "retention": keep_pruned(store.transact, horizons(store, settings)),
         "claims": scheduler.run(),

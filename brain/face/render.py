@@ -78,7 +78,7 @@ def _model_call(c: dict[str, Any]) -> str:
     return line
 
 
-def print_history(h: dict[str, list[dict[str, Any]]]) -> None:
+def print_history(h: dict[str, Any]) -> None:
     """`brain history` for people: each run, model call and committed step with its time, the steps
     in words."""
     print("runs" + _began(h) + ":")
@@ -90,7 +90,29 @@ def print_history(h: dict[str, list[dict[str, Any]]]) -> None:
     print("model calls:")
     for c in h["model_calls"]:
         print(_model_call(c))
+    for line in _children(h.get("children") or []):
+        print(line)
+    if h.get("usage"):
+        print(f"usage{', children included' if h.get('children') else ''}: {_usage(h['usage'])}")
     print(f"steps ({len(h['steps'])} committed, each a journal entry):")
     for s in h["steps"]:
         said = s.get("said") or s["facts"]
         print(f"  {clock(s.get('at'))}  #{s['seq']:<4} {s['status']}/{s['phase']}: {'; '.join(said)}")
+
+
+def _usage(usage: dict[str, Any]) -> str:
+    return ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in usage.items())
+
+
+def _children(children: list[dict[str, Any]], depth: int = 1) -> list[str]:
+    """A turn's delegated calls, each with its child turn, thread and cost (its children's too)."""
+    lines = ["delegated:"] if depth == 1 and children else []
+    for c in children:
+        where = f"turn {c['child_turn']} in thread {c['child_thread']}" if c["child_turn"] else "no child"
+        end = c["child_status"] or c["status"]
+        cost = f": {_usage(c['usage'])}" if c["usage"] else ""
+        why = f" ({c['reason']})" if c.get("reason") else ""
+        call = f"{c['tool']} {c['call_id']} -> agent {c['agent']['name']}"
+        lines.append(f"{'  ' * depth}{call}, {where}, {end}{why}{cost}")
+        lines += _children(c.get("children") or [], depth + 1)
+    return lines

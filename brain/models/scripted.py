@@ -11,7 +11,7 @@ numbered across the turn. ``"delay": SECONDS`` in an entry makes that reply take
 slow model would (tests of leases and of faults during a model call); ``"gate": PATH`` makes it
 wait until that file exists (a test that must act during the call, however slow its machine);
 ``"error": MESSAGE`` makes it fail, retryable unless ``"retryable": false`` (tests of the retry
-policy).
+policy); ``"usage": {...}`` is the reply's token usage (``{"steps": 1}`` without it).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class ScriptedModel:
                 ToolCall(call_id=f"call-{calls_so_far + i + 1}", tool=c["tool"], args=c.get("args", {}))
                 for i, c in enumerate(entry["tool_calls"])
             ]
-            return ModelReply(tool_calls=calls, usage={"steps": 1})
+            return ModelReply(tool_calls=calls, usage=entry.get("usage", {"steps": 1}))
         content = str(entry.get("content", ""))
         if "{results}" in content:
             lines = [
@@ -68,4 +68,4 @@ class ScriptedModel:
                 if m.role == "tool"
             ]
             content = content.replace("{results}", "\n".join(lines))
-        return ModelReply(content=content, usage={"steps": 1})
+        return ModelReply(content=content, usage=entry.get("usage", {"steps": 1}))

@@ -26,13 +26,22 @@ def check_model(agent: AgentDefinition) -> None:
             f"agent {agent.name} names model kind {kind!r}, which no Brain has "
             f"(the kinds: {', '.join(MODEL_KINDS)})"
         )
+    for delegate in agent.delegates.values():  # a child's, refused with its lead, not a minute later
+        check_model(delegate.agent)
 
 
 def pool_tools(agent: AgentDefinition) -> list[str]:
     """The tools of ``agent`` a Hands pool must announce (a person answers its manual tools, and
-    the Brain its built-ins: ``brain.rules.waits``, ``brain.rules.batches``)."""
+    the Brain its built-ins: ``brain.rules.waits``, ``brain.rules.batches``), its delegates'
+    agents' included."""
     manual = {m.name for m in agent.manual_tools}
-    return [t for t in agent.tools if t not in manual and t not in WAITS and t != BATCH]
+    own = [t for t in agent.tools if t not in manual and t not in WAITS and t != BATCH]
+    below = [t for d in agent.delegates.values() for t in pool_tools(d.agent)]
+    return own + sorted(set(below) - set(own))
+
+
+def _expected(agent: AgentDefinition) -> set[str]:
+    return set(agent.expect_tools).union(*(_expected(d.agent) for d in agent.delegates.values()))
 
 
 def unknown_tools(agent: AgentDefinition, known: Collection[str], *, expect: bool) -> list[str]:
@@ -40,7 +49,7 @@ def unknown_tools(agent: AgentDefinition, known: Collection[str], *, expect: boo
     the agent does not list them in ``expect_tools`` and the submit does not ``expect`` tools."""
     if expect:
         return []
-    expected = set(agent.expect_tools)
+    expected = _expected(agent)
     return sorted({t for t in pool_tools(agent) if t not in known and t not in expected})
 
 

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticSerializationError
 
+from brain.rules.delegation import Delegate
 from brain.rules.names import MAX_AGENT_VERSION, AgentName, AgentVersion, shown
 from brain.rules.retry import RetryPolicy
 from protocol import DecodeError, SchemaError, digest, loads
@@ -52,6 +53,7 @@ _LATER_DEFAULTS: dict[str, Any] = {
     "approvals": [],
     "manual_tools": [],
     "expect_tools": [],
+    "delegates": {},
 }
 _LATER_LIMITS: dict[str, Any] = {"max_tool_calls": 200, "max_crashes": 3}
 
@@ -137,11 +139,19 @@ class AgentDefinition(BaseModel):
         "(its turn waits for a pool to announce them) instead of refusing them as unknown",
     )
 
+    delegates: dict[str, Delegate] = Field(
+        default_factory=dict,
+        description="tools that start a turn of another agent in a child thread (brain.rules.delegation)",
+    )
+
     @model_validator(mode="after")
     def _expected_are_tools(self) -> AgentDefinition:
         strays = sorted(set(self.expect_tools) - set(self.tools))
         if strays:
             raise ValueError(f"expect_tools names {', '.join(strays)}, which `tools` does not")
+        clash = sorted(set(self.delegates) & (set(self.tools) | {m.name for m in self.manual_tools}))
+        if clash:
+            raise ValueError(f"delegates names {', '.join(clash)}, which is a tool already")
         return self
 
     @property
@@ -176,7 +186,12 @@ class AgentDefinition(BaseModel):
                 f"agent {self.name} version {shown(self.version)} is too long for a local development "
                 f"server, which adds its content's digest: at most {MAX_AGENT_VERSION - 13} characters"
             )
-        return self.model_copy(update={"version": version})
+        # Its delegates' agents too: an edited child is a new version of its name, not a CONFLICT.
+        delegates = {
+            n: d.model_copy(update={"agent": d.agent.versioned_by_content()})
+            for n, d in self.delegates.items()
+        }
+        return self.model_copy(update={"version": version, "delegates": delegates})
 
     @classmethod
     def from_file(cls, path: str | Path) -> AgentDefinition:
@@ -191,6 +206,10 @@ class AgentDefinition(BaseModel):
             return cls.model_validate(data)
         except ValidationError as exc:
             raise SchemaError(f"agent definition {path} is {invalid(exc)}") from exc
+
+
+Delegate.model_rebuild(_types_namespace={"AgentDefinition": AgentDefinition})
+AgentDefinition.model_rebuild()
 
 
 def invalid(exc: ValidationError) -> str:

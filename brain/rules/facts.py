@@ -38,6 +38,10 @@ kind                            what happened
 ``batch.accepted``              a batch call's manifest was frozen (its tool, mode, limit, size)
 ``batch.progress``              a batch admitted children, skipped them (fail-fast) or ended:
                                 how many are done, failed, in flight, not admitted yet
+``turn.delegated``              a delegated call's child turn was accepted (its turn and thread)
+``tool.delegated``              a delegated call was answered by its child's end (and its usage)
+``tool.child_cancel_requested`` a cancel was asked of a child whose parent call ended (or whose
+                                time budget ran out)
 ==============================  ==========================================================
 """
 
@@ -60,6 +64,7 @@ KINDS: tuple[str, ...] = (
     "execution.reported_late", "batch.accepted", "batch.progress",
     *(f"execution.{s}" for s in ExecutionStatus if s != ExecutionStatus.INTENDED),
     *(f"control.{s}" for s in ControlStatus),
+    "turn.delegated", "tool.delegated", "tool.child_cancel_requested",
 )  # fmt: skip
 
 
@@ -184,3 +189,20 @@ def batch_progress(
     if skipped:
         fact["skipped"] = skipped
     return fact | ({"ended": ended} if ended else {})
+def delegated(execution_id: str, call_id: str, tool: str, child: dict[str, Any]) -> Fact:
+    """A delegated call's child turn was accepted: ``child`` names its turn, thread (the child's
+    own entries are in the same session's stream) and agent."""
+    return {"kind": "turn.delegated", "execution_id": execution_id, "call_id": call_id, "tool": tool,
+            **child}  # fmt: skip
+
+
+def tool_delegated(execution_id: str, call_id: str, tool: str, child_turn: str, status: str,
+                   usage: dict[str, int]) -> Fact:  # fmt: skip
+    """A delegated call took its child's end as its outcome; what the child spent."""
+    return {"kind": "tool.delegated", "execution_id": execution_id, "call_id": call_id, "tool": tool,
+            "child_turn": child_turn, "child_status": status, "usage": usage}  # fmt: skip
+
+
+def child_cancel_requested(execution_id: str, child_turn: str, control_id: int, reason: str) -> Fact:
+    return {"kind": "tool.child_cancel_requested", "execution_id": execution_id, "child_turn": child_turn,
+            "control_id": control_id, "reason": reason}  # fmt: skip

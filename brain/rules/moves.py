@@ -151,6 +151,8 @@ def intents_reason(intents: Sequence[Intent]) -> str:
             parts.append(f"a person's result for {i.tool} {i.call_id}")
         elif i.awaits == "clock":
             parts.append(f"{i.tool} {i.call_id} to end ({i.wait_seconds:g} s)")
+        elif i.awaits == "child":
+            parts.append(f"a child turn for {i.tool} {i.call_id}")
         elif i.awaits == "signal":
             until = f" (at most {i.wait_seconds:g} s)" if i.wait_seconds is not None else ""
             parts.append(f"signal {i.wait_key} for {i.call_id}{until}")

@@ -22,6 +22,9 @@ HOW = {
     "signalled": "answered by its signal",
     "batch": "every call of the batch settled",
     "not_run": "not run: its batch stopped after a failure",
+    "delegated": "answered by its child turn",
+    "partial": "answered by its child turn, with what it had when its budget was spent",
+    "refused": "refused: no child turn was started",
 }
 AWAITS = {
     "approval": "a person's approval",
@@ -30,6 +33,7 @@ AWAITS = {
     "signal": "a signal",
     "batch": "the calls of its batch",
     "admission": "its turn in its batch",
+    "child": "its child turn (a delegate)",
 }
 
 
@@ -178,5 +182,17 @@ def said(fact: Mapping[str, Any]) -> str:
             f" (at most {1 if f.get('mode') == 'ordered' else f.get('limit')} at once), {f.get('on_failure')}"
         ),
         "batch.progress": _batch_progress,
+        "turn.delegated": lambda f: (
+            f"{_call(f)} started child turn {f.get('child_turn')} of agent "
+            f"{(f.get('agent') or {}).get('name')} in thread {f.get('child_thread')}"
+        ),
+        "tool.delegated": lambda f: (
+            f"{_call(f)}: its child turn {f.get('child_turn')} {f.get('child_status')} "
+            f"({usage_words(f.get('usage'))})"
+        ),
+        "tool.child_cancel_requested": lambda f: (
+            f"a cancel was asked of child turn {f.get('child_turn')} (control #{f.get('control_id')}): "
+            f"{f.get('reason')}"
+        ),
     }
     return simple[kind](fact) if kind in simple else kind.replace(".", " ").replace("_", " ")

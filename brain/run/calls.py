@@ -15,6 +15,7 @@ from typing import Any
 
 from brain.rules.batches import NAME as BATCH
 from brain.rules.calls import manual_intent, refusal, refused_intent
+from brain.rules.delegation import delegate_intent
 from brain.rules.submits import shown_session
 from brain.rules.waits import builtin_intent
 from brain.run.batches import batch_intents
@@ -53,6 +54,8 @@ async def build_intents(
                 ctx, row, execution_id, call, bindings, detailed=detailed, approvals=approvals, trace=trace,
                 pack=_sent,
             )  # fmt: skip
+        elif binding.get("delegate"):
+            intents.append(delegate_intent(execution_id, step, call, binding, detailed=detailed))
         elif binding.get("builtin"):
             intents.append(builtin_intent(execution_id, step, call, detailed=detailed))
         elif binding.get("manual"):
@@ -121,3 +124,5 @@ def sent(ctx: BrainContext, intents: Sequence[Intent]) -> None:
     for intent in intents:
         ctx.killpoints.hit("brain.after_intent_commit", intent.call_id)
     ctx.commands.send([(i.queue, i.command, i.command_message_id) for i in intents if i.sends and i.command])
+    if any(i.awaits == "child" for i in intents):
+        ctx.delegations.set()  # its child is accepted at once, not at the loop's next period

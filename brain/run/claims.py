@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from brain.rules import facts, moves
+from brain.rules import delegation, facts, moves
 from brain.rules.agents import AgentDefinition
 from brain.rules.batches import BUILTINS as BATCH_BUILTINS
 from brain.rules.states import TERMINAL_TURN, TurnPhase, TurnStatus
@@ -249,13 +249,14 @@ async def announced(
 
 def offered(agent: AgentDefinition, latest: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """What a new thread of ``agent`` freezes given the ``latest`` announced bindings (its manual
-    tools' and the Brain's built-ins included: a built-in's name is the Brain's, whatever a pool
-    announces), and the tools no pool announced."""
+    tools', its delegates' and the Brain's built-ins included: a built-in's name is the Brain's,
+    whatever a pool announces), and the tools no pool announced."""
     found = {
         t: BUILTINS[t] if t in BUILTINS else latest[t] for t in agent.tools if t in BUILTINS or t in latest
     }
     missing = sorted(set(agent.tools) - set(found))
-    return found | {m.name: m.binding() for m in agent.manual_tools}, missing
+    found |= {m.name: m.binding() for m in agent.manual_tools}
+    return found | delegation.bindings(agent.delegates), missing
 
 
 async def _prepare(ctx: BrainContext, conn: Connection, row: TurnRow, now: Any, claim: Claim) -> Move:

@@ -3,11 +3,13 @@ committers and knobs. Made once by ``brain.app``; nothing here is global."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 
 from brain.models import Models
+from brain.rules.delegation import REQUEST_PREFIX
 from brain.rules.states import TERMINAL_TURN
 from brain.run.endings import Endings
 from brain.run.history import HistoryCache
@@ -53,6 +55,9 @@ class BrainContext:
     endings: Endings = field(default_factory=Endings)  # the API's waiters for turns to end
     metrics: BrainMetrics = field(default_factory=BrainMetrics)
     tracing: Tracing = field(default_factory=lambda: Tracing(None))
+    # Set when a delegated call was committed or a child turn ended here: the delegation loop looks
+    # at once instead of at its next period (``brain.run.delegation``).
+    delegations: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self.threads = FrozenThreads(self.store)
@@ -74,6 +79,8 @@ class BrainContext:
         after = moved.row
         if after.status in TERMINAL_TURN and move.before.status not in TERMINAL_TURN:
             self.ended(after.id, str(after.status), after.created_at)
+            if after.request_id.startswith(REQUEST_PREFIX):
+                self.delegations.set()
         return moved
 
     def ended(self, turn_id: str, status: str, created_at: datetime | None) -> None:

@@ -26,6 +26,7 @@ from brain.rules.states import TERMINAL_TURN, TurnPhase, TurnStatus
 from brain.run.calls import build_intents, refused_row, sent
 from brain.run.claims import claim_turns
 from brain.run.context import BrainContext
+from brain.run.delegation import over_budget
 from brain.store import TurnRow
 from infra.db import Connection, is_transient, patiently
 from infra.process.logging import get_logger
@@ -226,6 +227,8 @@ async def _reject_leftover_controls(ctx: BrainContext, row: TurnRow) -> None:
 
 async def model_request(ctx: BrainContext, row: TurnRow) -> TurnRow:
     """Call the model outside any transaction, then commit its reply with what follows from it."""
+    if (ended := await over_budget(ctx, row)) is not None:
+        return ended  # a child turn whose delegation budget is spent ended with what it had
 
     async def read(conn: Connection) -> Any:
         agent, thread = await ctx.threads.get(conn, row.thread_id)

@@ -20,6 +20,7 @@ field              part (PostgreSQL's)        what it owns
 ``waits``          ``Waits``                  built-in waits: those the clock answers, a signal's
 ``batches``        ``Batches``                batch calls' manifests, and admitting their children
 ``schedules``      ``Schedules``              schedules, and those due now
+``delegations``    ``Delegations``            parent calls and the child turns they started
 ``metadata``       ``Metadata``               sessions' and threads' metadata (string pairs)
 ``gauges``         ``GaugeRows``              what the metrics count when scraped
 ``retention``      ``RetentionRows``          what retention prunes (the journal of closed sessions)
@@ -59,6 +60,7 @@ from brain.store.batches import Batches
 from brain.store.bindings import Bindings
 from brain.store.bindings_pg import PgBindings
 from brain.store.controls import Controls
+from brain.store.delegations import Delegations
 from brain.store.events import Events
 from brain.store.events_pg import PgEvents
 from brain.store.executions import Executions
@@ -134,6 +136,7 @@ class BrainStore(StoreBase, ParkedRows):
     waits: Waits
     batches: Batches
     schedules: Schedules
+    delegations: Delegations
     metadata: Metadata
     gauges: GaugeRows
     retention: RetentionRows
@@ -155,6 +158,7 @@ class BrainStore(StoreBase, ParkedRows):
         self.waits = Waits(self)
         self.batches = Batches(self)
         self.schedules = Schedules(self)
+        self.delegations = Delegations(self)
         self.metadata = Metadata(self)
         self.gauges = GaugeRows(self)
         self.retention = RetentionRows(self)

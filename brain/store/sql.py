@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypeVar
 
+from brain.rules.delegation import DELEGATION_TRANSITIONS, DelegationStatus
 from brain.rules.states import (
     CONTROL_TRANSITIONS,
     EXECUTION_TRANSITIONS,
@@ -80,6 +81,11 @@ def execution_becomes(
 ) -> StatusWrite:
     """An execution status write, as :func:`turn_becomes`."""
     return _becomes(EXECUTION_TRANSITIONS, new, from_, alias, "an execution")
+
+
+def delegation_becomes(new: DelegationStatus) -> StatusWrite:
+    """A delegation record's status write (``brain.rules.delegation``), as :func:`turn_becomes`."""
+    return _becomes(DELEGATION_TRANSITIONS, new, None, "", "a delegation")
 
 
 def control_becomes(new: ControlStatus) -> StatusWrite:

@@ -357,8 +357,8 @@ def _refuse_response(turn: TurnRow, execution: Any, call: str, decision: str) ->
     awaits = (execution["how"] or "").removeprefix("awaiting_")
     if awaits in ("batch", "admission"):  # brain.rules.batches: its calls answer it, no person
         return f"call {execution['call_id']} is part of a batch: its calls answer it, not a person"
-    if awaits in ("clock", "signal"):  # a built-in wait: its clock or a signal answers it, no person
-        what = "its time" if awaits == "clock" else "a signal"
+    if awaits in ("clock", "signal", "child"):  # its clock, a signal or its child answers it, no person
+        what = {"clock": "its time", "signal": "a signal", "child": "its child turn"}[awaits]
         return f"call {execution['call_id']} waits for {what}, not a person"
     if awaits == "approval" and decision == "result":
         return f"call {execution['call_id']} waits for an approval (approve or deny), not a result"

@@ -18,6 +18,7 @@ from brain.rules.names import MAX_REQUEST_ID, MAX_SESSION_ID, check_id, check_th
 from brain.rules.submits import MAIN_THREAD, Submit, session_key, shown_session, thread_id
 from brain.store import BrainStore, Control
 from brain.store.metadata import SESSION, THREAD
+from brain.verbs import delegations
 from brain.verbs.doubletext import submit_superseding
 from brain.verbs.tools import KnownTools
 from brain.verbs.turn_history import turn_history
@@ -164,15 +165,18 @@ async def turns(
 
 
 async def history(store: BrainStore, *, namespace: str, turn_id: str) -> dict[str, Any]:
-    """A turn's runs, steps and model calls, read from its journal."""
+    """A turn's runs, steps and model calls, read from its journal; its delegated children, and its
+    usage with theirs (``brain.verbs.delegations``)."""
 
-    async def read(conn: Connection) -> list[Any]:
+    async def read(conn: Connection) -> tuple[list[Any], list[dict[str, Any]]]:
         turn = await store.turns.lock_turn(conn, namespace, turn_id, lock=False)
         if turn is None:
             raise NotFoundError(f"there is no turn {turn_id!r}")
-        return await store.journal.entries(conn, turn.session_id, turn_id=turn_id, limit=100_000)
+        entries = await store.journal.entries(conn, turn.session_id, turn_id=turn_id, limit=100_000)
+        return entries, await delegations.children(store, conn, turn.session_id, turn_id)
 
-    return turn_history(await store.read(read))
+    entries, kids = await store.read(read)
+    return delegations.rolled_up(turn_history(entries), kids)
 
 
 async def close(store: BrainStore, *, namespace: str, session_id: str, thread: str | None = None) -> bool:
