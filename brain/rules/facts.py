@@ -189,6 +189,8 @@ def batch_progress(
     if skipped:
         fact["skipped"] = skipped
     return fact | ({"ended": ended} if ended else {})
+
+
 def delegated(execution_id: str, call_id: str, tool: str, child: dict[str, Any]) -> Fact:
     """A delegated call's child turn was accepted: ``child`` names its turn, thread (the child's
     own entries are in the same session's stream) and agent."""
