@@ -280,7 +280,8 @@ def _add_controls(sub: argparse._SubParsersAction, remote: argparse.ArgumentPars
             s.add_argument("--revision", type=int, required=True, help="the turn's revision you saw")
     s = sub.add_parser(
         "respond",
-        help="answer a call that waits for a person: approve or deny it, or give a manual tool's result",
+        help="answer a call that waits for a person: approve or deny it, give a manual tool's result, "
+        "or the input a running call asks for (an MCP task's)",
         parents=[common], epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     s.add_argument("turn_id")
@@ -290,7 +291,9 @@ def _add_controls(sub: argparse._SubParsersAction, remote: argparse.ArgumentPars
     answer.add_argument(
         "--deny", metavar="REASON", nargs="?", const="", help="refuse it (the model is told why)"
     )
-    answer.add_argument("--result", metavar="JSON", help="a manual tool's result")
+    answer.add_argument(
+        "--result", metavar="JSON", help="a manual tool's result, or the input a running call asks for"
+    )
     s = sub.add_parser(
         "signal", help="send a signal to a turn's call that waits for it (wait_for_signal)",
         parents=[common], epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -22,7 +22,6 @@ its content (a tool error the model sees). A connection that breaks during a cal
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -131,6 +130,7 @@ class _Calls:
         from hands.tools.mcp_tasks import final_result
 
         losses = 0
+        sent: set[str] = set()  # the questions this worker answered (tasks/update) while it follows
         while True:
             try:
                 state = await self.connection.task("tasks/get", task_id)
@@ -147,12 +147,28 @@ class _Calls:
             if state.status == "cancelled":
                 raise McpCancelledError(f"task {task_id} was cancelled: {state.status_message or ''}")
             if state.status == "input_required":
-                with contextlib.suppress(Exception):
-                    await self.connection.task("tasks/cancel", task_id)
-                raise McpToolError(
-                    f"task {task_id} asked for input, which this pool cannot give; cancelled it"
-                )
+                await self._input(task_id, state, ctx, sent)
             await asyncio.sleep(min(max((state.poll_interval_ms or 500) / 1000, 0.05), 5.0))
+
+    async def _input(self, task_id: str, state: Any, ctx: ToolContext, sent: set[str]) -> None:
+        """A task in ``input_required``: a person is asked (once per question: its key is the
+        task's and a digest of its requests), and once they answered (the answer is in the
+        ledger), the answer is sent with ``tasks/update``. A worker that takes the execution over
+        finds the answer there and sends it again if the task still asks: each request key is
+        the server's, so a repeat answers the same question."""
+        from hands.tools.mcp_tasks import question, responses
+
+        requests = dict(state.input_requests or {})
+        key = f"{task_id}/{digest(requests)[:16]}"
+        if key in sent:
+            return  # sent: the server has not moved on yet
+        given = await ctx.given_input(key)
+        if given is None:
+            await ctx.ask_input(key, question(state), requests)
+            return
+        await self.connection.task("tasks/update", task_id, responses(requests, given))
+        sent.add(key)
+        log.info("mcp_task_input_sent", task_id=task_id, key=key, decision=given.get("decision"))
 
     async def _watched(
         self, work: Coroutine[Any, Any, Any], cancel_tool: str | None, ctx: ToolContext

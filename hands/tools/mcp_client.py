@@ -160,18 +160,23 @@ class McpConnection:
         with self._watching(link, f"the call of {name}"):
             return await client.call_tool(name, arguments, meta=meta)
 
-    async def task(self, method: str, task_id: str) -> Any:
-        """``tasks/get`` (the task's state) or ``tasks/cancel`` (its acknowledgement)."""
+    async def task(self, method: str, task_id: str, responses: dict[str, Any] | None = None) -> Any:
+        """``tasks/get`` (the task's state), ``tasks/cancel`` or ``tasks/update`` with
+        ``responses`` (their acknowledgement)."""
         from pydantic import TypeAdapter
 
-        from hands.tools.mcp_tasks import CancelTask, GetTask, TaskParams, TaskState
+        from hands.tools import mcp_tasks as t
 
         link, client = await self._client()
-        params = TaskParams(taskId=task_id)
+        params = t.TaskParams(taskId=task_id)
         with self._watching(link, f"{method} of task {task_id}"):
             if method == "tasks/get":
-                return await client.session.send_request(GetTask(params=params), TaskState)
-            return await client.session.send_request(CancelTask(params=params), TypeAdapter(dict[str, Any]))
+                return await client.session.send_request(t.GetTask(params=params), t.TaskState)
+            ack = TypeAdapter(dict[str, Any])
+            if method == "tasks/update":
+                update = t.UpdateTaskParams(taskId=task_id, inputResponses=responses or {})
+                return await client.session.send_request(t.UpdateTask(params=update), ack)
+            return await client.session.send_request(t.CancelTask(params=params), ack)
 
     @contextlib.contextmanager
     def _watching(self, link: _Link, what: str) -> Iterator[None]:
