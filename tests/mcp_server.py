@@ -245,6 +245,25 @@ def refund(amount: int) -> str:
     return f"no refund of {amount}: this client cannot be asked to confirm"
 
 
+async def charge_in(amount: int, currency: str, ctx: Context) -> dict[str, Any]:
+    """Charge an amount in a currency (what ``charge`` becomes once ``reshape`` ran)."""
+    record(event="call", tool="charge", op=operation(ctx), currency=currency)
+    return {"charged": amount, "currency": currency}
+
+
+@app.tool()
+async def reshape(ctx: Context) -> str:
+    """Change this server's tools while it runs: ``charge`` takes a currency from now on, ``decline``
+    is gone, ``refund_all`` is new; then say so (the tools list-changed event)."""
+    record(event="call", tool="reshape", op=operation(ctx))
+    app.remove_tool("charge")
+    app.remove_tool("decline")
+    app.add_tool(charge_in, name="charge", annotations=ToolAnnotations(idempotentHint=True))
+    app.add_tool(lambda: "all refunded", name="refund_all", description="Refund everything.")
+    await ctx.notify_tools_changed()
+    return "reshaped"
+
+
 @app.tool(annotations=ToolAnnotations(readOnlyHint=True))
 def big(size: int) -> str:
     """A text of ``size`` bytes."""

@@ -12,8 +12,9 @@ import pytest
 from mcp_types import CallToolResult, TextContent, Tool, ToolAnnotations
 
 from hands.tools.declare import Found, NotFound, ToolContext
-from hands.tools.mcp import McpToolError, McpTools, replay_policy, result_of
+from hands.tools.mcp import McpToolError, replay_policy, result_of
 from hands.tools.mcp_config import McpConfigError, load_config, parse_spec, server_specs
+from hands.tools.mcp_pool import McpTools
 from hands.tools.registry import ToolLoadError
 from protocol import ReplayPolicy, SchemaError
 from tests.support import run_cli, wait_for
@@ -106,14 +107,14 @@ async def test_hands_serve_says_in_one_line_what_is_wrong_with_its_mcp_servers(t
 
 
 def test_a_listing_binds_the_same_way_every_time_and_a_changed_tool_is_a_new_binding() -> None:
-    from hands.tools.mcp import _Calls, _tool
+    from hands.tools.mcp import ServerCalls, bind_tool
     from hands.tools.mcp_client import McpConnection
 
     spec = parse_spec("stdio:unused")
-    calls = _Calls(McpConnection(spec))
+    calls = ServerCalls(McpConnection(spec))
 
     def bound(tool: Tool) -> str:
-        return _tool("lab", spec, calls, tool, {tool.name}).binding.digest
+        return bind_tool("lab", spec, calls, tool, {tool.name}).binding.digest
 
     first = listed("lookup", readOnlyHint=True)
     assert bound(first) == bound(listed("lookup", readOnlyHint=True)), "a restart announces the same binding"

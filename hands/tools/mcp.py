@@ -22,10 +22,9 @@ its content (a tool error the model sees). A connection that breaks during a cal
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from functools import partial
-from types import TracebackType
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -33,7 +32,6 @@ from jsonschema import Draft202012Validator
 from hands.tools.declare import Found, NotFound, OutcomeUnknownError, Tool, ToolContext
 from hands.tools.mcp_client import McpConnection, McpConnectionLostError, McpUnreachableError
 from hands.tools.mcp_config import McpServerSpec
-from hands.tools.registry import ToolLoadError
 from infra.process.logging import get_logger
 from protocol import ReplayPolicy, SchemaError, ToolBinding, codec, digest
 
@@ -97,7 +95,7 @@ def replay_policy(listed: Any, overrides: dict[str, ReplayPolicy]) -> ReplayPoli
     )
 
 
-class _Calls:
+class ServerCalls:
     """The calls of one server's tools, through its connection."""
 
     def __init__(self, connection: McpConnection) -> None:
@@ -236,7 +234,7 @@ class _Calls:
         raise McpToolError(f"query tool {query_tool} answered without a structured found: true or false")
 
 
-def _tool(route: str, spec: McpServerSpec, calls: _Calls, listed: Any, names: set[str]) -> McpTool:
+def bind_tool(route: str, spec: McpServerSpec, calls: ServerCalls, listed: Any, names: set[str]) -> McpTool:
     listing = _dump(listed)
     durable = (listed.meta or {}).get(DURABLE_META) or {}
     query = durable.get("query") if durable.get("query") in names else None
@@ -260,54 +258,3 @@ def _tool(route: str, spec: McpServerSpec, calls: _Calls, listed: Any, names: se
         server=spec.name,
         idempotent=bool(annotations is not None and annotations.idempotent_hint),
     )
-
-
-class McpTools:
-    """The tools of the MCP servers ``specs`` for ``route``, discovered when entered; their
-    connections live until it is left."""
-
-    def __init__(self, route: str, specs: Sequence[McpServerSpec]) -> None:
-        self.route = route
-        self.specs = list(specs)
-        self.tools: list[McpTool] = []
-        self._connections: list[McpConnection] = []
-
-    async def __aenter__(self) -> McpTools:
-        try:
-            for spec in self.specs:
-                await self._discover(spec)
-        except BaseException:
-            await self._close()
-            raise
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self._close()
-
-    async def _discover(self, spec: McpServerSpec) -> None:
-        connection = McpConnection(spec)
-        self._connections.append(connection)
-        listed = await connection.list_tools()
-        if not listed:
-            raise ToolLoadError(f"MCP server {spec.name} ({spec.where}) lists no tools")
-        taken = {t.name: t.server for t in self.tools}
-        names = {t.name for t in listed}
-        calls = _Calls(connection)
-        for one in listed:
-            if one.name in taken:
-                raise ToolLoadError(
-                    f"MCP servers {taken[one.name]} and {spec.name} both list a tool named {one.name}: "
-                    "serve them on different routes"
-                )
-            tool = _tool(self.route, spec, calls, one, names)
-            self.tools.append(tool)
-            log.info(
-                "mcp_tool_bound", server=spec.name, tool=tool.name, replay=tool.binding.replay_policy.value,
-                idempotent=tool.idempotent, has_query=tool.query is not None,
-            )  # fmt: skip
-
-    async def _close(self) -> None:
-        for connection in self._connections:
-            await connection.close()
