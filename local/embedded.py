@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -34,6 +34,7 @@ from brain.store import BrainStore, open_brain_store, wake_channel
 from hands.app import HandsApp
 from hands.backends import HandsBackends
 from hands.store import Ledger, ledger_for
+from hands.tools.mcp_config import McpServerSpec
 from infra.db.sqlite import open_pool
 from infra.liveness.registrations import LocalWorkerRegistration
 from infra.objects.directory import DirectoryObjectStore
@@ -119,9 +120,11 @@ async def run_local(
     killpoints: KillPoints,
     before_start: Callable[[BrainStore], Awaitable[None]] | None = None,
     follows_edits: bool = False,
+    mcp: Mapping[str, Sequence[McpServerSpec]] | None = None,
 ) -> AsyncIterator[LocalSystem]:
     """Start a Brain and a Hands pool per (route, tools module) of ``pools`` on ``data``; stop
-    them all on exit.
+    them all on exit. ``mcp``: the MCP servers each route's pool serves too (a route of its own
+    gets a pool of its own), with the same ledger, handles and recovery as a distributed pool's.
     ``before_start``: what to read of the store (this process owns the directory now) before
     anything runs; ``follows_edits``: a development server (``brain.app.Backends``)."""
     async with AsyncExitStack() as stack:
@@ -142,11 +145,21 @@ async def run_local(
         pool_backends = HandsBackends(
             ledger, transport, codec, partial(LocalWorkerRegistration, ledger_pool, "hands")
         )
+        routes: dict[str, str | None] = {route: tools for route, tools in pools}
+        for route in mcp or {}:
+            routes.setdefault(route, None)
         hands = [
             await stack.enter_async_context(
-                HandsApp(settings, route=route, tools=tools, kill=killpoints, backends=pool_backends)
+                HandsApp(
+                    settings,
+                    route=route,
+                    tools=tools,
+                    mcp=(mcp or {}).get(route, ()),
+                    kill=killpoints,
+                    backends=pool_backends,
+                )  # fmt: skip
             )
-            for route, tools in pools
+            for route, tools in routes.items()
         ]
         stop = asyncio.Event()
         register = partial(LocalWorkerRegistration, brain_pool, "brain")

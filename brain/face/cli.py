@@ -87,6 +87,16 @@ def _parser() -> argparse.ArgumentParser:
         "--tools", action="append", default=[], metavar="MODULE",
         help="with --local: a tools module (or .py file) whose routes get a pool; repeat for more",
     )  # fmt: skip
+    s.add_argument(
+        "--mcp", action="append", default=[], metavar="ROUTE=SPEC",
+        help="with --local: an MCP server whose tools route ROUTE serves ('stdio:COMMAND LINE' or an "
+        "http(s) URL, as `hands serve --mcp`); repeat for more",
+    )  # fmt: skip
+    s.add_argument(
+        "--mcp-config", action="append", default=[], metavar="ROUTE=FILE",
+        help="with --local: a config file of MCP servers whose tools route ROUTE serves (as `hands "
+        "serve --mcp-config`)",
+    )  # fmt: skip
 
     s = sub.add_parser(
         "token",
