@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import threading
@@ -260,7 +261,9 @@ async def reshape(ctx: Context) -> str:
     app.remove_tool("decline")
     app.add_tool(charge_in, name="charge", annotations=ToolAnnotations(idempotentHint=True))
     app.add_tool(lambda: "all refunded", name="refund_all", description="Refund everything.")
-    await ctx.notify_tools_changed()
+    await ctx.notify_tools_changed()  # 2026-07-28: on the client's subscriptions/listen stream
+    with contextlib.suppress(Exception):  # before: the notification (which a 2026 session has not)
+        await ctx.request_context.session.send_tool_list_changed()
     return "reshaped"
 
 
@@ -278,13 +281,26 @@ def _exit_with_parent() -> None:
     os._exit(0)
 
 
+def pin(revision: str) -> None:
+    """Make the server one of an older revision: it takes no 2026-07-28 request (so the client's
+    probe fails and it falls back to the initialize handshake) and offers only ``revision``."""
+    from mcp.server import runner
+
+    runner._has_modern_envelope = lambda params: False  # type: ignore[attr-defined]
+    runner.HANDSHAKE_PROTOCOL_VERSIONS = (revision,)  # type: ignore[attr-defined]
+    runner.LATEST_HANDSHAKE_VERSION = revision  # type: ignore[attr-defined]
+
+
 def main() -> None:
     global LOG, GATE
     parser = argparse.ArgumentParser()
     parser.add_argument("--log", required=True)
     parser.add_argument("--gate", default=None)
     parser.add_argument("--http", type=int, default=None)
+    parser.add_argument("--pin", default=None, help="serve only this handshake-era revision (2025-03-26...)")
     args = parser.parse_args()
+    if args.pin:
+        pin(args.pin)
     LOG, GATE = Path(args.log), Path(args.gate) if args.gate else None
     if args.http is None:
         threading.Thread(target=_exit_with_parent, daemon=True).start()
