@@ -253,14 +253,17 @@ async def charge_in(amount: int, currency: str, ctx: Context) -> dict[str, Any]:
 
 
 @app.tool()
-async def reshape(ctx: Context) -> str:
+async def reshape(ctx: Context, tell: bool = True) -> str:
     """Change this server's tools while it runs: ``charge`` takes a currency from now on, ``decline``
-    is gone, ``refund_all`` is new; then say so (the tools list-changed event)."""
+    is gone, ``refund_all`` is new; then say so (the tools list-changed event), unless ``tell`` is
+    false."""
     record(event="call", tool="reshape", op=operation(ctx))
     app.remove_tool("charge")
     app.remove_tool("decline")
     app.add_tool(charge_in, name="charge", annotations=ToolAnnotations(idempotentHint=True))
     app.add_tool(lambda: "all refunded", name="refund_all", description="Refund everything.")
+    if not tell:
+        return "reshaped quietly"
     await ctx.notify_tools_changed()  # 2026-07-28: on the client's subscriptions/listen stream
     with contextlib.suppress(Exception):  # before: the notification (which a 2026 session has not)
         await ctx.request_context.session.send_tool_list_changed()

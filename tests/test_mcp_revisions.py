@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,17 @@ async def test_a_tool_list_that_changes_is_listed_again_and_only_what_changed_is
         assert tool(source, "charge").binding.digest != old_charge.binding.digest
         assert "decline" not in {t.name for t in source.tools}
         assert told.empty(), "one change, told once"
+
+
+async def test_a_server_that_never_says_is_listed_again_every_relist_seconds(tmp_path: Path) -> None:
+    told: asyncio.Queue[tuple[list[McpTool], list[McpTool]]] = asyncio.Queue()
+
+    async def changed(added: list[McpTool], removed: list[McpTool]) -> None:
+        await told.put((added, removed))
+
+    spec = replace(parse_spec(server(tmp_path / "calls.jsonl", None)), relist_seconds=1.0)
+    async with McpTools("lab", [spec], changed) as source:
+        await tool(source, "reshape").fn(ToolContext(operation_id="op-1"), tell=False)
+        added, removed = await asyncio.wait_for(told.get(), timeout=20)
+        assert sorted(t.name for t in added) == ["charge", "refund_all"]
+        assert sorted(t.name for t in removed) == ["charge", "decline"]

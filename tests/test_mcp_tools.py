@@ -40,6 +40,7 @@ def test_a_config_file_names_servers_headers_from_the_environment_and_overrides(
             "url": "https://billing.example/mcp",
             "headers_from_env": {"Authorization": "BILLING_AUTH"},
             "connections": 2,
+            "relist_seconds": 30,
             "tools": {"refund": {"replay": "safe"}},
         },
     }
@@ -48,6 +49,11 @@ def test_a_config_file_names_servers_headers_from_the_environment_and_overrides(
     assert files.command == ("python", "-m", "files") and files.env == {"ROOT": "/srv"}
     assert billing.headers_from_env == {"Authorization": "BILLING_AUTH"} and billing.connections == 2
     assert billing.replay == {"refund": ReplayPolicy.SAFE}
+    assert billing.relist_seconds == 30.0 and files.relist_seconds is None
+    for wrong in (0, "60", True):
+        config.write_text(json.dumps({"servers": {"x": {"url": "http://b", "relist_seconds": wrong}}}))
+        with pytest.raises(McpConfigError, match="relist_seconds must be"):
+            load_config(str(config))
     config.write_text(json.dumps({"servers": {"x": {"command": ["a"], "url": "http://b"}}}))
     with pytest.raises(McpConfigError, match="exactly one of command"):
         load_config(str(config))

@@ -3,16 +3,18 @@
 A server's tool list may change while the pool runs. The pool hears of it from the server (the
 ``tools`` list-changed event: on a ``subscriptions/listen`` stream at 2026-07-28, the
 ``notifications/tools/list_changed`` notification before), or when it connects to a server again
-(a stdio server that died and was started anew may list other tools), and lists the server's tools
-again. A tool whose listing changed is a new binding (its version is a digest of the listing),
-announced through ``changed``; the binding it replaces is no longer served, so a thread pinned to
-it gets a routing error for its next call and never calls the new tool in its place. A tool the
-server no longer lists goes the same way; a new one is a new binding.
+(a stdio server that died and was started anew may list other tools), or every ``relist_seconds``
+of its config (a server that never says), and lists the server's tools again. A tool whose
+listing changed is a new binding (its version is a digest of the listing), announced through
+``changed``; the binding it replaces is no longer served, so a thread pinned to it gets a routing
+error for its next call and never calls the new tool in its place. A tool the server no longer
+lists goes the same way; a new one is a new binding.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 
@@ -93,7 +95,8 @@ class McpTools:
         """Lists the server's tools again each time it may have changed them."""
         dirty = self._dirty[spec.name]
         while True:
-            await dirty.wait()
+            with contextlib.suppress(TimeoutError):  # relist_seconds: time to look again anyway
+                await asyncio.wait_for(dirty.wait(), spec.relist_seconds)
             await asyncio.sleep(SETTLE)
             dirty.clear()
             try:
