@@ -65,3 +65,19 @@ def test_an_answer_names_its_question_and_is_an_answer_or_a_decline() -> None:
         InputBody(key="", decision="answer", request_id="r")
     with pytest.raises(ValueError):
         InputBody(key="k", decision="approve", request_id="r")  # type: ignore[arg-type]
+
+
+def test_the_same_question_asked_again_after_its_answer_was_taken_is_a_new_round() -> None:
+    from hands.tools.mcp import _Questions
+
+    asked = _Questions()
+    assert asked.key("t/q") == "t/q"
+    asked.sent.add("t/q")  # answered (tasks/update)
+    assert asked.key("t/q") is None, "not taken yet: nothing to ask or send"
+    asked.moved = True  # the task went on, then asks the same again
+    assert asked.key("t/q") == "t/q#1", "asked of the person again, not answered with the old answer"
+    assert asked.key("t/q") == "t/q#1"
+    asked.sent.add("t/q#1")
+    asked.moved = False
+    assert asked.key("t/q") is None
+    assert asked.key("t/other") == "t/other"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -95,6 +95,29 @@ def replay_policy(listed: Any, overrides: dict[str, ReplayPolicy]) -> ReplayPoli
     )
 
 
+@dataclass
+class _Questions:
+    """The questions of one task this worker answered while it follows it. The same question asked
+    again after the task went on from its answer is a new round, under a new key: the person is
+    asked again, never answered for by the answer they gave before (a server that found it
+    invalid would ask for ever)."""
+
+    sent: set[str] = field(default_factory=set)
+    rounds: dict[str, int] = field(default_factory=dict)
+    moved: bool = False  # the task was seen past input_required since the last answer was sent
+
+    def key(self, base: str) -> str | None:
+        """The key of the question now (None: its answer was sent and the task has not moved)."""
+        n = self.rounds.get(base, 0)
+        key = f"{base}#{n}" if n else base
+        if key not in self.sent:
+            return key
+        if not self.moved:
+            return None
+        self.rounds[base] = n + 1
+        return f"{base}#{n + 1}"
+
+
 class ServerCalls:
     """The calls of one server's tools, through its connection."""
 
@@ -128,7 +151,7 @@ class ServerCalls:
         from hands.tools.mcp_tasks import final_result
 
         losses = 0
-        sent: set[str] = set()  # the questions this worker answered (tasks/update) while it follows
+        asked = _Questions()
         while True:
             try:
                 state = await self.connection.task("tasks/get", task_id)
@@ -145,10 +168,12 @@ class ServerCalls:
             if state.status == "cancelled":
                 raise McpCancelledError(f"task {task_id} was cancelled: {state.status_message or ''}")
             if state.status == "input_required":
-                await self._input(task_id, state, ctx, sent)
+                await self._input(task_id, state, ctx, asked)
+            else:
+                asked.moved = True
             await asyncio.sleep(min(max((state.poll_interval_ms or 500) / 1000, 0.05), 5.0))
 
-    async def _input(self, task_id: str, state: Any, ctx: ToolContext, sent: set[str]) -> None:
+    async def _input(self, task_id: str, state: Any, ctx: ToolContext, asked: _Questions) -> None:
         """A task in ``input_required``: a person is asked (once per question: its key is the
         task's and a digest of its requests), and once they answered (the answer is in the
         ledger), the answer is sent with ``tasks/update``. A worker that takes the execution over
@@ -157,15 +182,16 @@ class ServerCalls:
         from hands.tools.mcp_tasks import question, responses
 
         requests = dict(state.input_requests or {})
-        key = f"{task_id}/{digest(requests)[:16]}"
-        if key in sent:
-            return  # sent: the server has not moved on yet
+        key = asked.key(f"{task_id}/{digest(requests)[:16]}")
+        if key is None:
+            return  # answered: the server has not taken the answer yet
         given = await ctx.given_input(key)
         if given is None:
             await ctx.ask_input(key, question(state), requests)
             return
         await self.connection.task("tasks/update", task_id, responses(requests, given))
-        sent.add(key)
+        asked.sent.add(key)
+        asked.moved = False
         log.info("mcp_task_input_sent", task_id=task_id, key=key, decision=given.get("decision"))
 
     async def _watched(
