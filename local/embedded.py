@@ -27,6 +27,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from brain.app import Backends
 from brain.app import run as run_brain
@@ -111,6 +112,16 @@ def served_by(hands: Sequence[HandsApp]) -> frozenset[str]:
     return frozenset(name for h in hands if h.registry is not None for name in h.registry.names)
 
 
+def _routes(
+    pools: Sequence[tuple[str, str]], mcp: Mapping[str, Sequence[McpServerSpec]]
+) -> list[dict[str, Any]]:
+    """Each route's pool: its tools module and MCP servers (a route of both gets one pool)."""
+    routes: dict[str, str | None] = {route: tools for route, tools in pools}
+    for route in mcp:
+        routes.setdefault(route, None)
+    return [{"route": route, "tools": tools, "mcp": mcp.get(route, ())} for route, tools in routes.items()]
+
+
 @asynccontextmanager
 async def run_local(
     settings: Settings,
@@ -123,8 +134,7 @@ async def run_local(
     mcp: Mapping[str, Sequence[McpServerSpec]] | None = None,
 ) -> AsyncIterator[LocalSystem]:
     """Start a Brain and a Hands pool per (route, tools module) of ``pools`` on ``data``; stop
-    them all on exit. ``mcp``: the MCP servers each route's pool serves too (a route of its own
-    gets a pool of its own), with the same ledger, handles and recovery as a distributed pool's.
+    them all on exit. ``mcp``: the MCP servers each route's pool serves (``_routes``).
     ``before_start``: what to read of the store (this process owns the directory now) before
     anything runs; ``follows_edits``: a development server (``brain.app.Backends``)."""
     async with AsyncExitStack() as stack:
@@ -145,21 +155,11 @@ async def run_local(
         pool_backends = HandsBackends(
             ledger, transport, codec, partial(LocalWorkerRegistration, ledger_pool, "hands")
         )
-        routes: dict[str, str | None] = {route: tools for route, tools in pools}
-        for route in mcp or {}:
-            routes.setdefault(route, None)
         hands = [
             await stack.enter_async_context(
-                HandsApp(
-                    settings,
-                    route=route,
-                    tools=tools,
-                    mcp=(mcp or {}).get(route, ()),
-                    kill=killpoints,
-                    backends=pool_backends,
-                )  # fmt: skip
+                HandsApp(settings, kill=killpoints, backends=pool_backends, **pool)
             )
-            for route, tools in routes.items()
+            for pool in _routes(pools, mcp or {})
         ]
         stop = asyncio.Event()
         register = partial(LocalWorkerRegistration, brain_pool, "brain")
