@@ -52,6 +52,7 @@ def _headers(spec: McpServerSpec) -> dict[str, str]:
 
 Changed = Callable[[], None]
 LIST_CHANGED = "notifications/tools/list_changed"
+LISTEN_TRIES = 5  # listen streams that fail in a row, with nothing heard, before the link stops asking
 
 
 def _noticing(changed: Changed) -> Callable[[Any], Awaitable[None]]:
@@ -128,19 +129,32 @@ class _Link:
     async def _listen(self, client: Any) -> None:
         """Tell ``changed`` of the tool list changes a 2026-07-28 server sends on a
         ``subscriptions/listen`` stream (an earlier revision cannot: its notification comes to the
-        message handler). A stream that ends is opened again, after a pause, while the link lives."""
+        message handler). A stream that ends is opened again after a pause, while the link lives;
+        one that ends ``LISTEN_TRIES`` times in a row with nothing heard is given up (logged):
+        the pool then hears of changes when it reconnects, or by ``relist_seconds``."""
+        from mcp.client.subscriptions import ListenNotSupportedError
+
         if self.changed is None:
             return
+        failures = 0
         while not self.broken:
+            heard = False
             try:
                 async with client.listen(tools_list_changed=True) as events:
                     async for _ in events:
+                        heard = True
                         self.changed()
-            except Exception as exc:  # noqa: BLE001 - a server that cannot listen: no stream
-                if type(exc).__name__ == "ListenNotSupportedError":
-                    return
-                log.info("mcp_listen_ended", server=self.spec.name, error=f"{type(exc).__name__}: {exc}")
-            await asyncio.sleep(1.0)
+                said = "the stream ended"
+            except ListenNotSupportedError:
+                return
+            except Exception as exc:  # noqa: BLE001 - said, then tried again (bounded)
+                said = f"{type(exc).__name__}: {exc}"
+            failures = 0 if heard else failures + 1
+            if failures >= LISTEN_TRIES:
+                log.warning("mcp_listen_given_up", server=self.spec.name, failures=failures, error=said)
+                return
+            log.info("mcp_listen_ended", server=self.spec.name, error=said)
+            await asyncio.sleep(min(30.0, 2.0**failures))
 
     async def ready(self) -> Any:
         await self._opened.wait()
