@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -112,6 +112,22 @@ def served_by(hands: Sequence[HandsApp]) -> frozenset[str]:
     return frozenset(name for h in hands if h.registry is not None for name in h.registry.names)
 
 
+class Served(Collection[str]):
+    """The tools the pools serve now, read when asked (an MCP server's may change while it runs)."""
+
+    def __init__(self, hands: Sequence[HandsApp]) -> None:
+        self.hands = hands
+
+    def __contains__(self, name: object) -> bool:
+        return name in served_by(self.hands)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(served_by(self.hands))
+
+    def __len__(self) -> int:
+        return len(served_by(self.hands))
+
+
 def _routes(
     pools: Sequence[tuple[str, str]], mcp: Mapping[str, Sequence[McpServerSpec]]
 ) -> list[dict[str, Any]]:
@@ -164,7 +180,7 @@ async def run_local(
         stop = asyncio.Event()
         register = partial(LocalWorkerRegistration, brain_pool, "brain")
         backends = Backends(
-            brain, transport, codec, register, brain_pool.add_listener, follows_edits, served_by(hands)
+            brain, transport, codec, register, brain_pool.add_listener, follows_edits, Served(hands)
         )
 
         def ready(http: str | None) -> None:  # called from the Brain's task, once ``system`` exists

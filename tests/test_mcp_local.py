@@ -2,7 +2,8 @@
 tools from a pool in the same process, on SQLite and the local queue, with the same durability: a
 process killed while a task waits for a person's input comes back, re-attaches to the task by the
 id in its ledger and sends the answer given through its API. Real processes: the local server and
-the test MCP server (``tests/mcp_server.py`` over Streamable HTTP, which outlives the kill)."""
+the test MCP server (``tests/mcp_server.py`` over Streamable HTTP, which outlives the kill). A
+tool the server adds while the process runs may be named by a submit at once."""
 
 from __future__ import annotations
 
@@ -24,6 +25,20 @@ AGENT = {
     "model": {"kind": "scripted", "script": [
         {"tool_calls": [{"tool": "refund", "args": {"amount": 7}}]}, {"content": "Done:\n{results}"}]},
 }  # fmt: skip
+
+
+async def run(http: httpx.AsyncClient, tool: str, request_id: str, *, quiet: bool = False) -> Any:
+    """A turn of an agent that calls ``tool`` once, as it ended (None, when ``quiet``, if the
+    submit is refused: the tool is not served yet)."""
+    script = [{"tool_calls": [{"tool": tool, "args": {}}]}, {"content": "ok"}]
+    agent = {"name": f"use-{tool}", "version": "1", "instructions": "Go.", "tools": [tool],
+             "model": {"kind": "scripted", "script": script}}  # fmt: skip
+    body = {"request_id": request_id, "input": "go", "agent": agent}
+    answer = await http.post(f"/v1/sessions/s-{tool}/turns", json=body)
+    if quiet and answer.status_code != 201:
+        return None
+    assert answer.status_code == 201, answer.text
+    return (await http.get(f"/v1/turns/{answer.json()['turn_id']}", params={"wait": "30"})).json()
 
 
 async def asking(http: httpx.AsyncClient, turn_id: str) -> Any:
@@ -62,6 +77,14 @@ async def test_the_embedded_mode_serves_an_mcp_server_and_a_task_waiting_for_inp
         said = await http.post(f"/v1/turns/{turn_id}/respond", json=respond)
         assert said.status_code == 200 and said.json()["status"] == "applied", said.text
         turn = (await http.get(f"/v1/turns/{turn_id}", params={"wait": "30"})).json()
+
+        # A tool the server adds while the process runs is served, and a submit may name it at once.
+        done = await run(http, "reshape", "r2")
+        assert done["executions"][0]["status"] == "succeeded"
+        added = await wait_for(
+            lambda: run(http, "refund_all", "r3", quiet=True), timeout=30, what="refund_all"
+        )
+        assert added["status"] == "completed" and added["executions"][0]["status"] == "succeeded"
 
     assert turn["status"] == "completed", turn
     (row,) = turn["executions"]
