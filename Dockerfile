@@ -1,5 +1,5 @@
-# One image, two entry points: `brain serve` and `hands serve --route NAME --tools MODULE`
-# (docker-compose.yml runs both, and the example mailbox, from it).
+# One image, two entry points: `brain serve` and `hands serve --route NAME --tools MODULE` (or
+# `--mcp SPEC`); docker-compose.yml runs both, the example mailbox and an MCP pool from it.
 FROM python:3.11-slim
 
 WORKDIR /app
@@ -12,9 +12,13 @@ COPY protocol protocol
 COPY infra infra
 COPY local local
 COPY examples examples
+# The optional extras the image carries (pyproject's optional-dependencies): `mcp`, the official
+# MCP SDK, so a Hands container serves MCP servers' tools (`hands serve --mcp`) and a Brain serves
+# agents at /mcp (TENDON_MCP_AGENTS). `--build-arg EXTRAS=` builds the image without it.
+ARG EXTRAS=mcp
 # Every dependency ships as a wheel for this Python, so no compiler is installed; the build's
 # leftovers go in the same layer.
-RUN pip install --no-cache-dir . \
+RUN pip install --no-cache-dir ".${EXTRAS:+[$EXTRAS]}" \
     && rm -rf build tendon.egg-info \
     && useradd --create-home --uid 10001 tendon \
     && mkdir -p /app/.tendon /var/lib/tendon \

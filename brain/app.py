@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -55,8 +55,9 @@ class Backends:
     # deployment keeps strict versions.
     follows_edits: bool = False
     # The tools served in this process (an embedded server runs its pools itself): what its
-    # submits may name, known before any announcement arrives. None: those pools announced.
-    served_tools: frozenset[str] | None = None
+    # submits may name, known before any announcement arrives (a live view: an MCP server's tools
+    # may change while it runs). None: those pools announced.
+    served_tools: Collection[str] | None = None
 
 
 @asynccontextmanager

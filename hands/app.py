@@ -21,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 
 from hands.backends import HandsBackends, open_backends
@@ -37,8 +38,9 @@ from hands.run.tasks import Tasks
 from hands.run.worker import CommandConsumer
 from hands.run.writer import LedgerWriter
 from hands.store import Ledger, open_ledger
-from hands.tools.mcp import McpTools
+from hands.tools.mcp import McpTool
 from hands.tools.mcp_config import McpServerSpec
+from hands.tools.mcp_pool import McpTools
 from hands.tools.registry import ToolLoadError, ToolRegistry, load_tools
 from infra.db import keep_statistics
 from infra.db.retention import DAY, Horizon, keep_pruned
@@ -111,6 +113,7 @@ class HandsApp:
         self._stop = asyncio.Event()
         self._background: Background | None = None  # once started
         self._consuming: Consuming | None = None  # once it consumes both queues
+        self._announce: Callable[[], Awaitable[None]] | None = None  # once it can publish
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -183,14 +186,8 @@ class HandsApp:
         )
         self._stack.push_async_callback(self._cancel, self._background.all())
 
-        announcement = BindingsAnnouncement(
-            body=BindingsBody(route=self.route, worker=self.worker_id, bindings=registry.bindings)
-        )
-        await broker.publish(
-            self.topology.bindings,
-            await codec.pack(announcement),
-            message_id=announcement.message_id,
-        )
+        self._announce = partial(self._announce_bindings, broker, codec)
+        await self._announce()
         await self._consume(ledger, broker)
         if s.ready_file:  # says ready while its database and broker are up
             services = {"PostgreSQL": lambda: self.liveness.up, "RabbitMQ": lambda: broker.connected}
@@ -206,12 +203,31 @@ class HandsApp:
             schema=s.hands_schema,
         )
 
+    async def _announce_bindings(self, broker: Transport, codec: PayloadCodec) -> None:
+        assert self.registry is not None
+        announcement = BindingsAnnouncement(
+            body=BindingsBody(route=self.route, worker=self.worker_id, bindings=self.registry.bindings)
+        )
+        await broker.publish(
+            self.topology.bindings, await codec.pack(announcement), message_id=announcement.message_id
+        )
+
+    async def _tools_changed(self, added: list[McpTool], removed: list[McpTool]) -> None:
+        """An MCP server's tools changed while the pool runs: serve the new bindings, stop serving
+        the ones they replace, and announce what it serves now (before the pool started: its
+        first announcement says it)."""
+        assert self.registry is not None
+        self.registry.change(added, removed)
+        if self._announce is not None:
+            await self._announce()
+
     async def _load_tools(self) -> ToolRegistry:
         """The ``--tools`` module's tools and the MCP servers' (their connections open until the
         pool stops), before any service is touched: a pool with nothing to serve fails here."""
         tools = load_tools(self.tools_spec, self.route).tools if self.tools_spec else []
         if self.mcp:
-            tools += (await self._stack.enter_async_context(McpTools(self.route, self.mcp))).tools
+            source = McpTools(self.route, self.mcp, on_change=self._tools_changed)
+            tools += (await self._stack.enter_async_context(source)).tools
         if not tools:
             raise ToolLoadError(f"route {self.route} has nothing to serve: give --tools or --mcp")
         self.registry = ToolRegistry(self.route, tools)

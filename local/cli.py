@@ -12,6 +12,7 @@ from pathlib import Path
 
 from brain.face.cli import main as brain_main
 from brain.face.commands import EXIT_USAGE
+from hands.tools.mcp_config import McpServerSpec, server_specs
 from hands.tools.registry import declared_routes
 from infra.process.killpoints import KillPoints
 from infra.process.settings import Settings
@@ -45,19 +46,20 @@ class LocalSystem:
             raise SchemaError(
                 "two --tools modules declare tools for the same route: give one module per route"
             )
+        mcp = mcp_servers(args.mcp, args.mcp_config)
         data = DataDir(args.data_dir or Path(".tendon/local"))
         if "http" not in settings.model_fields_set:  # asked for: an address in use is an error
             settings = settings.model_copy(update={"http": settings.http})
         killpoints = KillPoints(settings.kill_at)
         # A development server: an edited agent file is taken under its name (no CONFLICT).
         async with run_local(
-            settings, data, pools=pools, killpoints=killpoints, follows_edits=True
+            settings, data, pools=pools, killpoints=killpoints, follows_edits=True, mcp=mcp
         ) as system:
             started = asyncio.create_task(system.ready.wait())
             await asyncio.wait([started, system.brain_task], return_when=asyncio.FIRST_COMPLETED)
             started.cancel()
             print(
-                f"tendon: serving {data.root} with pools {', '.join(r for r, _ in pools) or 'none'}"
+                f"tendon: serving {data.root} with pools {', '.join(h.route for h in system.hands) or 'none'}"
                 + (f"; the console at http://{system.http}/console" if system.http else ""),
                 file=sys.stderr,
                 flush=True,
@@ -66,6 +68,30 @@ class LocalSystem:
             await asyncio.wait([waiting, system.brain_task], return_when=asyncio.FIRST_COMPLETED)
             waiting.cancel()
         return 0
+
+
+def _route_and(value: str, flag: str) -> tuple[str, str]:
+    route, sep, rest = value.partition("=")
+    if not sep or not route or not rest:
+        raise SchemaError(
+            f"{flag} {value!r} is not ROUTE=... (the route whose pool serves the server's tools)"
+        )
+    return route, rest
+
+
+def mcp_servers(specs: list[str], configs: list[str]) -> dict[str, list[McpServerSpec]]:
+    """The MCP servers of each route, from ``--mcp ROUTE=SPEC`` and ``--mcp-config ROUTE=FILE``."""
+    given: dict[str, tuple[list[str], str | None]] = {}
+    for value in specs:
+        route, spec = _route_and(value, "--mcp")
+        given.setdefault(route, ([], None))[0].append(spec)
+    for value in configs:
+        route, path = _route_and(value, "--mcp-config")
+        mine, earlier = given.get(route, ([], None))
+        if earlier is not None:
+            raise SchemaError(f"route {route} has two --mcp-config files: list its servers in one")
+        given[route] = (mine, path)
+    return {route: server_specs(mine, path) for route, (mine, path) in given.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,11 +22,12 @@ import asyncio
 import contextlib
 import fcntl
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from brain.app import Backends
 from brain.app import run as run_brain
@@ -34,6 +35,7 @@ from brain.store import BrainStore, open_brain_store, wake_channel
 from hands.app import HandsApp
 from hands.backends import HandsBackends
 from hands.store import Ledger, ledger_for
+from hands.tools.mcp_config import McpServerSpec
 from infra.db.sqlite import open_pool
 from infra.liveness.registrations import LocalWorkerRegistration
 from infra.objects.directory import DirectoryObjectStore
@@ -110,6 +112,32 @@ def served_by(hands: Sequence[HandsApp]) -> frozenset[str]:
     return frozenset(name for h in hands if h.registry is not None for name in h.registry.names)
 
 
+class Served(Collection[str]):
+    """The tools the pools serve now, read when asked (an MCP server's may change while it runs)."""
+
+    def __init__(self, hands: Sequence[HandsApp]) -> None:
+        self.hands = hands
+
+    def __contains__(self, name: object) -> bool:
+        return name in served_by(self.hands)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(served_by(self.hands))
+
+    def __len__(self) -> int:
+        return len(served_by(self.hands))
+
+
+def _routes(
+    pools: Sequence[tuple[str, str]], mcp: Mapping[str, Sequence[McpServerSpec]]
+) -> list[dict[str, Any]]:
+    """Each route's pool: its tools module and MCP servers (a route of both gets one pool)."""
+    routes: dict[str, str | None] = {route: tools for route, tools in pools}
+    for route in mcp:
+        routes.setdefault(route, None)
+    return [{"route": route, "tools": tools, "mcp": mcp.get(route, ())} for route, tools in routes.items()]
+
+
 @asynccontextmanager
 async def run_local(
     settings: Settings,
@@ -119,9 +147,10 @@ async def run_local(
     killpoints: KillPoints,
     before_start: Callable[[BrainStore], Awaitable[None]] | None = None,
     follows_edits: bool = False,
+    mcp: Mapping[str, Sequence[McpServerSpec]] | None = None,
 ) -> AsyncIterator[LocalSystem]:
     """Start a Brain and a Hands pool per (route, tools module) of ``pools`` on ``data``; stop
-    them all on exit.
+    them all on exit. ``mcp``: the MCP servers each route's pool serves (``_routes``).
     ``before_start``: what to read of the store (this process owns the directory now) before
     anything runs; ``follows_edits``: a development server (``brain.app.Backends``)."""
     async with AsyncExitStack() as stack:
@@ -144,14 +173,14 @@ async def run_local(
         )
         hands = [
             await stack.enter_async_context(
-                HandsApp(settings, route=route, tools=tools, kill=killpoints, backends=pool_backends)
+                HandsApp(settings, kill=killpoints, backends=pool_backends, **pool)
             )
-            for route, tools in pools
+            for pool in _routes(pools, mcp or {})
         ]
         stop = asyncio.Event()
         register = partial(LocalWorkerRegistration, brain_pool, "brain")
         backends = Backends(
-            brain, transport, codec, register, brain_pool.add_listener, follows_edits, served_by(hands)
+            brain, transport, codec, register, brain_pool.add_listener, follows_edits, Served(hands)
         )
 
         def ready(http: str | None) -> None:  # called from the Brain's task, once ``system`` exists

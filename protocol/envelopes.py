@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from protocol.bindings import ReplayPolicy, ToolBinding
+from protocol.inputs import InputBody, InputRequiredBody
 
 PROTOCOL_VERSION = 1
 
@@ -243,6 +244,14 @@ class ReconcileControl(_ExecutionEnvelope):
     body: ReconcileBody | None = None
 
 
+class InputControl(_ExecutionEnvelope):
+    """A person's answer to an execution's ``input_required`` (a Brain sends it for `brain
+    respond`; its message id is derived from the execution and the request id)."""
+
+    kind: Literal["input"] = "input"
+    body: InputBody | None = None
+
+
 class _Event(_ExecutionEnvelope):
     seq: int = Field(ge=1)
 
@@ -260,6 +269,11 @@ class StartedEvent(_Event):
 class OutputPageEvent(_Event):
     kind: Literal["output_page"] = "output_page"
     body: OutputPageBody | None = None
+
+
+class InputRequiredEvent(_Event):
+    kind: Literal["input_required"] = "input_required"
+    body: InputRequiredBody | None = None
 
 
 class SucceededEvent(_Event):
@@ -291,6 +305,7 @@ ExecutionEvent = (
     AcceptedEvent
     | StartedEvent
     | OutputPageEvent
+    | InputRequiredEvent
     | SucceededEvent
     | FailedEvent
     | CancelledEvent
@@ -359,15 +374,17 @@ class CommandBatch(_Batch):
         return self
 
 
-Control = CancelControl | ReplayControl | ReconcileControl
+Control = CancelControl | ReplayControl | ReconcileControl | InputControl
 Envelope = Annotated[
     ExecuteCommand
     | CancelControl
     | ReplayControl
     | ReconcileControl
+    | InputControl
     | AcceptedEvent
     | StartedEvent
     | OutputPageEvent
+    | InputRequiredEvent
     | SucceededEvent
     | FailedEvent
     | CancelledEvent

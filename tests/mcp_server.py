@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import threading
@@ -32,10 +33,15 @@ LOG = Path(os.devnull)
 GATE: Path | None = None
 TASKS_EXT = "io.modelcontextprotocol/tasks"
 TASKS: dict[str, dict[str, Any]] = {}
+ANSWERED: dict[str, asyncio.Event] = {}  # a task that asked for input was answered (or cancelled)
 
 
 class TaskParams(RequestParams):
     taskId: str  # noqa: N815 - the wire's name
+
+
+class UpdateParams(TaskParams):
+    inputResponses: dict[str, Any]  # noqa: N815 - the wire's name
 
 
 def _now() -> str:
@@ -52,6 +58,7 @@ class Tasks(Extension):
         return [
             MethodBinding("tasks/get", TaskParams, self.get),
             MethodBinding("tasks/cancel", TaskParams, self.cancel),
+            MethodBinding("tasks/update", UpdateParams, self.update),
         ]
 
     async def get(self, ctx: Any, params: TaskParams) -> dict[str, Any]:
@@ -61,30 +68,63 @@ class Tasks(Extension):
     async def cancel(self, ctx: Any, params: TaskParams) -> dict[str, Any]:
         record(event="task_cancelled", tool="tasks/cancel", op=params.taskId)
         task = TASKS[params.taskId]
-        if task["status"] == "working":
+        if task["status"] in ("working", "input_required"):
             task.update(status="cancelled", statusMessage="cancelled by the client", lastUpdatedAt=_now())
+        ANSWERED.setdefault(params.taskId, asyncio.Event()).set()
+        return {}
+
+    async def update(self, ctx: Any, params: UpdateParams) -> dict[str, Any]:
+        """The answers to a task's ``inputRequests`` (``refund`` asks for a confirmation)."""
+        record(event="update", tool="tasks/update", op=params.taskId, responses=params.inputResponses)
+        task = TASKS[params.taskId]
+        if task["status"] == "input_required" and set(params.inputResponses) == set(task["inputRequests"]):
+            answer = params.inputResponses["confirm"]
+            task.pop("inputRequests")
+            task.update(status="working", answer=answer, lastUpdatedAt=_now())
+            ANSWERED.setdefault(params.taskId, asyncio.Event()).set()
         return {}
 
     async def intercept_tool_call(self, params: Any, ctx: Any, call_next: Any) -> Any:
         extensions = ((params.meta or {}).get("io.modelcontextprotocol/clientCapabilities") or {}).get(
             "extensions"
         )
-        if params.name != "render" or TASKS_EXT not in (extensions or {}):
+        if params.name not in ("render", "refund") or TASKS_EXT not in (extensions or {}):
             return await call_next(ctx)
         task_id = f"task-{len(TASKS) + 1}-{os.getpid()}"
         TASKS[task_id] = {
             "taskId": task_id, "status": "working", "createdAt": _now(), "lastUpdatedAt": _now(),
             "ttlMs": None, "pollIntervalMs": 100,
         }  # fmt: skip
-        pages = int((params.arguments or {}).get("pages", 0))
-        record(
-            event="call",
-            tool="render",
-            op=(params.meta or {}).get("io.tendon/operation_id", ""),
-            task=task_id,
-        )
-        BACKGROUND.add(asyncio.get_running_loop().create_task(self._work(task_id, pages)))
+        arguments = params.arguments or {}
+        op = (params.meta or {}).get("io.tendon/operation_id", "")
+        record(event="call", tool=params.name, op=op, task=task_id)
+        if params.name == "refund":
+            work = self._refund(task_id, int(arguments.get("amount", 0)))
+        else:
+            work = self._work(task_id, int(arguments.get("pages", 0)))
+        BACKGROUND.add(asyncio.get_running_loop().create_task(work))
         return {"resultType": "task", **TASKS[task_id]}
+
+    async def _refund(self, task_id: str, amount: int) -> None:
+        """Asks whether to refund (an elicitation, as the task's ``inputRequests``), then does
+        what the answer says."""
+        task = TASKS[task_id]
+        schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+        asked = {
+            "method": "elicitation/create",
+            "params": {"message": f"Refund {amount} EUR?", "requestedSchema": schema},
+        }
+        task.update(status="input_required", inputRequests={"confirm": asked}, lastUpdatedAt=_now())
+        await ANSWERED.setdefault(task_id, asyncio.Event()).wait()
+        if task["status"] != "working":
+            return
+        answer = task["answer"]
+        if answer.get("action") == "accept" and (answer.get("content") or {}).get("ok"):
+            text, done = f"refunded {amount} EUR", {"refunded": amount}
+        else:
+            text, done = f"no refund: the person said {answer.get('action')}", {"refunded": 0}
+        result = {"content": [{"type": "text", "text": text}], "structuredContent": done, "isError": False}
+        task.update(status="completed", result=result, lastUpdatedAt=_now())
 
     async def _work(self, task_id: str, pages: int) -> None:
         await gate()
@@ -199,6 +239,37 @@ def render(pages: int) -> str:
     return f"rendered {pages} pages at once"
 
 
+@app.tool()
+def refund(amount: int) -> str:
+    """Refund an amount once a person confirms it: a task that asks for input (the Tasks
+    extension's ``input_required``) to clients that can answer."""
+    return f"no refund of {amount}: this client cannot be asked to confirm"
+
+
+async def charge_in(amount: int, currency: str, ctx: Context) -> dict[str, Any]:
+    """Charge an amount in a currency (what ``charge`` becomes once ``reshape`` ran)."""
+    record(event="call", tool="charge", op=operation(ctx), currency=currency)
+    return {"charged": amount, "currency": currency}
+
+
+@app.tool()
+async def reshape(ctx: Context, tell: bool = True) -> str:
+    """Change this server's tools while it runs: ``charge`` takes a currency from now on, ``decline``
+    is gone, ``refund_all`` is new; then say so (the tools list-changed event), unless ``tell`` is
+    false."""
+    record(event="call", tool="reshape", op=operation(ctx))
+    app.remove_tool("charge")
+    app.remove_tool("decline")
+    app.add_tool(charge_in, name="charge", annotations=ToolAnnotations(idempotentHint=True))
+    app.add_tool(lambda: "all refunded", name="refund_all", description="Refund everything.")
+    if not tell:
+        return "reshaped quietly"
+    await ctx.notify_tools_changed()  # 2026-07-28: on the client's subscriptions/listen stream
+    with contextlib.suppress(Exception):  # before: the notification (which a 2026 session has not)
+        await ctx.request_context.session.send_tool_list_changed()
+    return "reshaped"
+
+
 @app.tool(annotations=ToolAnnotations(readOnlyHint=True))
 def big(size: int) -> str:
     """A text of ``size`` bytes."""
@@ -213,13 +284,26 @@ def _exit_with_parent() -> None:
     os._exit(0)
 
 
+def pin(revision: str) -> None:
+    """Make the server one of an older revision: it takes no 2026-07-28 request (so the client's
+    probe fails and it falls back to the initialize handshake) and offers only ``revision``."""
+    from mcp.server import runner
+
+    runner._has_modern_envelope = lambda params: False  # type: ignore[attr-defined]
+    runner.HANDSHAKE_PROTOCOL_VERSIONS = (revision,)  # type: ignore[attr-defined]
+    runner.LATEST_HANDSHAKE_VERSION = revision  # type: ignore[attr-defined]
+
+
 def main() -> None:
     global LOG, GATE
     parser = argparse.ArgumentParser()
     parser.add_argument("--log", required=True)
     parser.add_argument("--gate", default=None)
     parser.add_argument("--http", type=int, default=None)
+    parser.add_argument("--pin", default=None, help="serve only this handshake-era revision (2025-03-26...)")
     args = parser.parse_args()
+    if args.pin:
+        pin(args.pin)
     LOG, GATE = Path(args.log), Path(args.gate) if args.gate else None
     if args.http is None:
         threading.Thread(target=_exit_with_parent, daemon=True).start()

@@ -281,6 +281,9 @@ def test_a_new_thread_freezes_the_newest_version_of_the_latest_announcement() ->
     # a version announced long before the latest announcement is not chosen (rolled back, say)
     assert newest([row("3", 3600), row("2", 0), row("1", 0)])["greet"]["version"] == "2"
     assert set(newest([row("1", 0), row("1", 0, name="other")])) == {"greet", "other"}
+    # an MCP tool's versions are digests of its listing: the one announced later replaced the other
+    assert newest([row("mcp-ffff", 5), row("mcp-0000", 1)])["greet"]["version"] == "mcp-0000"
+    assert newest([row("mcp-0000", 5), row("mcp-ffff", 1)])["greet"]["version"] == "mcp-ffff"
 
 
 class _Threads:

@@ -14,9 +14,9 @@ from mcp.client.streamable_http import streamable_http_client
 
 from brain.api.auth import hash_token
 from hands.tools.declare import ToolContext
-from hands.tools.mcp import McpTools
 from hands.tools.mcp_client import McpConnection, McpUnreachableError
 from hands.tools.mcp_config import McpServerSpec
+from hands.tools.mcp_pool import McpTools
 from hands.tools.mcp_tasks import TaskCreated
 from tests.support import Observer, Processes, TendonEnv, free_port, wait_for
 

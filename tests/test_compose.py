@@ -267,3 +267,39 @@ def test_the_cli_in_the_brain_container_goes_through_its_api_and_so_asks_for_a_t
 def test_brain_demo_can_keep_its_data_in_the_image() -> None:
     text = (REPO / "Dockerfile").read_text()
     assert re.search(r"chown [^\n]*/app/\.tendon", text), "/app is read-only to the image's user"
+
+
+def mcp_servers(name: str) -> list[Any]:
+    """The MCP servers a Hands service serves (its --mcp specs, as the pool reads them)."""
+    from hands.tools.mcp_config import server_specs
+
+    if tendon_process(name) != "hands":
+        return []
+    args = parsed(name)
+    return server_specs(list(args.mcp), None) if args.mcp else []
+
+
+def test_the_file_runs_a_pool_of_an_mcp_server_whose_module_is_in_the_image() -> None:
+    served = {name: mcp_servers(name) for name in TENDON if mcp_servers(name)}
+    assert served, "no Hands service serves an MCP server"
+    for name, servers in served.items():
+        for spec in servers:
+            assert spec.command, f"{name}: {spec.where} (a URL) is another service's, not the image's"
+            program, *args = spec.command
+            assert program == "python" and args[:1] == ["-m"], (
+                f"{name}: {spec.where} is not `python -m MODULE`"
+            )
+            importlib.import_module(args[1])  # in the package the image holds
+            # What the server keeps lives in a volume, not in the container's layer.
+            paths = [a for a in args if a.startswith("/")]
+            mounts = [str(v).split(":")[1] for v in SERVICES[name].get("volumes") or []]
+            assert all(any(p.startswith(m.rstrip("/") + "/") for m in mounts) for p in paths), (name, paths)
+
+
+def test_the_image_carries_the_mcp_extra_its_pools_need() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    default = re.search(r"^ARG EXTRAS=(\S*)", text, re.MULTILINE)
+    assert default and "mcp" in default.group(1).split(","), "the image is built without the mcp extra"
+    assert re.search(r'pip install [^\n]*"\.\$\{EXTRAS:\+\[\$EXTRAS\]\}"', text), "EXTRAS is not installed"
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "mcp" in extras

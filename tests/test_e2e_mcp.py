@@ -344,3 +344,30 @@ async def test_a_cancel_of_a_running_task_sends_tasks_cancel_and_says_the_server
     assert [r["op"] for r in records(log, "task_cancelled")] == [first["task"]]
     (said,) = [e for e in await obs.hands_events(row["id"]) if e["kind"] == "cancelled"]
     assert "the server confirmed the cancel (tasks/cancel)" in said["body"]["reason"]
+
+
+async def test_a_cancel_of_a_task_waiting_for_input_sends_tasks_cancel_and_its_question_is_closed(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    log = tmp_path / "calls.jsonl"
+    env = tendon.env
+    await processes.start_ready("brain", BRAIN, env)
+    await processes.start_ready("hands", hands(stdio(log)), env)
+    turn_id = await submit(env, agent(tmp_path, [[{"tool": "refund", "args": {"amount": 4}}]], ["refund"]))
+    obs = Observer(tendon)
+
+    async def asking() -> Any:
+        rows = await obs.executions(turn_id)
+        return rows[0] if rows and rows[0]["how"] == "awaiting_input" else None
+
+    row = await wait_for(asking, timeout=30, what="the call to ask for input")
+    code, _, err = await run_cli(["-m", "brain", "cancel", turn_id], env)
+    assert code == 0, err
+    await obs.wait_turn(turn_id, "cancelled")
+    (row,) = await obs.executions(turn_id)
+    assert row["status"] == "cancelled"
+    (first,) = calls(log, "refund")
+    assert [r["op"] for r in records(log, "task_cancelled")] == [first["task"]]
+    assert records(log, "update") == [], "nothing was answered"
+    code, out, err = await run_cli(["-m", "brain", "respond", turn_id, row["call_id"], "--result", "{}"], env)
+    assert code == 6 and "cancelled already" in out + err, out + err

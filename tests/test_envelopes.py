@@ -26,6 +26,10 @@ from protocol import (
     ExecuteCommand,
     FailedBody,
     FailedEvent,
+    InputBody,
+    InputControl,
+    InputRequiredBody,
+    InputRequiredEvent,
     ObjectRef,
     OutputPageBody,
     OutputPageEvent,
@@ -97,6 +101,16 @@ SAMPLES: dict[str, tuple[type[BaseModel], BaseModel, dict[str, Any]]] = {
             result={"charge": "ch_1"}, evidence="the provider lists ch_1", actor="ops", request_id="rec-1"
         ),
         {},
+    ),
+    "input": (
+        InputControl,
+        InputBody(key="task-1/ab12", decision="answer", answer={"ok": True}, request_id="resp-1"),
+        {},
+    ),
+    "input_required": (
+        InputRequiredEvent,
+        InputRequiredBody(key="task-1/ab12", message="Refund 5 EUR?", requests={"confirm": {"method": "x"}}),
+        {"seq": 3},
     ),
     "accepted": (AcceptedEvent, AcceptedBody(worker="hands-7"), {"seq": 1}),
     "started": (
@@ -184,7 +198,9 @@ def test_the_samples_cover_every_kind_in_the_envelope_union():
 # ---- events made as JSON ----------------------------------------------------------------
 
 
-EVENT_KINDS = sorted(TERMINAL_EVENT_KINDS | {"accepted", "started", "output_page", "unknown"})
+EVENT_KINDS = sorted(
+    TERMINAL_EVENT_KINDS | {"accepted", "started", "output_page", "input_required", "unknown"}
+)
 
 
 @pytest.mark.parametrize("kind", EVENT_KINDS)

@@ -12,8 +12,9 @@ import pytest
 from mcp_types import CallToolResult, TextContent, Tool, ToolAnnotations
 
 from hands.tools.declare import Found, NotFound, ToolContext
-from hands.tools.mcp import McpToolError, McpTools, replay_policy, result_of
+from hands.tools.mcp import McpToolError, replay_policy, result_of
 from hands.tools.mcp_config import McpConfigError, load_config, parse_spec, server_specs
+from hands.tools.mcp_pool import McpTools
 from hands.tools.registry import ToolLoadError
 from protocol import ReplayPolicy, SchemaError
 from tests.support import run_cli, wait_for
@@ -39,6 +40,7 @@ def test_a_config_file_names_servers_headers_from_the_environment_and_overrides(
             "url": "https://billing.example/mcp",
             "headers_from_env": {"Authorization": "BILLING_AUTH"},
             "connections": 2,
+            "relist_seconds": 30,
             "tools": {"refund": {"replay": "safe"}},
         },
     }
@@ -47,6 +49,11 @@ def test_a_config_file_names_servers_headers_from_the_environment_and_overrides(
     assert files.command == ("python", "-m", "files") and files.env == {"ROOT": "/srv"}
     assert billing.headers_from_env == {"Authorization": "BILLING_AUTH"} and billing.connections == 2
     assert billing.replay == {"refund": ReplayPolicy.SAFE}
+    assert billing.relist_seconds == 30.0 and files.relist_seconds is None
+    for wrong in (0, "60", True):
+        config.write_text(json.dumps({"servers": {"x": {"url": "http://b", "relist_seconds": wrong}}}))
+        with pytest.raises(McpConfigError, match="relist_seconds must be"):
+            load_config(str(config))
     config.write_text(json.dumps({"servers": {"x": {"command": ["a"], "url": "http://b"}}}))
     with pytest.raises(McpConfigError, match="exactly one of command"):
         load_config(str(config))
@@ -106,14 +113,14 @@ async def test_hands_serve_says_in_one_line_what_is_wrong_with_its_mcp_servers(t
 
 
 def test_a_listing_binds_the_same_way_every_time_and_a_changed_tool_is_a_new_binding() -> None:
-    from hands.tools.mcp import _Calls, _tool
+    from hands.tools.mcp import ServerCalls, bind_tool
     from hands.tools.mcp_client import McpConnection
 
     spec = parse_spec("stdio:unused")
-    calls = _Calls(McpConnection(spec))
+    calls = ServerCalls(McpConnection(spec))
 
     def bound(tool: Tool) -> str:
-        return _tool("lab", spec, calls, tool, {tool.name}).binding.digest
+        return bind_tool("lab", spec, calls, tool, {tool.name}).binding.digest
 
     first = listed("lookup", readOnlyHint=True)
     assert bound(first) == bound(listed("lookup", readOnlyHint=True)), "a restart announces the same binding"

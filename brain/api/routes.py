@@ -265,12 +265,13 @@ async def control(turn_id: str, body: ControlRequest, request: Request, caller: 
 
 @router.post("/turns/{turn_id}/respond", response_model=Receipt, tags=["controls"])
 async def respond(turn_id: str, body: RespondRequest, request: Request, caller: CallerDep) -> Any:
-    """Approve or deny a call that waits for a person, or give a manual tool's result."""
+    """Approve or deny a call that waits for a person, give a manual tool's result, or answer
+    what a running call asks for (an MCP task's input: ``result``, or ``deny`` to decline)."""
     api = api_of(request)
     receipt = await controls.respond(
         api.store, namespace=caller.tenant(), turn_id=turn_id, request_id=body.request_id or new_id(),
         call=body.call, decision=body.decision, result=body.result, reason=body.reason,
-        wake_channel=api.wake_channel,
+        wake_channel=api.wake_channel, topology=api.topology,
     )  # fmt: skip
     return receipt.as_dict()
 

@@ -153,7 +153,7 @@ class Direct:
     async def respond(self, turn_id: str, request_id: str | None, **fields: Any) -> dict[str, Any]:
         receipt = await controls.respond(
             self.store, namespace=self.namespace, turn_id=turn_id, request_id=request_id or new_id(),
-            wake_channel=wake_channel(self.settings), **fields,
+            wake_channel=wake_channel(self.settings), topology=Topology(self.settings.queue_prefix), **fields,
         )  # fmt: skip
         return receipt.as_dict()
 

@@ -87,6 +87,16 @@ def _parser() -> argparse.ArgumentParser:
         "--tools", action="append", default=[], metavar="MODULE",
         help="with --local: a tools module (or .py file) whose routes get a pool; repeat for more",
     )  # fmt: skip
+    s.add_argument(
+        "--mcp", action="append", default=[], metavar="ROUTE=SPEC",
+        help="with --local: an MCP server whose tools route ROUTE serves ('stdio:COMMAND LINE' or an "
+        "http(s) URL, as `hands serve --mcp`); repeat for more",
+    )  # fmt: skip
+    s.add_argument(
+        "--mcp-config", action="append", default=[], metavar="ROUTE=FILE",
+        help="with --local: a config file of MCP servers whose tools route ROUTE serves (as `hands "
+        "serve --mcp-config`)",
+    )  # fmt: skip
 
     s = sub.add_parser(
         "token",
@@ -280,7 +290,8 @@ def _add_controls(sub: argparse._SubParsersAction, remote: argparse.ArgumentPars
             s.add_argument("--revision", type=int, required=True, help="the turn's revision you saw")
     s = sub.add_parser(
         "respond",
-        help="answer a call that waits for a person: approve or deny it, or give a manual tool's result",
+        help="answer a call that waits for a person: approve or deny it, give a manual tool's result, "
+        "or the input a running call asks for (an MCP task's)",
         parents=[common], epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     s.add_argument("turn_id")
@@ -290,7 +301,9 @@ def _add_controls(sub: argparse._SubParsersAction, remote: argparse.ArgumentPars
     answer.add_argument(
         "--deny", metavar="REASON", nargs="?", const="", help="refuse it (the model is told why)"
     )
-    answer.add_argument("--result", metavar="JSON", help="a manual tool's result")
+    answer.add_argument(
+        "--result", metavar="JSON", help="a manual tool's result, or the input a running call asks for"
+    )
     s = sub.add_parser(
         "signal", help="send a signal to a turn's call that waits for it (wait_for_signal)",
         parents=[common], epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -131,8 +131,8 @@ async def serve(settings: Settings, args: argparse.Namespace, *, local: Local | 
                 "--local runs Brain and Hands in one process: start it with the `brain` command"
             )
         return await local.serve(settings, args, stop)
-    if args.data_dir or args.tools:
-        raise SchemaError("--data-dir and --tools go with --local")
+    if args.data_dir or args.tools or args.mcp or args.mcp_config:
+        raise SchemaError("--data-dir, --tools, --mcp and --mcp-config go with --local")
     # Imported here: the other commands, a process each, start faster without the server.
     from brain import app
 

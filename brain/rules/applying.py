@@ -58,6 +58,7 @@ class Effect:
     pages: list[tuple[int, str]] = field(default_factory=list)  # (byte offset, data)
     output_end: int = 0  # the byte offset after the last output applied
     unknown_reason: str | None = None  # the turn then waits for a reconcile
+    asked: dict[str, Any] | None = None  # an input_required: what it asks a person (key, message, requests)
     facts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -93,6 +94,11 @@ def effect(start: ExecutionStatus, events: Sequence[Any], execution: Execution) 
         if event.kind == "output_page":
             out.pages.append((body.offset, body.data))
             out.facts += output.page(body.offset, body.data)
+            continue
+        if event.kind == "input_required":
+            out.asked = body.model_dump(mode="json")
+            x = execution
+            out.facts.append(facts.input_required(x.id, x.call_id, x.tool, body.key, body.message))
             continue
         out.facts += output.flush()  # a tool's output is sealed before its outcome (invariant 8)
         new = EVENT_STATUS[event.kind]

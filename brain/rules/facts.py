@@ -61,7 +61,8 @@ KINDS: tuple[str, ...] = (
     "turn.results_applied", "turn.retry_scheduled", "turn.run_lost", "turn.input_added",
     "turn.cancelled", "turn.rolled_back", "turn.completed", "turn.failed",
     "execution.intended", "execution.approved", "execution.output", "execution.output_gap",
-    "execution.reported_late", "batch.accepted", "batch.progress",
+    "execution.reported_late", "execution.input_required", "execution.input_given",
+    "batch.accepted", "batch.progress",
     *(f"execution.{s}" for s in ExecutionStatus if s != ExecutionStatus.INTENDED),
     *(f"control.{s}" for s in ControlStatus),
     "turn.delegated", "tool.delegated", "tool.child_cancel_requested",
@@ -158,6 +159,18 @@ def output(
     fact = {"kind": "execution.output", "execution_id": execution_id, "call_id": call_id, "tool": tool,
             "attempt": attempt, "offset": offset, "size": size, "text": text}  # fmt: skip
     return fact | ({"cut": True} if cut else {})
+
+
+def input_required(execution_id: str, call_id: str, tool: str, key: str, message: str) -> Fact:
+    """A running execution asks a person for input (an MCP task in ``input_required``)."""
+    return {"kind": "execution.input_required", "execution_id": execution_id, "call_id": call_id,
+            "tool": tool, "key": key, "message": message}  # fmt: skip
+
+
+def input_given(execution_id: str, call_id: str, tool: str, key: str, decision: str) -> Fact:
+    """A person answered it (``answer`` or ``decline``); the answer goes to its Hands."""
+    return {"kind": "execution.input_given", "execution_id": execution_id, "call_id": call_id,
+            "tool": tool, "key": key, "decision": decision}  # fmt: skip
 
 
 def output_gap(execution_id: str, call_id: str, tool: str, start: int, end: int) -> Fact:

@@ -152,6 +152,7 @@ EVENT_STATUS: dict[str, ExecutionStatus | None] = {
     "accepted": _A,
     "started": _R,
     "output_page": None,
+    "input_required": None,  # it runs on, waiting for a person's input (brain respond)
     "succeeded": _S,
     "failed": _F,
     "cancelled": _C,

@@ -34,6 +34,7 @@ AWAITS = {
     "batch": "the calls of its batch",
     "admission": "its turn in its batch",
     "child": "its child turn (a delegate)",
+    "input": "a person's input (what the tool asks: `brain respond TURN CALL --result JSON`)",
 }
 
 
@@ -118,6 +119,11 @@ def _execution(kind: str, f: Mapping[str, Any]) -> str:
         return f"{wrote}: {_short(f.get('text') or '')!r}{cut}"
     if status == "output_gap":
         return f"{_call(f)}: its output from byte {f.get('start')} to {f.get('end')} never came"
+    if status == "input_required":
+        return f"{_call(f)} asks a person for input: {_short(f.get('message') or '?')!r}"
+    if status == "input_given":
+        gave = "declined it" if f.get("decision") == "decline" else "gave it"
+        return f"a person {gave}; the answer goes to its Hands, and {_call(f)} goes on"
     if status == "reported_late":
         return f"{_call(f)} was reported {f.get('reported')} after its turn had settled it"
     return f"{_call(f)}: {status}"

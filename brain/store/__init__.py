@@ -16,6 +16,7 @@ field              part (PostgreSQL's)        what it owns
 ``outbox``         ``Outbox`` (``_pg``)       controls for the Hands, published after the commit
 ``controls``       ``Controls``               controls' receipts and what they do to a turn; a
                                               person's answer to a call
+``inputs``         ``Inputs``                 what running executions ask a person; its answer
 ``views``          ``Views`` (``_pg``)        a turn as its description reads it
 ``waits``          ``Waits``                  built-in waits: those the clock answers, a signal's
 ``batches``        ``Batches``                batch calls' manifests, and admitting their children
@@ -67,6 +68,7 @@ from brain.store.executions import Executions
 from brain.store.executions_pg import PgExecutions
 from brain.store.failures import Failures
 from brain.store.gauges import GaugeRows, Gauges
+from brain.store.inputs import Inputs
 from brain.store.journal import Journal
 from brain.store.journal_pg import PgJournal
 from brain.store.metadata import Metadata
@@ -132,6 +134,7 @@ class BrainStore(StoreBase, ParkedRows):
     failures: Failures
     outbox: Outbox
     controls: Controls
+    inputs: Inputs
     views: Views
     waits: Waits
     batches: Batches
@@ -154,6 +157,7 @@ class BrainStore(StoreBase, ParkedRows):
         self.failures = Failures(self)
         self.outbox = Outbox(self)
         self.controls = Controls(self)
+        self.inputs = Inputs(self)
         self.views = Views(self)
         self.waits = Waits(self)
         self.batches = Batches(self)

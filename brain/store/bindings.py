@@ -15,6 +15,9 @@ from protocol import version_key
 # Announcements this close to a tool's latest one count as the same: a pool announces each of
 # its versions of a tool together, and pools of one deployment start within moments.
 ANNOUNCED_TOGETHER = 60.0
+# A version named by a digest of its tool's listing (an MCP server's tool): two of them have no
+# natural order, so of those the one announced later is the newer (the listing that replaced it).
+CONTENT_VERSION = "mcp-"
 
 
 def mark_of(rows: Sequence[Mapping[str, Any]]) -> Mark:
@@ -25,20 +28,28 @@ def mark_of(rows: Sequence[Mapping[str, Any]]) -> Mark:
 def newest(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """For each tool of ``rows`` (name, binding, announced_at): the newest version among those
     announced with its latest announcement. An upgrade that serves versions 1 and 2 side by side
-    gives new threads version 2, while threads pinned to 1 keep it (a pure rule)."""
+    gives new threads version 2, while threads pinned to 1 keep it (a pure rule). Between two
+    content versions (``CONTENT_VERSION``), the later announcement is the newer."""
     latest: dict[str, Any] = {}
     for r in rows:
         at = as_time(r["announced_at"])
         if r["name"] not in latest or at > latest[r["name"]]:
             latest[r["name"]] = at
-    chosen: dict[str, Any] = {}
+    chosen: dict[str, Mapping[str, Any]] = {}
     for r in rows:
-        name, binding = r["name"], r["binding"]
+        name = r["name"]
         if (latest[name] - as_time(r["announced_at"])).total_seconds() > ANNOUNCED_TOGETHER:
             continue
-        if name not in chosen or version_key(binding["version"]) > version_key(chosen[name]["version"]):
-            chosen[name] = binding
-    return chosen
+        if name not in chosen or _newer(r, chosen[name]):
+            chosen[name] = r
+    return {name: r["binding"] for name, r in chosen.items()}
+
+
+def _newer(row: Mapping[str, Any], than: Mapping[str, Any]) -> bool:
+    mine, theirs = row["binding"]["version"], than["binding"]["version"]
+    if mine.startswith(CONTENT_VERSION) and theirs.startswith(CONTENT_VERSION):
+        return as_time(row["announced_at"]) > as_time(than["announced_at"])
+    return version_key(mine) > version_key(theirs)
 
 
 # A thread's row with its session's namespace.

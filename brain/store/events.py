@@ -98,7 +98,7 @@ def effect_values(row: Any, done: Effect) -> list[Any]:
         done.last_seq,
         row["attempts"] if done.attempts is None else done.attempts,
         result,
-        row["how"] if keep else outcome["how"],
+        ("awaiting_input" if done.asked else row["how"]) if keep else outcome["how"],
         row["evidence"] if keep else outcome["evidence"],
         max(row["output_bytes"] or 0, done.output_end) if keep else outcome["output_bytes"],
         as_json(error),
@@ -277,6 +277,8 @@ class Events(Part):
                 " WHERE id = $1",
                 row["id"],
             )
+        if done.asked is not None:  # a question for a person (brain.store.inputs)
+            await self.store.inputs.ask(conn, row, done)
         if done.unknown_reason is not None:
             await conn.execute(
                 "UPDATE turns SET waiting_for = $2 WHERE id = $1",

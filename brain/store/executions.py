@@ -72,7 +72,8 @@ class Executions(Part):
     async def execution_for_call(self, conn: Connection, turn_id: str, call: str) -> Row | None:
         """The turn's execution of a call, by call id or execution id."""
         return await conn.fetchrow(
-            """SELECT id, turn_id, call_id, tool, route, status, how, tool_step FROM executions
+            """SELECT id, turn_id, call_id, tool, route, status, how, tool_step, request_digest
+                 FROM executions
                 WHERE turn_id = $1 AND (call_id = $2 OR id = $2) ORDER BY tool_step DESC LIMIT 1""",
             turn_id,
             call,

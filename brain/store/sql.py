@@ -110,7 +110,7 @@ TURN_COLUMNS = (
 # What a turn's description shows of each of its executions (and its conversation's tool messages).
 VIEW_EXECUTION_COLUMNS = (
     "id, call_id, tool, route, status, attempts, how, evidence, result, error, last_seq, tool_step, worker,"
-    " output_bytes, created_at, updated_at"
+    " output_bytes, created_at, updated_at, input_request"
 )
 JOURNAL_COLUMNS = "session_id, seq, thread_id, turn_id, run, status, phase, facts, created_at"
 CONTROL_COLUMNS = "id, turn_id, request_id, kind, input_digest, body, status, reason, created_at, decided_at"

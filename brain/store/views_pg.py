@@ -12,7 +12,7 @@ from infra.db import Connection
 
 _TURN_COLS = qualified("t", TURN_COLUMNS)
 
-_JSONB = {"facts", "result", "error"}  # the jsonb columns of a turn's view
+_JSONB = {"facts", "result", "error", "input_request"}  # the jsonb columns of a turn's view
 
 
 def _row_of(alias: str, columns: str) -> str:

@@ -31,7 +31,7 @@ turn in a given state is a pure rule: ``brain.rules.controls.decide``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -40,6 +40,7 @@ from brain.rules.controls import INPUTS, Kind, Outcome, TurnView, decide
 from brain.rules.names import MAX_ID, MAX_REQUEST_ID, check_id
 from brain.rules.states import ACCEPTED_EXECUTION, TERMINAL_TURN, TurnStatus
 from brain.store import BrainStore, Control, TurnRow
+from brain.verbs import inputs
 from infra.db import Connection, Json
 from infra.transport import Topology
 from protocol import ConflictError, NotFoundError, SchemaError, digest
@@ -62,14 +63,7 @@ class Receipt:
         return cls(row["id"], row["turn_id"], row["kind"], row["request_id"], row["status"], row["reason"])
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "control_id": self.control_id,
-            "turn_id": self.turn_id,
-            "kind": self.kind,
-            "request_id": self.request_id,
-            "status": self.status,
-            "reason": self.reason,
-        }
+        return asdict(self)
 
 
 def _body(kind: Kind, text: str | None, revision: int | None, target: int | None) -> dict[str, Any]:
@@ -243,12 +237,7 @@ async def _apply_now(
 
 
 async def _withdraw(
-    store: BrainStore,
-    conn: Connection,
-    turn: TurnRow,
-    request_id: str,
-    body: dict[str, Any],
-    input_digest: str,
+    store: BrainStore, conn: Connection, turn: TurnRow, request_id: str, body: dict[str, Any], in_digest: str
 ) -> Receipt:
     target = await store.controls.control_by_id(conn, turn.id, body["control_id"])
     if target is None or target["kind"] not in INPUTS:
@@ -259,7 +248,7 @@ async def _withdraw(
         reason = None
     status = "rejected" if reason else "applied"
     row = await store.controls.record_control(
-        conn, turn.id, request_id, str(Kind.WITHDRAW), input_digest, body, status, reason
+        conn, turn.id, request_id, str(Kind.WITHDRAW), in_digest, body, status, reason
     )
     said = [facts.control(row["id"], str(Kind.WITHDRAW), status, reason)]
     if reason is None:
@@ -304,9 +293,11 @@ async def respond(
     wake_channel: str,
     result: Any = None,
     reason: str | None = None,
+    topology: Topology | None = None,
 ) -> Receipt:
     """A person's answer to a call that waits for one: ``approve`` (it is sent to its Hands),
-    ``deny`` (it fails, and the model is told why), or ``result`` (a manual tool's outcome).
+    ``deny`` (it fails, and the model is told why), or ``result`` (a manual tool's outcome); to a
+    running call that asks for input, ``result`` or ``deny`` (``brain.verbs.inputs``).
     Idempotent by request id like every control; an answer to a call that is not waiting any more
     is rejected, saying how it was resolved."""
     if decision not in DECISIONS:
@@ -329,12 +320,17 @@ async def respond(
             return earlier
         execution = await store.executions.execution_for_call(conn, turn_id, call)
         why = _refuse_response(turn, execution, call, decision)
+        if inputs.awaits_input(execution) and turn.status not in TERMINAL_TURN:
+            why = inputs.refused(execution, decision, topology)
         status = "rejected" if why else "applied"
         row = await store.controls.record_control(
             conn, turn_id, request_id, "respond", input_digest, body, status, why
         )
         said = [facts.control(row["id"], "respond", status, why)]
-        if why is None:
+        if why is None and inputs.awaits_input(execution):
+            given = await inputs.give(store, conn, turn, execution, body, request_id, topology)
+            said += [given] if given else []
+        elif why is None:
             said.append(await _answer(store, conn, turn, execution, decision, body, row["id"], wake_channel))
         await store.journal.append(
             conn, turn.session_id, turn_id, said, thread_id=turn.thread_id,

@@ -74,8 +74,12 @@ async def describe(store: BrainStore, namespace: str, turn_id: str) -> dict[str,
             {
                 **{k: e[k] for k in SHOWN},
                 "args": args.get(e["call_id"]),
-                # A pending call waits for a person: their approval, or a manual tool's result.
-                "awaits": (e["how"] or "").removeprefix("awaiting_") if e["status"] == "pending" else None,
+                # A pending call waits for a person: their approval, or a manual tool's result; a
+                # running one may ask a person for input (an MCP task's), and says what.
+                "awaits": (e["how"] or "").removeprefix("awaiting_")
+                if e["status"] == "pending" or e["how"] == "awaiting_input"
+                else None,
+                "asks": e["input_request"] if e["how"] == "awaiting_input" else None,
             }
             for e in exes
         ],

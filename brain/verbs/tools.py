@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from brain.rules.admission import check_model, pool_tools, refusal, unknown_tools
@@ -31,7 +31,7 @@ class KnownTools:
     ``served``: the tools of a server that runs its pools itself (``brain serve --local``): those
     are what a submit may name, known at once, announced or not."""
 
-    served: frozenset[str] | None = None
+    served: Collection[str] | None = None
     grace: float = ANNOUNCE_GRACE
     routes: dict[str, frozenset[str]] = field(default_factory=dict)  # tool -> the routes announcing it
     served_at: dict[str, float] = field(default_factory=dict)  # route -> when it was last seen served

@@ -23,6 +23,10 @@ after a pause (``infra.transport.delivery``).
   request again (a repeated request, a redelivery) is a duplicate: acked, nothing new published.
   A reconcile of an execution that is not UNKNOWN here (reconciled first by another request or
   by ``hands reconcile``) is acked with a warning: trying again would never change the answer.
+- ``input``: a person's answer to what a running execution asked (its ``input_required``), sent
+  by a Brain for `brain respond`. It is kept in the execution's row (``Ledger.give_input``), where
+  the worker following it reads it (``ctx.given_input``), whichever worker that is and whenever it
+  looks; the first answer to a question stands, a repeat is acked as a duplicate.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from protocol import (
     CancelledBody,
     ConflictError,
     IllegalTransitionError,
+    InputControl,
     NotFoundError,
     ReconcileControl,
     ReplayControl,
@@ -92,9 +97,9 @@ class ControlConsumer:
     async def _handle(self, message: Delivery) -> None:
         try:
             control = await self._codec.unpack(message.body)
-            if not isinstance(control, ReplayControl | CancelControl | ReconcileControl):
+            if not isinstance(control, ReplayControl | CancelControl | ReconcileControl | InputControl):
                 raise RoutingError(
-                    f"expected a replay, cancel or reconcile control on {self.queue}, "
+                    f"expected a replay, cancel, reconcile or input control on {self.queue}, "
                     f"got a {control.kind} envelope"
                 )
             with bound_contextvars(execution_id=control.execution_id):
@@ -102,6 +107,8 @@ class ControlConsumer:
                     await self._replay(control)
                 elif isinstance(control, ReconcileControl):
                     await self._reconcile(control)
+                elif isinstance(control, InputControl):
+                    await self._input(control)
                 else:
                     await self._cancel(control)
         except TendonError as exc:
@@ -164,6 +171,21 @@ class ControlConsumer:
             except Exception as exc:  # noqa: BLE001 - committed: the relay's sweep publishes it
                 log.warning("reconcile_event_not_published", audit_id=done.audit_id, error=repr(exc))
             log.info("reconciled", audit_id=done.audit_id, status=done.execution.status.value, seq=done.seq)
+
+    async def _input(self, control: InputControl) -> None:
+        body = control.body
+        assert body is not None
+        answer = {"decision": body.decision, "answer": body.answer, "reason": body.reason,
+                  "request_id": body.request_id}  # fmt: skip
+
+        async def work(conn: Connection) -> bool:
+            row = self._of_route(await self._ledger.get(conn, control.execution_id), control.execution_id)
+            if row.request_digest != control.request_digest:
+                raise ConflictError(f"input for execution {control.execution_id} names another command")
+            return await self._ledger.give_input(conn, control.execution_id, body.key, answer)
+
+        kept = await self._ledger.transact(work)
+        log.info("input_given" if kept else "input_not_kept", key=body.key, decision=body.decision)
 
     async def _cancel(self, control: CancelControl) -> None:
         reason = control.body.reason if control.body is not None else ""

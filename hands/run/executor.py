@@ -181,6 +181,8 @@ class Executor:
         ctx = ToolContext(operation_id=execution_id, attempt=attempt, cancelled=cancelled, handle=handle)
         ctx.owner_check = partial(self._still_owner, execution_id)
         ctx.handle_keeper = partial(self.outcomes.keep_handle, execution_id)
+        ctx.asker = partial(self.outcomes.ask, execution_id)
+        ctx.answers = partial(self.outcomes.answer, execution_id)
         if output:
             ctx.output = LedgerOutput(self.outcomes, execution_id)
         return ctx

@@ -21,11 +21,13 @@ from infra.db import Connection
 from infra.process.logging import get_logger
 from protocol import (
     FailedBody,
+    InputRequiredBody,
     OutputPageBody,
     StaleOwnerError,
     SucceededBody,
     TendonError,
     UnknownBody,
+    codec,
 )
 from protocol.storable import describe, storable
 
@@ -157,6 +159,27 @@ class Outcomes:
         self._rows.pop(execution_id, None)  # its seq moved on
         if event is not None:
             self.writer.sent([event])
+
+    async def ask(self, execution_id: str, key: str, message: str, requests: dict[str, Any]) -> None:
+        """Commit an ``input_required`` event (``ctx.ask_input``): the Brain shows the turn's
+        person the question. Once per key: a worker that took the execution over and finds the
+        question still open asks nothing again (the event is in the row)."""
+
+        async def build(row: Execution) -> Change | None:
+            if any(_asked(event, key) for event in row.events):
+                return None
+            body = InputRequiredBody(key=key, message=message, requests=requests)
+            events = await self.writer.events(execution_id, row.header, row.last_seq + 1, body)
+            return Change(row, row.status, events)
+
+        await self.save(execution_id, build, landed=lambda row: any(_asked(e, key) for e in row.events))
+
+    async def answer(self, execution_id: str, key: str) -> dict[str, Any] | None:
+        """The answer a person gave to question ``key`` (``ctx.given_input``), None until then."""
+        row = await self._patiently(lambda: self.row(execution_id))
+        given = codec.loads(row.inputs) if row.inputs else {}
+        found = given.get(key)
+        return dict(found) if isinstance(found, dict) else None
 
     async def confirm_owner(self, execution_id: str) -> None:
         """Return once the ledger says this worker still holds the execution open; raise
@@ -297,3 +320,7 @@ class Outcomes:
             log.warning("execution_released", execution_id=execution_id)
         except Exception:
             log.exception("execution_release_failed", execution_id=execution_id)
+
+
+def _asked(event: dict[str, Any], key: str) -> bool:
+    return event.get("kind") == "input_required" and (event.get("body") or {}).get("key") == key

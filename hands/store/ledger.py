@@ -21,7 +21,7 @@ from infra.db import Connection, Json
 from infra.db.parked import ParkedRows
 from infra.db.store import StoreBase
 from infra.liveness import ALIVE_SQL
-from protocol import NotFoundError, StaleOwnerError
+from protocol import NotFoundError, StaleOwnerError, codec
 
 # An owner missing from ``workers`` counts as dead too: NOT EXISTS covers both. An owner presumed
 # dead has its open rows handed to a released name already (``release_owners``).
@@ -186,6 +186,21 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
             handle,
         )
         return str(status).endswith(" 1")
+
+    async def give_input(self, conn: Connection, execution_id: str, key: str, answer: dict[str, Any]) -> bool:
+        """Keep a person's answer to question ``key`` of an open execution; False when it has an
+        answer to that key already (the first stands) or is not open any more."""
+        row = await self.get(conn, execution_id, for_update=True)
+        given = codec.loads(row.inputs) if row is not None and row.inputs else {}
+        if row is None or row.status not in OPEN_STATUSES or key in given:
+            return False
+        given[key] = answer
+        await conn.execute(
+            "UPDATE executions SET inputs = $2, updated_at = now() WHERE execution_id = $1",
+            execution_id,
+            codec.dumps(given).decode(),
+        )
+        return True
 
     async def request_cancel(self, conn: Connection, execution_id: str) -> Execution | None:
         rec = await conn.fetchrow(

@@ -40,6 +40,9 @@ class Execution:
     created_at: datetime
     updated_at: datetime
     handle: str | None = None  # what its body committed to re-attach by (``Ledger.keep_handle``)
+    inputs: str | None = (
+        None  # JSON: the answers a person gave to what it asked, by key (``Ledger.give_input``)
+    )
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> Execution:

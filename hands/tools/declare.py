@@ -58,6 +58,14 @@ async def _keep_nowhere(handle: str) -> None:  # a context made outside a worker
     return None
 
 
+async def _ask_nobody(key: str, message: str, requests: dict[str, Any]) -> None:
+    raise RuntimeError("this context has no one to ask (it was made outside a worker)")
+
+
+async def _no_answer(key: str) -> dict[str, Any] | None:
+    return None
+
+
 @dataclass
 class ToolContext:
     """What a running tool gets besides its arguments."""
@@ -69,6 +77,21 @@ class ToolContext:
     owner_check: Callable[[], Awaitable[None]] = _always_owner
     handle: str | None = None  # the handle an earlier attempt kept, when re-attaching
     handle_keeper: Callable[[str], Awaitable[None]] = _keep_nowhere
+    asker: Callable[[str, str, dict[str, Any]], Awaitable[None]] = _ask_nobody
+    answers: Callable[[str], Awaitable[dict[str, Any] | None]] = _no_answer
+
+    async def ask_input(self, key: str, message: str, requests: dict[str, Any]) -> None:
+        """Ask a person for input (the turn shows it as a pending interaction, answered with
+        `brain respond TURN CALL --result JSON` or ``--deny``): committed to the ledger as an
+        ``input_required`` event, once per ``key`` (asking again under a key asked before is a
+        no-op, so a worker that took the execution over may ask freely)."""
+        await self.asker(key, message, requests)
+
+    async def given_input(self, key: str) -> dict[str, Any] | None:
+        """The answer to question ``key`` once a person gave it (from the ledger, so one given
+        while no worker ran the execution is here too): ``{"decision": "answer", "answer": ...}``
+        or ``{"decision": "decline", "reason": ...}``; None until then."""
+        return await self.answers(key)
 
     async def keep_handle(self, handle: str) -> None:
         """Commit ``handle`` (text, e.g. JSON naming a remote task) to the ledger before waiting on

@@ -22,11 +22,9 @@ its content (a tool error the model sees). A connection that breaks during a cal
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
 from functools import partial
-from types import TracebackType
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -34,7 +32,6 @@ from jsonschema import Draft202012Validator
 from hands.tools.declare import Found, NotFound, OutcomeUnknownError, Tool, ToolContext
 from hands.tools.mcp_client import McpConnection, McpConnectionLostError, McpUnreachableError
 from hands.tools.mcp_config import McpServerSpec
-from hands.tools.registry import ToolLoadError
 from infra.process.logging import get_logger
 from protocol import ReplayPolicy, SchemaError, ToolBinding, codec, digest
 
@@ -98,7 +95,30 @@ def replay_policy(listed: Any, overrides: dict[str, ReplayPolicy]) -> ReplayPoli
     )
 
 
-class _Calls:
+@dataclass
+class _Questions:
+    """The questions of one task this worker answered while it follows it. The same question asked
+    again after the task went on from its answer is a new round, under a new key: the person is
+    asked again, never answered for by the answer they gave before (a server that found it
+    invalid would ask for ever)."""
+
+    sent: set[str] = field(default_factory=set)
+    rounds: dict[str, int] = field(default_factory=dict)
+    moved: bool = False  # the task was seen past input_required since the last answer was sent
+
+    def key(self, base: str) -> str | None:
+        """The key of the question now (None: its answer was sent and the task has not moved)."""
+        n = self.rounds.get(base, 0)
+        key = f"{base}#{n}" if n else base
+        if key not in self.sent:
+            return key
+        if not self.moved:
+            return None
+        self.rounds[base] = n + 1
+        return f"{base}#{n + 1}"
+
+
+class ServerCalls:
     """The calls of one server's tools, through its connection."""
 
     def __init__(self, connection: McpConnection) -> None:
@@ -131,6 +151,7 @@ class _Calls:
         from hands.tools.mcp_tasks import final_result
 
         losses = 0
+        asked = _Questions()
         while True:
             try:
                 state = await self.connection.task("tasks/get", task_id)
@@ -147,12 +168,31 @@ class _Calls:
             if state.status == "cancelled":
                 raise McpCancelledError(f"task {task_id} was cancelled: {state.status_message or ''}")
             if state.status == "input_required":
-                with contextlib.suppress(Exception):
-                    await self.connection.task("tasks/cancel", task_id)
-                raise McpToolError(
-                    f"task {task_id} asked for input, which this pool cannot give; cancelled it"
-                )
+                await self._input(task_id, state, ctx, asked)
+            else:
+                asked.moved = True
             await asyncio.sleep(min(max((state.poll_interval_ms or 500) / 1000, 0.05), 5.0))
+
+    async def _input(self, task_id: str, state: Any, ctx: ToolContext, asked: _Questions) -> None:
+        """A task in ``input_required``: a person is asked (once per question: its key is the
+        task's and a digest of its requests), and once they answered (the answer is in the
+        ledger), the answer is sent with ``tasks/update``. A worker that takes the execution over
+        finds the answer there and sends it again if the task still asks: each request key is
+        the server's, so a repeat answers the same question."""
+        from hands.tools.mcp_tasks import question, responses
+
+        requests = dict(state.input_requests or {})
+        key = asked.key(f"{task_id}/{digest(requests)[:16]}")
+        if key is None:
+            return  # answered: the server has not taken the answer yet
+        given = await ctx.given_input(key)
+        if given is None:
+            await ctx.ask_input(key, question(state), requests)
+            return
+        await self.connection.task("tasks/update", task_id, responses(requests, given))
+        asked.sent.add(key)
+        asked.moved = False
+        log.info("mcp_task_input_sent", task_id=task_id, key=key, decision=given.get("decision"))
 
     async def _watched(
         self, work: Coroutine[Any, Any, Any], cancel_tool: str | None, ctx: ToolContext
@@ -220,7 +260,7 @@ class _Calls:
         raise McpToolError(f"query tool {query_tool} answered without a structured found: true or false")
 
 
-def _tool(route: str, spec: McpServerSpec, calls: _Calls, listed: Any, names: set[str]) -> McpTool:
+def bind_tool(route: str, spec: McpServerSpec, calls: ServerCalls, listed: Any, names: set[str]) -> McpTool:
     listing = _dump(listed)
     durable = (listed.meta or {}).get(DURABLE_META) or {}
     query = durable.get("query") if durable.get("query") in names else None
@@ -244,54 +284,3 @@ def _tool(route: str, spec: McpServerSpec, calls: _Calls, listed: Any, names: se
         server=spec.name,
         idempotent=bool(annotations is not None and annotations.idempotent_hint),
     )
-
-
-class McpTools:
-    """The tools of the MCP servers ``specs`` for ``route``, discovered when entered; their
-    connections live until it is left."""
-
-    def __init__(self, route: str, specs: Sequence[McpServerSpec]) -> None:
-        self.route = route
-        self.specs = list(specs)
-        self.tools: list[McpTool] = []
-        self._connections: list[McpConnection] = []
-
-    async def __aenter__(self) -> McpTools:
-        try:
-            for spec in self.specs:
-                await self._discover(spec)
-        except BaseException:
-            await self._close()
-            raise
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self._close()
-
-    async def _discover(self, spec: McpServerSpec) -> None:
-        connection = McpConnection(spec)
-        self._connections.append(connection)
-        listed = await connection.list_tools()
-        if not listed:
-            raise ToolLoadError(f"MCP server {spec.name} ({spec.where}) lists no tools")
-        taken = {t.name: t.server for t in self.tools}
-        names = {t.name for t in listed}
-        calls = _Calls(connection)
-        for one in listed:
-            if one.name in taken:
-                raise ToolLoadError(
-                    f"MCP servers {taken[one.name]} and {spec.name} both list a tool named {one.name}: "
-                    "serve them on different routes"
-                )
-            tool = _tool(self.route, spec, calls, one, names)
-            self.tools.append(tool)
-            log.info(
-                "mcp_tool_bound", server=spec.name, tool=tool.name, replay=tool.binding.replay_policy.value,
-                idempotent=tool.idempotent, has_query=tool.query is not None,
-            )  # fmt: skip
-
-    async def _close(self) -> None:
-        for connection in self._connections:
-            await connection.close()

@@ -16,12 +16,15 @@ import asyncio
 import contextlib
 import itertools
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from hands.tools.mcp_config import McpServerSpec
+from infra.process.logging import get_logger
 from protocol import TendonError
+
+log = get_logger(__name__)
 
 
 class McpUnreachableError(TendonError):
@@ -47,21 +50,40 @@ def _headers(spec: McpServerSpec) -> dict[str, str]:
     return {header: os.environ[var] for header, var in spec.headers_from_env.items()}
 
 
+Changed = Callable[[], None]
+LIST_CHANGED = "notifications/tools/list_changed"
+LISTEN_TRIES = 5  # listen streams that fail in a row, with nothing heard, before the link stops asking
+
+
+def _noticing(changed: Changed) -> Callable[[Any], Awaitable[None]]:
+    """A message handler that tells ``changed`` of a server's tool list change (the notification
+    of the revisions before 2026-07-28; later ones say it on a ``subscriptions/listen`` stream)."""
+
+    async def handler(message: Any) -> None:
+        if getattr(message, "method", None) == LIST_CHANGED:
+            changed()
+        await asyncio.sleep(0)
+
+    return handler
+
+
 @asynccontextmanager
-async def open_client(spec: McpServerSpec) -> AsyncIterator[Any]:
-    """An entered ``mcp.Client`` for ``spec`` (stdio: the server's process lives as long)."""
+async def open_client(spec: McpServerSpec, changed: Changed | None = None) -> AsyncIterator[Any]:
+    """An entered ``mcp.Client`` for ``spec`` (stdio: the server's process lives as long);
+    ``changed`` is told when the server says its tool list changed."""
     from mcp import Client, StdioServerParameters  # the optional extra: imported when used
     from mcp.client.streamable_http import streamable_http_client
 
     from hands.tools.mcp_tasks import TasksExtension
 
     extensions = [TasksExtension()]
+    more: dict[str, Any] = {"message_handler": _noticing(changed)} if changed is not None else {}
 
     if spec.command:
         params = StdioServerParameters(
             command=spec.command[0], args=list(spec.command[1:]), env=spec.env or None, cwd=spec.cwd
         )
-        async with Client(params, cache=None, extensions=extensions) as client:
+        async with Client(params, cache=None, extensions=extensions, **more) as client:
             yield client
         return
     import httpx2
@@ -69,15 +91,16 @@ async def open_client(spec: McpServerSpec) -> AsyncIterator[Any]:
     timeout = httpx2.Timeout(30.0, read=None)  # a tool may take as long as it takes
     async with httpx2.AsyncClient(headers=_headers(spec), timeout=timeout) as http:
         transport = streamable_http_client(spec.url, http_client=http)
-        async with Client(transport, cache=None, extensions=extensions) as client:
+        async with Client(transport, cache=None, extensions=extensions, **more) as client:
             yield client
 
 
 class _Link:
     """One open session to the server, held by its own task until closed or broken."""
 
-    def __init__(self, spec: McpServerSpec) -> None:
+    def __init__(self, spec: McpServerSpec, changed: Changed | None = None) -> None:
         self.spec = spec
+        self.changed = changed
         self.client: Any = None
         self.broken = False
         self._opened = asyncio.Event()
@@ -87,16 +110,51 @@ class _Link:
 
     async def _hold(self) -> None:
         try:
-            async with open_client(self.spec) as client:
+            async with open_client(self.spec, self.changed) as client:
                 self.client = client
                 self._opened.set()
-                await self._stop.wait()
+                listening = asyncio.create_task(self._listen(client))
+                try:
+                    await self._stop.wait()
+                finally:
+                    listening.cancel()
+                    await asyncio.gather(listening, return_exceptions=True)
         except BaseException as exc:  # noqa: BLE001 - reported to whoever waits to use it
             self._error = exc
         finally:
             self.client = None
             self.broken = True
             self._opened.set()
+
+    async def _listen(self, client: Any) -> None:
+        """Tell ``changed`` of the tool list changes a 2026-07-28 server sends on a
+        ``subscriptions/listen`` stream (an earlier revision cannot: its notification comes to the
+        message handler). A stream that ends is opened again after a pause, while the link lives;
+        one that ends ``LISTEN_TRIES`` times in a row with nothing heard is given up (logged):
+        the pool then hears of changes when it reconnects, or by ``relist_seconds``."""
+        from mcp.client.subscriptions import ListenNotSupportedError
+
+        if self.changed is None:
+            return
+        failures = 0
+        while not self.broken:
+            heard = False
+            try:
+                async with client.listen(tools_list_changed=True) as events:
+                    async for _ in events:
+                        heard = True
+                        self.changed()
+                said = "the stream ended"
+            except ListenNotSupportedError:
+                return
+            except Exception as exc:  # noqa: BLE001 - said, then tried again (bounded)
+                said = f"{type(exc).__name__}: {exc}"
+            failures = 0 if heard else failures + 1
+            if failures >= LISTEN_TRIES:
+                log.warning("mcp_listen_given_up", server=self.spec.name, failures=failures, error=said)
+                return
+            log.info("mcp_listen_ended", server=self.spec.name, error=said)
+            await asyncio.sleep(min(30.0, 2.0**failures))
 
     async def ready(self) -> Any:
         await self._opened.wait()
@@ -120,8 +178,10 @@ class _Link:
 class McpConnection:
     """The links to one server: at most ``spec.connections`` open at once, used in turn."""
 
-    def __init__(self, spec: McpServerSpec) -> None:
+    def __init__(self, spec: McpServerSpec, changed: Changed | None = None) -> None:
         self.spec = spec
+        self.changed = changed  # told when the tool list may have changed (a notice, a reconnect)
+        self._opened = 0
         self._links: list[_Link | None] = [None] * spec.connections
         self._turn = itertools.count()
         self._lock = asyncio.Lock()
@@ -136,7 +196,10 @@ class McpConnection:
             if link is None or link.broken:
                 if link is not None:
                     await link.close()
-                link = self._links[slot] = _Link(self.spec)
+                link = self._links[slot] = _Link(self.spec, self.changed)
+                self._opened += 1
+                if self._opened > 1 and self.changed is not None:
+                    self.changed()  # a server started again (or reconnected) may list other tools
         return link, await link.ready()
 
     async def list_tools(self) -> list[Any]:
@@ -160,18 +223,23 @@ class McpConnection:
         with self._watching(link, f"the call of {name}"):
             return await client.call_tool(name, arguments, meta=meta)
 
-    async def task(self, method: str, task_id: str) -> Any:
-        """``tasks/get`` (the task's state) or ``tasks/cancel`` (its acknowledgement)."""
+    async def task(self, method: str, task_id: str, responses: dict[str, Any] | None = None) -> Any:
+        """``tasks/get`` (the task's state), ``tasks/cancel`` or ``tasks/update`` with
+        ``responses`` (their acknowledgement)."""
         from pydantic import TypeAdapter
 
-        from hands.tools.mcp_tasks import CancelTask, GetTask, TaskParams, TaskState
+        from hands.tools import mcp_tasks as t
 
         link, client = await self._client()
-        params = TaskParams(taskId=task_id)
+        params = t.TaskParams(taskId=task_id)
         with self._watching(link, f"{method} of task {task_id}"):
             if method == "tasks/get":
-                return await client.session.send_request(GetTask(params=params), TaskState)
-            return await client.session.send_request(CancelTask(params=params), TypeAdapter(dict[str, Any]))
+                return await client.session.send_request(t.GetTask(params=params), t.TaskState)
+            ack = TypeAdapter(dict[str, Any])
+            if method == "tasks/update":
+                update = t.UpdateTaskParams(taskId=task_id, inputResponses=responses or {})
+                return await client.session.send_request(t.UpdateTask(params=update), ack)
+            return await client.session.send_request(t.CancelTask(params=params), ack)
 
     @contextlib.contextmanager
     def _watching(self, link: _Link, what: str) -> Iterator[None]:

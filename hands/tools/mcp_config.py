@@ -10,12 +10,13 @@ A config file is JSON::
         "files": {"command": ["python", "-m", "my_server"], "env": {"ROOT": "/srv"}},
         "billing": {"url": "https://billing.example/mcp",
                     "headers_from_env": {"Authorization": "BILLING_AUTH"},
-                    "connections": 2,
+                    "connections": 2, "relist_seconds": 300,
                     "tools": {"refund": {"replay": "unsafe"}}}}}
 
 Header values are read from the named environment variables when a connection is opened, never
 written to the config, the bindings or the ledger. ``tools`` overrides the replay policy the
-server's annotations imply, per tool.
+server's annotations imply, per tool. ``relist_seconds`` lists the server's tools again that often,
+for a server that does not say when they change.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class McpServerSpec:
     headers_from_env: dict[str, str] = field(default_factory=dict)
     connections: int = 1
     replay: dict[str, ReplayPolicy] = field(default_factory=dict)  # per-tool overrides
+    relist_seconds: float | None = None  # list its tools again this often (None: when it says so)
 
     @property
     def where(self) -> str:
@@ -78,7 +80,9 @@ def _server(name: str, entry: Any, source: str) -> McpServerSpec:
     where = f"server {name!r} in {source}"
     if not isinstance(entry, dict):
         raise McpConfigError(f"{where} must be an object")
-    unknown = set(entry) - {"command", "url", "env", "cwd", "headers_from_env", "connections", "tools"}
+    unknown = set(entry) - {
+        "command", "url", "env", "cwd", "headers_from_env", "connections", "tools", "relist_seconds",
+    }  # fmt: skip
     if unknown:
         raise McpConfigError(f"{where} has unknown keys: {', '.join(sorted(unknown))}")
     command, url = entry.get("command"), entry.get("url")
@@ -89,6 +93,9 @@ def _server(name: str, entry: Any, source: str) -> McpServerSpec:
     connections = entry.get("connections", 1)
     if not isinstance(connections, int) or not 1 <= connections <= 64:
         raise McpConfigError(f"{where}: connections must be an integer from 1 to 64")
+    relist = entry.get("relist_seconds")
+    if relist is not None and (isinstance(relist, bool) or not isinstance(relist, int | float) or relist < 1):
+        raise McpConfigError(f"{where}: relist_seconds must be a number of seconds, at least 1")
     replay: dict[str, ReplayPolicy] = {}
     for tool, override in dict(entry.get("tools") or {}).items():
         try:
@@ -104,6 +111,7 @@ def _server(name: str, entry: Any, source: str) -> McpServerSpec:
         headers_from_env=_strings(entry.get("headers_from_env", {}), f"{where}: headers_from_env"),
         connections=connections,
         replay=replay,
+        relist_seconds=float(relist) if relist is not None else None,
     )
 
 

@@ -4,8 +4,11 @@ The pool advertises the extension on every connection; a server may then answer 
 with a task (``resultType: "task"``: a task id it created durably) instead of a result. The SDK
 (2.3) carries extensions but implements no Tasks of its own, so this module gives it the wire
 shapes: the claim of a ``"task"`` result (whose resolver hands the task to the caller by raising
-:class:`TaskCreated`, so the caller commits the task id before it waits), and ``tasks/get`` and
-``tasks/cancel``. Imported only where the ``mcp`` extra is installed.
+:class:`TaskCreated`, so the caller commits the task id before it waits), ``tasks/get``,
+``tasks/cancel`` and ``tasks/update`` (the answers to a task in ``input_required``: its
+``inputRequests`` answered by ``inputResponses`` with the same keys, in the Multi Round-Trip
+shapes: an elicitation is answered by ``{"action": "accept", "content": ...}`` or
+``{"action": "decline"}``). Imported only where the ``mcp`` extra is installed.
 """
 
 from __future__ import annotations
@@ -40,11 +43,21 @@ class TaskState(Result):
     poll_interval_ms: int | None = Field(default=None, alias="pollIntervalMs")
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
+    input_requests: dict[str, Any] | None = Field(default=None, alias="inputRequests")
 
 
 class TaskParams(RequestParams):
     model_config = ConfigDict(populate_by_name=True)
     task_id: str = Field(alias="taskId")
+
+
+class UpdateTaskParams(TaskParams):
+    input_responses: dict[str, Any] = Field(alias="inputResponses")
+
+
+class UpdateTask(Request[UpdateTaskParams, Literal["tasks/update"]]):
+    method: Literal["tasks/update"] = "tasks/update"
+    params: UpdateTaskParams
 
 
 class GetTask(Request[TaskParams, Literal["tasks/get"]]):
@@ -79,3 +92,36 @@ class TasksExtension(ClientExtension):
 def final_result(state: TaskState) -> CallToolResult:
     """The ``CallToolResult`` a completed task carries."""
     return CallToolResult.model_validate(state.result or {}, by_name=False)
+
+
+ELICIT = "elicitation/create"
+
+
+def question(state: TaskState) -> str:
+    """What a task in ``input_required`` asks, in words for the person who answers."""
+    asked = [
+        str((r.get("params") or {}).get("message") or "")
+        for r in (state.input_requests or {}).values()
+        if isinstance(r, dict)
+    ]
+    return "; ".join(a for a in asked if a) or state.status_message or "the MCP server asks for input"
+
+
+def _one(request: Any, value: Any) -> Any:
+    if isinstance(request, dict) and request.get("method") == ELICIT:
+        if isinstance(value, dict) and value.get("action") in ("accept", "decline", "cancel"):
+            return value
+        return {"action": "accept", "content": value}
+    return value  # a sampling or roots request: the answer is its result as it is
+
+
+def responses(requests: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """The ``inputResponses`` for ``requests`` from a person's answer (``ctx.given_input``): a
+    decline declines each; an answer keyed like the requests (when there are several) answers
+    each by its key, else it answers every request. An elicitation's answer is its content,
+    unless it is an ``{"action": ...}`` result already."""
+    if given.get("decision") == "decline":
+        return {key: {"action": "decline"} for key in requests}
+    answer: Any = given.get("answer")
+    keyed = len(requests) > 1 and isinstance(answer, dict) and set(answer) == set(requests)
+    return {key: _one(request, answer[key] if keyed else answer) for key, request in requests.items()}

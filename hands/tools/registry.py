@@ -48,6 +48,19 @@ class ToolRegistry:
                 )
             versions[t.binding.version] = t
 
+    def change(self, added: Iterable[Tool], removed: Iterable[Tool]) -> None:
+        """Serve ``added`` from now on and stop serving ``removed`` (a source whose tools changed
+        while the pool runs: an MCP server's). A command for a binding no longer served gets a
+        routing error, never another version in its place."""
+        for t in removed:
+            versions = self._by_name.get(t.name, {})
+            if versions.get(t.binding.version) is t:
+                del versions[t.binding.version]
+            if not versions:
+                self._by_name.pop(t.name, None)
+        for t in added:
+            self._by_name.setdefault(t.name, {})[t.binding.version] = t
+
     def __len__(self) -> int:
         return sum(len(v) for v in self._by_name.values())
 

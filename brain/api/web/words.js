@@ -93,6 +93,11 @@ export function say(fact, entry = {}) {
         + `“${shortJson(fact.text, 200)}”${fact.cut ? " (cut short here)" : ""}.`);
     case "execution.output_gap":
       return s(`${call(fact)}: its output from byte ${fact.start} to ${fact.end} never came.`, "bad");
+    case "execution.input_required":
+      return s(`${call(fact)} asks a person for input: “${shortJson(fact.message, 200)}”.`, "warn");
+    case "execution.input_given":
+      return s(`A person ${fact.decision === "decline" ? "declined it" : "gave it"}; the answer goes to `
+        + `its Hands, and ${call(fact)} goes on.`, "good");
     case "execution.reported_late":
       return s(`${call(fact)} was reported ${fact.reported} after its turn had settled it.`, "warn");
     case "turn.results_applied":

@@ -1,0 +1,2 @@
+-- See postgres/0011_inputs.sql: the same change here.
+ALTER TABLE executions ADD COLUMN inputs text;
