@@ -1,0 +1,192 @@
+"""Pydantic AI and OpenAI Agents SDK tools served by a Hands pool: discovery, policies, running.
+
+No services here: the bindings, the policies and the calls are checked in this process, against
+the frameworks themselves (the tool definitions a model is given, the context a tool gets).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agents.models.chatcmpl_converter import Converter
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from hands.tools.declare import ToolContext
+from hands.tools.registry import ToolLoadError, declared_routes, load_tools
+from protocol import SchemaError
+from tests import framework_agents as lab
+from tests.support import REPO
+
+MODULE = "tests.framework_agents"
+
+
+def served(route: str = "fw") -> dict[str, Any]:
+    return {t.name: t for t in load_tools(MODULE, route).tools}
+
+
+async def call(name: str, args: dict[str, Any], operation_id: str = "op-1") -> Any:
+    tool = served()[name]
+    return await tool.fn(ToolContext(operation_id=operation_id), **tool.validate_args(args))
+
+
+def test_pydantic_ai_tools_are_bound_with_the_definitions_the_model_is_given() -> None:
+    # Given the tool definitions Pydantic AI itself hands a model in a run of the agent
+    shown: dict[str, Any] = {}
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        shown.update({t.name: t for t in info.function_tools})
+        return ModelResponse(parts=[TextPart("ok")])
+
+    lab.lab.run_sync("hi", model=FunctionModel(model))
+    # Then every binding carries exactly that name, description and JSON Schema
+    bindings = {**served("fw"), **served("agents")}
+    assert {n for n, t in bindings.items() if t.framework == "pydantic-ai"} == set(shown)
+    for name, definition in shown.items():
+        binding = bindings[name].binding
+        assert binding.input_schema == definition.parameters_json_schema
+        assert binding.description == definition.description
+
+
+def test_agents_sdk_tools_are_bound_with_the_definitions_the_model_is_given() -> None:
+    bindings = {**served("fw"), **served("other")}
+    for tool in lab.sdk.tools:
+        sent = Converter.tool_to_openai(tool)["function"]  # what a chat-completions model is sent
+        binding = bindings[tool.name].binding
+        assert binding.input_schema == sent["parameters"] == tool.params_json_schema
+        assert binding.description == sent["description"]
+
+
+def test_policies_come_from_the_decorator_or_the_mapping_with_unsafe_and_a_module_route_by_default() -> None:
+    fw = served("fw")
+    assert sorted(fw) == [
+        "effect", "lookup", "peek", "sdk_boom", "sdk_effect", "sdk_handled", "sdk_lookup", "verified", "wait_long",
+    ]  # fmt: skip
+    policy = {n: (t.binding.replay_policy.value, t.binding.has_query) for n, t in fw.items()}
+    assert policy["effect"] == ("unsafe", False) and policy["verified"] == ("unsafe", True)
+    assert policy["lookup"] == ("safe", False) and policy["sdk_lookup"] == ("safe", False)
+    assert policy["sdk_boom"] == ("unsafe", False), "a mapping entry without replay is unsafe"
+    assert fw["lookup"].binding.version == "7"
+    assert fw["effect"].binding.version.startswith("pydantic-ai-")
+    assert fw["sdk_effect"].binding.version.startswith("openai-agents-")
+    # A tool without a policy is unsafe on the default route; a tool of another route is not served here.
+    (history,) = load_tools(MODULE, "agents").tools
+    assert history.name == "history" and history.binding.replay_policy.value == "unsafe"
+    assert [t.name for t in load_tools(MODULE, "other").tools] == ["sdk_elsewhere"]
+    assert declared_routes(MODULE) == ["agents", "fw", "other"]
+
+
+def test_a_changed_tool_is_a_new_binding_and_the_same_one_binds_the_same_way() -> None:
+    assert served()["effect"].binding.digest == served()["effect"].binding.digest
+    assert served()["effect"].binding.digest != served()["verified"].binding.digest
+
+
+async def test_a_pydantic_ai_tool_runs_with_the_operation_id_and_returns_what_the_model_would_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FW_TEST_LOG", str(tmp_path / "log.jsonl"))
+    assert await call("effect", {"key": "a"}) == {"key": "a", "done": "yes"}
+    # A RunContext tool (sync: run in a thread) gets the operation id as its tool_call_id.
+    assert await call("lookup", {"key": "b"}, "op-2") == {"key": "b", "value": "B"}
+    (seen,) = lab.noted("lookup")
+    assert seen == {"tool": "lookup", "key": "b", "op": "op-2", "call": "op-2", "deps": None}
+    # What the Brain's run holds is not here, and the error says so.
+    with pytest.raises(Exception, match="RunContext.messages is not available to a Pydantic AI tool run by"):
+        await call("peek", {})
+    with pytest.raises(SchemaError, match="arguments for tool 'effect' are invalid: key"):
+        served()["effect"].validate_args({"key": 3})
+
+
+async def test_an_agents_sdk_tool_gets_a_tool_context_and_its_errors_fail_the_execution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FW_TEST_LOG", str(tmp_path / "log.jsonl"))
+    assert await call("sdk_effect", {"key": "a"}) == {"key": "a", "done": "yes"}
+    # A value that is not JSON travels as the text the SDK would send the model.
+    assert await call("sdk_lookup", {"key": "b"}, "op-3") == str(lab.Answer(key="b", value="B"))
+    assert lab.noted("sdk_lookup") == [{"tool": "sdk_lookup", "key": "b", "op": "op-3", "name": "sdk_lookup"}]
+    with pytest.raises(ValueError, match="boom: no"):
+        await call("sdk_boom", {"reason": "no"})
+    assert await call("sdk_handled", {"reason": "no"}) == "handled: no", "its own failure text is its result"
+    with pytest.raises(SchemaError, match="'reason' is a required property"):
+        served()["sdk_boom"].validate_args({})
+
+
+async def test_a_cancel_interrupts_a_framework_tool_that_cannot_watch_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FW_TEST_LOG", str(tmp_path / "log.jsonl"))
+    ctx = ToolContext(operation_id="op-c")
+    running = asyncio.create_task(served()["wait_long"].fn(ctx, seconds=30))
+    while not lab.noted("wait_long"):
+        await asyncio.sleep(0.01)
+    ctx.cancelled.set()
+    with pytest.raises(asyncio.CancelledError, match="wait_long was interrupted"):
+        await asyncio.wait_for(running, 5)
+
+
+BAD = {
+    "unknown tool": ('TENDON_TOOLS = {"nope": {}}', "TENDON_TOOLS['nope'] in {m}: no agent in the module has"),
+    "bad replay": ('TENDON_TOOLS = {"send": {"replay": "maybe"}}', "replay: Input should be 'safe' or 'unsafe'"),
+    "unknown key": ('TENDON_TOOLS = {"send": {"rout": "x"}}', "rout: Extra inputs are not permitted"),
+    "bad route": ('TENDON_TOOLS = {"send": {"route": "Mail Box"}}', "route: String should match pattern"),
+    "missing query": (
+        'TENDON_TOOLS = {"send": {"query": "was_sent"}}', "query 'was_sent' is not a function of the module"
+    ),
+    "safe with a query": (
+        'async def q(ctx, to): ...\nTENDON_TOOLS = {"send": {"replay": "safe", "query": "q"}}',
+        "tool send in {m}: a query is for unsafe tools",
+    ),
+    "sync query": (
+        'def q(ctx, to): ...\nTENDON_TOOLS = {"send": {"query": q}}', "its query must be an async function"
+    ),
+    "both": (
+        'policy(route="a")(send)\nTENDON_TOOLS = {"send": {}}', "has a policy from both @policy and TENDON_TOOLS"
+    ),
+    "not a dict": ('TENDON_TOOLS = ["send"]', "TENDON_TOOLS in {m} must be a dict"),
+}
+
+
+def bad_module(tmp_path: Path, case: str) -> str:
+    text = textwrap.dedent(
+        """
+        from pydantic_ai import Agent
+        from hands.tools.declare import policy
+        agent = Agent("test")
+
+        @agent.tool_plain
+        async def send(to: str) -> str:
+            return to
+        """
+    )
+    path = tmp_path / "bad_tools.py"
+    path.write_text(text + BAD[case][0] + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_policy_that_cannot_be_served_is_refused_with_one_line(tmp_path: Path, case: str) -> None:
+    spec = bad_module(tmp_path, case)
+    with pytest.raises(ToolLoadError) as caught:
+        load_tools(spec, "agents")
+    assert BAD[case][1].format(m=spec) in caught.value.message
+    assert "\n" not in caught.value.message
+
+
+def test_hands_serve_refuses_a_bad_mapping_at_start_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+
+    spec = bad_module(tmp_path, "bad replay")
+    done = subprocess.run(
+        [sys.executable, "-m", "hands", "serve", "--route", "agents", "--tools", spec],
+        cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"hands: TENDON_TOOLS['send'] in {spec}: replay: Input should be")
+    assert done.stderr.count("\n") == 1
