@@ -24,7 +24,7 @@ import asyncio
 import inspect
 import re
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from functools import partial
 from types import ModuleType
@@ -50,7 +50,7 @@ class Listed:
     schema: dict[str, Any]
     approval: bool  # the framework's own "ask a person first"
     marks: tuple[object, ...]  # the objects a @policy may mark: the tool, its function
-    run: Callable[[ToolContext, dict[str, Any]], Awaitable[Any]]
+    run: Callable[[ToolContext, dict[str, Any]], Coroutine[Any, Any, Any]]
     validate: Callable[[dict[str, Any]], dict[str, Any]]
     source: object  # the framework's tool object: seen through two agents, served once
 

@@ -2,10 +2,10 @@
 
 ``--tools`` names a module (``examples.email_tools``) or a file (``path/to/tools.py``); every
 module-level :class:`~hands.tools.declare.Tool` whose route is the pool's route is served, and so
-are the tools of the module's Pydantic AI and OpenAI Agents SDK agents (``hands.tools.frameworks``). One name may
-be served in several versions at once (``@tool(name="greet", version="2")`` beside version 1), so
-that an upgrade does not strand the threads pinned to the older one: a call names its binding by
-digest, and the digest picks the version.
+are the tools of the module's Pydantic AI and OpenAI Agents SDK agents (``hands.tools.frameworks``).
+One name may be served in several versions at once (``@tool(name="greet", version="2")`` beside
+version 1), so that an upgrade does not strand the threads pinned to the older one: a call names its
+binding by digest, and the digest picks the version.
 """
 
 from __future__ import annotations
