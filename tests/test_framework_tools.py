@@ -195,3 +195,37 @@ def test_hands_serve_refuses_a_bad_mapping_at_start_in_one_line(tmp_path: Path) 
     assert done.returncode == 2
     assert done.stderr.startswith(f"hands: TENDON_TOOLS['send'] in {spec}: replay: Input should be")
     assert done.stderr.count("\n") == 1
+
+
+async def test_the_embedded_mode_serves_framework_tools_on_their_routes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from local.testing import local_tendon
+
+    monkeypatch.setenv("FW_TEST_LOG", str(tmp_path / "log.jsonl"))
+    calls = [("lookup", {"key": "a"}), ("sdk_effect", {"key": "b"}), ("sdk_boom", {"reason": "r"})]
+    script: list[dict[str, Any]] = [{"tool_calls": [{"tool": t, "args": a}]} for t, a in calls]
+    model = {"kind": "scripted", "script": [*script, {"content": "Done"}]}
+    user = {"name": "fw-local", "version": "1", "model": model, "tools": [t for t, _ in calls]}
+    async with local_tendon(tmp_path, MODULE) as tendon:
+        turn = await tendon.run(user, "Go")
+    assert turn["status"] == "completed"
+    lookup, effect, boom = turn["executions"]
+    assert (lookup["status"], lookup["result"]) == ("succeeded", {"key": "a", "value": "A"})
+    assert (effect["status"], effect["result"]) == ("succeeded", {"key": "b", "done": "yes"})
+    assert boom["status"] == "failed" and boom["error"]["message"] == "ValueError: boom: r"
+    assert [r["op"] for r in lab.noted("sdk_effect")] == [effect["id"]]
+
+
+@pytest.mark.parametrize("missing, extra", [("pydantic_ai", "pydantic-ai"), ("agents", "openai-agents")])
+def test_a_module_whose_framework_is_not_installed_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: str, extra: str
+) -> None:
+    # As Python says it when the framework is absent (both are installed here)
+    text = f"raise ModuleNotFoundError(\"No module named '{missing}'\", name={missing!r})\n"
+    (tmp_path / "needs_framework.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    told = rf"install the {extra} extra: pip install 'tendon\[{extra}\]'"
+    for spec in ("needs_framework", str(tmp_path / "needs_framework.py")):
+        with pytest.raises(ToolLoadError, match=told):
+            load_tools(spec, "agents")

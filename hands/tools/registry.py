@@ -100,6 +100,13 @@ class ToolRegistry:
         return found
 
 
+def _extra_hint(exc: Exception) -> str:
+    """How to install the framework a module failed to import for want of it, if that is why."""
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    extra = EXTRAS.get((missing or "").partition(".")[0])
+    return f" (install the {extra} extra: pip install 'tendon[{extra}]')" if extra else ""
+
+
 def _import(spec: str) -> ModuleType:
     """Import ``spec`` as a file path if it looks like one, else as a dotted module name."""
     if spec.endswith(".py") or "/" in spec or os.sep in spec:
@@ -116,18 +123,15 @@ def _import(spec: str) -> ModuleType:
             module_spec.loader.exec_module(module)
         except Exception as exc:
             sys.modules.pop(name, None)
-            raise ToolLoadError(f"tools file {spec} failed to import: {type(exc).__name__}: {exc}") from exc
+            raise ToolLoadError(
+                f"tools file {spec} failed to import: {type(exc).__name__}: {exc}{_extra_hint(exc)}"
+            ) from exc
         return module
     try:
         return importlib.import_module(spec)
     except ModuleNotFoundError as exc:
-        extra = EXTRAS.get((exc.name or "").partition(".")[0])
-        hint = (
-            f"install the {extra} extra: pip install 'tendon[{extra}]'"
-            if extra
-            else "give a dotted module name on the Python path or a path to a .py file"
-        )
-        raise ToolLoadError(f"tools module {spec} cannot be imported: {exc} ({hint})") from exc
+        hint = _extra_hint(exc) or " (give a dotted module name on the Python path or a path to a .py file)"
+        raise ToolLoadError(f"tools module {spec} cannot be imported: {exc}{hint}") from exc
     except Exception as exc:
         raise ToolLoadError(f"tools module {spec} failed to import: {type(exc).__name__}: {exc}") from exc
 
