@@ -16,7 +16,7 @@ from agents import Agent as SdkAgent
 from agents import function_tool
 from agents.tool_context import ToolContext as SdkToolContext
 from pydantic import BaseModel
-from pydantic_ai import Agent, RunContext
+from pydantic_ai import Agent, FunctionToolset, RunContext
 
 from hands.tools.declare import Found, NotFound, ToolContext, current_context, policy
 
@@ -41,7 +41,26 @@ class Answer(BaseModel):
     value: str
 
 
-lab = Agent("test", name="lab")
+geo = FunctionToolset()
+
+
+@geo.tool_plain
+@policy(route="fw", replay="safe")
+def area(width: float, height: float) -> float:
+    """A toolset's tool, shown to the model under the prefix its agent gives the toolset."""
+    return width * height
+
+
+spare = FunctionToolset()  # no agent holds it: its tools are served as they are named
+
+
+@spare.tool_plain
+def spare_tool() -> str:
+    """A module-level toolset's tool, without a policy."""
+    return "spare"
+
+
+lab = Agent("test", name="lab", toolsets=[geo.prefixed("geo")])
 
 
 async def was_verified(ctx: ToolContext, key: str) -> Found | NotFound:

@@ -47,7 +47,8 @@ def test_pydantic_ai_tools_are_bound_with_the_definitions_the_model_is_given() -
     lab.lab.run_sync("hi", model=FunctionModel(model))
     # Then every binding carries exactly that name, description and JSON Schema
     bindings = {**served("fw"), **served("agents")}
-    assert {n for n, t in bindings.items() if t.framework == "pydantic-ai"} == set(shown)
+    assert {n for n, t in bindings.items() if t.framework == "pydantic-ai"} == {*shown, "spare_tool"}
+    assert "geo_area" in shown, "a prefixed toolset's tool is served under the name the model calls"
     for name, definition in shown.items():
         binding = bindings[name].binding
         assert binding.input_schema == definition.parameters_json_schema
@@ -65,7 +66,7 @@ def test_agents_sdk_tools_are_bound_with_the_definitions_the_model_is_given() ->
 
 def test_policies_come_from_the_decorator_or_the_mapping_with_unsafe_and_a_module_route_by_default() -> None:
     fw = served("fw")
-    pydantic_ai = ["effect", "lookup", "peek", "verified", "wait_long"]
+    pydantic_ai = ["effect", "geo_area", "lookup", "peek", "verified", "wait_long"]
     agents_sdk = ["sdk_boom", "sdk_effect", "sdk_handled", "sdk_lookup"]
     assert sorted(fw) == sorted(pydantic_ai + agents_sdk)
     policy = {n: (t.binding.replay_policy.value, t.binding.has_query) for n, t in fw.items()}
@@ -76,8 +77,9 @@ def test_policies_come_from_the_decorator_or_the_mapping_with_unsafe_and_a_modul
     assert fw["effect"].binding.version.startswith("pydantic-ai-")
     assert fw["sdk_effect"].binding.version.startswith("openai-agents-")
     # A tool without a policy is unsafe on the default route; a tool of another route is not served here.
-    (history,) = load_tools(MODULE, "agents").tools
-    assert history.name == "history" and history.binding.replay_policy.value == "unsafe"
+    unrouted = load_tools(MODULE, "agents").tools
+    assert [t.name for t in unrouted] == ["history", "spare_tool"]
+    assert {t.binding.replay_policy.value for t in unrouted} == {"unsafe"}
     assert [t.name for t in load_tools(MODULE, "other").tools] == ["sdk_elsewhere"]
     assert declared_routes(MODULE) == ["agents", "fw", "other"]
 
@@ -92,6 +94,7 @@ async def test_a_pydantic_ai_tool_runs_with_the_operation_id_and_returns_what_th
 ) -> None:
     monkeypatch.setenv("FW_TEST_LOG", str(tmp_path / "log.jsonl"))
     assert await call("effect", {"key": "a"}) == {"key": "a", "done": "yes"}
+    assert await call("geo_area", {"width": 2, "height": 3.5}) == 7.0, "through the prefixing wrapper"
     # A RunContext tool (sync: run in a thread) gets the operation id as its tool_call_id.
     assert await call("lookup", {"key": "b"}, "op-2") == {"key": "b", "value": "B"}
     (seen,) = lab.noted("lookup")

@@ -1,11 +1,13 @@
 """The function tools of Pydantic AI agents, as the framework itself defines and calls them.
 
-Found: every module-level ``pydantic_ai`` agent's toolsets (its own ``@agent.tool`` /
-``@agent.tool_plain`` / ``tools=[...]`` and the ``FunctionToolset`` objects given as
-``toolsets=[...]``), and module-level ``FunctionToolset`` objects. A tool's definition is the
-framework's ``Tool.tool_def`` (name, description, ``parameters_json_schema``): what the model is
-shown. Arguments are validated by the tool's own validator and the call goes through
-``FunctionToolset.call_tool``, as Pydantic AI's durable backends do inside their units.
+Found: every module-level ``pydantic_ai`` agent's toolsets made of function tools (its own
+``@agent.tool`` / ``@agent.tool_plain`` / ``tools=[...]`` and the ``FunctionToolset`` objects given
+as ``toolsets=[...]``, under prefixing, renaming or filtering wrappers too), and module-level
+``FunctionToolset`` objects no agent holds. The tools are listed by the framework itself
+(``get_tools``, once, at start): a definition is the ``ToolDefinition`` a model is shown, its name
+the one the model calls (``geo_area`` for ``area`` under ``prefixed("geo")``). Arguments are
+validated by the tool's own validator and the call goes through the toolset's ``call_tool``, as
+Pydantic AI's durable backends do inside their units.
 
 A tool that takes ``RunContext`` gets a :class:`HandsRunContext`: ``deps`` (``None``, or what the
 module's ``TENDON_DEPS`` makes), ``tool_name``, ``tool_call_id`` (Tendon's operation id, stable
@@ -16,7 +18,9 @@ Brain, not here. Results travel as the JSON Pydantic AI sends the model (``tool_
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
@@ -26,12 +30,15 @@ from pydantic_ai.agent import AbstractAgent
 from pydantic_ai.durable_exec import DurableRunContext
 from pydantic_ai.messages import tool_return_ta
 from pydantic_ai.tools import Tool as PaiTool
+from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 from pydantic_ai.usage import RunUsage
 
 from hands.tools.declare import ToolContext
 from hands.tools.frameworks import Listed
+from infra.process.logging import get_logger
 from protocol import SchemaError
 
+log = get_logger(__name__)
 FRAMEWORK = "pydantic-ai"
 Deps = Callable[[], Awaitable[Any]]
 
@@ -47,62 +54,104 @@ class HandsRunContext(DurableRunContext[Any]):
         )
 
 
-def _toolsets(values: Iterable[Any]) -> list[FunctionToolset[Any]]:
-    found: list[FunctionToolset[Any]] = []
-
-    def keep(toolset: Any) -> None:
-        if isinstance(toolset, FunctionToolset) and not any(toolset is t for t in found):
-            found.append(toolset)
-
-    for value in values:
-        if isinstance(value, AbstractAgent):
-            for toolset in value.toolsets:
-                toolset.apply(keep)  # the leaves under wrappers (prefixed, filtered...)
-        elif isinstance(value, FunctionToolset):
-            keep(value)
+def _leaves(toolset: AbstractToolset[Any]) -> list[AbstractToolset[Any]]:
+    found: list[AbstractToolset[Any]] = []
+    toolset.apply(found.append)  # under the wrappers (prefixed, renamed, filtered...)
     return found
 
 
-def _validate(tool: PaiTool[Any], args: dict[str, Any]) -> dict[str, Any]:
+def _served(values: list[Any]) -> list[AbstractToolset[Any]]:
+    """The agents' toolsets made only of function tools (an MCP server there is left to ``--mcp``),
+    then the module's function toolsets no agent holds."""
+    served: list[AbstractToolset[Any]] = []
+    held: list[AbstractToolset[Any]] = []
+    for agent in (v for v in values if isinstance(v, AbstractAgent)):
+        for toolset in agent.toolsets:
+            leaves = _leaves(toolset)
+            held += leaves
+            if all(isinstance(leaf, FunctionToolset) for leaf in leaves):
+                served.append(toolset)
+            else:
+                log.info("framework_toolset_not_served", toolset=toolset.label, why="not only function tools")
+    for value in values:
+        if isinstance(value, FunctionToolset) and not any(value is h for h in held + served):
+            served.append(value)
+    return served
+
+
+def _context(deps: Any, name: str | None, call_id: str | None, approved: bool = False) -> HandsRunContext:
+    return HandsRunContext(
+        deps=deps, tool_name=name, tool_call_id=call_id, retry=0, retries={}, max_retries=1,
+        run_step=0, usage=RunUsage(), tool_call_approved=approved,
+    )  # fmt: skip
+
+
+async def _listing(toolsets: list[AbstractToolset[Any]], deps: Deps) -> list[tuple[Any, ToolsetTool[Any]]]:
+    """Each toolset's tools as the framework lists them for a model (names as exposed)."""
+    ctx = _context(await deps(), None, None)
+    return [(ts, tool) for ts in toolsets for tool in (await ts.get_tools(ctx)).values()]
+
+
+def _resolved(work: Coroutine[Any, Any, Any]) -> Any:
+    """Run ``work`` to its end from sync code, inside a running event loop or not."""
     try:
-        checked = tool.function_schema.validator.validate_python(args)
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(work)
+    with ThreadPoolExecutor(1) as aside:  # a loop runs here (a pool starting): list on another
+        return aside.submit(asyncio.run, work).result()
+
+
+def _validate(tool: ToolsetTool[Any], args: dict[str, Any]) -> dict[str, Any]:
+    try:
+        checked = tool.args_validator.validate_python(args)
     except ValidationError as exc:
         detail = "; ".join(
             f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()[:5]
         )
-        raise SchemaError(f"arguments for tool {tool.name!r} are invalid: {detail}") from exc
+        raise SchemaError(f"arguments for tool {tool.tool_def.name!r} are invalid: {detail}") from exc
     return dict(checked)
 
 
 async def _run(
-    toolset: FunctionToolset[Any], tool: PaiTool[Any], deps: Deps, ctx: ToolContext, args: dict[str, Any]
-) -> Any:
-    run = HandsRunContext(
-        deps=await deps(), tool_name=tool.name, tool_call_id=ctx.operation_id, retry=0,
-        max_retries=tool.max_retries or 1, usage=RunUsage(), tool_call_approved=bool(tool.requires_approval),
-    )  # fmt: skip
-    built = toolset.tool_for_tool_def(tool.tool_def, ctx=run, original_name=tool.name)
-    value = await toolset.call_tool(tool.name, args, run, built)
+    toolset: AbstractToolset[Any], tool: ToolsetTool[Any], approved: bool, deps: Deps, ctx: ToolContext,
+    args: dict[str, Any],
+) -> Any:  # fmt: skip
+    name = tool.tool_def.name
+    run = _context(await deps(), name, ctx.operation_id, approved)
+    value = await toolset.call_tool(name, args, run, tool)
     return value if isinstance(value, str) else tool_return_ta.dump_python(value, mode="json", by_alias=True)
+
+
+def _own(toolset: AbstractToolset[Any], tool: ToolsetTool[Any]) -> PaiTool[Any] | None:
+    """The ``Tool`` object behind a listed tool (where a ``@policy`` may be), if one leaf holds it."""
+    name = getattr(tool, "original_name", None) or tool.tool_def.name
+    owners = [
+        leaf.tools[name]
+        for leaf in _leaves(toolset)
+        if isinstance(leaf, FunctionToolset) and name in leaf.tools
+    ]
+    return owners[0] if len(owners) == 1 else None
 
 
 def listed(values: Iterable[Any], deps: Deps) -> list[Listed]:
     """The function tools of the agents and toolsets among ``values``."""
     out: list[Listed] = []
-    for toolset in _toolsets(values):
-        for tool in toolset.tools.values():
-            definition = tool.tool_def
-            out.append(
-                Listed(
-                    framework=FRAMEWORK,
-                    name=definition.name,
-                    description=definition.description or "",
-                    schema=definition.parameters_json_schema,
-                    approval=bool(tool.requires_approval),
-                    marks=(tool, tool.function),
-                    run=partial(_run, toolset, tool, deps),
-                    validate=partial(_validate, tool),
-                    source=tool,
-                )
+    for toolset, tool in _resolved(_listing(_served(list(values)), deps)):
+        own = _own(toolset, tool)
+        definition = tool.tool_def
+        approval = bool(own is not None and own.requires_approval)
+        out.append(
+            Listed(
+                framework=FRAMEWORK,
+                name=definition.name,
+                description=definition.description or "",
+                schema=definition.parameters_json_schema,
+                approval=approval,
+                marks=(own, own.function) if own is not None else (),
+                run=partial(_run, toolset, tool, approval, deps),
+                validate=partial(_validate, tool),
+                source=own if own is not None else tool,
             )
+        )
     return out
