@@ -1,9 +1,10 @@
 """Framework tools on a Hands pool, with a Brain and Hands as real OS processes on real services.
 
-The tools are Pydantic AI and OpenAI Agents SDK tools (``tests/framework_agents.py``, and the
-five-email examples); the Brain runs a scripted JSON agent that calls them by name, as it calls
-any binding. Kill points (TENDON_KILL_AT) SIGKILL the Hands right after a tool body returned,
-before its outcome is committed: what recovery does then is the tool's replay policy.
+The tools are Pydantic AI and OpenAI Agents SDK tools (``tests/framework_pydantic_agents.py``,
+``tests/framework_sdk_agents.py``, and the five-email examples); the Brain runs a scripted JSON
+agent that calls them by name, as it calls any binding. Kill points (TENDON_KILL_AT) SIGKILL the
+Hands right after a tool body returned, before its outcome is committed: what recovery does then is
+the tool's replay policy.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ async def test_a_killed_framework_tool_runs_again_if_safe_and_becomes_unknown_if
     safe, unsafe = ("sdk_lookup", "sdk_effect") if sdk else ("lookup", "effect")
     log = tmp_path / "runs.jsonl"
     env = quick(tendon, FW_TEST_LOG=str(log))
-    pool = hands("tests.framework_agents", "fw")
+    pool = hands(f"tests.framework_{'sdk' if sdk else 'pydantic'}_agents", "fw")  # one framework each
     await processes.start_ready("brain", BRAIN, env)
     calls = [(safe, {"key": "k2"}), (unsafe, {"key": "k1"})]
     turn_id = await submit(env, agent(tmp_path, calls))
