@@ -232,3 +232,28 @@ def test_a_module_whose_framework_is_not_installed_names_the_extra(
     for spec in ("needs_framework", str(tmp_path / "needs_framework.py")):
         with pytest.raises(ToolLoadError, match=told):
             load_tools(spec, "agents")
+
+
+def test_a_toolset_that_cannot_be_listed_stops_the_pool_with_one_line(tmp_path: Path) -> None:
+    # Given a tool whose prepare function reads what a pool does not have (the run's messages)
+    path = tmp_path / "unlistable.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            from pydantic_ai import Agent, Tool
+
+            async def only_late(ctx, definition):
+                return definition if ctx.messages else None
+
+            async def send(to: str) -> str:
+                return to
+
+            agent = Agent("test", tools=[Tool(send, prepare=only_late)])
+            """
+        )
+    )
+    with pytest.raises(ToolLoadError) as caught:
+        load_tools(str(path), "agents")
+    assert caught.value.message.startswith("Pydantic AI could not list the tools of ")
+    assert "RunContext.messages is not available" in caught.value.message
+    assert "\n" not in caught.value.message

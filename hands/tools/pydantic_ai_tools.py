@@ -35,8 +35,10 @@ from pydantic_ai.usage import RunUsage
 
 from hands.tools.declare import ToolContext
 from hands.tools.frameworks import Listed
+from hands.tools.registry import ToolLoadError
 from infra.process.logging import get_logger
 from protocol import SchemaError
+from protocol.storable import describe
 
 log = get_logger(__name__)
 FRAMEWORK = "pydantic-ai"
@@ -89,7 +91,14 @@ def _context(deps: Any, name: str | None, call_id: str | None, approved: bool = 
 async def _listing(toolsets: list[AbstractToolset[Any]], deps: Deps) -> list[tuple[Any, ToolsetTool[Any]]]:
     """Each toolset's tools as the framework lists them for a model (names as exposed)."""
     ctx = _context(await deps(), None, None)
-    return [(ts, tool) for ts in toolsets for tool in (await ts.get_tools(ctx)).values()]
+    listed: list[tuple[Any, ToolsetTool[Any]]] = []
+    for ts in toolsets:
+        try:
+            listed += [(ts, tool) for tool in (await ts.get_tools(ctx)).values()]
+        except Exception as exc:  # a prepare function or filter of the user's, say
+            said = f"Pydantic AI could not list the tools of {ts.label}: {describe(exc)}"
+            raise ToolLoadError(said) from exc
+    return listed
 
 
 def _resolved(work: Coroutine[Any, Any, Any]) -> Any:
