@@ -77,6 +77,13 @@ async def wait_long(seconds: float) -> str:
     return "waited"
 
 
+@lab.tool_plain(requires_approval=True)
+@policy(route="fw")
+async def refund(amount: int) -> str:
+    """Asks a person first, in the framework's own terms."""
+    return f"refunded {amount}"
+
+
 @lab.tool_plain
 def history(ctx_free: int = 1) -> str:
     """Reads what a Hands pool cannot give: left on the default route."""

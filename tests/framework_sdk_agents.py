@@ -33,10 +33,16 @@ def sdk_boom(reason: str) -> str:
     raise ValueError(f"boom: {reason}")
 
 
-@function_tool(failure_error_function=lambda ctx, exc: f"handled: {exc}")
+@function_tool(failure_error_function=lambda ctx, exc: f"handled: {exc}", needs_approval=True)
 def sdk_handled(reason: str) -> str:
     """Fails, with its own failure text."""
     raise ValueError(reason)
+
+
+@function_tool(needs_approval=True)
+def sdk_refund(amount: int) -> str:
+    """Asks a person first, in the SDK's own terms."""
+    return f"refunded {amount}"
 
 
 @function_tool
@@ -45,12 +51,14 @@ def sdk_elsewhere() -> str:
     return "elsewhere"
 
 
-sdk = SdkAgent(name="lab-sdk", tools=[sdk_effect, sdk_lookup, sdk_boom, sdk_handled, sdk_elsewhere])
+TOOLS = [sdk_effect, sdk_lookup, sdk_boom, sdk_handled, sdk_refund, sdk_elsewhere]
+sdk = SdkAgent(name="lab-sdk", tools=list(TOOLS))
 
 TENDON_TOOLS: dict[str, dict[str, Any]] = {
     "sdk_effect": {"route": "fw", "replay": "unsafe"},
     "sdk_lookup": {"route": "fw", "replay": "safe"},
     "sdk_boom": {"route": "fw"},
-    "sdk_handled": {"route": "fw", "approval": False},
+    "sdk_handled": {"route": "fw", "approval": False},  # the mapping overrides the SDK's flag
+    "sdk_refund": {"route": "fw"},
     "sdk_elsewhere": {"route": "other", "replay": "safe"},
 }

@@ -66,14 +66,17 @@ def test_agents_sdk_tools_are_bound_with_the_definitions_the_model_is_given() ->
 
 def test_policies_come_from_the_decorator_or_the_mapping_with_unsafe_and_a_module_route_by_default() -> None:
     fw = served("fw")
-    pydantic_ai = ["effect", "geo_area", "lookup", "peek", "verified", "wait_long"]
-    agents_sdk = ["sdk_boom", "sdk_effect", "sdk_handled", "sdk_lookup"]
+    pydantic_ai = ["effect", "geo_area", "lookup", "peek", "refund", "verified", "wait_long"]
+    agents_sdk = ["sdk_boom", "sdk_effect", "sdk_handled", "sdk_lookup", "sdk_refund"]
     assert sorted(fw) == sorted(pydantic_ai + agents_sdk)
     policy = {n: (t.binding.replay_policy.value, t.binding.has_query) for n, t in fw.items()}
     assert policy["effect"] == ("unsafe", False) and policy["verified"] == ("unsafe", True)
     assert policy["lookup"] == ("safe", False) and policy["sdk_lookup"] == ("safe", False)
     assert policy["sdk_boom"] == ("unsafe", False), "a mapping entry without replay is unsafe"
     assert fw["lookup"].binding.version == "7"
+    # The framework's own "ask a person first" is the binding's, unless the policy says otherwise.
+    asks = sorted(n for n, t in fw.items() if t.binding.requires_approval)
+    assert asks == ["refund", "sdk_refund"]
     assert fw["effect"].binding.version.startswith("pydantic-ai-")
     assert fw["sdk_effect"].binding.version.startswith("openai-agents-")
     # A tool without a policy is unsafe on the default route; a tool of another route is not served here.
