@@ -51,7 +51,10 @@ def sdk_elsewhere() -> str:
     return "elsewhere"
 
 
-TOOLS = [sdk_effect, sdk_lookup, sdk_boom, sdk_handled, sdk_refund, sdk_elsewhere]
+helper = SdkAgent(name="helper", instructions="Help.")
+ask_helper = helper.as_tool(tool_name="ask_helper", tool_description="An agent as a tool: not served")
+
+TOOLS = [sdk_effect, sdk_lookup, sdk_boom, sdk_handled, sdk_refund, sdk_elsewhere, ask_helper]
 sdk = SdkAgent(name="lab-sdk", tools=list(TOOLS))
 
 TENDON_TOOLS: dict[str, dict[str, Any]] = {

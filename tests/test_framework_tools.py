@@ -57,7 +57,7 @@ def test_pydantic_ai_tools_are_bound_with_the_definitions_the_model_is_given() -
 
 def test_agents_sdk_tools_are_bound_with_the_definitions_the_model_is_given() -> None:
     bindings = {**served("fw"), **served("other")}
-    for tool in lab.sdk.tools:
+    for tool in [t for t in lab.sdk.tools if t.name != "ask_helper"]:  # an agent: not served
         sent = Converter.tool_to_openai(tool)["function"]  # what a chat-completions model is sent
         binding = bindings[tool.name].binding
         assert binding.input_schema == sent["parameters"] == tool.params_json_schema
@@ -85,6 +85,15 @@ def test_policies_come_from_the_decorator_or_the_mapping_with_unsafe_and_a_modul
     assert {t.binding.replay_policy.value for t in unrouted} == {"unsafe"}
     assert [t.name for t in load_tools(MODULE, "other").tools] == ["sdk_elsewhere"]
     assert declared_routes(MODULE) == ["agents", "fw", "other"]
+    everywhere = [t.name for r in declared_routes(MODULE) for t in load_tools(MODULE, r).tools]
+    assert "ask_helper" not in everywhere, "an agent used as a tool asks a model: the Brain's work"
+
+
+def test_a_decorator_with_a_replay_policy_that_is_none_fails_at_import() -> None:
+    from hands.tools.declare import policy
+
+    with pytest.raises(ValueError, match="policy\\(replay='sometimes'\\): replay is 'safe' or 'unsafe'"):
+        policy(replay="sometimes")
 
 
 def test_a_changed_tool_is_a_new_binding_and_the_same_one_binds_the_same_way() -> None:

@@ -215,6 +215,8 @@ def policy(
     ``query`` is an async ``(ctx: ToolContext, **args) -> Found | NotFound`` called with the
     model's arguments after a crash inside the body; the body reads the operation id with
     :func:`current_context`. It returns what it decorates, marked."""
+    if replay not in ("safe", "unsafe"):  # at import, with what to write instead
+        raise ValueError(f"policy(replay={replay!r}): replay is 'safe' or 'unsafe'")
     chosen = Policy(route=route, replay=ReplayPolicy(replay), query=query, version=version, approval=approval)
 
     def mark(target: Marked) -> Marked:

@@ -1,7 +1,9 @@
 """The function tools of OpenAI Agents SDK agents, as the SDK itself defines and calls them.
 
-Found: every module-level ``agents.Agent``'s ``FunctionTool`` objects (hosted tools such as web
-search run at the model's provider, not here) and module-level ``FunctionTool`` objects. A tool's
+Found: every module-level ``agents.Agent``'s ``FunctionTool`` objects and module-level
+``FunctionTool`` objects. Not served: hosted tools (web search... run at the model's provider), an
+agent used as a tool (``as_tool``: its run asks a model, which is the Brain's work) and MCP servers
+(``hands serve --mcp`` serves those). A tool's
 definition is the SDK's own: ``name``, ``description``, ``params_json_schema`` (already made strict
 by the SDK when the tool is strict), what its model converters send. Arguments are checked against
 that schema, then the SDK's ``on_invoke_tool(ToolContext, json_args)`` runs the tool, with a
@@ -37,8 +39,10 @@ from jsonschema import Draft202012Validator
 
 from hands.tools.declare import ToolContext
 from hands.tools.frameworks import Listed
+from infra.process.logging import get_logger
 from protocol import SchemaError
 
+log = get_logger(__name__)
 FRAMEWORK = "openai-agents"
 Deps = Callable[[], Awaitable[Any]]
 STRUCTURED = (ToolOutputText, ToolOutputImage, ToolOutputFileContent)
@@ -48,8 +52,12 @@ def _tools(values: Iterable[Any]) -> list[FunctionTool]:
     found: list[FunctionTool] = []
     for value in values:
         for tool in value.tools if isinstance(value, Agent) else [value]:
-            if isinstance(tool, FunctionTool) and not any(tool is t for t in found):
-                found.append(tool)
+            if not isinstance(tool, FunctionTool) or any(tool is t for t in found):
+                continue
+            if getattr(tool, "_is_agent_tool", False):  # its run asks a model: the Brain's work
+                log.info("framework_tool_not_served", tool=tool.name, why="an agent used as a tool")
+                continue
+            found.append(tool)
     return found
 
 
