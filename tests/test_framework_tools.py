@@ -269,3 +269,39 @@ def test_a_toolset_that_cannot_be_listed_stops_the_pool_with_one_line(tmp_path: 
     assert caught.value.message.startswith("Pydantic AI could not list the tools of ")
     assert "RunContext.messages is not available" in caught.value.message
     assert "\n" not in caught.value.message
+
+
+async def test_a_module_gives_its_tools_a_default_route_and_deps(tmp_path: Path) -> None:
+    # Given a module that names its default route and makes the deps its tools get
+    path = tmp_path / "with_deps.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            from agents import Agent as SdkAgent, function_tool
+            from agents.tool_context import ToolContext
+            from pydantic_ai import Agent, RunContext
+
+            TENDON_ROUTE = "billing"
+
+            async def TENDON_DEPS():
+                return {"tenant": "acme"}
+
+            agent = Agent("test")
+
+            @agent.tool
+            def tenant(ctx: RunContext[dict]) -> str:
+                return ctx.deps["tenant"]
+
+            @function_tool
+            def sdk_tenant(ctx: ToolContext[dict]) -> str:
+                return ctx.context["tenant"] + ":" + ctx.tool_call_id
+
+            sdk = SdkAgent(name="s", tools=[sdk_tenant])
+            """
+        )
+    )
+    registry = load_tools(str(path), "billing")
+    assert registry.names == ["sdk_tenant", "tenant"]
+    ctx = ToolContext(operation_id="op-d")
+    assert await registry.get("tenant").fn(ctx) == "acme"  # type: ignore[union-attr]
+    assert await registry.get("sdk_tenant").fn(ctx) == "acme:op-d"  # type: ignore[union-attr]
