@@ -2,6 +2,7 @@
 
     hands serve --route email --tools examples.email_tools [--concurrency N] [--grace S]
     hands serve --route files --mcp 'stdio:python -m my_server' [--mcp URL] [--mcp-config FILE]
+    hands serve --route email --tools myapp.agents   (Pydantic AI / Agents SDK agents' tools)
     hands show EXECUTION_ID [--json]
     hands reconcile EXECUTION_ID (--result JSON | --failed MESSAGE) --evidence TEXT
                     [--actor NAME] [--json]
@@ -71,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--tools",
         default=None,
         metavar="MODULE",
-        help="where the tools are declared: a module name (examples.email_tools) or a .py file",
+        help="where the tools are declared: a module name (examples.email_tools) or a .py file; "
+        "its @tool functions and its Pydantic AI / OpenAI Agents SDK agents' tools (docs/framework-tools.md)",
     )
     serve.add_argument(
         "--mcp",

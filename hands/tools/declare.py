@@ -5,15 +5,21 @@
 
 The JSON Schema of the arguments comes from the type hints (through pydantic), and the
 binding digest pins name, version, route, schema and replay policy.
+
+A tool of an agent framework (Pydantic AI, the OpenAI Agents SDK) keeps the framework's own
+decorator and gets its route and replay policy from :func:`policy` (or the module's
+``TENDON_TOOLS`` mapping; ``hands.tools.frameworks``); its body reads the execution's context
+with :func:`current_context`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, get_type_hints
+from typing import Any, Protocol, TypeVar, get_type_hints
 
 from pydantic import ConfigDict, ValidationError, create_model
 
@@ -196,3 +202,68 @@ def tool(
         return Tool(fn=fn, binding=binding, query=query, args_model=model)
 
     return wrap
+
+
+POLICY_ATTRIBUTE = "__tendon_policy__"
+Marked = TypeVar("Marked")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How Tendon serves one framework tool: its route, replay policy, query, version, approval.
+    ``None`` leaves a field to the defaults (``hands.tools.frameworks``)."""
+
+    route: str | None = None
+    replay: ReplayPolicy = ReplayPolicy.UNSAFE
+    query: QueryFn | None = None
+    version: str | None = None
+    approval: bool | None = None
+
+
+def policy(
+    *,
+    route: str | None = None,
+    replay: str | ReplayPolicy = "unsafe",
+    query: QueryFn | None = None,
+    version: str | None = None,
+    approval: bool | None = None,
+) -> Callable[[Marked], Marked]:
+    """Give a Pydantic AI or OpenAI Agents SDK tool its Tendon route and replay policy; the
+    framework's own decorator stays, on either side of this one::
+
+        @agent.tool_plain
+        @policy(route="email", replay="unsafe", query=find_sent_email)
+        async def send_email(to: str, subject: str, body: str) -> dict: ...
+
+    ``query`` is an async ``(ctx: ToolContext, **args) -> Found | NotFound`` called with the
+    model's arguments after a crash inside the body; the body reads the operation id with
+    :func:`current_context`. It returns what it decorates, marked."""
+    if replay not in ("safe", "unsafe"):  # at import, with what to write instead
+        raise ValueError(f"policy(replay={replay!r}): replay is 'safe' or 'unsafe'")
+    chosen = Policy(route=route, replay=ReplayPolicy(replay), query=query, version=version, approval=approval)
+
+    def mark(target: Marked) -> Marked:
+        setattr(target, POLICY_ATTRIBUTE, chosen)
+        return target
+
+    return mark
+
+
+_CURRENT: contextvars.ContextVar[ToolContext] = contextvars.ContextVar("tendon_tool_context")
+
+
+def current_context() -> ToolContext:
+    """The context of the execution this code runs in (its ``operation_id``, ``output``,
+    ``ensure_owner``...): how a framework tool, which gets no ``ctx`` from Tendon, reaches it."""
+    try:
+        return _CURRENT.get()
+    except LookupError:
+        raise RuntimeError("current_context() is only available inside a tool run by a Hands pool") from None
+
+
+def context_for(ctx: ToolContext) -> contextvars.Context:
+    """A copy of this context in which :func:`current_context` answers ``ctx``: a task started in it
+    (and the threads that task starts) sees it, the caller does not."""
+    copied = contextvars.copy_context()
+    copied.run(_CURRENT.set, ctx)
+    return copied

@@ -1,10 +1,11 @@
 """Loading the tools a Hands pool serves, and finding them again by name and binding digest.
 
 ``--tools`` names a module (``examples.email_tools``) or a file (``path/to/tools.py``); every
-module-level :class:`~hands.tools.declare.Tool` whose route is the pool's route is served. One name may
-be served in several versions at once (``@tool(name="greet", version="2")`` beside version 1), so
-that an upgrade does not strand the threads pinned to the older one: a call names its binding by
-digest, and the digest picks the version.
+module-level :class:`~hands.tools.declare.Tool` whose route is the pool's route is served, and so
+are the tools of the module's Pydantic AI and OpenAI Agents SDK agents (``hands.tools.frameworks``).
+One name may be served in several versions at once (``@tool(name="greet", version="2")`` beside
+version 1), so that an upgrade does not strand the threads pinned to the older one: a call names its
+binding by digest, and the digest picks the version.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ class ToolLoadError(TendonError):
     """The ``--tools`` module could not be loaded, or serves nothing on this route."""
 
     code = "tool_load_error"
+
+
+# The frameworks whose tools a module may hold, by the module that is missing without their extra.
+EXTRAS = {"pydantic_ai": "pydantic-ai", "agents": "openai-agents"}
 
 
 def _short(digest: str) -> str:
@@ -108,6 +113,13 @@ class ToolRegistry:
         return found
 
 
+def _extra_hint(exc: Exception) -> str:
+    """How to install the framework a module failed to import for want of it, if that is why."""
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    extra = EXTRAS.get((missing or "").partition(".")[0])
+    return f" (install the {extra} extra: pip install 'tendon[{extra}]')" if extra else ""
+
+
 def _import(spec: str) -> ModuleType:
     """Import ``spec`` as a file path if it looks like one, else as a dotted module name."""
     if spec.endswith(".py") or "/" in spec or os.sep in spec:
@@ -124,22 +136,29 @@ def _import(spec: str) -> ModuleType:
             module_spec.loader.exec_module(module)
         except Exception as exc:
             sys.modules.pop(name, None)
-            raise ToolLoadError(f"tools file {spec} failed to import: {type(exc).__name__}: {exc}") from exc
+            raise ToolLoadError(
+                f"tools file {spec} failed to import: {type(exc).__name__}: {exc}{_extra_hint(exc)}"
+            ) from exc
         return module
     try:
         return importlib.import_module(spec)
     except ModuleNotFoundError as exc:
-        raise ToolLoadError(
-            f"tools module {spec} cannot be imported: {exc} "
-            "(give a dotted module name on the Python path or a path to a .py file)"
-        ) from exc
+        hint = _extra_hint(exc) or " (give a dotted module name on the Python path or a path to a .py file)"
+        raise ToolLoadError(f"tools module {spec} cannot be imported: {exc}{hint}") from exc
     except Exception as exc:
         raise ToolLoadError(f"tools module {spec} failed to import: {type(exc).__name__}: {exc}") from exc
 
 
+def _declared(module: ModuleType, spec: str) -> list[Tool]:
+    """The module's ``@tool`` functions, then its agents' tools with their policies."""
+    from hands.tools.frameworks import framework_tools
+
+    return [v for v in vars(module).values() if isinstance(v, Tool)] + framework_tools(module, spec)
+
+
 def declared_routes(spec: str) -> list[str]:
     """The routes the tools of ``spec`` are declared for (ToolLoadError if it declares none)."""
-    routes = sorted({v.binding.route for v in vars(_import(spec)).values() if isinstance(v, Tool)})
+    routes = sorted({t.binding.route for t in _declared(_import(spec), spec)})
     if not routes:
         raise ToolLoadError(f"tools module {spec} declares no tools")
     return routes
@@ -147,8 +166,7 @@ def declared_routes(spec: str) -> list[str]:
 
 def load_tools(spec: str, route: str) -> ToolRegistry:
     """Import ``spec`` and keep its tools declared for ``route``; ToolLoadError if none."""
-    module = _import(spec)
-    everything = [v for v in vars(module).values() if isinstance(v, Tool)]
+    everything = _declared(_import(spec), spec)
     mine = [t for t in everything if t.binding.route == route]
     if not mine:
         others = sorted({t.binding.route for t in everything})
