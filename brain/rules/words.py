@@ -66,7 +66,8 @@ def _reply(f: Mapping[str, Any]) -> str:
     used = usage_words(f.get("usage"))
     said = f": {_short(message['text'])!r}" if message.get("text") else ""
     asks = f"; it asks for {', '.join(calls)}" if calls else ""
-    return f"the model replied{took}" + (f" ({used})" if used else "") + said + asks
+    again = f" (attempt {f['attempt']})" if (f.get("attempt") or 1) > 1 else ""
+    return f"the model replied{again}{took}" + (f" ({used})" if used else "") + said + asks
 
 
 def _scheduled(schedule: Mapping[str, Any] | None) -> str:
@@ -136,6 +137,9 @@ def said(fact: Mapping[str, Any]) -> str:
         return (
             f"run {fact.get('run')} began at phase {fact.get('phase')}, on {fact.get('owner') or 'a Brain'}"
         )
+    if kind == "message.superseded":
+        which = f"attempt {fact.get('attempt')} of message {fact.get('message_id')}"
+        return f"{which} was superseded: {fact.get('why')}"
     if kind == "turn.run_lost":
         why = "its Brain died" if fact.get("how") == "died" else "its Brain stopped"
         return f"run {fact.get('run')} was lost at phase {fact.get('phase')}: {why}; another run takes over"

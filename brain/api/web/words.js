@@ -56,8 +56,11 @@ export function say(fact, entry = {}) {
       const tokens = tokensOf(fact.usage);
       const said = m.text ? ` “${shortJson(m.text, 200)}”` : "";
       const asks = calls.length ? ` It asks for ${calls.join(", ")}.` : "";
-      return s(`The model replied${latency}${tokens ? ` (${tokens})` : ""}.${said}${asks}`);
+      const attempt = fact.attempt > 1 ? ` (attempt ${fact.attempt})` : "";
+      return s(`The model replied${attempt}${latency}${tokens ? ` (${tokens})` : ""}.${said}${asks}`);
     }
+    case "message.superseded":
+      return s(`Attempt ${fact.attempt} of message ${fact.message_id} was superseded: ${fact.why}.`, "warn");
     case "execution.intended":
       return s(`${call(fact)} was committed as execution ${fact.execution_id}, before anything was sent.`);
     case "execution.pending":
