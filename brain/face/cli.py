@@ -10,7 +10,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from brain.face import commands, schedule
+from brain.face import commands, forks, schedule
 from brain.face.commands import (
     EXIT_CANCELLED,
     EXIT_CONFLICT,
@@ -248,6 +248,7 @@ def _parser() -> argparse.ArgumentParser:
 
     _add_controls(sub, remote)
     schedule.add_parser(sub, remote)
+    forks.add_parsers(sub, remote)
     return p
 
 
@@ -338,6 +339,8 @@ def main(argv: list[str] | None = None, *, local: commands.Local | None = None) 
         "respond": commands.respond,
         "signal": commands.send_signal,
         "schedule": schedule.run,
+        "fork": forks.run,
+        "rewind": forks.run,
         **{kind: commands.control for kind in ("steer", "inject", "withdraw", "pause", "resume", "cancel")},
     }
     command = commands_by_name[args.command]

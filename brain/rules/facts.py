@@ -41,6 +41,10 @@ kind                            what happened
 ``turn.completed``              the turn's result (its last reply) is final
 ``turn.failed``                 the turn ended with an error
 ``execution.cancelled``         an open execution of a failed turn was settled
+``thread.forked``               a new thread forked from another (``from``, its name) at journal seq
+                                ``at``, snapped back to ``snapped_to``: the ``messages`` it starts with
+``thread.rewound``              an idle thread's conversation set back to what it was at ``at``
+                                (snapped back to ``snapped_to``): the ``messages`` it goes on from
 ==============================  ==========================================================
 """
 
@@ -59,6 +63,7 @@ KINDS: tuple[str, ...] = (
     "turn.accepted", "turn.run_started", "turn.prepared", "turn.waiting", "turn.model_replied",
     "turn.results_applied", "turn.retry_scheduled", "turn.run_lost", "turn.input_added",
     "turn.cancelled", "turn.rolled_back", "turn.completed", "turn.failed", "message.superseded",
+    "thread.forked", "thread.rewound",
     "execution.intended", "execution.approved", "execution.output", "execution.output_gap",
     "execution.reported_late",
     *(f"execution.{s}" for s in ExecutionStatus if s != ExecutionStatus.INTENDED),
@@ -181,3 +186,18 @@ def reported_late(execution_id: str, call_id: str, tool: str, reported: str, how
     fact = {"kind": "execution.reported_late", "execution_id": execution_id, "call_id": call_id, "tool": tool,
             "reported": reported}  # fmt: skip
     return fact | ({"how": how} if how else {})
+
+
+def forked(from_thread: str, at: int, snapped_to: int, messages: list[dict[str, Any]]) -> Fact:
+    """The first entry of a fork: what it starts with (``brain.rules.forks.carried``)."""
+    return {
+        "kind": "thread.forked",
+        "from": from_thread,
+        "at": at,
+        "snapped_to": snapped_to,
+        "messages": messages,
+    }
+
+
+def rewound(at: int, snapped_to: int, messages: list[dict[str, Any]]) -> Fact:
+    return {"kind": "thread.rewound", "at": at, "snapped_to": snapped_to, "messages": messages}

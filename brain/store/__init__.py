@@ -22,6 +22,7 @@ field              part (PostgreSQL's)        what it owns
 ``metadata``       ``Metadata``               sessions' and threads' metadata (string pairs)
 ``gauges``         ``GaugeRows``              what the metrics count when scraped
 ``retention``      ``RetentionRows``          what retention prunes (the journal of closed sessions)
+``forks``          ``Forks``                  forks of threads (their lineage) and rewinds
 =================  =========================  ====================================================
 
 Each part is the portable statements in ``<part>.py`` (what the embedded mode runs on SQLite), and
@@ -62,6 +63,7 @@ from brain.store.events_pg import PgEvents
 from brain.store.executions import Executions
 from brain.store.executions_pg import PgExecutions
 from brain.store.failures import Failures
+from brain.store.forks import Forks
 from brain.store.gauges import GaugeRows, Gauges
 from brain.store.journal import Journal
 from brain.store.journal_pg import PgJournal
@@ -134,6 +136,7 @@ class BrainStore(StoreBase, ParkedRows):
     metadata: Metadata
     gauges: GaugeRows
     retention: RetentionRows
+    forks: Forks
 
     def __init__(self, pool: Pool) -> None:
         super().__init__(pool)
@@ -154,6 +157,7 @@ class BrainStore(StoreBase, ParkedRows):
         self.metadata = Metadata(self)
         self.gauges = GaugeRows(self)
         self.retention = RetentionRows(self)
+        self.forks = Forks(self)
 
 
 class PostgresBrainStore(BrainStore):

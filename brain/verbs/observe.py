@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from brain.rules.messages import messages
-from brain.rules.submits import session_key, shown_session, thread_name
+from brain.rules.submits import session_key, thread_name
 from brain.rules.submits import thread_id as thread_key
 from brain.store import BrainStore, Entry
-from brain.verbs.sessions import check_thread_name, shown_turn
+from brain.verbs.sessions import check_thread_name, shown_thread, shown_turn
 from infra.db import Connection
 from protocol import GoneError, NotFoundError, SchemaError
 
@@ -173,11 +173,7 @@ async def snapshot(
         return {
             "cursor": cursor,
             "session_id": session_id,
-            "threads": [
-                {**dict(t), "id": shown_session(namespace, t["id"])}
-                for t in threads
-                if scope.thread_id in (None, t["id"])
-            ],
+            "threads": [shown_thread(namespace, t) for t in threads if scope.thread_id in (None, t["id"])],
             "turns": [
                 shown_turn(namespace, t)
                 | {"executions": executions[t["id"]], "messages": said.get(t["id"], [])}
