@@ -124,6 +124,13 @@ def _control(kind: str, f: Mapping[str, Any]) -> str:
     return f"{what} was {status}" + (f": {f['reason']}" if f.get("reason") else "")
 
 
+def _snapped(f: Mapping[str, Any]) -> str:
+    """Where a fork's or a rewind's cut was snapped back to, and what it carries."""
+    moved = f.get("snapped_to") != f.get("at")
+    back = f" (snapped back to {f.get('snapped_to')}, where every tool call had its result)" if moved else ""
+    return f"{back}: {len(f.get('messages') or [])} message(s)"
+
+
 def said(fact: Mapping[str, Any]) -> str:
     """One fact of the journal as a sentence (without its final stop)."""
     kind = str(fact.get("kind", ""))
@@ -162,5 +169,7 @@ def said(fact: Mapping[str, Any]) -> str:
         "turn.completed": lambda f: "the turn completed",
         "turn.failed": lambda f: f"the turn failed: {(f.get('error') or {}).get('message')}",
         "history.message": lambda f: f"a {f.get('role')} message (kept by an earlier version)",
+        "thread.forked": lambda f: f"forked from thread {f.get('from')} at {f.get('at')}{_snapped(f)}",
+        "thread.rewound": lambda f: f"set back to {f.get('at')}{_snapped(f)}",
     }
     return simple[kind](fact) if kind in simple else kind.replace(".", " ").replace("_", " ")

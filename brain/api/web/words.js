@@ -120,6 +120,12 @@ export function say(fact, entry = {}) {
       return s(`The turn failed: ${(fact.error || {}).message || "?"}.`, "bad");
     case "history.message":
       return s(`A ${fact.role} message (kept by an earlier version).`);
+    case "thread.forked":
+    case "thread.rewound": {
+      const snapped = fact.snapped_to !== fact.at ? ` (snapped back to ${fact.snapped_to})` : "";
+      const from = k === "thread.forked" ? `Forked from thread ${fact.from}` : "Set back";
+      return s(`${from} at ${fact.at}${snapped}: ${(fact.messages || []).length} message(s).`);
+    }
     default:
       return s(k.replace(/[._]/g, " "));
   }
