@@ -27,6 +27,7 @@ from brain.rules.states import TERMINAL_TURN, TurnPhase, TurnStatus
 from brain.run.calls import build_intents, refused_row, sent
 from brain.run.claims import claim_turns
 from brain.run.context import BrainContext
+from brain.run.interrupts import interrupted
 from brain.store import TurnRow
 from infra.db import Connection, is_transient, patiently
 from infra.process.logging import get_logger
@@ -261,7 +262,7 @@ async def model_request(ctx: BrainContext, row: TurnRow) -> TurnRow:
     ctx.asked.discard(row.id)
     refused = {i.execution_id: refused_row(i) for i in intents or () if not i.sends}
     ctx.history.committed(row, moved.row, moved.seq, move.facts, refused)
-    if intents:
+    if intents and not await interrupted(ctx, moved.row):
         sent(ctx, intents)
     return moved.row
 
@@ -319,18 +320,14 @@ async def dispatch(ctx: BrainContext, row: TurnRow) -> TurnRow:
     last = next(m for m in reversed(history) if m.role == "assistant" and m.turn_id == row.id)
     bindings = thread["bindings"] or {}
     intents = await build_intents(
-        ctx,
-        row,
-        bindings,
-        last.content["tool_calls"],
-        detailed=agent.journal == "detailed",
-        approvals=agent.approvals,
-        trace=ctx.tracing.turn_parent(row.id),
-    )
+        ctx, row, bindings, last.content["tool_calls"], detailed=agent.journal == "detailed",
+        approvals=agent.approvals, trace=ctx.tracing.turn_parent(row.id),
+    )  # fmt: skip
     move = moves.dispatch(row, intents, first_look=ctx.first_look)
     moved = await ctx.move(move)
     ctx.history.committed(row, moved.row, moved.seq, move.facts)
-    sent(ctx, intents)
+    if not await interrupted(ctx, moved.row):
+        sent(ctx, intents)
     return moved.row
 
 
