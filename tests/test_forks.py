@@ -204,6 +204,8 @@ async def test_the_cli_forks_and_rewinds_through_a_brains_api(local: LocalTendon
     )
     assert code == 0, err
     assert out.strip() == f"thread {SESSION}/cli forked from {SESSION} at {at}: 8 message(s)"
+    code, out, err = await run_cli(["-m", "brain", "threads", SESSION, "--url", local.url], {})
+    assert code == 0 and f"forked from {SESSION} at {at}" in out.splitlines()[-1], (out, err)
     code, out, err = await run_cli(
         ["-m", "brain", "rewind", f"{SESSION}/cli", "--at", "1", "--url", local.url], {}
     )
