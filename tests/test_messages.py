@@ -144,7 +144,7 @@ async def test_a_brain_killed_mid_stream_leaves_attempt_one_superseded_and_attem
                 await asyncio.sleep(0.1)
             await asyncio.sleep(0.5)
             first.send_signal(signal.SIGKILL)
-            with pytest.raises(httpx.HTTPError):
+            with pytest.raises((httpx.HTTPError, AssertionError)):  # cut, or ended, with its Brain
                 await asyncio.wait_for(live, 10)
             # Then a new Brain takes the turn over and makes the second attempt
             await processes.start_ready("brain2", BRAIN, env)
