@@ -35,9 +35,11 @@ def agent(url: str, name: str = "honest") -> dict[str, Any]:
     return {"name": name, "version": "1", "model": model, "retry": RETRY}
 
 
-async def stream_until_completed(url: str, session: str, **params: str) -> list[tuple[str, dict[str, Any]]]:
+async def stream_until_completed(
+    url: str, session: str, got: list[tuple[str, dict[str, Any]]] | None = None, **params: str
+) -> list[tuple[str, dict[str, Any]]]:
     """(event, data) of a session's stream (``pending``: it may not exist yet) until a turn completes."""
-    got: list[tuple[str, dict[str, Any]]] = []
+    got = [] if got is None else got
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(60, connect=10)) as http:
         async with http.stream("GET", f"/v1/sessions/{session}/stream", params=params) as response:
             assert response.status_code == 200
@@ -133,7 +135,10 @@ async def test_a_brain_killed_mid_stream_leaves_attempt_one_superseded_and_attem
     with ChatServer(lambda body: next(answers)) as chat:
         first = await processes.start_ready("brain", BRAIN, env)
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-            live = asyncio.create_task(stream_until_completed(url, "s-kill", previews="true", pending="true"))
+            before: list[tuple[str, dict[str, Any]]] = []
+            live = asyncio.create_task(
+                stream_until_completed(url, "s-kill", before, previews="true", pending="true")
+            )
             await asyncio.sleep(0.5)
             body = {"request_id": "r1", "input": "answer me", "agent": agent(chat.url)}
             turn_id = (await http.post("/v1/sessions/s-kill/turns", json=body)).json()["turn_id"]
@@ -154,6 +159,8 @@ async def test_a_brain_killed_mid_stream_leaves_attempt_one_superseded_and_attem
             snap = (await http.get("/v1/sessions/s-kill/snapshot")).json()
 
     mid = message_id(turn_id, 1)
+    shown = [(d["message_id"], d["attempt"], d["text"]) for k, d in before if k == "preview" and d["text"]]
+    assert shown == [(mid, 1, "Half a t")]  # what the first attempt streamed before its Brain died
     lost = facts_of(seen, "message.superseded")
     assert [(f["message_id"], f["attempt"]) for f in lost] == [(mid, 1)]
     assert "the run was lost" in lost[0]["why"]
