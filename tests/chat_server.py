@@ -40,9 +40,11 @@ class Status:
 
 @dataclass
 class Drop:
-    """Start a streamed reply, then close the connection before it ends."""
+    """Start a streamed reply, then close the connection before it ends (``hold``: seconds to keep
+    it open first, the pieces sent, as a model that is slow to go on)."""
 
     content: str = "Let me think"
+    hold: float = 0.0
 
 
 @dataclass
@@ -197,6 +199,7 @@ class ChatServer:
             for c in first:
                 handler.wfile.write(f"data: {json.dumps(c)}\n\n".encode())
             handler.wfile.flush()
+            time.sleep(answer.hold)
             handler.close_connection = True
             handler.connection.shutdown(2)  # gone mid-stream, without the end of the reply
             return

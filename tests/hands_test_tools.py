@@ -92,6 +92,19 @@ async def slow(ctx: ToolContext, pages: int = 3, delay: float = 0.05) -> dict:
 
 
 @tool(route="lab", version="1", replay="safe")
+async def progress(ctx: ToolContext, lines: int, every: float, big_at: int = -1, big_size: int = 0) -> dict:
+    """Write ``lines`` lines of output, ``every`` seconds apart; before line ``big_at``, a page of
+    ``big_size`` bytes (to cross the offload threshold)."""
+    _record_run("progress", ctx)
+    for i in range(1, lines + 1):
+        if i == big_at:
+            await ctx.output.write("#" * (big_size - 1) + "\n")
+        await ctx.output.write(f"attempt {ctx.attempt} line {i}\n")
+        await asyncio.sleep(every)
+    return {"lines": lines}
+
+
+@tool(route="lab", version="1", replay="safe")
 async def big(ctx: ToolContext, size: int) -> dict:
     """Return a result of about ``size`` bytes (to cross the offload threshold)."""
     _record_run("big", ctx)

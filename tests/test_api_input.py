@@ -101,7 +101,8 @@ class Ids:
     turn: str
 
     def of(self, name: str) -> str:
-        known = {"session_id": SESSION, "turn_id": self.turn, "execution_id": "exec-none", "name": "app.js"}
+        known = {"session_id": SESSION, "turn_id": self.turn, "execution_id": "exec-none", "name": "app.js",
+                 "thread_id": SESSION}  # fmt: skip
         return {**known, "schedule_id": "sch-none", "action": "pause"}[name]
 
 
@@ -227,7 +228,7 @@ def cases(app: FastAPI, ids: Ids, limit: int) -> list[Case]:
             spoil: str | None = None, value: str = "", names: list[str] = names, route: APIRoute = route
         ) -> str:
             given = {n: quote(value if n == spoil else ids.of(n), safe="") for n in names}
-            return route.path.format(**given)
+            return re.sub(r":\w+\}", "}", route.path).format(**given)  # {thread_id:path}: a path's id
 
         name = f"{method} {route.path}"
         body = BODIES.get((method, route.path))

@@ -990,8 +990,15 @@ async def test_both_backends_leave_the_same_facts(tendon, tmp_path):
         await store.transact(
             lambda c: store.failures.fail_turn(c, other, {"code": "c", "message": "m"}, Topology("t"))
         )
+        # A message's id holds its turn's, which differs from one backend to the other
         entries = [
-            (e.seq, e.status, e.phase, e.run, e.facts)
+            (
+                e.seq,
+                e.status,
+                e.phase,
+                e.run,
+                [f | {"message_id": f["message_id"][-3:]} if "message_id" in f else f for f in e.facts],
+            )  # fmt: skip
             for s in ("ns/s1", "ns/s2")
             for e in await store.read(lambda c, s=s: store.journal.entries(c, s))
         ]

@@ -212,3 +212,20 @@ async def test_a_reject_waits_for_a_submit_holding_the_thread_and_sees_its_turn(
     with pytest.raises(ConflictError, match="busy"):
         await _submit_with(pg_store, "r2", "reject")
     assert (await held).created
+
+
+def test_an_interrupt_of_a_turn_mid_model_call_waits_for_its_boundary_and_other_cancels_do_not() -> None:
+    from dataclasses import replace
+
+    from brain.rules.controls import Kind, Outcome, TurnView, decide
+    from brain.rules.states import TurnStatus
+
+    mid_call = TurnView(
+        status=TurnStatus.RUNNING, leased=True, revision=4, accepted_executions=0, cancelling=False,
+        pause_pending=False,
+    )  # fmt: skip
+    assert decide(Kind.CANCEL, mid_call, {"strategy": "interrupt", "by": "t2"}) == (Outcome.DEFER, None)
+    assert decide(Kind.CANCEL, mid_call, {"strategy": "rollback", "by": "t2"}) == (Outcome.APPLY, None)
+    assert decide(Kind.CANCEL, mid_call, {}) == (Outcome.APPLY, None)
+    waiting = replace(mid_call, status=TurnStatus.WAITING, leased=False)
+    assert decide(Kind.CANCEL, waiting, {"strategy": "interrupt", "by": "t2"}) == (Outcome.APPLY, None)

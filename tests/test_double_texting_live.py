@@ -149,3 +149,39 @@ async def test_a_new_message_stops_a_turn_whose_two_tools_run_and_the_provider_n
         ]  # fmt: skip
     else:
         assert sent == [{"role": "user", "content": "second"}]
+
+
+def slow_policy(body: dict[str, Any]) -> Reply:
+    """As ``policy``, but the first reply takes a second and a half to come."""
+    reply = policy(body)
+    return (
+        Reply(tool_calls=reply.tool_calls, call_ids=reply.call_ids, delay=1.5) if reply.tool_calls else reply
+    )
+
+
+async def test_a_new_message_during_a_model_call_stops_the_turn_at_its_next_boundary_before_any_tool_runs(
+    system: System, tmp_path: Path
+) -> None:
+    with ChatServer(slow_policy) as server:
+        model = {"kind": "openai", "name": "m", "base_url": server.url, "api_key_env": "DOUBLE_TEXT_KEY",
+                 "timeout": 10}  # fmt: skip
+        agent = AgentDefinition.model_validate(
+            {"name": "chat", "version": "1", "model": model, "tools": ["slow_step"]}
+        )
+        # Given a turn whose model call is in flight
+        first = await submit(system, agent, "r1", "first", "enqueue")
+        await wait_for(
+            lambda: asyncio.sleep(0, len(server.requests) == 1 or None), timeout=30, what="the call"
+        )
+        # When a new message interrupts it
+        second = await submit(system, agent, "r2", "second", "interrupt")
+        # Then the reply in flight is kept (the work so far), its calls closed as cancelled without
+        # running, and the new message is answered after them
+        done = await reached(system, second, lambda d: d["status"] == "completed", "the new turn to complete")
+        ended = await describe(system.store, system.settings.namespace, first)
+        sent = server.requests[-1]["messages"]
+    assert ended["status"] == "cancelled" and done["result"] == {"text": "answered second"}
+    assert [e["status"] for e in ended["executions"]] == ["cancelled", "cancelled"]
+    assert not (tmp_path / "runs.txt").exists()  # neither tool started
+    assert dangling(sent) == []
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool", "user"]

@@ -66,7 +66,8 @@ def test_the_published_fact_kinds_hold_every_kind_the_fact_constructors_spell() 
         node.value
         for node in ast.walk(ast.parse(source))
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.count(".") == 1
-        and node.value.split(".")[0] in ("turn", "execution", "control") and " " not in node.value
+        and node.value.split(".")[0] in ("turn", "execution", "control", "message", "thread")
+        and " " not in node.value
         and not node.value.endswith(".")
     }  # fmt: skip
     assert spelled and spelled <= set(KINDS), spelled - set(KINDS)

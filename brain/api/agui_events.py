@@ -11,6 +11,9 @@ The mapping, one translator per stream (it remembers the text it previewed):
   they come; the committed reply then only ends it, or sends what the previews missed, so a
   reader never gets the text twice. Previews are never replayed: a reader that resumes gets
   the committed reply whole;
+- a message's AG-UI id is its logical id (``brain.rules.messages``), with ``#N`` after it for
+  its attempt N past the first: an attempt that was superseded (``message.superseded``) ends its
+  text message where it stood, and the next attempt's text is a message of its own;
 - every other fact of Tendon's own (approvals, UNKNOWN, controls, lost runs, output) is a CUSTOM
   event named ``tendon.<kind>`` whose value is the fact.
 """
@@ -49,7 +52,7 @@ class AguiEvents:
 
     def __init__(self, names: Mapping[str, tuple[str, str]] | None = None) -> None:
         self._names = dict(names or {})
-        self._live: dict[str, tuple[str, str]] = {}  # turn id -> (message id, text previewed)
+        self._live: dict[str, tuple[str, str]] = {}  # turn id -> (AG-UI message id, text previewed)
 
     def _ids(self, entry: Mapping[str, Any]) -> tuple[str, str]:
         turn = str(entry["turn_id"])
@@ -68,6 +71,9 @@ class AguiEvents:
                 out.append(RunStartedEvent(thread_id=thread, run_id=run))
             elif kind == "turn.model_replied":
                 out += self._reply(entry, fact)
+            elif kind == "message.superseded":
+                out += self._end_live(str(entry["turn_id"]), _agui_id(fact["message_id"], fact["attempt"]))
+                out.append(CustomEvent(name=f"tendon.{kind}", value=fact))
             elif kind in OUTCOMES and fact["execution_id"] in outcomes and not is_child(fact["execution_id"]):
                 # (a batch's child is no call the model made: its outcome is a CUSTOM event)
                 out.append(_result(fact, outcomes[fact["execution_id"]]))
@@ -91,9 +97,12 @@ class AguiEvents:
         if piece.get("kind") != "text" or not piece.get("text"):
             return []  # a tool call's arguments go out whole with the committed reply
         turn = str(piece["turn_id"])
+        said = _agui_id(piece["message_id"], piece["attempt"]) if "message_id" in piece else None
         out: list[BaseEvent] = []
+        if turn in self._live and said is not None and self._live[turn][0] != said:
+            out += self._end_live(turn)  # another attempt (or message) streams now
         if turn not in self._live:
-            message_id = f"{turn}/live/{len(self._live)}"
+            message_id = said or f"{turn}/live/{len(self._live)}"
             self._live[turn] = (message_id, "")
             out.append(TextMessageStartEvent(message_id=message_id, role="assistant"))
         message_id, text = self._live[turn]
@@ -108,7 +117,8 @@ class AguiEvents:
         step = f"model call {number}" if number else "model call"
         out: list[BaseEvent] = [StepStartedEvent(step_name=step)]
         live = self._live.pop(str(entry["turn_id"]), None)
-        if live is not None and text.startswith(live[1]):
+        mine = _agui_id(fact["message_id"], fact.get("attempt", 1)) if fact.get("message_id") else None
+        if live is not None and text.startswith(live[1]) and mine in (None, live[0]):
             message_id = live[0]  # opened by its previews: send only what they missed
             if text[len(live[1]) :]:
                 out.append(TextMessageContentEvent(message_id=message_id, delta=text[len(live[1]) :]))
@@ -117,7 +127,7 @@ class AguiEvents:
             if live is not None:  # the previews said something else (a retried call): closed as it is
                 out.append(TextMessageEndEvent(message_id=live[0]))
                 out.append(CustomEvent(name="tendon.preview_superseded", value={"message_id": live[0]}))
-            message_id = f"{entry['turn_id']}/{entry['seq']}"
+            message_id = mine or f"{entry['turn_id']}/{entry['seq']}"  # or journaled before messages had ids
             if text:
                 out.append(TextMessageStartEvent(message_id=message_id, role="assistant"))
                 out.append(TextMessageContentEvent(message_id=message_id, delta=text))
@@ -133,6 +143,19 @@ class AguiEvents:
             out.append(ToolCallEndEvent(tool_call_id=call_id))
         out.append(StepFinishedEvent(step_name=step))
         return out
+
+    def _end_live(self, turn: str, only: str | None = None) -> list[BaseEvent]:
+        """End the text message being previewed for ``turn`` (only if it is ``only``, when given)."""
+        live = self._live.get(turn)
+        if live is None or (only is not None and live[0] != only):
+            return []
+        del self._live[turn]
+        return [TextMessageEndEvent(message_id=live[0])]
+
+
+def _agui_id(message_id: str, attempt: int) -> str:
+    """The AG-UI id of an attempt's text: the message's own id, ``#N`` after it past the first."""
+    return message_id if attempt <= 1 else f"{message_id}#{attempt}"
 
 
 def _result(fact: Mapping[str, Any], row: Mapping[str, Any]) -> ToolCallResultEvent:

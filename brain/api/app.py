@@ -134,7 +134,7 @@ def error_body(code: str, message: str) -> dict[str, Any]:
 
 
 def create_app(api: Api) -> FastAPI:
-    from brain.api import agui, console, operator, routes, schedules, stream
+    from brain.api import agui, console, forks, operator, routes, schedules, stream
 
     app = FastAPI(
         title="Tendon",
@@ -179,6 +179,7 @@ def create_app(api: Api) -> FastAPI:
 
     app.include_router(routes.router)
     app.include_router(schedules.router)
+    app.include_router(forks.router)
     app.include_router(stream.router)
     app.include_router(agui.router)
     app.include_router(operator.router)

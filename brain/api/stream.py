@@ -126,13 +126,10 @@ async def previews_for(pieces: asyncio.Queue[Any] | None, seconds: float) -> Asy
     deadline = loop.time() + seconds
     while (left := deadline - loop.time()) > 0:
         try:
-            turn_id, delta = await asyncio.wait_for(pieces.get(), left)
+            piece = await asyncio.wait_for(pieces.get(), left)
         except TimeoutError:
             return
-        yield {
-            "event": "preview",
-            "data": json.dumps({"turn_id": turn_id, **delta.model_dump(exclude_none=True)}),
-        }
+        yield {"event": "preview", "data": json.dumps(piece.as_dict())}
 
 
 def _last_id(value: str | None) -> int:

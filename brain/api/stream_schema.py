@@ -36,9 +36,12 @@ class StreamEntry(BaseModel):
 
 class StreamPreview(BaseModel):
     """SSE `event: preview` (with `previews=true`), no id: a piece of a model reply being streamed.
-    Never stored or replayed: the committed reply (`turn.model_replied`) is the truth."""
+    Never stored or replayed: the committed reply (`turn.model_replied`, with the same `message_id`)
+    is the truth, and a `message.superseded` fact voids the pieces of the attempt it names."""
 
     turn_id: str
+    message_id: str = Field(description="the message's logical id, the same for every attempt")
+    attempt: int = Field(description="which attempt of the model call streams it (1, 2...)")
     kind: Literal["text", "tool_args"]
     text: str
     call_id: str | None = None

@@ -10,7 +10,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from brain.face import commands, schedule
+from brain.face import commands, forks, schedule
 from brain.face.commands import (
     EXIT_CANCELLED,
     EXIT_CONFLICT,
@@ -258,6 +258,7 @@ def _parser() -> argparse.ArgumentParser:
 
     _add_controls(sub, remote)
     schedule.add_parser(sub, remote)
+    forks.add_parsers(sub, remote)
     return p
 
 
@@ -351,6 +352,8 @@ def main(argv: list[str] | None = None, *, local: commands.Local | None = None) 
         "respond": commands.respond,
         "signal": commands.send_signal,
         "schedule": schedule.run,
+        "fork": forks.run,
+        "rewind": forks.run,
         **{kind: commands.control for kind in ("steer", "inject", "withdraw", "pause", "resume", "cancel")},
     }
     command = commands_by_name[args.command]

@@ -207,6 +207,11 @@ class AsyncClient:
                 "input": text, "cron": cron, "delay": delay}  # fmt: skip
         return await self._request("POST", "/v1/schedules", body=body)  # type: ignore[no-any-return]
 
+    async def thread_action(self, action: str, thread: str, **params: Any) -> dict[str, Any]:
+        """``fork`` or ``rewind`` a thread (by its id: ``session`` or ``session/name``)."""
+        given = {k: v for k, v in params.items() if v is not None}
+        return await self._request("POST", f"/v1/threads/{_id(thread)}/{action}", params=given)  # type: ignore[no-any-return]
+
     async def schedules(self, action: str = "list", schedule_id: str | None = None) -> Any:
         """``list`` the schedules, or ``pause``, ``resume`` or ``delete`` the one ``schedule_id`` names."""
         if action == "list":

@@ -171,9 +171,10 @@ async def threads(settings: Settings, args: argparse.Namespace) -> int:
         def text() -> None:
             for t in found:
                 state = "closed" if t["closed_at"] else "open"
+                fork = f", forked from {t['forked_from']} at {t['forked_at']}" if t.get("forked_from") else ""
                 print(
                     f"{t['name']:<16} {state:<6} agent {t['agent_name']} v{t['agent_version']}  "
-                    f"{t['turns']} turn(s), {t['unfinished']} unfinished"
+                    f"{t['turns']} turn(s), {t['unfinished']} unfinished{fork}"
                 )
 
         _print(found, args.json, text)

@@ -35,7 +35,8 @@ def _tone(kind: str, fact: dict[str, Any]) -> str | None:
     status = kind.rpartition(".")[2]
     if kind in ENDED:
         return STYLE[ENDED[kind]]
-    if kind == "turn.run_lost" or (kind == "execution.running" and fact.get("reason") == "rerun_after_crash"):
+    rerun = kind == "execution.running" and fact.get("reason") == "rerun_after_crash"
+    if kind in ("turn.run_lost", "message.superseded") or rerun:
         return "yellow"
     if fact.get("how") not in (None, "ran", "manual"):  # verified by query, reconciled, refused, denied
         return "magenta" if status == "succeeded" else "red"
@@ -58,7 +59,9 @@ def describe(fact: dict[str, Any]) -> str:
         took = (fact.get("call") or {}).get("latency_ms")
         text = escape(str(message.get("text") or ""))
         asks = "asks for " + ", ".join(calls) if calls else ""
-        return f"[bold]agent[/] [dim](in {latency(took)})[/]: " + " ".join(p for p in (text, asks) if p)
+        again = f", attempt {fact['attempt']}" if (fact.get("attempt") or 1) > 1 else ""
+        words = " ".join(p for p in (text, asks) if p)
+        return f"[bold]agent[/] [dim](in {latency(took)}{again})[/]: {words}"
     if kind == "turn.input_added":
         return f"[bold]user[/] ({fact.get('control')}): {escape(str(fact.get('text', '')))}"
     tone = _tone(kind, fact)
@@ -108,12 +111,20 @@ class Shown:
         self.console, self.turn_id, self.saved = console, turn_id, saved
         self.ended: str | None = None
         self.streaming = False
+        self.attempt: tuple[Any, Any] = (None, None)  # the message and attempt streaming
         self.entries = 0
 
     async def event(self, event: dict[str, Any]) -> None:
         if "preview" in event:
-            text = event["preview"].get("text")
-            if text and event["preview"].get("turn_id") == self.turn_id:
+            piece = event["preview"]
+            text = piece.get("text")
+            if text and piece.get("turn_id") == self.turn_id:
+                attempt = (piece.get("message_id"), piece.get("attempt"))
+                if self.streaming and attempt != self.attempt:  # another attempt starts over
+                    self.console.print()
+                if attempt != self.attempt and (piece.get("attempt") or 1) > 1:
+                    self.console.print(f"[yellow](attempt {piece['attempt']})[/] ", end="")
+                self.attempt = attempt
                 self.console.print(f"[dim]{escape(text)}[/]", end="")
                 self.streaming = True
         elif "resync" in event:

@@ -70,7 +70,20 @@ def decide(kind: Kind, turn: TurnView, body: Mapping[str, Any]) -> tuple[Outcome
             return Outcome.APPLY, "the pause not applied yet is withdrawn"
         return Outcome.REJECT, "the turn is not paused"
     if kind is Kind.CANCEL:
+        if at_boundary(kind, turn, body):
+            return Outcome.DEFER, None
         if turn.status is TurnStatus.QUEUED or turn.accepted_executions == 0:
             return Outcome.APPLY, None
         return Outcome.DEFER, None
     raise AssertionError(kind)  # withdraw is decided by its target, in ``_withdraw``
+
+
+def at_boundary(kind: Kind, turn: TurnView, body: Mapping[str, Any]) -> bool:
+    """Whether a cancel waits for the run that holds the turn to reach its next commit: a new
+    message's interrupt (``brain.rules.doubletext``) keeps the work so far, so the model call in
+    flight is let finish and its reply committed; the calls it asks for are then closed as
+    cancelled before any is sent (``brain.run.interrupts``). Any other cancel ends the turn now."""
+    return (
+        kind is Kind.CANCEL and body.get("strategy") == "interrupt" and turn.leased
+        and turn.status is TurnStatus.RUNNING and not turn.cancelling
+    )  # fmt: skip

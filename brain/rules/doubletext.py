@@ -6,10 +6,13 @@ strategy   what a submit to a busy thread does
 =========  =====================================================================================
 reject     refused (a CONFLICT naming the busy thread); nothing is written
 enqueue    the new turn waits behind the unfinished ones (the default)
-interrupt  the unfinished turns ahead are cancelled in the submit's own commit; the work they
-           committed stays in the thread's history, their dispatched calls closed with their
-           executions' outcomes (cancelled, with why), so that no model sees a dangling call;
-           then the new input runs after it
+interrupt  the unfinished turns ahead stop at their next boundary: one waiting (for its tools)
+           is cancelled in the submit's own commit, its running tools told to stop; one whose
+           model call is in flight lets it finish, commits its reply and ends before sending the
+           calls it asks for (``brain.rules.controls.at_boundary``). The work they committed
+           stays in the thread's history, their calls closed with their executions' outcomes
+           (cancelled, with why), so that no model sees a dangling call; then the new input
+           runs after it
 rollback   the same cancel, and the cancelled turns' messages leave the thread's history (their
            journal entries stay, for audit, marked by a ``turn.rolled_back`` fact)
 =========  =====================================================================================

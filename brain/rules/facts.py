@@ -13,7 +13,13 @@ kind                            what happened
                                 the Brain that runs it)
 ``turn.prepared``               the turn's input went into its thread's conversation
 ``turn.waiting``                the turn waits (for tool bindings, or its executions): why
-``turn.model_replied``          the model's reply (the assistant message) and its usage
+``turn.model_replied``          the model's reply (the assistant message) and its usage: the
+                                message's durable, completed form, with its logical id
+                                (``message_id``, the same for every attempt of that model call)
+                                and the ``attempt`` that made it
+``message.superseded``          an attempt of a model call ended without a reply (its run was
+                                lost, or the call failed and is retried): whatever its previews
+                                showed is void, a later attempt of the same ``message_id`` replaces it
 ``execution.intended``          a tool call committed as an execution, with its command
 ``execution.pending``           a call waits for a person: their approval, or a manual tool's
                                 result (``awaits``: ``approval`` or ``result``)
@@ -42,6 +48,10 @@ kind                            what happened
 ``tool.delegated``              a delegated call was answered by its child's end (and its usage)
 ``tool.child_cancel_requested`` a cancel was asked of a child whose parent call ended (or whose
                                 time budget ran out)
+``thread.forked``               a new thread forked from another (``from``, its name) at journal seq
+                                ``at``, snapped back to ``snapped_to``: the ``messages`` it starts with
+``thread.rewound``              an idle thread's conversation set back to what it was at ``at``
+                                (snapped back to ``snapped_to``): the ``messages`` it goes on from
 ==============================  ==========================================================
 """
 
@@ -59,7 +69,8 @@ Fact = dict[str, Any]
 KINDS: tuple[str, ...] = (
     "turn.accepted", "turn.run_started", "turn.prepared", "turn.waiting", "turn.model_replied",
     "turn.results_applied", "turn.retry_scheduled", "turn.run_lost", "turn.input_added",
-    "turn.cancelled", "turn.rolled_back", "turn.completed", "turn.failed",
+    "turn.cancelled", "turn.rolled_back", "turn.completed", "turn.failed", "message.superseded",
+    "thread.forked", "thread.rewound",
     "execution.intended", "execution.approved", "execution.output", "execution.output_gap",
     "execution.reported_late", "execution.input_required", "execution.input_given",
     "batch.accepted", "batch.progress",
@@ -88,11 +99,25 @@ def waiting(for_what: str) -> Fact:
     return {"kind": "turn.waiting", "waiting_for": for_what}
 
 
-def model_replied(message: dict[str, Any], usage: dict[str, Any], call: dict[str, Any] | None = None) -> Fact:
+def model_replied(
+    message: dict[str, Any],
+    usage: dict[str, Any],
+    call: dict[str, Any] | None = None,
+    *,
+    message_id: str | None = None,
+    attempt: int = 1,
+) -> Fact:
     """The reply, its token usage, and of the call that made it (``call``): its number in the
-    turn, latency and the model that answered."""
-    fact = {"kind": "turn.model_replied", "message": message, "usage": usage}
+    turn, latency and the model that answered. ``message_id``: the message's logical id
+    (``brain.rules.messages``), ``attempt``: which attempt of that model call replied."""
+    fact: Fact = {"kind": "turn.model_replied", "message": message, "usage": usage}
+    fact |= {"message_id": message_id, "attempt": attempt} if message_id else {}
     return fact | ({"call": call} if call else {})
+
+
+def superseded(message_id: str, attempt: int, why: str) -> Fact:
+    """Attempt ``attempt`` of the model call that makes ``message_id`` ended without a reply."""
+    return {"kind": "message.superseded", "message_id": message_id, "attempt": attempt, "why": why}
 
 
 def intended(execution_id: str, call_id: str, tool: str) -> Fact:
@@ -221,3 +246,18 @@ def tool_delegated(execution_id: str, call_id: str, tool: str, child_turn: str, 
 def child_cancel_requested(execution_id: str, child_turn: str, control_id: int, reason: str) -> Fact:
     return {"kind": "tool.child_cancel_requested", "execution_id": execution_id, "child_turn": child_turn,
             "control_id": control_id, "reason": reason}  # fmt: skip
+
+
+def forked(from_thread: str, at: int, snapped_to: int, messages: list[dict[str, Any]]) -> Fact:
+    """The first entry of a fork: what it starts with (``brain.rules.forks.carried``)."""
+    return {
+        "kind": "thread.forked",
+        "from": from_thread,
+        "at": at,
+        "snapped_to": snapped_to,
+        "messages": messages,
+    }
+
+
+def rewound(at: int, snapped_to: int, messages: list[dict[str, Any]]) -> Fact:
+    return {"kind": "thread.rewound", "at": at, "snapped_to": snapped_to, "messages": messages}

@@ -15,6 +15,8 @@ fact                        message
 ``turn.input_added``        a steer (an instruction) or an inject (the user's message) that
                             a control added between two model steps
 ``history.message``         a message as an earlier version of Tendon kept it
+``thread.forked``,          the conversation starts over as the fact carries it: a fork's
+``thread.rewound``          first, or an idle thread set back (``brain.rules.forks``)
 ``turn.rolled_back``        none: every message of that turn leaves the conversation, and
                             its later facts add none (its entries stay, for audit)
 ``turn.cancelled``,         a tool message for each call of the turn's replies that has none
@@ -55,16 +57,19 @@ def tool_message(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+RESTARTS = ("thread.forked", "thread.rewound")
+
+
 def needed_executions(entries: Iterable[Entry]) -> list[str]:
     """The executions whose outcomes the tool messages of ``entries`` are made of."""
-    return [
-        execution_id
-        for entry in entries
-        for fact in entry.facts
-        if fact.get("kind") == "turn.results_applied"
-        for execution_id in fact.get("executions", [])
-        if not is_child(execution_id)
-    ]
+    needed = []
+    for entry in entries:
+        for fact in entry.facts:
+            if fact.get("kind") == "turn.results_applied":
+                needed += [e for e in fact.get("executions", []) if not is_child(e)]
+            elif fact.get("kind") in RESTARTS:
+                needed += [m["execution_id"] for m in fact.get("messages", []) if "execution_id" in m]
+    return needed
 
 
 @dataclass
@@ -118,6 +123,21 @@ class ThreadHistory:
             self.messages.append(Message(role=role, turn_id=turn_id, content={"text": fact["text"]}))
         elif kind == "history.message":
             self.messages.append(Message(role=fact["role"], turn_id=turn_id, content=fact["content"]))
+        elif kind in RESTARTS:
+            self._restart(fact.get("messages", []), executions)
+
+    def _restart(self, carried: Iterable[Mapping[str, Any]], executions: Mapping[str, Any]) -> None:
+        """The conversation starts over as a fork or a rewind carried it (``brain.rules.forks``)."""
+        self.messages, self.inputs, self.open_calls = [], {}, {}
+        for m in carried:
+            if "execution_id" in m:
+                row = executions.get(m["execution_id"])
+                if row is not None:
+                    self.messages.append(
+                        Message(role="tool", turn_id=m["turn_id"], content=tool_message(row))
+                    )
+            else:
+                self.messages.append(Message(role=m["role"], turn_id=m["turn_id"], content=m["content"]))
 
     def _close(self, turn_id: str, ended: str) -> None:
         """A tool message for each call of a turn that ended with no result for it: a call whose

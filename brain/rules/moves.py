@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from brain.rules import facts
+from brain.rules.messages import next_message
 from brain.rules.records import Intent, Move, TurnRow
 from brain.rules.states import (
     TERMINAL_EXECUTION,
@@ -111,7 +112,8 @@ def reply(
     turn then waits for them), or, without calls, the turn's result. ``intents`` None for a reply
     with calls whose commands could not be built: the reply is committed alone, and the dispatch
     phase meets the problem again."""
-    replied = [facts.model_replied(message, usage, call)]
+    mid, attempt = next_message(row.id, row.model_calls, row.model_attempt)
+    replied = [facts.model_replied(message, usage, call, message_id=mid, attempt=attempt)]
     calls = message.get("tool_calls") or []
     model_calls = row.model_calls + 1
     if calls and intents is not None:
@@ -121,19 +123,21 @@ def reply(
             replied.append(facts.results_applied([i.execution_id for i in intents]))
             return move(
                 row, S.RUNNING, [P.DISPATCH_TOOLS, P.WAIT_TOOLS, P.APPLY_RESULTS, P.MODEL_REQUEST],
-                model_calls=model_calls, tool_step=row.tool_step + 1, facts=tuple(replied),
+                model_calls=model_calls, model_attempt=0, tool_step=row.tool_step + 1, facts=tuple(replied),
                 intents=tuple(intents),
             )  # fmt: skip
         return move(
             row, S.WAITING, [P.DISPATCH_TOOLS, P.WAIT_TOOLS], release=True, model_calls=model_calls,
-            tool_step=row.tool_step + 1, waiting_for=intents_reason(intents), wake_in=first_look,
-            facts=tuple(replied), intents=tuple(intents),
+            model_attempt=0, tool_step=row.tool_step + 1, waiting_for=intents_reason(intents),
+            wake_in=first_look, facts=tuple(replied), intents=tuple(intents),
         )  # fmt: skip
     if calls:
-        return move(row, S.RUNNING, [P.DISPATCH_TOOLS], model_calls=model_calls, facts=tuple(replied))
+        return move(
+            row, S.RUNNING, [P.DISPATCH_TOOLS], model_calls=model_calls, model_attempt=0, facts=tuple(replied)
+        )
     replied.append(facts.completed())
     return move(
-        row, S.COMPLETED, [P.FINALIZE, P.DONE], release=True, model_calls=model_calls,
+        row, S.COMPLETED, [P.FINALIZE, P.DONE], release=True, model_calls=model_calls, model_attempt=0,
         result={"text": message.get("text")}, facts=tuple(replied),
     )  # fmt: skip
 
@@ -200,11 +204,19 @@ def finalize(row: TurnRow, last_message: dict[str, Any]) -> Move:
     )  # fmt: skip
 
 
-def retry(row: TurnRow, *, retries: int, delay: float, error: str) -> Move:
+def retry(row: TurnRow, *, retries: int, delay: float, error: str, asked: bool = False) -> Move:
     """A run met a passing fault: the turn is due again after ``delay`` seconds (persisted
-    backoff), its lease given up."""
-    noted = (facts.retry_scheduled(retries, delay, error),)
-    return move(row, S.RUNNING, [], release=True, retries=retries, wake_in=delay, facts=noted)
+    backoff), its lease given up. ``asked``: the fault ended a model call that had begun (whose
+    previews may have been shown): that attempt is superseded, and the next one counts on."""
+    noted = [facts.retry_scheduled(retries, delay, error)]
+    if not asked:
+        return move(row, S.RUNNING, [], release=True, retries=retries, wake_in=delay, facts=tuple(noted))
+    mid, attempt = next_message(row.id, row.model_calls, row.model_attempt)
+    noted.append(facts.superseded(mid, attempt, f"the model call failed and is asked again: {error}"))
+    return move(
+        row, S.RUNNING, [], release=True, retries=retries, wake_in=delay, model_attempt=attempt,
+        facts=tuple(noted),
+    )  # fmt: skip
 
 
 def hand_back(row: TurnRow) -> Move:

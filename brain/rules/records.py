@@ -53,6 +53,7 @@ class TurnRow:
     crash_at: str | None = None
     pending: int = 0  # controls received and not decided yet: applied at the next boundary
     cancel_requested: bool = False  # cancelling: it ends once its executions are settled
+    model_attempt: int = 0  # attempts of its next model call that ended without a reply
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> TurnRow:
@@ -79,6 +80,7 @@ class TurnRow:
             crash_at=rec["crash_at"],
             pending=rec["pending"],
             cancel_requested=bool(rec["cancel_requested"]),
+            model_attempt=rec["model_attempt"],
         )
 
     @property
@@ -147,6 +149,7 @@ class Move:
     model_calls: int | None = None  # None: as before
     tool_step: int | None = None
     retries: int | None = None
+    model_attempt: int | None = None
     wake_in: float | None = None
     result: Any = None
     error: Any = None

@@ -75,7 +75,8 @@ def _reply(f: Mapping[str, Any]) -> str:
     used = usage_words(f.get("usage"))
     said = f": {_short(message['text'])!r}" if message.get("text") else ""
     asks = f"; it asks for {', '.join(calls)}" if calls else ""
-    return f"the model replied{took}" + (f" ({used})" if used else "") + said + asks
+    again = f" (attempt {f['attempt']})" if (f.get("attempt") or 1) > 1 else ""
+    return f"the model replied{again}{took}" + (f" ({used})" if used else "") + said + asks
 
 
 def _scheduled(schedule: Mapping[str, Any] | None) -> str:
@@ -148,6 +149,13 @@ def _batch_progress(f: Mapping[str, Any]) -> str:
     return f"batch {f.get('call_id')}: {', '.join(what) or 'progress'} ({counts})"
 
 
+def _snapped(f: Mapping[str, Any]) -> str:
+    """Where a fork's or a rewind's cut was snapped back to, and what it carries."""
+    moved = f.get("snapped_to") != f.get("at")
+    back = f" (snapped back to {f.get('snapped_to')}, where every tool call had its result)" if moved else ""
+    return f"{back}: {len(f.get('messages') or [])} message(s)"
+
+
 def said(fact: Mapping[str, Any]) -> str:
     """One fact of the journal as a sentence (without its final stop)."""
     kind = str(fact.get("kind", ""))
@@ -161,6 +169,9 @@ def said(fact: Mapping[str, Any]) -> str:
         return (
             f"run {fact.get('run')} began at phase {fact.get('phase')}, on {fact.get('owner') or 'a Brain'}"
         )
+    if kind == "message.superseded":
+        which = f"attempt {fact.get('attempt')} of message {fact.get('message_id')}"
+        return f"{which} was superseded: {fact.get('why')}"
     if kind == "turn.run_lost":
         why = "its Brain died" if fact.get("how") == "died" else "its Brain stopped"
         return f"run {fact.get('run')} was lost at phase {fact.get('phase')}: {why}; another run takes over"
@@ -200,5 +211,7 @@ def said(fact: Mapping[str, Any]) -> str:
             f"a cancel was asked of child turn {f.get('child_turn')} (control #{f.get('control_id')}): "
             f"{f.get('reason')}"
         ),
+        "thread.forked": lambda f: f"forked from thread {f.get('from')} at {f.get('at')}{_snapped(f)}",
+        "thread.rewound": lambda f: f"set back to {f.get('at')}{_snapped(f)}",
     }
     return simple[kind](fact) if kind in simple else kind.replace(".", " ").replace("_", " ")

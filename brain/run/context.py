@@ -46,6 +46,9 @@ class BrainContext:
     # Turns whose runs are in progress in this process: the liveness keeper renews their leases,
     # so a phase longer than a lease (a slow model call) is not taken over while this Brain lives.
     active: set[str] = field(default_factory=set)
+    # Turns whose run here began a model call that has not committed its reply: a run that ends
+    # on a fault then supersedes that attempt (its previews may have been shown).
+    asked: set[str] = field(default_factory=set)
     # Set when this Brain stops: a run returns after its next commit, holding the turn's lease
     # until the retirement hands it back (no phase is cut in the middle unless the drain runs out).
     draining: bool = False

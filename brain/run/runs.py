@@ -22,11 +22,13 @@ from structlog.contextvars import bound_contextvars
 from brain.models.base import Message, ModelReply
 from brain.rules import moves
 from brain.rules.agents import AgentDefinition
+from brain.rules.messages import next_message
 from brain.rules.states import TERMINAL_TURN, TurnPhase, TurnStatus
 from brain.run.calls import build_intents, refused_row, sent
 from brain.run.claims import claim_turns
 from brain.run.context import BrainContext
 from brain.run.delegation import over_budget
+from brain.run.interrupts import interrupted
 from brain.store import TurnRow
 from infra.db import Connection, is_transient, patiently
 from infra.process.logging import get_logger
@@ -69,8 +71,7 @@ class Scheduler:
     """Claims turns for this Brain's runs and drives each as a task, at most ``capacity`` at once.
 
     The capacity is a soft bound: a turn the update consumer claimed for this process is adopted
-    even when a claim of the loop filled the last slot meanwhile.
-    """
+    even when a claim of the loop filled the last slot meanwhile."""
 
     def __init__(self, ctx: BrainContext, capacity: int, wakeups: Wakeups, interval: float) -> None:
         self.ctx = ctx
@@ -126,8 +127,7 @@ class Scheduler:
 
         After a hint, or a claim that saw more claimable turns than it took, the claim is tried at
         once; otherwise (the periodic scan, the end of a run) a cheap look comes first: a claim
-        that finds nothing costs a transaction, the look one read.
-        """
+        that finds nothing costs a transaction, the look one read."""
         # Not a BackgroundLoop: what comes next depends on the round (claim again at once, look
         # first, or wait for a free slot) and on which of two wake-ups ended the wait.
         claim_now = False
@@ -206,7 +206,9 @@ async def drive(ctx: BrainContext, row: TurnRow) -> TurnRow | None:
     except StaleOwnerError as exc:
         log.warning("run_fenced_out", reason=str(exc))
     except Exception as exc:  # noqa: BLE001 - every failure ends this run somehow
-        await end_run_after(ctx, current, exc)
+        await end_run_after(ctx, current, exc, asked=current.id in ctx.asked)
+    finally:
+        ctx.asked.discard(row.id)  # what a new run of the turn asks is its own attempt
     return None
 
 
@@ -260,9 +262,10 @@ async def model_request(ctx: BrainContext, row: TurnRow) -> TurnRow:
             log.warning("intents_not_built", error=exc.message)  # the dispatch phase meets it again
     move = moves.reply(row, message, reply.usage, call=call, intents=intents, first_look=ctx.first_look)
     moved = await ctx.move(move)
+    ctx.asked.discard(row.id)
     refused = {i.execution_id: refused_row(i) for i in intents or () if not i.sends}
     ctx.history.committed(row, moved.row, moved.seq, move.facts, refused)
-    if intents:
+    if intents and not await interrupted(ctx, moved.row):
         sent(ctx, intents)
     return moved.row
 
@@ -276,14 +279,16 @@ async def _ask(
     ctx.killpoints.hit("brain.before_model_call", str(row.model_calls + 1))
     started = time.perf_counter()
     attributes: dict[str, str | int] = {"tendon.turn_id": row.id, "tendon.model_call": row.model_calls + 1}
+    mid, attempt = next_message(row.id, row.model_calls, row.model_attempt)
     with ctx.tracing.span("model call", attributes, turn=row.id) as span:
+        ctx.asked.add(row.id)
         try:
             reply = await model.complete(
                 instructions=agent.instructions,
                 history=history,
                 turn_id=row.id,
                 tools=list(bindings.values()),
-                on_delta=ctx.previews.sink(row.session_id, row.id),
+                on_delta=ctx.previews.sink(row.session_id, row.id, mid, attempt),
             )
         except Exception:
             ctx.metrics.model_failed.observe(time.perf_counter() - started)
@@ -318,22 +323,18 @@ async def dispatch(ctx: BrainContext, row: TurnRow) -> TurnRow:
     last = next(m for m in reversed(history) if m.role == "assistant" and m.turn_id == row.id)
     bindings = thread["bindings"] or {}
     intents = await build_intents(
-        ctx,
-        row,
-        bindings,
-        last.content["tool_calls"],
-        detailed=agent.journal == "detailed",
-        approvals=agent.approvals,
-        trace=ctx.tracing.turn_parent(row.id),
-    )
+        ctx, row, bindings, last.content["tool_calls"], detailed=agent.journal == "detailed",
+        approvals=agent.approvals, trace=ctx.tracing.turn_parent(row.id),
+    )  # fmt: skip
     move = moves.dispatch(row, intents, first_look=ctx.first_look)
     moved = await ctx.move(move)
     ctx.history.committed(row, moved.row, moved.seq, move.facts)
-    sent(ctx, intents)
+    if not await interrupted(ctx, moved.row):
+        sent(ctx, intents)
     return moved.row
 
 
-async def end_run_after(ctx: BrainContext, row: TurnRow, exc: Exception) -> None:
+async def end_run_after(ctx: BrainContext, row: TurnRow, exc: Exception, *, asked: bool = False) -> None:
     """Retry a passing fault later (persisted backoff); fail the turn for anything else.
 
     A failed model call (or another retryable error) spends the turn's retry budget, which nothing
@@ -341,8 +342,8 @@ async def end_run_after(ctx: BrainContext, row: TurnRow, exc: Exception) -> None
     (the database or the broker away) spends nothing: that is weather (invariant 14), and the run
     is just tried again a moment later. Either is one commit, which waits out a database that is
     away (while this run holds the lease, nobody else would take the turn anyway); if it never
-    comes back within the lease, the lease runs out and another run takes over.
-    """
+    comes back within the lease, the lease runs out and another run takes over. ``asked``: the
+    fault ended a model call that had begun, whose attempt the retry supersedes."""
     if is_transient(exc) or (isinstance(exc, TendonError) and exc.retryable):
         log.warning("run_interrupted", error=repr(exc))
         if is_transient(exc):
@@ -359,7 +360,7 @@ async def end_run_after(ctx: BrainContext, row: TurnRow, exc: Exception) -> None
                 await fail(ctx, row, spent.as_dict())
                 return
             delay = agent.retry.delay(retries, getattr(exc, "retry_after", None))
-        move = moves.retry(row, retries=retries, delay=delay, error=describe(exc))
+        move = moves.retry(row, retries=retries, delay=delay, error=describe(exc), asked=asked)
         try:
             await patiently(
                 lambda: ctx.move(move),

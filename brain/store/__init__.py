@@ -25,6 +25,7 @@ field              part (PostgreSQL's)        what it owns
 ``metadata``       ``Metadata``               sessions' and threads' metadata (string pairs)
 ``gauges``         ``GaugeRows``              what the metrics count when scraped
 ``retention``      ``RetentionRows``          what retention prunes (the journal of closed sessions)
+``forks``          ``Forks``                  forks of threads (their lineage) and rewinds
 =================  =========================  ====================================================
 
 Each part is the portable statements in ``<part>.py`` (what the embedded mode runs on SQLite), and
@@ -67,6 +68,7 @@ from brain.store.events_pg import PgEvents
 from brain.store.executions import Executions
 from brain.store.executions_pg import PgExecutions
 from brain.store.failures import Failures
+from brain.store.forks import Forks
 from brain.store.gauges import GaugeRows, Gauges
 from brain.store.inputs import Inputs
 from brain.store.journal import Journal
@@ -143,6 +145,7 @@ class BrainStore(StoreBase, ParkedRows):
     metadata: Metadata
     gauges: GaugeRows
     retention: RetentionRows
+    forks: Forks
 
     def __init__(self, pool: Pool) -> None:
         super().__init__(pool)
@@ -166,6 +169,7 @@ class BrainStore(StoreBase, ParkedRows):
         self.metadata = Metadata(self)
         self.gauges = GaugeRows(self)
         self.retention = RetentionRows(self)
+        self.forks = Forks(self)
 
 
 class PostgresBrainStore(BrainStore):

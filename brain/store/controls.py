@@ -179,6 +179,33 @@ class Controls(Part):
             await conn.execute("DELETE FROM held_events WHERE execution_id = $1", e["id"])
         return controls, said
 
+    async def interrupt_at_boundary(
+        self, conn: Connection, row: TurnRow, topology: Topology
+    ) -> list[Control] | None:
+        """A run committed a reply whose calls it has not sent (``row``: the turn as that commit left
+        it), and a new message's interrupt came during its model call (``brain.rules.controls.
+        at_boundary``): the turn ends here, the reply kept, its calls settled as never sent (a
+        tombstone to their routes) and closed with that outcome. Returns the cancels to send; None
+        when there is no such interrupt, or the turn moved on since."""
+        turn = await self.store.turns.lock_turn(conn, row.namespace, row.id)
+        cancels = [
+            c for c in await self.controls_of(conn, row.id, received_only=True) if c["kind"] == "cancel"
+        ]
+        if turn is None or turn.revision != row.revision or not cancels:
+            return None
+        why = cancels[0]["reason"]
+        controls, said = await self.settle_not_accepted(conn, turn, topology, why)
+        said += await self.cancel_now(conn, turn, why)
+        await self.decide_controls(conn, [c["id"] for c in cancels], "applied", why)
+        said += [facts.control(c["id"], "cancel", "applied", why) for c in cancels]
+        said += await self.reject_received(conn, turn.id, "the turn was cancelled")
+        said.append(facts.cancelled_turn())
+        await self.store.journal.append(
+            conn, turn.session_id, turn.id, said, thread_id=turn.thread_id, status="cancelled",
+            phase=str(turn.phase),
+        )  # fmt: skip
+        return controls
+
     async def begin_cancel(
         self, conn: Connection, turn: TurnRow, accepted: Sequence[Any], topology: Topology, reason: str
     ) -> list[Control]:

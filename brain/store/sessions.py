@@ -57,11 +57,12 @@ class Sessions(Part):
         return list(
             await conn.fetch(
                 f"""SELECT th.id, th.name, th.agent_name, th.agent_version, th.created_at, th.closed_at,
-                           count(t.id) AS turns,
+                           th.forked_from, th.forked_at, count(t.id) AS turns,
                            count(t.id) FILTER (WHERE t.status NOT IN {TERMINAL_SQL}) AS unfinished
                       FROM threads th LEFT JOIN turns t ON t.thread_id = th.id
                      WHERE th.session_id = $1
-                     GROUP BY th.id, th.name, th.agent_name, th.agent_version, th.created_at, th.closed_at
+                     GROUP BY th.id, th.name, th.agent_name, th.agent_version, th.created_at, th.closed_at,
+                              th.forked_from, th.forked_at
                      ORDER BY th.created_at, th.id""",
                 session_id,
             )

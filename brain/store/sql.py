@@ -105,7 +105,7 @@ def owner_not_dead(owner: str) -> str:
 TURN_COLUMNS = (
     "id, namespace, session_id, thread_id, request_id, status, phase, revision, lease_owner, lease_epoch,"
     " waiting_for, model_calls, tool_step, retries, runs, result, error, created_at, crashes, crash_at,"
-    " pending, cancel_requested"
+    " pending, cancel_requested, model_attempt"
 )
 # What a turn's description shows of each of its executions (and its conversation's tool messages).
 VIEW_EXECUTION_COLUMNS = (

@@ -11,6 +11,7 @@ from collections.abc import Collection, Sequence
 from typing import Any, NoReturn
 
 from brain.rules import facts
+from brain.rules.messages import superseded_by_loss
 from brain.rules.records import Claimed, Move, Moved, TurnRow
 from brain.rules.states import TurnPhase, TurnStatus, phase_transition, turn_transition
 from brain.store.part import Part
@@ -47,9 +48,10 @@ CRASH_AT = "phase || '#' || model_calls || '#' || tool_step"
 _RELEASE = f"""UPDATE turns SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
                       crashes = CASE WHEN NOT $2 THEN crashes
                                      WHEN crash_at = {CRASH_AT} THEN crashes + 1 ELSE 1 END,
-                      crash_at = CASE WHEN $2 THEN {CRASH_AT} ELSE crash_at END
+                      crash_at = CASE WHEN $2 THEN {CRASH_AT} ELSE crash_at END,
+                      model_attempt = model_attempt + CASE WHEN phase = 'model_request' THEN 1 ELSE 0 END
                 WHERE lease_owner = $1 AND status NOT IN {TERMINAL_SQL}
-            RETURNING id, session_id, thread_id, status, phase, lease_epoch"""
+            RETURNING id, session_id, thread_id, status, phase, lease_epoch, model_calls, model_attempt"""
 
 # Waiting turns with a command a dead (or retired) Brain committed but may never have published:
 # the repair scan looks at them now, not when their stall time comes (it sends such a command at
@@ -70,7 +72,7 @@ MOVE_SET = """status = $7, phase = $8, waiting_for = $9, model_calls = $10, tool
               lease_owner = CASE WHEN $15 THEN NULL ELSE lease_owner END,
               lease_expires_at = CASE WHEN $15 THEN NULL ELSE ts_add(now(), $16) END,
               wake_at = CASE WHEN $17 IS NULL THEN wake_at ELSE ts_add(now(), $17) END,
-              revision = revision + 1, updated_at = now()"""
+              model_attempt = $18, revision = revision + 1, updated_at = now()"""
 MOVE_GUARD = """id = $1 AND lease_owner = $2 AND lease_epoch = $3 AND status = $4 AND phase = $5
                 AND revision = $6"""
 
@@ -83,7 +85,7 @@ def move_values(move: Move, lease_seconds: float) -> list[Any]:
         b.id, b.lease_owner, b.lease_epoch, b.status, b.phase, b.revision,
         move.status, move.phase, move.waiting_for, move.value("model_calls"), move.value("tool_step"),
         move.value("retries"), move.value("result"), move.value("error"),
-        move.release, float(lease_seconds), move.wake_in,
+        move.release, float(lease_seconds), move.wake_in, move.value("model_attempt"),
     ]  # fmt: skip
 
 
@@ -137,9 +139,11 @@ class Turns(Part):
         for owner in owners:
             rows = await conn.fetch(_RELEASE, owner, died)
             for r in rows:
-                lost = facts.run_lost(r["lease_epoch"], r["phase"], died=died)
+                lost = [facts.run_lost(r["lease_epoch"], r["phase"], died=died)]
+                if r["phase"] == TurnPhase.MODEL_REQUEST:  # the model call it was making is void
+                    lost.append(superseded_by_loss(r["id"], r["model_calls"], r["model_attempt"], died=died))
                 await self.store.journal.append(
-                    conn, r["session_id"], r["id"], [lost], thread_id=r["thread_id"], status=r["status"],
+                    conn, r["session_id"], r["id"], lost, thread_id=r["thread_id"], status=r["status"],
                     phase=r["phase"],
                 )  # fmt: skip
             released += len(rows)

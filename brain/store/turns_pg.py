@@ -31,6 +31,7 @@ _MOVE = [
     ("from_revision", "int"), ("status", "text"), ("phase", "text"), ("waiting_for", "text"),
     ("model_calls", "int"), ("tool_step", "int"), ("retries", "int"), ("result", "jsonb"), ("error", "jsonb"),
     ("release", "bool"), ("wake_in", "float8"), ("facts", "jsonb"), ("bindings", "jsonb"),
+    ("model_attempt", "int"),
 ]  # fmt: skip
 
 # Many moves at once, each whole or not at all: the guarded turn updates, then only for the
@@ -44,6 +45,7 @@ moved AS (
     UPDATE turns t
        SET status = m.status, phase = m.phase, waiting_for = m.waiting_for, model_calls = m.model_calls,
            tool_step = m.tool_step, retries = m.retries, result = m.result, error = m.error,
+           model_attempt = m.model_attempt,
            lease_owner = CASE WHEN m.release THEN NULL ELSE t.lease_owner END,
            lease_expires_at = CASE WHEN m.release THEN NULL ELSE ts_add(now(), $1) END,
            wake_at = CASE WHEN m.wake_in IS NULL THEN t.wake_at ELSE ts_add(now(), m.wake_in) END,
@@ -72,11 +74,11 @@ _INTENT = """intent AS (
                             request_digest, status, command_message_id, command, created_by, journal_detail,
                             error, how, wait_key, wait_until)
     SELECT i.id, i.turn_id, i.tool_step, i.call_id, i.route, i.tool, i.binding_digest, i.replay_policy,
-           i.request_digest, i.status, i.message_id, i.command, $20, i.detail, i.error, i.how, i.wait_key,
+           i.request_digest, i.status, i.message_id, i.command, $21, i.detail, i.error, i.how, i.wait_key,
            ts_add(now(), i.wait_seconds)
-      FROM unnest($21::text[], $22::text[], $23::int[], $24::text[], $25::text[], $26::text[], $27::text[],
-                  $28::text[], $29::text[], $30::text[], $31::bytea[], $32::bool[], $33::text[], $34::jsonb[],
-                  $35::text[], $36::text[], $37::float8[])
+      FROM unnest($22::text[], $23::text[], $24::int[], $25::text[], $26::text[], $27::text[], $28::text[],
+                  $29::text[], $30::text[], $31::text[], $32::bytea[], $33::bool[], $34::text[], $35::jsonb[],
+                  $36::text[], $37::text[], $38::float8[])
            AS i(turn_id, id, tool_step, call_id, route, tool, binding_digest, replay_policy, request_digest,
                 message_id, command, detail, status, error, how, wait_key, wait_seconds)
       JOIN moved ON moved.id = i.turn_id),"""
@@ -115,7 +117,7 @@ class PgTurns(Turns):
                 b.id, b.lease_owner, b.lease_epoch, b.status, b.phase, b.revision, m.status, m.phase,
                 m.waiting_for, m.value("model_calls"), m.value("tool_step"), m.value("retries"),
                 as_json(m.value("result")), as_json(m.value("error")), m.release, m.wake_in,
-                as_json(list(m.facts) or None), as_json(m.freeze),
+                as_json(list(m.facts) or None), as_json(m.freeze), m.value("model_attempt"),
             ]  # fmt: skip
             for col, value in zip(cols, values, strict=True):
                 col.append(value)

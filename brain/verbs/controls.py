@@ -36,7 +36,7 @@ from datetime import datetime
 from typing import Any
 
 from brain.rules import facts, waits
-from brain.rules.controls import INPUTS, Kind, Outcome, TurnView, decide
+from brain.rules.controls import INPUTS, Kind, Outcome, TurnView, at_boundary, decide
 from brain.rules.names import MAX_ID, MAX_REQUEST_ID, check_id
 from brain.rules.states import ACCEPTED_EXECUTION, TERMINAL_TURN, TurnStatus
 from brain.store import BrainStore, Control, TurnRow
@@ -185,18 +185,19 @@ async def record(
     )
     outcome, reason = decide(kind, view, body)
     reason = reason or why
+    later = at_boundary(kind, view, body)  # an interrupt that lets the model call in flight finish
     row = await store.controls.record_control(
         conn, turn.id, request_id, str(kind), input_digest, body, str(outcome), reason
     )
     said = [facts.control(row["id"], str(kind), str(outcome), reason)]
-    if kind is Kind.CANCEL and outcome is not Outcome.REJECT and not turn.cancel_requested:
+    if kind is Kind.CANCEL and outcome is not Outcome.REJECT and not turn.cancel_requested and not later:
         # What no Hands worker accepted is settled now, whatever the outcome: nothing waits for it.
         controls, settled = await store.controls.settle_not_accepted(conn, turn, topology, why)
         queued += controls
         said += settled
     if outcome is Outcome.DEFER:
         await store.controls.add_pending(conn, turn.id, 1)
-        if kind is Kind.CANCEL and not turn.cancel_requested:
+        if kind is Kind.CANCEL and not turn.cancel_requested and not later:
             # The cancels for the Hands are outbox rows: the Brains' control relays send them.
             told = why or "its turn was cancelled"
             queued += await store.controls.begin_cancel(conn, turn, accepted, topology, told)

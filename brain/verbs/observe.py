@@ -18,10 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from brain.rules.submits import session_key, shown_session, thread_name
+from brain.rules.messages import messages
+from brain.rules.submits import session_key, thread_name
 from brain.rules.submits import thread_id as thread_key
 from brain.store import BrainStore, Entry
-from brain.verbs.sessions import check_thread_name, shown_turn
+from brain.verbs.sessions import check_thread_name, shown_thread, shown_turn
 from infra.db import Connection
 from protocol import GoneError, NotFoundError, SchemaError
 
@@ -165,15 +166,19 @@ async def snapshot(
                 for e in await store.executions.turn_executions(conn, t["id"])
             ]
         threads = await store.sessions.threads_of(conn, scope.session_id)
+        entries = await store.journal.events(
+            conn, scope.session_id, after=0, limit=100_000, thread_id=scope.thread_id, turn_id=scope.turn_id
+        )
+        said = messages(entries)  # each turn's assistant messages, with their attempts
         return {
             "cursor": cursor,
             "session_id": session_id,
-            "threads": [
-                {**dict(t), "id": shown_session(namespace, t["id"])}
-                for t in threads
-                if scope.thread_id in (None, t["id"])
+            "threads": [shown_thread(namespace, t) for t in threads if scope.thread_id in (None, t["id"])],
+            "turns": [
+                shown_turn(namespace, t)
+                | {"executions": executions[t["id"]], "messages": said.get(t["id"], [])}
+                for t in turns
             ],
-            "turns": [{**shown_turn(namespace, t), "executions": executions[t["id"]]} for t in turns],
         }
 
     return await store.read_consistent(read)

@@ -135,8 +135,15 @@ async def threads(store: BrainStore, *, namespace: str, session_id: str) -> list
         return rows, await store.metadata.of(conn, THREAD, [r["id"] for r in rows])
 
     rows, described = await store.read(read_all)
-    return [{**dict(r), "id": shown_session(namespace, r["id"]), "metadata": described.get(r["id"], {})}
-            for r in rows]  # fmt: skip
+    return [shown_thread(namespace, r) | {"metadata": described.get(r["id"], {})} for r in rows]
+
+
+def shown_thread(namespace: str, row: Any) -> dict[str, Any]:
+    """A thread of a list (``Sessions.threads_of``) with its id, and the id of the thread it was
+    forked from (its lineage, with ``forked_at``), as its namespace gave them."""
+    parent = row["forked_from"]
+    return {**dict(row), "id": shown_session(namespace, row["id"]),
+            "forked_from": shown_session(namespace, parent) if parent else None}  # fmt: skip
 
 
 async def turns(

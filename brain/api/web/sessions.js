@@ -70,7 +70,8 @@ export async function showSession(main, session, params, go) {
     api(`/v1/sessions/${q(session)}/turns?limit=${PAGE}&after=${after}`),
   ]);
   threads.textContent = found.map((t) => `thread ${t.name}: agent ${t.agent_name} v${t.agent_version}, `
-    + `${t.turns} turn(s)${t.unfinished ? `, ${t.unfinished} unfinished` : ""}${t.closed_at ? ", closed" : ""}`)
+    + `${t.turns} turn(s)${t.unfinished ? `, ${t.unfinished} unfinished` : ""}${t.closed_at ? ", closed" : ""}`
+    + (t.forked_from ? `, forked from ${t.forked_from} at ${t.forked_at}` : ""))
     .join(" · ");
   for (const t of turns) {
     const open = () => go(`?session=${q(session)}&turn=${q(t.id)}`);

@@ -115,8 +115,13 @@ export class TurnPage {
         el("span", { class: "since" }, `+${seconds(new Date(entry.at).getTime() - start)}`),
         el("span", { class: "seq" }, `#${entry.seq}`), el("span", { class: "words" }, text)));
     }
-    if (entry.facts.some((f) => f.kind === "turn.model_replied")) {
-      document.querySelectorAll(".msg.preview").forEach((p) => p.remove());
+    // A committed reply replaces its previews; a superseded attempt's previews are void.
+    for (const f of entry.facts) {
+      if (f.kind === "turn.model_replied" || f.kind === "message.superseded") {
+        const only = f.kind === "message.superseded" ? `${f.message_id}#${f.attempt}` : null;
+        document.querySelectorAll(".msg.preview")
+          .forEach((p) => { if (only === null || p.dataset.attempt === only) p.remove(); });
+      }
     }
     this.refresh();
   }
@@ -124,7 +129,11 @@ export class TurnPage {
   preview(piece) {
     if (piece.turn_id !== this.turnId || !piece.text) return;
     const box = document.getElementById("messages");
-    const last = box.querySelector(".msg.preview") || box.appendChild(el("div", { class: "msg preview" }));
+    // One box per attempt of a message: a new attempt's text starts over, never runs on.
+    const attempt = `${piece.message_id}#${piece.attempt}`;
+    box.querySelectorAll(".msg.preview").forEach((p) => { if (p.dataset.attempt !== attempt) p.remove(); });
+    const last = box.querySelector(".msg.preview")
+      || box.appendChild(el("div", { class: "msg preview", dataset: { attempt } }));
     last.textContent += piece.text;
   }
 

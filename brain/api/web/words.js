@@ -61,8 +61,11 @@ export function say(fact, entry = {}) {
       const tokens = tokensOf(fact.usage);
       const said = m.text ? ` “${shortJson(m.text, 200)}”` : "";
       const asks = calls.length ? ` It asks for ${calls.join(", ")}.` : "";
-      return s(`The model replied${latency}${tokens ? ` (${tokens})` : ""}.${said}${asks}`);
+      const attempt = fact.attempt > 1 ? ` (attempt ${fact.attempt})` : "";
+      return s(`The model replied${attempt}${latency}${tokens ? ` (${tokens})` : ""}.${said}${asks}`);
     }
+    case "message.superseded":
+      return s(`Attempt ${fact.attempt} of message ${fact.message_id} was superseded: ${fact.why}.`, "warn");
     case "execution.intended":
       return s(`${call(fact)} was committed as execution ${fact.execution_id}, before anything was sent.`);
     case "execution.pending":
@@ -137,6 +140,12 @@ export function say(fact, entry = {}) {
       if (fact.ended) what.push(`it ${fact.ended}`);
       return s(`Batch ${fact.call_id}: ${what.join(", ") || "progress"} (${fact.done} done, ${fact.failed} failed, `
         + `${fact.in_flight} running, ${fact.waiting} waiting).`, fact.ended === "failed" ? "bad" : "");
+    }
+    case "thread.forked":
+    case "thread.rewound": {
+      const snapped = fact.snapped_to !== fact.at ? ` (snapped back to ${fact.snapped_to})` : "";
+      const from = k === "thread.forked" ? `Forked from thread ${fact.from}` : "Set back";
+      return s(`${from} at ${fact.at}${snapped}: ${(fact.messages || []).length} message(s).`);
     }
     default:
       return s(k.replace(/[._]/g, " "));
