@@ -20,6 +20,7 @@ field              part (PostgreSQL's)        what it owns
 ``waits``          ``Waits``                  built-in waits: those the clock answers, a signal's
 ``schedules``      ``Schedules``              schedules, and those due now
 ``metadata``       ``Metadata``               sessions' and threads' metadata (string pairs)
+``langgraph``      ``LangGraph``              the LangGraph API's assistants and runs
 ``gauges``         ``GaugeRows``              what the metrics count when scraped
 ``retention``      ``RetentionRows``          what retention prunes (the journal of closed sessions)
 =================  =========================  ====================================================
@@ -65,6 +66,7 @@ from brain.store.failures import Failures
 from brain.store.gauges import GaugeRows, Gauges
 from brain.store.journal import Journal
 from brain.store.journal_pg import PgJournal
+from brain.store.langgraph import LangGraph
 from brain.store.metadata import Metadata
 from brain.store.outbox import Outbox
 from brain.store.outbox_pg import PgOutbox
@@ -132,6 +134,7 @@ class BrainStore(StoreBase, ParkedRows):
     waits: Waits
     schedules: Schedules
     metadata: Metadata
+    langgraph: LangGraph
     gauges: GaugeRows
     retention: RetentionRows
 
@@ -152,6 +155,7 @@ class BrainStore(StoreBase, ParkedRows):
         self.waits = Waits(self)
         self.schedules = Schedules(self)
         self.metadata = Metadata(self)
+        self.langgraph = LangGraph(self)
         self.gauges = GaugeRows(self)
         self.retention = RetentionRows(self)
 
