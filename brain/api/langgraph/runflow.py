@@ -111,6 +111,8 @@ async def create(api: Api, namespace: str, thread_id: str | None, body: dict[str
     text, run_id = text_of(body.get("input")), str(uuid.uuid4())
     after = body.get("after_seconds")
     if after:
+        if api.edits is not None:  # as a development server's submit would version it
+            agent = agent.versioned_by_content()
         return await _delayed(api, namespace, thread_id, run_id, agent, text, float(after), kept)
     turn_id, _ = await verbs.submit(
         api.store, namespace=namespace, session_id=thread_id, request_id=run_id, user_input=text, agent=agent,

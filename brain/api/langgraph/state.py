@@ -63,7 +63,7 @@ async def read_thread(store: BrainStore, conn: Connection, namespace: str, key: 
         ended = {e.turn_id for e in entries for f in e.facts if f.get("kind") in ENDS}
         for turn_id in sorted({e.turn_id for e in entries if e.turn_id} - ended):
             rows = await store.executions.turn_executions(conn, turn_id)
-            pending += [r for r in rows if r["status"] == "pending"]
+            pending += [dict(r) for r in rows if r["status"] == "pending"]
     return Thread(key, row, metadata, counts, entries, executions, pending)
 
 
