@@ -102,8 +102,8 @@ class Ids:
 
     def of(self, name: str) -> str:
         known = {"session_id": SESSION, "turn_id": self.turn, "execution_id": "exec-none", "name": "app.js"}
-        langgraph = {"thread_id": SESSION, "run_id": "run-none", "assistant_id": "asst-none", "cron_id": "sch-none",
-                     "checkpoint_id": "1", "what": "graph"}  # fmt: skip
+        langgraph = {"thread_id": SESSION, "run_id": "run-none", "assistant_id": "asst-none",
+                     "cron_id": "sch-none", "checkpoint_id": "1", "what": "graph"}  # fmt: skip
         return {**known, **langgraph, "schedule_id": "sch-none", "action": "pause"}[name]
 
 

@@ -60,7 +60,9 @@ async def create(thread_id: str, request: Request, caller: CallerDep) -> dict[st
         raise SchemaError("a cron takes a schedule (a cron expression) and an assistant_id")
     await found(api.store, namespace, thread_id)
     agent, _ = await agent_of(api.store, namespace, body["assistant_id"])
-    if api.edits is not None:  # a development server's submits take versions from content: so do its schedules
+    if (
+        api.edits is not None
+    ):  # a development server's submits take versions from content: so do its schedules
         agent = agent.versioned_by_content()
     made = await schedules.create(
         api.store, namespace=namespace, request_id=f"lg-cron-{uuid.uuid4()}", session_id=thread_id,

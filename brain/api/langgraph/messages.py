@@ -20,7 +20,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from brain.models.base import Message
 from brain.rules.history import ThreadHistory
 from brain.rules.records import Entry
 
@@ -30,8 +29,9 @@ _MESSAGE_FACTS = {"turn.accepted", "turn.prepared", "turn.model_replied", "turn.
 ENDS = {"turn.completed": "success", "turn.failed": "error", "turn.cancelled": "interrupted"}
 
 
-def lc_message(message: Message, message_id: str) -> dict[str, Any]:
-    """One Tendon message as a LangChain message dict."""
+def lc_message(message: Any, message_id: str) -> dict[str, Any]:
+    """One Tendon message (``brain.models.base.Message``: its role and content) as a LangChain
+    message dict."""
     c = message.content
     if message.role == "assistant":
         calls = [
