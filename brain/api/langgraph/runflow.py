@@ -18,16 +18,13 @@ from brain.api.langgraph.assistants import agent_of
 from brain.api.langgraph.common import GRAPH_INTERNALS, NotSupported, refuse, thread_key, when
 from brain.api.langgraph.messages import MODES
 from brain.api.langgraph.threads import found, make
-from brain.rules import facts
-from brain.rules.controls import Kind
 from brain.rules.langgraph import answers, run_status
-from brain.rules.states import TERMINAL_TURN
 from brain.rules.submits import MAIN_THREAD, shown_session
 from brain.store import BrainStore
 from brain.verbs import controls
 from brain.verbs import schedules as schedule_verbs
 from infra.db import Connection
-from protocol import IllegalTransitionError, NotFoundError, SchemaError, digest
+from protocol import NotFoundError, SchemaError
 
 STRATEGIES = ("reject", "enqueue", "interrupt", "rollback")
 
@@ -252,58 +249,3 @@ async def shown(api: Api, runs: list[Run], *, hide_rolled_back: bool = True) -> 
 def _after(at: Any, than: Any, run_id: str, other: str) -> bool:
     a, b = (datetime.fromisoformat(x) if isinstance(x, str) else x for x in (at, than))
     return bool((a, run_id) > (b, other))
-
-
-async def cancel(api: Api, namespace: str, run: Run, action: str) -> None:
-    """Cancel a run's turn (an explicit cancel: invariant 13); ``rollback`` also takes its messages
-    out of the thread's conversation, as a rollback by a new message does."""
-    if action not in ("interrupt", "rollback"):
-        raise SchemaError("a cancel's action is interrupt or rollback")
-    if run.turn_id is None:
-        if run.schedule_id is not None:
-            await schedule_verbs.change(
-                api.store, namespace=namespace, schedule_id=run.schedule_id, action="delete"
-            )
-            return
-        raise NotFoundError(f"run {run.run_id} has no turn to cancel")
-    if action == "interrupt":
-        await controls.control(
-            api.store, namespace=namespace, turn_id=run.turn_id, request_id=f"lg-cancel:{run.run_id}",
-            kind=Kind.CANCEL, topology=api.topology, wake_channel=api.wake_channel, ended=api.ended,
-            send=api.controls,
-        )  # fmt: skip
-        return
-    await _rollback(api, namespace, run)
-
-
-async def _rollback(api: Api, namespace: str, run: Run) -> None:
-    """A cancel that also journals ``turn.rolled_back`` on the turn, in the cancel's commit."""
-    assert run.turn_id is not None
-    store, turn_id, request_id = api.store, run.turn_id, f"lg-rollback:{run.run_id}"
-    body = {"strategy": "rollback", "by": f"run {run.run_id}"}
-    input_digest = digest({"kind": "cancel", **body})
-    queued: list[Any] = []
-    ended: list[Any] = []
-
-    async def work(conn: Connection) -> None:
-        queued.clear()
-        ended.clear()
-        turn, earlier = await controls.locked_turn(store, conn, namespace, turn_id, request_id, input_digest)
-        if earlier is not None:
-            return
-        if turn.status in TERMINAL_TURN:
-            raise IllegalTransitionError(
-                f"run {run.run_id} ended already ({turn.status}): nothing to roll back"
-            )
-        receipt = await controls.record(
-            store, conn, turn, Kind.CANCEL, body, request_id, input_digest, api.topology, api.wake_channel,
-            queued, why=f"rolled back by a cancel of run {run.run_id}", note=[facts.rolled_back(run.run_id)],
-        )  # fmt: skip
-        if receipt.status == "applied":
-            ended.append(turn)
-
-    await store.transact(work)
-    for turn in ended:
-        api.ended(turn.id, "cancelled", turn.created_at)
-    if queued and api.controls is not None:
-        api.controls(list(queued))

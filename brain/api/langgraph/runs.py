@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
 from brain.api.guard import CheckedRoute
-from brain.api.langgraph import runflow, runstream
+from brain.api.langgraph import cancels, runflow, runstream
 from brain.api.langgraph.common import CallerDep, NotSupported, api_of, body_of, thread_key
 from brain.api.langgraph.threads import found
 from protocol import NotFoundError, SchemaError
@@ -145,7 +145,7 @@ async def cancel(thread_id: str, run_id: str, request: Request, caller: CallerDe
     thread); with ``wait=1``, answered once it ended."""
     api, namespace = api_of(request), caller.tenant()
     run = await runflow.get(api, namespace, thread_id, run_id)
-    await runflow.cancel(api, namespace, run, request.query_params.get("action", "interrupt"))
+    await cancels.cancel(api, namespace, run, request.query_params.get("action", "interrupt"))
     if request.query_params.get("wait") in ("1", "true", "True"):
         await runstream.join(api, namespace, run)
         return Response(status_code=204)
@@ -166,7 +166,7 @@ async def cancel_many(request: Request, caller: CallerDep) -> Response:
         )
         ids = [v["run_id"] for v in views if v["status"] in ("pending", "running")]
     for run_id in ids:
-        await runflow.cancel(
+        await cancels.cancel(
             api, namespace, await runflow.get(api, namespace, thread_id, str(run_id)), action
         )
     return Response(status_code=204)

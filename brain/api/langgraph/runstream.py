@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import Request
 
 from brain.api.app import Api
-from brain.api.langgraph import runflow
+from brain.api.langgraph import cancels, runflow
 from brain.api.langgraph.messages import ENDS, Conversation, Parts, call_args, interrupts
 from brain.api.langgraph.threads import found
 from brain.rules.history import needed_executions
@@ -101,7 +101,7 @@ async def follow(
                     await wake_or_timeout(ended, api.poll)
     finally:
         if not done and cancel_on_disconnect:
-            task = asyncio.create_task(runflow.cancel(api, namespace, run, "interrupt"))
+            task = asyncio.create_task(cancels.cancel(api, namespace, run, "interrupt"))
             _CANCELS.add(task)
             task.add_done_callback(_CANCELS.discard)
 
@@ -118,7 +118,7 @@ async def join(api: Api, namespace: str, run: runflow.Run, request: Request | No
             and run.body.get("on_disconnect") == "cancel"
             and await request.is_disconnected()
         ):
-            await runflow.cancel(api, namespace, run, "interrupt")
+            await cancels.cancel(api, namespace, run, "interrupt")
             continue
         if run.turn_id is None:
             await asyncio.sleep(api.wait_poll)
