@@ -23,6 +23,7 @@ from langgraph_sdk.errors import ConflictError, NotFoundError, UnprocessableEnti
 from brain.api import hash_token
 from infra.process.settings import Settings
 from local.testing import LocalTendon, local_tendon
+from tests.support import wait_for
 
 HI = {"messages": [{"role": "user", "content": "greet Ada"}]}
 GREET = {"tool_calls": [{"tool": "greet", "args": {"name": "Ada"}}]}
@@ -305,3 +306,60 @@ async def test_bearer_tokens_and_namespaces_keep_langgraph_clients_apart(tmp_pat
         for stranger in (client(running, None), client(running, "tok-nobody")):
             with pytest.raises(AuthenticationError):
                 await stranger.threads.search()
+
+
+async def test_run_options_stateless_if_not_exists_after_seconds_on_disconnect_and_other_modes(
+    tendon: LocalTendon, tmp_path: Path
+) -> None:
+    lg = client(tendon)
+    quick = {"tools": ["greet"], "model": {"kind": "scripted", "script": [GREET, {"content": "done"}]}}
+    assistant = (await lg.assistants.create(graph_id="quick", context={"agent": quick}))["assistant_id"]
+    # A stateless run makes its thread; a run on a thread that is not there makes it when asked to
+    said = await lg.runs.wait(None, assistant, input=HI)
+    assert types(said) == ["human", "ai", "tool", "ai"]
+    with pytest.raises(NotFoundError):
+        await lg.runs.create("t-new", assistant, input=HI)
+    made = await lg.runs.create("t-new", assistant, input=HI, if_not_exists="create")
+    # Its stream is read again in other modes: events and Tendon's own facts as custom parts
+    again = await parts(lg.runs.join_stream("t-new", made["run_id"], stream_mode=["events", "custom"]))
+    events = [d["event"] for e, _, d in again if e == "events"]
+    assert events == ["on_chat_model_end", "on_tool_end", "on_chat_model_end", "on_chain_end"]
+    facts = [d["tendon"]["kind"] for e, _, d in again if e == "custom"]
+    assert {"execution.intended", "execution.succeeded", "turn.completed"} <= set(facts)
+    # A run after_seconds is pending until its schedule fires, then runs
+    later = await lg.runs.create("t-new", assistant, input=HI, after_seconds=1)
+    assert later["status"] == "pending"
+    assert types(await lg.runs.join("t-new", later["run_id"]))[-4:] == ["human", "ai", "tool", "ai"]
+    assert (await lg.runs.get("t-new", later["run_id"]))["status"] == "success"
+    # A stream asked to cancel its run on disconnect does, once the client goes away
+    gate = tmp_path / "go"
+    held = {"model": {"kind": "scripted", "script": [{"gate": str(gate), "content": "late"}]}}
+    waiting = (await lg.assistants.create(graph_id="held", context={"agent": held}))["assistant_id"]
+    thread = (await lg.threads.create())["thread_id"]
+    stream = lg.runs.stream(thread, waiting, input=HI, on_disconnect="cancel")
+    run_id = (await stream.__anext__()).data["run_id"]  # type: ignore[attr-defined]
+    assert (await lg.threads.get(thread))["status"] == "busy"
+    await stream.aclose()  # type: ignore[attr-defined]
+    async with httpx.AsyncClient(base_url=tendon.url) as http:
+        (turn,) = (await http.get(f"/v1/sessions/{thread}/turns")).json()
+
+        async def cancel_received() -> bool:
+            return bool((await http.get(f"/v1/turns/{turn['id']}/controls")).json())
+
+        await wait_for(cancel_received, timeout=10, what="the cancel of a stream that went away")
+    gate.touch()
+    await lg.runs.join(thread, run_id)
+    assert (await lg.runs.get(thread, run_id))["status"] == "interrupted"
+    # And without it (the default), going away changes nothing of the run (invariant 13)
+    gate2 = tmp_path / "go-2"
+    held2 = {"model": {"kind": "scripted", "script": [{"gate": str(gate2), "content": "late"}]}}
+    waiting2 = (await lg.assistants.create(graph_id="held2", context={"agent": held2}))["assistant_id"]
+    thread2 = (await lg.threads.create())["thread_id"]
+    kept = lg.runs.stream(thread2, waiting2, input=HI)
+    run_id = (await kept.__anext__()).data["run_id"]  # type: ignore[attr-defined]
+    await kept.aclose()  # type: ignore[attr-defined]
+    await asyncio.sleep(0.5)
+    assert (await lg.runs.get(thread2, run_id))["status"] == "running"
+    gate2.touch()
+    await lg.runs.join(thread2, run_id)
+    assert (await lg.runs.get(thread2, run_id))["status"] == "success"

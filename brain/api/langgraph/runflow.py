@@ -174,24 +174,30 @@ async def _delayed(
 
 async def get(api: Api, namespace: str, thread_id: str, run_id: str) -> Run:
     """A run of the thread (a delayed one learns its turn once its schedule fired)."""
-    store = api.store
-
-    key = thread_key(namespace, thread_id)
+    store, key = api.store, thread_key(namespace, thread_id)
 
     async def work(conn: Connection) -> Any:
         row = await store.langgraph.run(conn, namespace, run_id)
-        if row is None:
+        if row is not None:
+            row = await _fired(store, conn, namespace, row)
+        else:
             row = next((r for r in await turn_runs(store, conn, key) if r["id"] == run_id), None)
         if row is None or row["session_id"] != key:
             raise NotFoundError(f"thread {thread_id!r} has no run {run_id!r}")
-        if row["turn_id"] is None and row["schedule_id"] is not None:
-            schedule = await store.schedules.get(conn, namespace, row["schedule_id"])
-            if schedule is not None and schedule["last_turn_id"]:
-                await store.langgraph.set_turn(conn, run_id, schedule["last_turn_id"])
-                row = await store.langgraph.run(conn, namespace, run_id)
         return row
 
     return Run.of(namespace, await store.transact(work))
+
+
+async def _fired(store: BrainStore, conn: Connection, namespace: str, row: Any) -> Any:
+    """A delayed run's row with the turn its schedule submitted, once it fired."""
+    if row["turn_id"] is not None or row["schedule_id"] is None:
+        return row
+    schedule = await store.schedules.get(conn, namespace, row["schedule_id"])
+    if schedule is None or not schedule["last_turn_id"]:
+        return row
+    await store.langgraph.set_turn(conn, row["id"], schedule["last_turn_id"])
+    return await store.langgraph.run(conn, namespace, row["id"])
 
 
 async def turn_runs(store: BrainStore, conn: Connection, key: str) -> list[dict[str, Any]]:
@@ -209,11 +215,13 @@ async def turn_runs(store: BrainStore, conn: Connection, key: str) -> list[dict[
 
 async def runs_of(api: Api, namespace: str, key: str) -> list[Run]:
     """Every run of the thread, the newest first."""
+    store = api.store
 
     async def work(conn: Connection) -> list[Any]:
-        return [*await api.store.langgraph.runs_of(conn, key), *await turn_runs(api.store, conn, key)]
+        rows = [await _fired(store, conn, namespace, r) for r in await store.langgraph.runs_of(conn, key)]
+        return [*rows, *await turn_runs(store, conn, key)]
 
-    runs = [Run.of(namespace, r) for r in await api.store.read(work)]
+    runs = [Run.of(namespace, r) for r in await store.transact(work)]
     return sorted(runs, key=lambda r: (when(r.created_at) or "", r.run_id), reverse=True)
 
 
