@@ -130,11 +130,12 @@ class LangGraph(Part):
         return done is not None
 
     async def thread_state(self, conn: Connection, thread_id: str) -> Row | None:
-        """A main thread's session's time, its latest turn (its status), how many of its turns are
-        unfinished, and how many
-        of its calls wait for a person."""
+        """A main thread's session's time and its journal's latest, its latest turn (its status),
+        how many of its turns are unfinished, and how many of its calls wait for a person."""
         return await conn.fetchrow(
             f"""SELECT (SELECT s.created_at FROM sessions s WHERE s.id = $1) AS created_at,
+                       (SELECT j.created_at FROM journal j WHERE j.session_id = $1
+                         ORDER BY j.seq DESC LIMIT 1) AS updated_at,
                        (SELECT t.id FROM turns t WHERE t.thread_id = $1
                          ORDER BY t.seq DESC LIMIT 1) AS last_turn,
                        (SELECT t.status FROM turns t WHERE t.thread_id = $1

@@ -48,13 +48,18 @@ class Thread:
         return interrupts(self.pending, call_args(self.conversation().messages()))
 
 
-async def read_thread(store: BrainStore, conn: Connection, namespace: str, key: str) -> Thread | None:
-    """The thread (session) of that key, unless it is not there or was deleted (closed)."""
+async def read_thread(
+    store: BrainStore, conn: Connection, namespace: str, key: str, *, whole: bool = True
+) -> Thread | None:
+    """The thread (session) of that key, unless it is not there or was deleted (closed); without
+    ``whole``, only what a search filters by (its metadata and status), not its journal."""
     row = await store.sessions.session(conn, namespace, key)
     if row is None or row["closed_at"] is not None:
         return None
     metadata = (await store.metadata.of(conn, SESSION, [key])).get(key, {})
     counts = await store.langgraph.thread_state(conn, key)
+    if not whole:
+        return Thread(key, row, metadata, counts, [], {}, [])
     entries = await store.journal.entries(conn, key, after=0, limit=MAX_ENTRIES)
     needed = needed_executions(entries)
     executions = await store.executions.executions_by_id(conn, needed) if needed else {}
@@ -69,8 +74,8 @@ async def read_thread(store: BrainStore, conn: Connection, namespace: str, key: 
 
 def shown(namespace: str, t: Thread, *, values: bool = True) -> dict[str, Any]:
     """A thread as LangGraph's clients read it."""
-    updated = t.entries[-1].created_at if t.entries else t.counts["created_at"]
-    waiting = t.interrupts()
+    updated = t.counts["updated_at"] or t.counts["created_at"]
+    waiting = t.interrupts() if values else []
     return {
         "thread_id": shown_session(namespace, t.key),
         "created_at": when(t.counts["created_at"]),

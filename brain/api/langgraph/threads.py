@@ -118,10 +118,11 @@ async def _searched(request: Request, caller: Any) -> tuple[list[dict[str, Any]]
         keys = [k for k in keys if k in wanted]
 
     async def work(conn: Connection) -> list[states.Thread]:
-        read = [await states.read_thread(store, conn, namespace, k) for k in keys]
+        read = [await states.read_thread(store, conn, namespace, k, whole=False) for k in keys]
         return [t for t in read if t is not None]
 
-    threads = [states.shown(namespace, t) for t in await store.read(work)]
+    # What the filters need only (no journal): the page found is then read whole
+    threads = [states.shown(namespace, t, values=False) for t in await store.read(work)]
     threads = [t for t in threads if matches(t["metadata"], body.get("metadata"))]
     threads = [t for t in threads if body.get("status") in (None, t["status"])]
     return threads, body
@@ -132,7 +133,10 @@ async def search(request: Request, caller: CallerDep) -> list[dict[str, Any]]:
     threads, body = await _searched(request, caller)
     sort_by = body.get("sort_by") or "created_at"
     threads.sort(key=lambda t: str(t.get(sort_by)), reverse=body.get("sort_order", "desc") == "desc")
-    return page(threads, body)
+    store, namespace = api_of(request).store, caller.tenant()
+    return [
+        states.shown(namespace, await found(store, namespace, t["thread_id"])) for t in page(threads, body)
+    ]
 
 
 @router.post("/threads/count")
