@@ -259,26 +259,30 @@ async def test_a_cron_on_a_thread_is_a_schedule_whose_runs_the_thread_lists(tend
         )
 
 
-@pytest.mark.parametrize(
-    ("asked", "named"),
-    [
-        ({"interrupt_before": ["tools"]}, "interrupt_before"),
-        ({"interrupt_after": "*"}, "interrupt_after"),
-        ({"checkpoint_id": "1"}, "checkpoint_id"),
-        ({"webhook": "http://127.0.0.1:1/hook"}, "webhook"),
-        ({"stream_mode": "debug"}, "debug"),
-    ],
-)
-async def test_graph_internals_are_refused_naming_the_feature(
-    tendon: LocalTendon, asked: dict[str, Any], named: str
-) -> None:
+REFUSED: list[tuple[dict[str, Any], str]] = [
+    ({"interrupt_before": ["tools"]}, "interrupt_before"),
+    ({"interrupt_after": "*"}, "interrupt_after"),
+    ({"checkpoint_id": "1"}, "checkpoint_id"),
+    ({"webhook": "http://127.0.0.1:1/hook"}, "webhook"),
+    ({"stream_mode": "debug"}, "debug"),
+    ({"context": {"user": "ada"}}, "context"),
+    ({"config": {"configurable": {"model": "other"}}}, "configurable"),
+    ({"command": {"goto": "model"}}, "goto"),
+]
+
+
+async def test_graph_internals_are_refused_naming_the_feature(tendon: LocalTendon) -> None:
     lg = client(tendon)
     assistant = (await lg.assistants.create(graph_id="guarded", context={"agent": GUARDED}))["assistant_id"]
     thread = (await lg.threads.create())["thread_id"]
-    with pytest.raises(UnprocessableEntityError, match=named):
-        await lg.runs.create(thread, assistant, input=HI, **asked)
+    for asked, named in REFUSED:
+        with pytest.raises(UnprocessableEntityError, match=named) as refused:
+            await lg.runs.create(thread, assistant, input=HI, **asked)
+        assert refused.value.response.json()["error"]["code"] == "not_supported"
     with pytest.raises(UnprocessableEntityError, match="update_state"):
         await lg.threads.update_state(thread, {"messages": []}, as_node="model")
+    with pytest.raises(UnprocessableEntityError, match="copying a thread"):
+        await lg.threads.copy(thread)
     assert await lg.runs.list(thread) == []  # nothing was started
 
 

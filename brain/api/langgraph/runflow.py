@@ -27,6 +27,7 @@ from infra.db import Connection
 from protocol import NotFoundError, SchemaError
 
 STRATEGIES = ("reject", "enqueue", "interrupt", "rollback")
+SETTINGS = "a Tendon agent's settings are its definition: make an assistant version with them (context.agent)"
 
 
 @dataclass
@@ -81,7 +82,12 @@ def text_of(given: Any) -> str:
 
 async def create(api: Api, namespace: str, thread_id: str | None, body: dict[str, Any]) -> Run:
     """A run of ``body`` on the thread (a new one when ``thread_id`` is None); returns its row."""
-    refuse(body, GRAPH_INTERNALS)
+    refuse(body, {**GRAPH_INTERNALS, "context": SETTINGS})
+    configurable = (
+        (body.get("config") or {}).get("configurable") if isinstance(body.get("config"), dict) else None
+    )
+    if isinstance(configurable, dict) and set(configurable) - {"thread_id"}:
+        raise NotSupported(f"a run's `config.configurable`: {SETTINGS}")
     if body.get("on_completion") not in (None, "keep"):
         raise NotSupported("on_completion=delete: a thread is deleted by DELETE /threads/{id}")
     strategy = body.get("multitask_strategy") or "reject"
