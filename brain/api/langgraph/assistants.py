@@ -10,9 +10,20 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from pydantic import ValidationError
 
 from brain.api.guard import CheckedRoute
-from brain.api.langgraph.common import CallerDep, NotSupported, api_of, body_of, matches, page, when
+from brain.api.langgraph.bodies import AssistantBody, AssistantSearch, Latest, Page
+from brain.api.langgraph.common import (
+    CallerDep,
+    NotSupported,
+    api_of,
+    body_of,
+    documented,
+    matches,
+    page,
+    when,
+)
 from brain.rules.agents import AgentDefinition
 from brain.rules.names import MAX_SESSION_ID, check_id
 from brain.store import BrainStore
@@ -51,7 +62,12 @@ async def definition(
         raise SchemaError("context.agent must be an agent definition (an object)")
     if given.get("name", graph_id) != graph_id:
         raise SchemaError(f"context.agent is named {given.get('name')!r}, not the graph id {graph_id!r}")
-    agent = AgentDefinition.model_validate({"version": "1", **given, "name": graph_id})
+    try:
+        agent = AgentDefinition.model_validate({"version": "1", **given, "name": graph_id})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise SchemaError(f"context.agent.{where}: {first['msg']}") from None
     if "version" not in given:
         agent = agent.versioned_by_content()
     await store.langgraph.register_agent(conn, namespace, agent)
@@ -72,9 +88,9 @@ async def agent_of(store: BrainStore, namespace: str, assistant_id: str) -> tupl
     return await store.transact(work)
 
 
-@router.post("/assistants")
+@router.post("/assistants", openapi_extra=documented(AssistantBody))
 async def create(request: Request, caller: CallerDep) -> dict[str, Any]:
-    body = await body_of(request)
+    body = await body_of(request, AssistantBody)
     graph_id, store, namespace = body.get("graph_id"), api_of(request).store, caller.tenant()
     if not isinstance(graph_id, str) or not graph_id:
         raise SchemaError("an assistant needs a graph_id: the name of a Tendon agent")
@@ -106,7 +122,7 @@ async def get(assistant_id: str, request: Request, caller: CallerDep) -> dict[st
 @router.patch("/assistants/{assistant_id}")
 async def update(assistant_id: str, request: Request, caller: CallerDep) -> dict[str, Any]:
     """A new version, made of the one runs use now and what the request changes."""
-    body, store, namespace = await body_of(request), api_of(request).store, caller.tenant()
+    body, store, namespace = await body_of(request, AssistantBody), api_of(request).store, caller.tenant()
 
     async def work(conn: Connection) -> Any:
         row = await store.langgraph.assistant(conn, namespace, assistant_id)
@@ -140,7 +156,7 @@ async def delete(assistant_id: str, request: Request, caller: CallerDep) -> Resp
 
 
 async def _searched(request: Request, caller: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    body, store = await body_of(request), api_of(request).store
+    body, store = await body_of(request, AssistantSearch), api_of(request).store
     graph_id = body.get("graph_id")
     rows = await store.read(lambda conn: store.langgraph.assistants(conn, caller.tenant(), graph_id))
     found = [shown(r) for r in rows]
@@ -167,7 +183,7 @@ async def count(request: Request, caller: CallerDep) -> int:
 
 @router.post("/assistants/{assistant_id}/versions")
 async def versions(assistant_id: str, request: Request, caller: CallerDep) -> list[dict[str, Any]]:
-    body, store = await body_of(request), api_of(request).store
+    body, store = await body_of(request, Page), api_of(request).store
     rows = await store.read(lambda conn: store.langgraph.versions(conn, caller.tenant(), assistant_id))
     if not rows:
         raise NotFoundError(f"there is no assistant {assistant_id!r}")
@@ -178,10 +194,8 @@ async def versions(assistant_id: str, request: Request, caller: CallerDep) -> li
 @router.post("/assistants/{assistant_id}/latest")
 async def latest(assistant_id: str, request: Request, caller: CallerDep) -> dict[str, Any]:
     """Make one version the one runs use."""
-    body, store, namespace = await body_of(request), api_of(request).store, caller.tenant()
-    version = body.get("version")
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise SchemaError("set latest takes a version number")
+    body, store, namespace = await body_of(request, Latest), api_of(request).store, caller.tenant()
+    version = body["version"]
 
     async def work(conn: Connection) -> Any:
         if await store.langgraph.assistant(conn, namespace, assistant_id, version) is None:

@@ -7,13 +7,17 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from pydantic import BaseModel
 
 from brain.api.app import Api
 from brain.api.auth import Caller
+from brain.api.langgraph.bodies import Loose
+from brain.api.models import JSON, inlined, parsed
 from brain.rules.metadata import check_metadata
 from brain.rules.names import MAX_SESSION_ID, check_id
 from brain.rules.submits import session_key
 from protocol import SchemaError, loads
+from protocol.storable import unstorable
 
 
 class NotSupported(SchemaError):
@@ -39,15 +43,25 @@ def api_of(request: Request) -> Api:
     return request.app.state.api  # type: ignore[no-any-return]
 
 
-async def body_of(request: Request) -> dict[str, Any]:
-    """A request's JSON object (the one strict codec; an empty body is ``{}``)."""
+async def body_of(request: Request, model: type[BaseModel] = Loose) -> dict[str, Any]:
+    """A request's JSON object (the one strict codec; an empty body is ``{}``), checked by
+    ``model`` (a field of the wrong type is a 422 naming it): the fields it was given."""
     raw = await request.body()
-    if not raw.strip():
-        return {}
-    found = loads(raw)
+    kind = request.headers.get("content-type", JSON).partition(";")[0].strip().lower()
+    if raw.strip() and kind != JSON:
+        raise SchemaError(f"a body is JSON (Content-Type: {JSON}), not {kind[:60]!r}")
+    found = loads(raw) if raw.strip() else {}
     if not isinstance(found, dict):
         raise SchemaError("the body must be a JSON object")
-    return found
+    problem = unstorable(found)
+    if problem is not None:  # a NUL or a lone surrogate anywhere: no store keeps it
+        raise SchemaError(f"the body cannot be stored: its text {problem}")
+    return parsed(model, found).model_dump(exclude_unset=True)
+
+
+def documented(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI entry of a route that reads its own body (``body_of``), required there."""
+    return {"requestBody": {"required": True, "content": {JSON: {"schema": inlined(model)}}}}
 
 
 def refuse(body: dict[str, Any], fields: dict[str, str]) -> None:

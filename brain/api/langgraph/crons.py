@@ -13,12 +13,14 @@ from fastapi import APIRouter, Request, Response
 
 from brain.api.guard import CheckedRoute
 from brain.api.langgraph.assistants import agent_of
+from brain.api.langgraph.bodies import CronBody, CronSearch
 from brain.api.langgraph.common import (
     GRAPH_INTERNALS,
     CallerDep,
     NotSupported,
     api_of,
     body_of,
+    documented,
     matches,
     page,
     refuse,
@@ -50,9 +52,9 @@ def shown(s: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-@router.post("/threads/{thread_id}/runs/crons")
+@router.post("/threads/{thread_id}/runs/crons", openapi_extra=documented(CronBody))
 async def create(thread_id: str, request: Request, caller: CallerDep) -> dict[str, Any]:
-    body, api, namespace = await body_of(request), api_of(request), caller.tenant()
+    body, api, namespace = await body_of(request, CronBody), api_of(request), caller.tenant()
     refuse(body, _UNMAPPED)
     if body.get("timezone") not in (None, "UTC", "Etc/UTC"):
         raise NotSupported(f"timezone {body['timezone']!r}: Tendon's schedules run on UTC")
@@ -81,7 +83,7 @@ async def create_stateless(caller: CallerDep) -> None:
 @router.patch("/runs/crons/{cron_id}")
 async def update(cron_id: str, request: Request, caller: CallerDep) -> dict[str, Any]:
     """Enable or disable a cron (its other fields stay: delete it and make another)."""
-    body, api, namespace = await body_of(request), api_of(request), caller.tenant()
+    body, api, namespace = await body_of(request, CronBody), api_of(request), caller.tenant()
     others = sorted(k for k, v in body.items() if k != "enabled" and v is not None)
     if others:
         raise NotSupported(f"changing a cron's {', '.join(others)}: delete it and make another")
@@ -98,7 +100,7 @@ async def delete(cron_id: str, request: Request, caller: CallerDep) -> Response:
 
 
 async def _searched(request: Request, caller: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    body, api = await body_of(request), api_of(request)
+    body, api = await body_of(request, CronSearch), api_of(request)
     found_crons = [
         shown(s) for s in await schedules.listed(api.store, namespace=caller.tenant()) if s["cron"]
     ]

@@ -96,8 +96,8 @@ async def create(api: Api, namespace: str, thread_id: str | None, body: dict[str
     kept = {"assistant_id": body.get("assistant_id"), "metadata": body.get("metadata") or {},
             "multitask_strategy": strategy, "stream_mode": stream_modes(body.get("stream_mode")),
             "on_disconnect": body.get("on_disconnect") or "continue"}  # fmt: skip
-    if kept["on_disconnect"] not in ("cancel", "continue"):
-        raise SchemaError("on_disconnect is cancel or continue")
+    if not isinstance(kept["assistant_id"], str):
+        raise SchemaError("a run names its assistant_id (an assistant's id, or an agent's name)")
     if thread_id is None or body.get("if_not_exists") == "create":
         thread_id = thread_id or str(uuid.uuid4())
         await make(api.store, namespace, thread_id, {}, "do_nothing")
@@ -108,8 +108,6 @@ async def create(api: Api, namespace: str, thread_id: str | None, body: dict[str
     refuse(command, {"goto": "Tendon's agents have no nodes to go to", "update": "a run adds messages"})
     if "resume" in command:
         return await _resume(api, namespace, thread_id, thread, command["resume"], kept)
-    if not isinstance(kept["assistant_id"], str):
-        raise SchemaError("a run names its assistant_id (an assistant's id, or an agent's name)")
     agent, _ = await agent_of(api.store, namespace, kept["assistant_id"])
     text, run_id = text_of(body.get("input")), str(uuid.uuid4())
     after = body.get("after_seconds")

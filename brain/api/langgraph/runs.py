@@ -5,6 +5,7 @@ turn's journal (``runstream``)."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -12,7 +13,8 @@ from sse_starlette.sse import EventSourceResponse
 
 from brain.api.guard import CheckedRoute
 from brain.api.langgraph import cancels, runflow, runstream
-from brain.api.langgraph.common import CallerDep, NotSupported, api_of, body_of, thread_key
+from brain.api.langgraph.bodies import CancelMany, RunBody
+from brain.api.langgraph.common import CallerDep, NotSupported, api_of, body_of, documented, thread_key
 from brain.api.langgraph.threads import found
 from protocol import NotFoundError, SchemaError
 
@@ -22,7 +24,8 @@ STATUSES = ("pending", "running", "error", "success", "timeout", "interrupted")
 
 def _where(request: Request, run: runflow.Run) -> dict[str, str]:
     """The run's address (the SDK's ``on_run_created``) and its stream's (where it reconnects)."""
-    base = f"{str(request.base_url).rstrip('/')}/langgraph/threads/{run.thread_id}/runs/{run.run_id}"
+    ids = quote(run.thread_id, safe=""), quote(run.run_id, safe="")  # a header holds Latin-1 only
+    base = f"{str(request.base_url).rstrip('/')}/langgraph/threads/{ids[0]}/runs/{ids[1]}"
     return {"Content-Location": base, "Location": f"{base}/stream"}
 
 
@@ -32,7 +35,7 @@ async def _view(request: Request, run: runflow.Run) -> dict[str, Any]:
 
 
 async def _create(request: Request, namespace: str, thread_id: str | None) -> runflow.Run:
-    return await runflow.create(api_of(request), namespace, thread_id, await body_of(request))
+    return await runflow.create(api_of(request), namespace, thread_id, await body_of(request, RunBody))
 
 
 def _stream(
@@ -45,7 +48,7 @@ def _stream(
     return EventSourceResponse(events, ping=15, headers=_where(request, run))
 
 
-@router.post("/threads/{thread_id}/runs")
+@router.post("/threads/{thread_id}/runs", openapi_extra=documented(RunBody))
 async def create(thread_id: str, request: Request, caller: CallerDep) -> JSONResponse:
     """A run in the background: answered once its turn is accepted (committed)."""
     run = await _create(request, caller.tenant(), thread_id)
@@ -54,7 +57,7 @@ async def create(thread_id: str, request: Request, caller: CallerDep) -> JSONRes
     )
 
 
-@router.post("/runs")
+@router.post("/runs", openapi_extra=documented(RunBody))
 async def create_stateless(request: Request, caller: CallerDep) -> JSONResponse:
     run = await _create(request, caller.tenant(), None)
     return JSONResponse(
@@ -62,20 +65,20 @@ async def create_stateless(request: Request, caller: CallerDep) -> JSONResponse:
     )
 
 
-@router.post("/threads/{thread_id}/runs/stream")
+@router.post("/threads/{thread_id}/runs/stream", openapi_extra=documented(RunBody))
 async def stream(thread_id: str, request: Request, caller: CallerDep) -> EventSourceResponse:
     """A run, and its parts as they commit."""
     run = await _create(request, caller.tenant(), thread_id)
     return _stream(request, caller.tenant(), run, run.modes, run.body["on_disconnect"] == "cancel")
 
 
-@router.post("/runs/stream")
+@router.post("/runs/stream", openapi_extra=documented(RunBody))
 async def stream_stateless(request: Request, caller: CallerDep) -> EventSourceResponse:
     run = await _create(request, caller.tenant(), None)
     return _stream(request, caller.tenant(), run, run.modes, run.body["on_disconnect"] == "cancel")
 
 
-@router.post("/threads/{thread_id}/runs/wait")
+@router.post("/threads/{thread_id}/runs/wait", openapi_extra=documented(RunBody))
 async def wait(thread_id: str, request: Request, caller: CallerDep) -> JSONResponse:
     """A run, answered with the thread's values once it ended or stopped at an interrupt."""
     run = await _create(request, caller.tenant(), thread_id)
@@ -83,7 +86,7 @@ async def wait(thread_id: str, request: Request, caller: CallerDep) -> JSONRespo
     return JSONResponse(values, headers={"Content-Location": _where(request, run)["Content-Location"]})
 
 
-@router.post("/runs/wait")
+@router.post("/runs/wait", openapi_extra=documented(RunBody))
 async def wait_stateless(request: Request, caller: CallerDep) -> JSONResponse:
     run = await _create(request, caller.tenant(), None)
     values = await runstream.join(api_of(request), caller.tenant(), run, request)
@@ -155,7 +158,7 @@ async def cancel(thread_id: str, run_id: str, request: Request, caller: CallerDe
 @router.post("/runs/cancel")
 async def cancel_many(request: Request, caller: CallerDep) -> Response:
     """Cancel runs by id (of ``thread_id``), or every unfinished run of the thread."""
-    api, namespace, body = api_of(request), caller.tenant(), await body_of(request)
+    api, namespace, body = api_of(request), caller.tenant(), await body_of(request, CancelMany)
     if body.get("status") is not None or not isinstance(body.get("thread_id"), str):
         raise NotSupported("cancelling runs by status across threads: cancel them by thread_id (and run_ids)")
     thread_id, action = body["thread_id"], request.query_params.get("action", "interrupt")

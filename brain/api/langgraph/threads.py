@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request, Response
 from brain import verbs
 from brain.api.guard import CheckedRoute
 from brain.api.langgraph import state as states
+from brain.api.langgraph.bodies import HistoryBody, ThreadBody, ThreadSearch
 from brain.api.langgraph.common import (
     CallerDep,
     NotSupported,
@@ -64,7 +65,7 @@ async def make(
 
 @router.post("/threads")
 async def create(request: Request, caller: CallerDep) -> dict[str, Any]:
-    body, store, namespace = await body_of(request), api_of(request).store, caller.tenant()
+    body, store, namespace = await body_of(request, ThreadBody), api_of(request).store, caller.tenant()
     refuse(
         body, {"supersteps": "a thread's state is its journal: start it with a run", "ttl": "not built yet"}
     )
@@ -86,7 +87,7 @@ async def get(thread_id: str, request: Request, caller: CallerDep) -> dict[str, 
 @router.patch("/threads/{thread_id}")
 async def update(thread_id: str, request: Request, caller: CallerDep) -> dict[str, Any]:
     """Set metadata pairs (keys not given stay)."""
-    body, store, namespace = await body_of(request), api_of(request).store, caller.tenant()
+    body, store, namespace = await body_of(request, ThreadBody), api_of(request).store, caller.tenant()
     refuse(body, {"ttl": "not built yet"})
     pairs = metadata_of(body.get("metadata"))
     await found(store, namespace, thread_id)
@@ -104,7 +105,7 @@ async def delete(thread_id: str, request: Request, caller: CallerDep) -> Respons
 
 
 async def _searched(request: Request, caller: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    body, store, namespace = await body_of(request), api_of(request).store, caller.tenant()
+    body, store, namespace = await body_of(request, ThreadSearch), api_of(request).store, caller.tenant()
     refuse(body, {"values": "search by metadata or status", "extract": "not built yet"})
     if body.get("status") not in (None, *STATUSES):
         raise SchemaError(f"status is one of {', '.join(STATUSES)}")
@@ -177,7 +178,7 @@ async def state_by_checkpoint(thread_id: str, caller: CallerDep) -> None:
 @router.post("/threads/{thread_id}/history")
 async def history(thread_id: str, request: Request, caller: CallerDep) -> list[dict[str, Any]]:
     """The thread's checkpoints, newest first: ``limit`` of them, those before ``before``."""
-    body = await body_of(request)
+    body = await body_of(request, HistoryBody)
     refuse(body, {"checkpoint": "ask with before={checkpoint_id}"})
     t = await found(api_of(request).store, caller.tenant(), thread_id)
     said = states.history(thread_id, t)
