@@ -24,7 +24,7 @@ from brain.store import BrainStore
 from brain.verbs import controls
 from brain.verbs import schedules as schedule_verbs
 from infra.db import Connection
-from protocol import NotFoundError, SchemaError
+from protocol import IllegalTransitionError, NotFoundError, SchemaError
 
 STRATEGIES = ("reject", "enqueue", "interrupt", "rollback")
 SETTINGS = "a Tendon agent's settings are its definition: make an assistant version with them (context.agent)"
@@ -135,10 +135,12 @@ async def _resume(
     turn_by_call = {p["call_id"]: p["turn_id"] for p in thread.pending}
     run_id = str(uuid.uuid4())
     for a in said:
-        await controls.respond(
+        receipt = await controls.respond(
             api.store, namespace=namespace, turn_id=turn_by_call[a.call], request_id=f"{run_id}:{a.call}",
             call=a.call, decision=a.decision, result=a.result, reason=a.reason, wake_channel=api.wake_channel,
         )  # fmt: skip
+        if receipt.status == "rejected":
+            raise IllegalTransitionError(f"the answer to interrupt {a.call} was refused: {receipt.reason}")
     turn_id = turn_by_call[said[0].call]
     start = max(
         (e.seq for e in thread.entries if e.turn_id == turn_id
