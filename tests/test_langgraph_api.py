@@ -192,6 +192,14 @@ async def test_an_interrupt_is_a_call_awaiting_approval_that_command_resume_answ
     # And with nothing waiting, a resume is refused as a conflict
     with pytest.raises(ConflictError, match="no interrupt"):
         await lg.runs.create(thread, assistant, command={"resume": True})
+    # And a denial with a reason reaches the model as the call's error, the tool never run
+    other = (await lg.threads.create())["thread_id"]
+    await lg.runs.wait(other, assistant, input=HI)
+    denied = await lg.runs.wait(
+        other, assistant, command={"resume": {"decision": "deny", "reason": "not Ada"}}
+    )
+    tool = denied["messages"][2]
+    assert (tool["type"], tool["status"]) == ("tool", "error") and "not Ada" in tool["content"]
 
 
 async def test_each_multitask_strategy_does_what_double_texting_does(tendon: LocalTendon) -> None:
