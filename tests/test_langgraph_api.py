@@ -77,8 +77,12 @@ async def test_assistants_are_agents_with_versions_created_found_searched_and_se
     # And a graph id with no agent behind it is not found, saying how to give one
     with pytest.raises(NotFoundError, match="context.agent"):
         await lg.assistants.create(graph_id="nobody")
-    with pytest.raises(UnprocessableEntityError, match="not a graph"):
-        await lg.assistants.get_graph(first["assistant_id"])
+    # And its graph is the loop every Tendon agent runs, its nodes named as a stream's updates name them
+    graph = await lg.assistants.get_graph(first["assistant_id"])
+    assert {n["id"] for n in graph["nodes"]} == {"__start__", "model", "tools", "__end__"}
+    schemas = await lg.assistants.get_schemas(first["assistant_id"])
+    assert schemas["state_schema"]["required"] == ["messages"]
+    assert await lg.assistants.get_subgraphs(first["assistant_id"]) == {}
 
 
 async def test_threads_are_sessions_made_searched_by_metadata_updated_and_deleted(

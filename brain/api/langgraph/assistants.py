@@ -206,9 +206,35 @@ async def latest(assistant_id: str, request: Request, caller: CallerDep) -> dict
     return shown(await store.transact(work))
 
 
+# Every Tendon agent is the same loop: the model, then the tools it called, until it answers.
+LOOP = {
+    "nodes": [{"id": n, "type": "runnable", "data": n} for n in ("__start__", "model", "tools", "__end__")],
+    "edges": [
+        {"source": "__start__", "target": "model"},
+        {"source": "model", "target": "tools", "conditional": True},
+        {"source": "model", "target": "__end__", "conditional": True},
+        {"source": "tools", "target": "model"},
+    ],
+}
+MESSAGES = {
+    "type": "object",
+    "properties": {"messages": {"type": "array", "items": {"type": "object"}}},
+    "required": ["messages"],
+}
+
+
 @router.get("/assistants/{assistant_id}/{what}")
-async def graph_internals(assistant_id: str, what: str, caller: CallerDep) -> None:
-    """A graph's drawing, schemas and subgraphs: a Tendon agent is a loop, not a graph."""
-    raise NotSupported(
-        f"an assistant's {what}: a Tendon agent is a model-and-tools loop, not a graph of nodes"
-    )
+async def drawn(assistant_id: str, what: str, request: Request, caller: CallerDep) -> dict[str, Any]:
+    """The assistant's graph (the agent loop every Tendon agent runs, its nodes named as the
+    stream's updates name them), its schemas (a state of messages; the context holds the agent
+    definition) and its subgraphs (none)."""
+    found = await get(assistant_id, request, caller)
+    if what == "graph":
+        return LOOP
+    if what == "subgraphs":
+        return {}
+    if what == "schemas":
+        context = {"type": "object", "properties": {"agent": AgentDefinition.model_json_schema()}}
+        return {"graph_id": found["graph_id"], "input_schema": MESSAGES, "output_schema": MESSAGES,
+                "state_schema": MESSAGES, "config_schema": {}, "context_schema": context}  # fmt: skip
+    raise NotFoundError(f"an assistant has no {what!r} (its graph, schemas or subgraphs)")
