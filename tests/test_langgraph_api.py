@@ -156,6 +156,10 @@ async def test_a_streamed_run_sends_model_and_tool_messages_and_a_rejoin_from_th
     # And the run, the thread's state and its history say the same
     assert (await lg.runs.get(thread, run_id))["status"] == "success"
     assert [r["run_id"] for r in await lg.runs.list(thread)] == [run_id]
+    # A run may name the thread's latest checkpoint (a branching client does), never an earlier one
+    head = (await lg.threads.get_state(thread))["checkpoint"]
+    with pytest.raises(UnprocessableEntityError, match="latest checkpoint"):
+        await lg.runs.create(thread, assistant["assistant_id"], input=HI, checkpoint_id="1")
     state = await lg.threads.get_state(thread)
     assert state["values"] == last and state["next"] == []
     history = await lg.threads.get_history(thread)
@@ -165,6 +169,9 @@ async def test_a_streamed_run_sends_model_and_tool_messages_and_a_rejoin_from_th
     older = await lg.threads.get_history(thread, before=history[1]["checkpoint"], limit=1)
     assert older == [history[2]]
     assert await lg.runs.join(thread, run_id) == state["values"]
+    gate.touch()
+    again = await lg.runs.wait(thread, assistant["assistant_id"], input=HI, checkpoint=head)
+    assert types(again) == ["human", "ai", "tool", "ai"] * 2
 
 
 async def test_an_interrupt_is_a_call_awaiting_approval_that_command_resume_answers(

@@ -82,7 +82,8 @@ def text_of(given: Any) -> str:
 
 async def create(api: Api, namespace: str, thread_id: str | None, body: dict[str, Any]) -> Run:
     """A run of ``body`` on the thread (a new one when ``thread_id`` is None); returns its row."""
-    refuse(body, {**GRAPH_INTERNALS, "context": SETTINGS})
+    internals = {k: v for k, v in GRAPH_INTERNALS.items() if k not in ("checkpoint", "checkpoint_id")}
+    refuse(body, {**internals, "context": SETTINGS})
     configurable = (
         (body.get("config") or {}).get("configurable") if isinstance(body.get("config"), dict) else None
     )
@@ -104,6 +105,7 @@ async def create(api: Api, namespace: str, thread_id: str | None, body: dict[str
     elif body.get("if_not_exists") not in (None, "reject"):
         raise SchemaError("if_not_exists is create or reject")
     thread = await found(api.store, namespace, thread_id)
+    _from_latest(body, thread_id, thread)
     command = body.get("command") or {}
     refuse(command, {"goto": "Tendon's agents have no nodes to go to", "update": "a run adds messages"})
     if "resume" in command:
@@ -124,6 +126,21 @@ async def create(api: Api, namespace: str, thread_id: str | None, body: dict[str
         lambda conn: api.store.langgraph.add_run(conn, run_id, namespace, thread.key, turn_id, kept)
     )
     return await get(api, namespace, thread_id, run_id)
+
+
+def _from_latest(body: dict[str, Any], thread_id: str, thread: states.Thread) -> None:
+    """A run may name the thread's latest checkpoint (what it runs from anyway: a client that
+    branches names it); another is refused, named."""
+    given = body.get("checkpoint")
+    asked = body.get("checkpoint_id") or (given.get("checkpoint_id") if isinstance(given, dict) else given)
+    if asked is None:
+        return
+    latest = states.state(thread_id, thread)["checkpoint"]["checkpoint_id"]
+    if str(asked) != latest:
+        raise NotSupported(
+            f"`checkpoint_id` {str(asked)[:40]!r}: a run goes on from the thread's latest checkpoint "
+            f"({latest}), never from an earlier one (branches are not built here)"
+        )
 
 
 async def _resume(
