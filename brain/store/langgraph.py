@@ -8,10 +8,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from brain.rules.states import WAITING_FOR_A_PERSON
 from brain.store.part import Part
-from brain.store.sql import TERMINAL_SQL
+from brain.store.sql import TERMINAL_SQL, in_list
 from infra.db import Connection, Json, Row
 
+PERSON_SQL = in_list(WAITING_FOR_A_PERSON)  # the statuses of an execution that waits for a person
 _ASSISTANT = """SELECT a.id, a.graph_id, a.version AS latest, a.created_at, a.updated_at, v.version,
                        v.agent_version, v.body, v.created_at AS version_created_at
                   FROM langgraph_assistants a
@@ -143,7 +145,7 @@ class LangGraph(Part):
                        (SELECT count(*) FROM turns t
                          WHERE t.thread_id = $1 AND t.status NOT IN {TERMINAL_SQL}) AS unfinished,
                        (SELECT count(*) FROM executions e JOIN turns t ON t.id = e.turn_id
-                         WHERE t.thread_id = $1 AND e.status = 'pending'
+                         WHERE t.thread_id = $1 AND e.status IN {PERSON_SQL}
                            AND t.status NOT IN {TERMINAL_SQL}) AS pending""",
             thread_id,
         )
@@ -183,8 +185,9 @@ class LangGraph(Part):
         found: dict[str, Row] = {}
         for turn_id in turn_ids:
             row = await conn.fetchrow(
-                """SELECT t.id, t.status, t.created_at, t.updated_at,
-                          (SELECT count(*) FROM executions e WHERE e.turn_id = t.id AND e.status = 'pending')
+                f"""SELECT t.id, t.status, t.created_at, t.updated_at,
+                          (SELECT count(*) FROM executions e
+                            WHERE e.turn_id = t.id AND e.status IN {PERSON_SQL})
                               AS pending,
                           (SELECT count(*) FROM journal j
                             WHERE j.session_id = t.session_id AND j.turn_id = t.id
