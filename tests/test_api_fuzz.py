@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -89,4 +90,5 @@ async def test_no_generated_request_gets_a_server_error(processes: Processes, tm
     report = out.decode(errors="replace")
     assert proc.returncode == 0, report
     # It really ran: every operation of the document but the stream was exercised.
-    assert "passed" in report and "0 operations" not in report, report
+    # ("10 operations" in a warning is not "0 operations")
+    assert "passed" in report and re.search(r"(?<![0-9])0 operations", report) is None, report

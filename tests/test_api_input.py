@@ -54,6 +54,7 @@ AGENT = {
     "model": {"kind": "scripted", "script": [{"content": "hi"}], "temperature": 0.5},
 }
 
+LG_INPUT = {"messages": [{"role": "user", "content": "go"}]}
 # Ids: refused wherever an id goes (path parameters, request ids, agent names...).
 BAD_IDS = {
     "nul": "a\x00b",
@@ -101,9 +102,10 @@ class Ids:
     turn: str
 
     def of(self, name: str) -> str:
-        known = {"session_id": SESSION, "turn_id": self.turn, "execution_id": "exec-none", "name": "app.js",
-                 "thread_id": SESSION}  # fmt: skip
-        return {**known, "schedule_id": "sch-none", "action": "pause"}[name]
+        known = {"session_id": SESSION, "turn_id": self.turn, "execution_id": "exec-none", "name": "app.js"}
+        langgraph = {"thread_id": SESSION, "run_id": "run-none", "assistant_id": "asst-none",
+                     "cron_id": "sch-none", "checkpoint_id": "1", "what": "graph"}  # fmt: skip
+        return {**known, **langgraph, "schedule_id": "sch-none", "action": "pause"}[name]
 
 
 # Every route that takes a body, by method and path: its good body and the fields to spoil.
@@ -160,6 +162,38 @@ BODIES: dict[tuple[str, str], Body] = {
             Field(("delay",)),
             Field(("agent", "name"), is_id=True),
         ],
+    ),
+    ("POST", "/langgraph/assistants"): Body(
+        lambda ids: {"graph_id": AGENT["name"], "context": {"agent": AGENT}, "if_exists": "do_nothing"},
+        [
+            Field(("graph_id",), is_id=True),
+            Field(("context", "agent", "version"), is_id=True),
+            Field(("context", "agent", "instructions")),
+            Field(("if_exists",)),
+        ],
+    ),
+    **{
+        ("POST", path): Body(
+            lambda ids: {"assistant_id": AGENT["name"], "input": LG_INPUT, "multitask_strategy": "enqueue"},
+            [
+                Field(("assistant_id",), is_id=True),
+                Field(("multitask_strategy",)),
+                Field(("stream_mode",)),
+                Field(("after_seconds",)),
+            ],
+        )
+        for path in (
+            "/langgraph/threads/{thread_id}/runs",
+            "/langgraph/threads/{thread_id}/runs/stream",
+            "/langgraph/threads/{thread_id}/runs/wait",
+            "/langgraph/runs",
+            "/langgraph/runs/stream",
+            "/langgraph/runs/wait",
+        )
+    },  # fmt: skip
+    ("POST", "/langgraph/threads/{thread_id}/runs/crons"): Body(
+        lambda ids: {"assistant_id": AGENT["name"], "input": LG_INPUT, "schedule": "0 0 1 1 *"},
+        [Field(("assistant_id",), is_id=True), Field(("schedule",)), Field(("timezone",))],
     ),
     ("POST", "/v1/operator/executions/{execution_id}/reconcile"): Body(
         lambda ids: {"evidence": "a log", "actor": "me", "result": 1, "request_id": "q-good"},
@@ -234,11 +268,13 @@ def cases(app: FastAPI, ids: Ids, limit: int) -> list[Case]:
         body = BODIES.get((method, route.path))
         good = json.dumps(body.good(ids)).encode() if body else None
         streams = route.path.endswith("/stream")
+        # a stream that opens never ends, and a run's wait lasts as long as its run: only refusals
+        waits = streams or route.path.endswith("/wait")
         for spoil in names:
             for label, value in BAD_IDS.items():
                 made.append(Case(f"{name} {spoil}={label}", method, path(spoil, value), True, content=good))
             for label, value in ODD.items():
-                if not streams:  # a stream that opens never ends: only refusals for it
+                if not waits:
                     made.append(
                         Case(f"{name} {spoil}={label}", method, path(spoil, value), False, content=good)
                     )
@@ -248,7 +284,7 @@ def cases(app: FastAPI, ids: Ids, limit: int) -> list[Case]:
                     Case(f"{name} ?{query}={label}", method, path(), True, {query: value}, content=good)
                 )
             for label, value in ODD.items():
-                if not streams:
+                if not waits:
                     made.append(
                         Case(f"{name} ?{query}={label}", method, path(), False, {query: value}, content=good)
                     )

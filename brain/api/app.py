@@ -134,7 +134,7 @@ def error_body(code: str, message: str) -> dict[str, Any]:
 
 
 def create_app(api: Api) -> FastAPI:
-    from brain.api import agui, console, forks, operator, routes, schedules, stream
+    from brain.api import agui, console, forks, langgraph, operator, routes, schedules, stream
 
     app = FastAPI(
         title="Tendon",
@@ -182,6 +182,8 @@ def create_app(api: Api) -> FastAPI:
     app.include_router(forks.router)
     app.include_router(stream.router)
     app.include_router(agui.router)
+    for part in langgraph.ROUTERS:
+        app.include_router(part)
     app.include_router(operator.router)
     app.include_router(operator.metrics)
     app.include_router(console.router)

@@ -23,6 +23,7 @@ field              part (PostgreSQL's)        what it owns
 ``schedules``      ``Schedules``              schedules, and those due now
 ``delegations``    ``Delegations``            parent calls and the child turns they started
 ``metadata``       ``Metadata``               sessions' and threads' metadata (string pairs)
+``langgraph``      ``LangGraph``              the LangGraph API's assistants and runs
 ``gauges``         ``GaugeRows``              what the metrics count when scraped
 ``retention``      ``RetentionRows``          what retention prunes (the journal of closed sessions)
 ``forks``          ``Forks``                  forks of threads (their lineage) and rewinds
@@ -73,6 +74,7 @@ from brain.store.gauges import GaugeRows, Gauges
 from brain.store.inputs import Inputs
 from brain.store.journal import Journal
 from brain.store.journal_pg import PgJournal
+from brain.store.langgraph import LangGraph
 from brain.store.metadata import Metadata
 from brain.store.outbox import Outbox
 from brain.store.outbox_pg import PgOutbox
@@ -143,6 +145,7 @@ class BrainStore(StoreBase, ParkedRows):
     schedules: Schedules
     delegations: Delegations
     metadata: Metadata
+    langgraph: LangGraph
     gauges: GaugeRows
     retention: RetentionRows
     forks: Forks
@@ -167,6 +170,7 @@ class BrainStore(StoreBase, ParkedRows):
         self.schedules = Schedules(self)
         self.delegations = Delegations(self)
         self.metadata = Metadata(self)
+        self.langgraph = LangGraph(self)
         self.gauges = GaugeRows(self)
         self.retention = RetentionRows(self)
         self.forks = Forks(self)

@@ -1,0 +1,90 @@
+"""The rules of the LangGraph-compatible API that are Tendon's own decisions (``brain.api.langgraph``
+maps the wire): what status a run shows, and what a ``command.resume`` answers.
+
+A run is a turn, or the same turn resumed by an answer to its interrupt. A run stops where its
+turn ends, or where a call of it waits for a person (an interrupt): LangGraph's run is then done
+(``success``), and its thread ``interrupted`` until a resume answers.
+
+=================================  =========
+the run's turn                     status
+=================================  =========
+a later run of it exists           success (it stopped at an interrupt that run answered)
+completed                          success
+failed                             error
+cancelled                          interrupted
+a call of it waits for a person    success (stopped at an interrupt)
+queued (or a delayed run unfired)  pending
+anything else                      running
+=================================  =========
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from protocol import IllegalTransitionError, SchemaError
+
+_ENDED = {"completed": "success", "failed": "error", "cancelled": "interrupted"}
+APPROVE = (True, "approve", "approved", "accept", "yes")
+DENY = (False, "deny", "denied", "reject", "no")
+
+
+def run_status(turn_status: str | None, *, waits_for_person: bool, resumed_later: bool) -> str:
+    """A run's LangGraph status (the table above); ``turn_status`` None: not submitted yet."""
+    if resumed_later:
+        return "success"
+    if turn_status in _ENDED:
+        return _ENDED[turn_status]
+    if waits_for_person:
+        return "success"
+    return "pending" if turn_status in (None, "queued") else "running"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A person's answer to one call, as ``/v1/turns/{id}/respond`` takes it."""
+
+    call: str
+    decision: str  # approve, deny or result
+    result: Any = None
+    reason: str | None = None
+
+
+def answers(resume: Any, waiting: Sequence[Mapping[str, Any]]) -> list[Answer]:
+    """The answers a ``command.resume`` gives to the interrupts that wait (each ``id``, and
+    ``value.awaits``: ``approval`` or ``result``). With one interrupt, the resume is its answer;
+    with several, it maps interrupt ids to answers (those not named wait on)."""
+    if not waiting:
+        raise IllegalTransitionError("the thread has no interrupt to resume: nothing waits for a person")
+    by_id = {str(w["id"]): w for w in waiting}
+    if isinstance(resume, dict) and resume and set(resume) <= set(by_id):
+        return [_answer(by_id[k], v) for k, v in resume.items()]
+    if len(waiting) > 1:
+        raise SchemaError(
+            f"{len(waiting)} interrupts wait ({', '.join(sorted(by_id))}): resume with "
+            "{interrupt id: answer}"
+        )
+    return [_answer(waiting[0], resume)]
+
+
+def _answer(interrupt: Mapping[str, Any], value: Any) -> Answer:
+    call = str(interrupt["id"])
+    if (interrupt.get("value") or {}).get("awaits") == "result":
+        said = value["result"] if isinstance(value, dict) and set(value) == {"result"} else value
+        return Answer(call, "result", result=said)
+    decision, reason = value, None
+    if isinstance(value, dict):
+        decision = value.get("decision", value.get("type", value.get("action")))
+        reason = value.get("reason", value.get("message"))
+    if isinstance(decision, str):
+        decision = decision.lower()
+    if decision in APPROVE:
+        return Answer(call, "approve")
+    if decision in DENY:
+        return Answer(call, "deny", reason=str(reason) if reason is not None else None)
+    raise SchemaError(
+        f'interrupt {call} waits for an approval: resume with true or "approve", false or "deny", or '
+        '{"decision": "deny", "reason": "..."}'
+    )
