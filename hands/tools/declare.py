@@ -69,6 +69,11 @@ class ToolContext:
     owner_check: Callable[[], Awaitable[None]] = _always_owner
     handle: str | None = None  # the handle an earlier attempt kept, when re-attaching
     handle_keeper: Callable[[str], Awaitable[None]] = _keep_nowhere
+    # Who asked (a sandbox tool finds the session's workspace by them), and how many bytes of
+    # output earlier attempts paged already (a re-attached body goes on from there).
+    namespace: str = ""
+    session_id: str = ""
+    output_offset: int = 0
 
     async def keep_handle(self, handle: str) -> None:
         """Commit ``handle`` (text, e.g. JSON naming a remote task) to the ledger before waiting on

@@ -1,0 +1,108 @@
+"""Sandbox tests' support: the backends under test (local always; Docker when an engine answers,
+``TENDON_TEST_DOCKER=1`` making its absence a failure), a ledger schema of the test's own, and
+looking at what a backend holds."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from hands.sandbox.backends.docker import DockerBackend
+from hands.sandbox.backends.local import LocalBackend
+from hands.sandbox.lifecycle import Lifecycle
+from hands.sandbox.rules.binding import Definition
+from hands.store import open_ledger
+from infra.db import create_pool
+
+IMAGE = os.environ.get("TENDON_TEST_SANDBOX_IMAGE", "python:3.11-slim")
+LABEL = "io.tendon.sandbox.binding"
+
+
+def docker_client() -> Any:
+    """The engine's client, or a skip (a failure under ``TENDON_TEST_DOCKER=1``) saying why not."""
+    why = None
+    try:
+        import docker
+
+        client = docker.from_env(timeout=20)
+        client.ping()
+        client.images.get(IMAGE)
+    except Exception as exc:  # noqa: BLE001 - said in the skip
+        why = f"no Docker engine with image {IMAGE} ({type(exc).__name__}: {exc}); set DOCKER_HOST"
+    if why is not None:
+        if os.environ.get("TENDON_TEST_DOCKER") == "1":
+            pytest.fail(f"TENDON_TEST_DOCKER=1 but {why}")
+        pytest.skip(why)
+    return client
+
+
+def backend(kind: str, tmp_path: Path) -> Any:
+    if kind == "local":
+        return LocalBackend(tmp_path / "sandboxes")
+    return DockerBackend(image=IMAGE, network="none", client=docker_client())
+
+
+def spec(kind: str, tmp_path: Path) -> str:
+    """What ``--sandbox`` says for ``kind``."""
+    if kind == "local":
+        return f"local:{tmp_path / 'sandboxes'}"
+    docker_client()
+    return "docker"
+
+
+def held(b: Any, binding: str) -> list[str]:
+    """The names of everything the backend holds for ``binding`` (containers and volumes, or
+    directories whose labels name it)."""
+    if isinstance(b, LocalBackend):
+        if not b.root.exists():
+            return []
+        return sorted(p.name for p in b.root.iterdir() if f'"{binding}"' in _labels(p))
+    client = b._docker()
+    filters = {"label": f"{LABEL}={binding}"}
+    containers = [c.name for c in client.containers.list(all=True, filters=filters)]
+    volumes = [f"volume:{v.name}" for v in client.volumes.list(filters=filters)]
+    return sorted(containers + volumes)
+
+
+def _labels(p: Path) -> str:
+    try:
+        return (p / ".tendon/labels.json").read_text()
+    except OSError:
+        return ""
+
+
+def remove_everything(b: Any, binding: str) -> None:
+    """Leave nothing of a test's sandboxes behind on the engine."""
+    if isinstance(b, DockerBackend):
+        client = b._docker()
+        for c in client.containers.list(all=True, filters={"label": f"{LABEL}={binding}"}):
+            c.remove(force=True)
+        for v in client.volumes.list(filters={"label": f"{LABEL}={binding}"}):
+            v.remove(force=True)
+
+
+async def ledger_pool(pg_url: str) -> AsyncIterator[Any]:
+    schema = f"th_sbx_{uuid.uuid4().hex[:10]}"
+    pool = await create_pool(pg_url, schema, max_size=4)
+    try:
+        await open_ledger(pool, schema)
+        yield pool
+    finally:
+        await pool.close()
+        conn = await asyncpg.connect(pg_url)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+
+
+def lifecycle(b: Any, pool: Any, worker: str = "test-worker") -> Lifecycle:
+    life = Lifecycle(b, Definition("default", b.config()), lease_seconds=5, keepalive_seconds=60, interval=0.2)
+    life.attach(pool, worker)
+    return life
