@@ -103,6 +103,45 @@ async def ledger_pool(pg_url: str) -> AsyncIterator[Any]:
 
 
 def lifecycle(b: Any, pool: Any, worker: str = "test-worker") -> Lifecycle:
-    life = Lifecycle(b, Definition("default", b.config()), lease_seconds=5, keepalive_seconds=60, interval=0.2)
+    definition = Definition("default", b.config())
+    life = Lifecycle(b, definition, lease_seconds=5, keepalive_seconds=60, interval=0.2)
     life.attach(pool, worker)
     return life
+
+
+# ---- a sandbox pool as real processes, and the test's side of its broker -----------------
+
+ROUTE = "sandbox"
+
+
+def serve_args(sandbox_spec: str) -> list[str]:
+    return ["-m", "hands", "serve", "--route", ROUTE, "--sandbox", sandbox_spec]
+
+
+def tools_by_name() -> dict[str, Any]:
+    from hands.sandbox.tools import sandbox_tools
+
+    life = Lifecycle(LocalBackend("/nonexistent"), Definition("default", {}))
+    return {t.name: t for t in sandbox_tools(ROUTE, life, lambda: None)}
+
+
+def call(tool: str, session: str, **args: Any) -> Any:
+    """The execute command a Brain would publish for a sandbox tool."""
+    from protocol import ExecuteBody, ExecuteCommand, new_id, request_digest
+
+    t = tools_by_name()[tool]
+    execution_id = new_id()
+    body = ExecuteBody(
+        turn_id=f"turn-{execution_id[:6]}", call_id=f"call-{execution_id[:6]}", route=ROUTE, tool=tool,
+        binding_digest=t.binding.digest, replay_policy=t.binding.replay_policy, args=args,
+    )  # fmt: skip
+    return ExecuteCommand(
+        execution_id=execution_id, namespace="tests", session_id=session,
+        request_digest=request_digest(execution_id, body), body=body,
+    )  # fmt: skip
+
+
+def output_of(events: list[Any]) -> str:
+    """The output pages of an execution, each once, in offset order."""
+    pages = {e.body.offset: e.body.data for e in events if e.kind == "output_page"}
+    return "".join(pages[o] for o in sorted(pages))

@@ -147,7 +147,9 @@ async def test_deletion_removes_the_sandbox_and_its_workspace_and_refuses_new_st
     assert await Chores(life, 0.2).once() == 1
     assert (await row_of(life, name)).status is SandboxStatus.DELETED
     assert held(box, name) == []  # the container and its volume, or the directory
-    await life.rows.transact(lambda conn: life.rows.move(conn, deleting, SandboxStatus.DELETED)) is None
+    # A worker that still thought it DELETING moves nothing: the row's status guards it
+    stale = await life.rows.transact(lambda conn: life.rows.move(conn, deleting, SandboxStatus.DELETED))
+    assert stale is None
 
 
 async def test_two_sessions_share_a_named_binding_but_not_each_others_own(
