@@ -4,9 +4,12 @@ looking at what a backend holds."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +19,13 @@ import pytest
 from hands.sandbox.backends.docker import DockerBackend
 from hands.sandbox.backends.local import LocalBackend
 from hands.sandbox.lifecycle import Lifecycle
-from hands.sandbox.rules.binding import Definition
+from hands.sandbox.rules.binding import PRIVATE, Definition, identity
 from hands.store import open_ledger
 from infra.db import create_pool
+from infra.transport.broker import Broker, Topology
+from protocol import encode, new_id
+from tests.hands_bus import Bus
+from tests.support import TendonEnv, run_cli, wait_for
 
 IMAGE = os.environ.get("TENDON_TEST_SANDBOX_IMAGE", "python:3.11-slim")
 LABEL = "io.tendon.sandbox.binding"
@@ -145,3 +152,72 @@ def output_of(events: list[Any]) -> str:
     """The output pages of an execution, each once, in offset order."""
     pages = {e.body.offset: e.body.data for e in events if e.kind == "output_page"}
     return "".join(pages[o] for o in sorted(pages))
+
+
+class SandboxBus(Bus):
+    """The test's side of the broker for the sandbox route."""
+
+    async def send(self, command: Any) -> str:
+        await self.broker.publish(self.topology.commands(ROUTE), encode(command), message_id=new_id())
+        return str(command.execution_id)
+
+    async def cancel(self, command: Any) -> None:
+        from protocol import CancelBody, CancelControl
+
+        control = CancelControl(
+            execution_id=command.execution_id, namespace=command.namespace, session_id=command.session_id,
+            request_digest=command.request_digest, body=CancelBody(reason="test"),
+        )  # fmt: skip
+        await self.broker.publish(self.topology.controls(ROUTE), encode(control), message_id=new_id())
+
+
+@asynccontextmanager
+async def sandbox_bus(tendon: TendonEnv) -> AsyncIterator[SandboxBus]:
+    """The test's side of the world's broker (each test file's ``bus`` fixture)."""
+    tendon.routes = {ROUTE}
+    settings = tendon.settings()
+    async with Broker(settings.amqp_url, Topology(settings.queue_prefix)) as broker:
+        b = SandboxBus(tendon, broker)
+        await broker.consume(broker.topology.updates, b._on_update, prefetch=100)
+        yield b
+
+
+def workspace(tmp_path: Path, session: str) -> Path:
+    """The local workspace of a session's own sandbox (first generation)."""
+    return tmp_path / "sandboxes" / identity("tests", PRIVATE + session, 1)
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+async def lines_in(path: Path, count: int) -> None:
+    async def there() -> bool:
+        return _lines(path) >= count
+
+    await wait_for(there, timeout=20, what=f"{count} line(s) in {path}")
+
+
+async def listed(tendon: TendonEnv, spec: str) -> list[dict[str, Any]]:
+    """What ``hands sandbox list --json`` says."""
+    args = ["-m", "hands", "sandbox", "list", "--json", "--sandbox", spec]
+    code, out, err = await run_cli(args, tendon.env)
+    assert code == 0, err
+    return list(json.loads(out))
+
+
+def end_commands(root: Path) -> None:
+    """End what a test's local sandboxes still run: the wrappers and their commands outlive the
+    workers on purpose, not the test. By the process groups their operation logs name."""
+    for name in ("child", "pid"):
+        for found in root.glob(f"*/.tendon/ops/*/{name}"):
+            try:
+                os.killpg(int(found.read_text()), signal.SIGKILL)
+            except (ValueError, ProcessLookupError, PermissionError):
+                pass
+
+
+@pytest.fixture
+def leftovers(tmp_path: Path) -> Iterator[None]:
+    yield
+    end_commands(tmp_path / "sandboxes")

@@ -96,13 +96,14 @@ class _Follower:
                 await self._again(command, timeout_seconds)
                 since = time.monotonic()
                 continue
-            if ctx.cancelled.is_set() and not asked:
-                asked, since = True, time.monotonic()
-                await sb.shell(oplog.stop(op))
-            if asked and time.monotonic() - since > CANCEL_WAIT:
-                raise CommandCancelledError(
-                    f"command {op} did not stop within {CANCEL_WAIT:.0f} s of a cancel"
-                )
+            if ctx.cancelled.is_set():
+                if not asked:
+                    asked, since = True, time.monotonic()
+                waited = time.monotonic() - since
+                if waited > 2 * CANCEL_WAIT:
+                    raise CommandCancelledError(f"command {op} was not seen to stop after a cancel")
+                # Asked each round: the command may not have been running yet the first time.
+                await sb.shell(oplog.stop(op, "KILL" if waited > CANCEL_WAIT else "TERM"))
             await asyncio.sleep(POLL)
 
     async def _page(self, op: str) -> bool:

@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -61,17 +62,14 @@ class LocalBackend:
 
     async def shell(self, identity: str, script: str) -> tuple[int, bytes]:
         await self.resume(identity)
-        proc = await asyncio.create_subprocess_exec(
-            "sh",
-            "-c",
-            script,
-            cwd=self._dir(identity),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        out, _ = await proc.communicate()
-        return proc.returncode or 0, out
+        # Python's subprocess in a thread, not the loop's: it closes every other descriptor in the
+        # child (uvloop's leaves the pipe's socket open in a command the script starts in the
+        # background, whose output then never ends).
+        done = await asyncio.to_thread(
+            subprocess.run, ["sh", "-c", script], cwd=self._dir(identity), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True, check=False,
+        )  # fmt: skip
+        return done.returncode, done.stdout
 
     async def write_file(self, identity: str, path: str, data: bytes) -> None:
         target = self._dir(identity) / inside(path)

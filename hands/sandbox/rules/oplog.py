@@ -81,10 +81,11 @@ if [ -f "$d/out" ]; then echo "size $(wc -c < "$d/out")"; else echo "size 0"; fi
 """
 
 
-def stop(op: str) -> str:
-    """A cancel: TERM to the command (``timeout`` passes it on to everything it started)."""
-    d = shlex.quote(op_dir(op))
-    return f'[ -f {d}/child ] && kill -TERM "$(cat {d}/child)" 2>/dev/null; true'
+def stop(op: str, signal: str = "TERM") -> str:
+    """A cancel: ``signal`` to the command's process group (``timeout`` leads one: the command and
+    everything it started). Harmless before the command started or after it ended."""
+    child = shlex.quote(f"{op_dir(op)}/child")
+    return f'[ -f {child} ] && kill -s {signal} -- "-$(cat {child})" 2>/dev/null; true'
 
 
 class Phase(StrEnum):
