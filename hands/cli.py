@@ -31,7 +31,7 @@ from hands.app import HandsApp
 from hands.run.reconcile import publish, reconcile
 from hands.run.relay import stored_events
 from hands.sandbox.cli import add_commands as add_sandbox_commands
-from hands.store import MIGRATIONS, Execution, Ledger, ledger_for
+from hands.store import Execution, Ledger, ledger_for, open_ledger
 from hands.tools.mcp_config import server_specs
 from infra.db import create_pool
 from infra.db.parked import show_parked
@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--actor", default=None, metavar="NAME", help="who vouches (default: your user name)")
     rec.add_argument("--json", action="store_true", help="print one JSON document")
     rec.set_defaults(func=_reconcile)
-    add_sandbox_commands(sub, MIGRATIONS)
+    add_sandbox_commands(sub, _migrated_pool)
     return parser
 
 
@@ -223,6 +223,13 @@ async def _ledger(stack: AsyncExitStack, settings: Settings) -> Ledger:
             "(check TENDON_HANDS_SCHEMA and TENDON_HANDS_DATABASE_URL)"
         )
     return ledger
+
+
+async def _migrated_pool(stack: AsyncExitStack, settings: Settings) -> Any:
+    """The ledger's pool with its migrations applied (the sandbox tables of an older ledger)."""
+    ledger = await _ledger(stack, settings)
+    await open_ledger(ledger.pool, settings.hands_schema)
+    return ledger.pool
 
 
 async def _codec(stack: AsyncExitStack, settings: Settings) -> PayloadCodec:

@@ -97,7 +97,7 @@ async def test_something_foreign_under_the_identity_is_unknown_until_reconciled_
     await box.delete(ident)
     done = await reconcile_creation(life, NS, name, "absent", evidence="engine shows nothing", actor="ops")
     assert (done.status, done.evidence, done.actor) == (SandboxStatus.FAILED, "engine shows nothing", "ops")
-    await request_deletion(life, NS, name)
+    await request_deletion(life.rows, NS, name)
     await Chores(life, 0.2).once()
     assert (await row_of(life, name)).status is SandboxStatus.DELETED
     sb = await life.open(NS, "s1", name, "exec-3")
@@ -139,7 +139,7 @@ async def test_deletion_removes_the_sandbox_and_its_workspace_and_refuses_new_st
     sb = await life.open(NS, "s1", name, "exec-1")
     await sb.write("x.txt", b"x")
     assert held(box, name)
-    deleting = await request_deletion(life, NS, name)
+    deleting = await request_deletion(life.rows, NS, name)
     assert deleting.status is SandboxStatus.DELETING
     with pytest.raises(SandboxDeletingError):
         await life.open(NS, "s2", name, "exec-new")

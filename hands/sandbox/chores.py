@@ -24,7 +24,7 @@ from hands.sandbox.backends.base import ProviderError
 from hands.sandbox.lifecycle import PROVIDER_ATTEMPTS, Lifecycle
 from hands.sandbox.rules.binding import Found, judge
 from hands.sandbox.rules.states import SandboxStatus
-from hands.sandbox.store import SandboxRow
+from hands.sandbox.store import SandboxRow, SandboxRows
 from infra.process.logging import get_logger
 from infra.process.loops import BackgroundLoop
 from protocol import ConflictError, NotFoundError, SchemaError
@@ -33,9 +33,8 @@ log = get_logger(__name__)
 S = SandboxStatus
 
 
-async def request_deletion(life: Lifecycle, namespace: str, binding: str) -> SandboxRow:
+async def request_deletion(rows: SandboxRows, namespace: str, binding: str) -> SandboxRow:
     """Commit the intent to delete a binding's sandbox; the scan carries it out."""
-    rows = life.rows
 
     async def ask(conn: Any) -> SandboxRow:
         row = await rows.get(conn, namespace, binding, for_update=True)

@@ -1,6 +1,6 @@
 """``hands sandbox``: list the sandbox bindings of a ledger, request a deletion, reconcile an
-UNKNOWN creation. Each needs the backend the pool serves with (``--sandbox`` or
-``TENDON_SANDBOX``): a reconcile checks its evidence against it."""
+UNKNOWN creation. A reconcile needs the backend the pool serves with (``--sandbox`` or
+``TENDON_SANDBOX``): it checks its evidence against it."""
 
 from __future__ import annotations
 
@@ -8,23 +8,21 @@ import argparse
 import getpass
 import json
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from typing import Any
 
 from hands.sandbox.chores import reconcile_creation, request_deletion
-from hands.sandbox.lifecycle import Lifecycle
 from hands.sandbox.serve import lifecycle_for
-from hands.sandbox.store import SandboxRow
-from infra.db import create_pool
-from infra.db.migrate import migrate
+from hands.sandbox.store import SandboxRow, rows_for
 from infra.process.settings import Settings
-from infra.process.startup import wait_for
 from protocol import SchemaError
 
-Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
+OpenPool = Callable[[AsyncExitStack, Settings], Awaitable[Any]]
 
 
-def add_commands(sub: Any, migrations: Any) -> None:
-    """The ``sandbox`` verbs on the ``hands`` parser; ``migrations``: the ledger's folder."""
+def add_commands(sub: Any, open_pool: OpenPool) -> None:
+    """The ``sandbox`` verbs on the ``hands`` parser; ``open_pool``: the ledger's pool, checked
+    and migrated, closed with the stack it is given."""
     box = sub.add_parser(
         "sandbox",
         help="list, delete or reconcile sandbox bindings",
@@ -47,24 +45,19 @@ def add_commands(sub: Any, migrations: Any) -> None:
     rec.add_argument("--evidence", required=True, metavar="TEXT", help="how you know")
     rec.add_argument("--actor", default=None, metavar="NAME", help="who vouches (default: your user name)")
     for verb in (listing, delete, rec):
-        verb.add_argument("--sandbox", default=None, metavar="SPEC", help="local:DIRECTORY or docker")
+        verb.add_argument(
+            "--sandbox", default=None, metavar="SPEC", help="local:DIRECTORY or docker (a reconcile needs it)"
+        )
         verb.add_argument("--json", action="store_true", help="print JSON")
-        verb.set_defaults(func=lambda args, settings: _run(args, settings, migrations))
+        verb.set_defaults(func=lambda args, settings: _run(args, settings, open_pool))
 
 
-async def _run(args: argparse.Namespace, settings: Settings, migrations: Any) -> int:
+async def _run(args: argparse.Namespace, settings: Settings, open_pool: OpenPool) -> int:
     spec = args.sandbox or settings.sandbox
-    if not spec:
-        raise SchemaError("say which sandboxes: --sandbox local:DIRECTORY or docker (or TENDON_SANDBOX)")
-    life = lifecycle_for(settings, spec)
-    connect = lambda: create_pool(settings.ledger_database_url, settings.hands_schema, max_size=2)  # noqa: E731
-    pool = await wait_for(connect, service="PostgreSQL", url=settings.ledger_database_url, patience=0)
-    try:
-        await migrate(pool, settings.hands_schema, migrations)
-        life.attach(pool, "hands-cli")
-        rows = await _verb(args, life)
-    finally:
-        await pool.close()
+    if args.verb == "reconcile-creation" and not spec:
+        raise SchemaError("a reconcile checks the provider: give --sandbox local:DIRECTORY or docker")
+    async with AsyncExitStack() as stack:
+        rows = await _verb(args, settings, spec, await open_pool(stack, settings))
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
     else:
@@ -73,17 +66,19 @@ async def _run(args: argparse.Namespace, settings: Settings, migrations: Any) ->
     return 0
 
 
-async def _verb(args: argparse.Namespace, life: Lifecycle) -> list[SandboxRow]:
+async def _verb(args: argparse.Namespace, settings: Settings, spec: str, pool: Any) -> list[SandboxRow]:
+    rows = rows_for(pool)
     if args.verb == "list":
-        return await life.rows.read(lambda conn: life.rows.listing(conn, args.namespace))
+        return await rows.read(lambda conn: rows.listing(conn, args.namespace))
     if args.verb == "request-deletion":
-        return [await request_deletion(life, args.namespace, args.binding)]
+        return [await request_deletion(rows, args.namespace, args.binding)]
+    life = lifecycle_for(settings, spec)
+    life.attach(pool, "hands-cli")
     actor = args.actor or getpass.getuser()
-    return [
-        await reconcile_creation(
-            life, args.namespace, args.binding, args.outcome, evidence=args.evidence, actor=actor
-        )
-    ]
+    done = await reconcile_creation(
+        life, args.namespace, args.binding, args.outcome, evidence=args.evidence, actor=actor
+    )
+    return [done]
 
 
 def _line(row: SandboxRow) -> str:
