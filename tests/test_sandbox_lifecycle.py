@@ -186,3 +186,77 @@ async def test_an_engine_that_cannot_be_asked_is_retried_a_bounded_number_of_tim
     with pytest.raises(SandboxUnknownError, match=f"could not be asked {PROVIDER_ATTEMPTS} times"):
         await life.open(NS, "s1", name, "exec-1")
     assert (await row_of(life, name)).status is SandboxStatus.UNKNOWN
+
+
+async def _register(pool: Any, *workers: str) -> None:
+    async with pool.acquire() as conn:
+        for n, worker in enumerate(workers):
+            await conn.execute("INSERT INTO workers (id, kind, lock_key) VALUES ($1, 'hands', $2)", worker, n)
+
+
+async def test_a_dead_workers_chores_are_taken_over_and_a_live_ones_are_not(
+    box: Any, pool: Any, name: str
+) -> None:
+    await _register(pool, "w1", "w2")
+    one, two = lifecycle(box, pool, "w1"), lifecycle(box, pool, "w2")
+    await one.open(NS, "s1", name, "exec-1")
+    row = await request_deletion(one.rows, NS, name)
+    # Given the deletion's lease held by a live worker, the other's scan leaves it alone
+    assert await one.rows.transact(lambda conn: one.rows.take_lease(conn, row, "w1", 60)) is not None
+    assert await Chores(two, 0.2).once() == 0
+    assert held(box, name)
+    # When that worker is presumed dead, the other takes the chore over and carries it out
+    async with pool.acquire() as conn:
+        await conn.execute("UPDATE workers SET dead_at = now() WHERE id = 'w1'")
+    assert await Chores(two, 0.2).once() == 1
+    assert (await row_of(two, name)).status is SandboxStatus.DELETED
+    assert held(box, name) == []
+
+
+async def test_a_deletion_repeated_after_a_crash_finds_nothing_left_and_finishes(
+    box: Any, pool: Any, name: str
+) -> None:
+    life = lifecycle(box, pool)
+    sb = await life.open(NS, "s1", name, "exec-1")
+    await request_deletion(life.rows, NS, name)
+    await box.delete(sb.identity)  # what a worker killed after the provider's delete did
+    assert await Chores(life, 0.2).once() == 1
+    assert (await row_of(life, name)).status is SandboxStatus.DELETED
+
+
+async def test_a_failing_deletion_is_retried_a_bounded_number_of_times_then_waits_to_be_asked_again(
+    pool: Any, name: str, box: Any
+) -> None:
+    import docker
+
+    life = lifecycle(box, pool)
+    await life.open(NS, "s1", name, "exec-1")
+    await request_deletion(life.rows, NS, name)
+    nowhere = docker.DockerClient(base_url="unix:///nonexistent", version="1.41")
+    life.backend = DockerBackend(image="none", network="none", client=nowhere)
+    chores = Chores(life, 0.2)
+    for attempt in range(1, PROVIDER_ATTEMPTS + 1):
+        async with pool.acquire() as conn:  # its pause, over at once
+            await conn.execute("UPDATE sandboxes SET due_at = now() WHERE binding_id = $1", name)
+        assert await chores.once() == 1
+        row = await row_of(life, name)
+        assert (row.status, row.attempts) == (SandboxStatus.DELETING, attempt)
+    assert row.due_at is None and f"deletion failed {PROVIDER_ATTEMPTS} times" in str(row.error)
+    assert await chores.once() == 0  # nothing more until it is asked again
+    again = await request_deletion(life.rows, NS, name)
+    assert (again.attempts, again.error, again.due_at is not None) == (0, None, True)
+
+
+async def test_keep_alive_starts_a_container_the_engine_stopped(box: Any, pool: Any, name: str) -> None:
+    if not isinstance(box, DockerBackend):
+        pytest.skip("a directory needs no keeping alive")
+    life = lifecycle(box, pool)
+    sb = await life.open(NS, "s1", name, "exec-1")
+    container = box._docker().containers.get(sb.identity)
+    container.stop(timeout=1)
+    async with pool.acquire() as conn:  # its keep-alive, due now
+        await conn.execute("UPDATE sandboxes SET due_at = now() WHERE binding_id = $1", name)
+    assert await Chores(life, 0.2).once() == 1
+    container.reload()
+    assert container.status == "running"
+    assert (await row_of(life, name)).due_at is not None

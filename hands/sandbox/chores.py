@@ -132,9 +132,12 @@ class Chores:
                 error = None
             except Exception as exc:  # noqa: BLE001 - kept on the row, seen by `hands sandbox list`
                 error = f"keep-alive: {exc}"
-            await rows.transact(
-                lambda conn: rows.postpone(conn, row, me, life.keepalive_seconds, error=error)
-            )
+
+            async def kept(conn: Any) -> None:
+                await rows.forget_settled_uses(conn, row)
+                await rows.postpone(conn, row, me, life.keepalive_seconds, error=error)
+
+            await rows.transact(kept)
         elif row.status is S.CREATING:
             found = judge(await life.backend.find(row.identity), life.expected(row))
             if found is Found.NOTHING:  # the call that wanted it makes it when it comes again

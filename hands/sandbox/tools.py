@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import codecs
+import contextlib
 import hashlib
 import json
 import time
@@ -35,6 +36,7 @@ from hands.sandbox.rules import oplog
 from hands.sandbox.rules.paths import user_path
 from hands.tools.declare import Found, NotFound, OutcomeUnknownError, Tool, ToolContext, tool
 from infra.objects.payloads import ObjectStore
+from infra.process.logging import get_logger
 from protocol import SchemaError, TendonError
 
 INLINE_LIMIT = 256 * 1024
@@ -42,6 +44,9 @@ PAGE = 64 * 1024
 TAIL = 16 * 1024
 POLL = 0.2
 CANCEL_WAIT = 15.0
+LAUNCHES = 3  # starts asked of a wrapper that the log does not show started
+BLIND_ROUNDS = 20  # rounds in a row without an answer from the sandbox before its command is UNKNOWN
+log = get_logger(__name__)
 
 
 class CommandCancelledError(Exception):
@@ -67,44 +72,86 @@ async def _probe(sb: Sandbox, op: str) -> oplog.OpState:
 
 
 class _Follower:
-    """Follows one command through its operation log to its end, paging its output."""
+    """Follows one command through its operation log to its end, paging its output: starts it
+    where the log says nothing did (its lock makes a second start a no-op), rides out a provider
+    that stops answering for a while, and asks a cancel until the command stops."""
 
     def __init__(self, sb: Sandbox, ctx: ToolContext, handle: dict[str, Any]) -> None:
         self.sb, self.ctx, self.handle = sb, ctx, handle
         self.offset = max(0, ctx.output_offset - int(handle.get("base", 0)))  # into this op's out
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.launches = 0
+        self.blind = 0  # rounds in a row the provider did not answer
+        self.cancel_since: float | None = None
 
     async def run(self, command: str, timeout_seconds: float, idempotent: bool) -> dict[str, Any]:
-        sb, ctx = self.sb, self.ctx
-        since, asked = time.monotonic(), False
+        since = time.monotonic()
         while True:
             op = self.handle["op"]
-            state = await _probe(sb, op)
+            state = await self._look(op)
+            if state is None:
+                continue
             if state.size > self.offset and await self._page(op):
                 continue
             if state.phase is oplog.Phase.FINISHED:
-                tail = await sb.read(f"{oplog.op_dir(op)}/out", max(0, state.size - TAIL)) or b""
-                if asked:
-                    raise CommandCancelledError(f"the command stopped on a cancel (exit {state.exit_code})")
-                return oplog.outcome(state, tail.decode(errors="replace"))
-            lost = state.phase is oplog.Phase.LOST or (
-                state.phase is oplog.Phase.STARTING and time.monotonic() - since > oplog.STARTING_GRACE
-            )
-            if lost:
+                return await self._finished(op, state)
+            if state.phase is oplog.Phase.NONE and self.launches < LAUNCHES:
+                self.launches += 1
+                await self._ask(oplog.launch(op))
+                since = time.monotonic()
+                await asyncio.sleep(POLL)
+                continue
+            waited = time.monotonic() - since
+            if state.phase is oplog.Phase.LOST or (
+                state.phase is not oplog.Phase.RUNNING and waited > oplog.STARTING_GRACE
+            ):
                 if not idempotent:
                     raise OutcomeUnknownError(f"command {op}: its wrapper is gone without an exit code")
                 await self._again(command, timeout_seconds)
                 since = time.monotonic()
                 continue
-            if ctx.cancelled.is_set():
-                if not asked:
-                    asked, since = True, time.monotonic()
-                waited = time.monotonic() - since
-                if waited > 2 * CANCEL_WAIT:
-                    raise CommandCancelledError(f"command {op} was not seen to stop after a cancel")
-                # Asked each round: the command may not have been running yet the first time.
-                await sb.shell(oplog.stop(op, "KILL" if waited > CANCEL_WAIT else "TERM"))
+            if self.ctx.cancelled.is_set():
+                await self._stop(op)
             await asyncio.sleep(POLL)
+
+    async def _look(self, op: str) -> oplog.OpState | None:
+        """What the log says, or None after a provider that did not answer (then resumed, and
+        waited for); OutcomeUnknownError once it did not answer ``BLIND_ROUNDS`` times in a row."""
+        try:
+            state = await _probe(self.sb, op)
+        except (TendonError, ValueError, OSError) as exc:
+            self.blind += 1
+            if self.blind >= BLIND_ROUNDS:
+                raise OutcomeUnknownError(f"command {op}: the sandbox did not answer ({exc})") from exc
+            with contextlib.suppress(Exception):
+                await self.sb.backend.resume(self.sb.identity)  # a container the engine stopped
+            await asyncio.sleep(POLL * 2)
+            return None
+        self.blind = 0
+        return state
+
+    async def _ask(self, script: str) -> None:
+        """A launch or a stop: what it did is read back from the log, so a failure is only said."""
+        try:
+            await self.sb.shell(script)
+        except (TendonError, OSError) as exc:
+            log.warning("sandbox_step_failed", error=repr(exc))
+
+    async def _finished(self, op: str, state: oplog.OpState) -> dict[str, Any]:
+        tail = await self.sb.read(f"{oplog.op_dir(op)}/out", max(0, state.size - TAIL)) or b""
+        if self.cancel_since is not None:
+            raise CommandCancelledError(f"the command stopped on a cancel (exit {state.exit_code})")
+        return oplog.outcome(state, tail.decode(errors="replace"))
+
+    async def _stop(self, op: str) -> None:
+        """Ask the command to stop (each round: it may not have been running yet the first time),
+        TERM, then KILL; give up waiting after twice ``CANCEL_WAIT``."""
+        if self.cancel_since is None:
+            self.cancel_since = time.monotonic()
+        waited = time.monotonic() - self.cancel_since
+        if waited > 2 * CANCEL_WAIT:
+            raise CommandCancelledError(f"command {op} was not seen to stop after a cancel")
+        await self._ask(oplog.stop(op, "KILL" if waited > CANCEL_WAIT else "TERM"))
 
     async def _page(self, op: str) -> bool:
         data = await self.sb.read(f"{oplog.op_dir(op)}/out", self.offset, PAGE)
@@ -120,11 +167,11 @@ class _Follower:
         """An idempotent command whose run was lost: a new operation, its handle kept first."""
         n = int(self.handle.get("run", 1)) + 1
         op = f"{self.ctx.operation_id}.{n}"
-        self.handle = {**self.handle, "op": op, "run": n, "base": self.ctx.output_offset + self.offset}
-        self.offset = 0
+        base = int(self.handle.get("base", 0)) + self.offset  # what the pages hold so far
+        self.handle = {**self.handle, "op": op, "run": n, "base": base}
+        self.offset, self.launches = 0, 0
         await _prepare(self.sb, op, command, timeout_seconds)
         await self.ctx.keep_handle(json.dumps(self.handle))
-        await self.sb.shell(oplog.launch(op))
 
 
 class _Tools:
@@ -166,7 +213,6 @@ class _Tools:
         handle = _handle(ctx)
         if (await _probe(sb, handle["op"])).phase is oplog.Phase.NONE:
             await _prepare(sb, handle["op"], command, timeout_seconds)  # the worker died before its start
-            await sb.shell(oplog.launch(handle["op"]))
         return await _Follower(sb, ctx, handle).run(command, timeout_seconds, idempotent)
 
     async def sandbox_exec(
@@ -188,8 +234,7 @@ class _Tools:
         await _prepare(sb, op, command, timeout_seconds)
         handle = {"sandbox": sb.row.binding_id, "op": op, "run": 1, "base": ctx.output_offset}
         await ctx.keep_handle(json.dumps(handle))  # from here a crash re-attaches, never starts again
-        await ctx.ensure_owner()
-        await sb.shell(oplog.launch(op))
+        await ctx.ensure_owner()  # the follower starts it: right before, this worker still holds it
         return await _Follower(sb, ctx, handle).run(command, timeout_seconds, idempotent)
 
     async def fs_upload(

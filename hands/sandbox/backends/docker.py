@@ -51,7 +51,7 @@ class DockerBackend:
                 raise ProviderError(f"Docker engine unreachable: {exc}") from exc
         return self._client
 
-    async def _call(self, fn: Callable[[], T]) -> T:
+    async def _call(self, fn: Callable[[], T], *, creating: bool = False) -> T:
         from docker.errors import APIError, DockerException, NotFound
         from requests.exceptions import RequestException  # the SDK lets its transport's errors through
 
@@ -60,7 +60,7 @@ class DockerBackend:
         except NotFound:
             raise
         except APIError as exc:
-            if exc.status_code == 409:
+            if creating and exc.status_code == 409:  # the name is taken: the identity is held
                 raise AlreadyExistsError(str(exc.explanation or exc)) from exc
             raise ProviderError(f"Docker engine: {exc.explanation or exc}") from exc
         except (DockerException, RequestException, OSError) as exc:
@@ -96,7 +96,8 @@ class DockerBackend:
                 volumes={identity: {"bind": WORKSPACE, "mode": "rw"}},
                 working_dir=WORKSPACE,
                 network_mode=self.network,
-            )
+            ),
+            creating=True,
         )
         await self._call(container.start)
 

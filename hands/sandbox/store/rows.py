@@ -180,6 +180,16 @@ class SandboxRows(StoreBase):
         )
         return [r["execution_id"] for r in recs]
 
+    async def forget_settled_uses(self, conn: Connection, row: SandboxRow) -> int:
+        """Forget the uses whose execution is no longer open (or no longer in the ledger): only
+        open ones hold a deletion back or may go on in a deleting binding."""
+        status = await conn.execute(
+            f"""DELETE FROM sandbox_uses WHERE {_KEY} AND NOT EXISTS (SELECT 1 FROM executions e
+                 WHERE e.execution_id = sandbox_uses.execution_id AND e.open)""",
+            *_key(row),
+        )
+        return int(str(status).split()[-1])
+
     async def forget_uses(self, conn: Connection, row: SandboxRow) -> None:
         await conn.execute(f"DELETE FROM sandbox_uses WHERE {_KEY}", *_key(row))
 
