@@ -106,8 +106,8 @@ class HandsApp:
         self.tools_spec = tools
         self.mcp = list(mcp)
         self.kill = kill or KillPoints()
-        spec = sandbox if sandbox is not None else settings.sandbox
-        self.sandbox = SandboxServing(settings, route, spec, self.kill) if spec else None
+        # Sandbox tools only where asked for (``hands serve`` asks with --sandbox or TENDON_SANDBOX).
+        self.sandbox = SandboxServing(settings, route, sandbox, self.kill) if sandbox else None
         self.concurrency = concurrency or settings.concurrency
         self.grace = settings.drain_seconds if grace is None else grace
         self.topology = Topology(settings.queue_prefix)

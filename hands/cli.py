@@ -186,7 +186,7 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
             kill=KillPoints(settings.kill_at),
             concurrency=args.concurrency,
             grace=args.grace,
-            sandbox=args.sandbox,
+            sandbox=args.sandbox or settings.sandbox or None,
         )
 
         def stop(app: HandsApp = app) -> None:

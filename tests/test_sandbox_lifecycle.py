@@ -7,7 +7,7 @@ binding."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,8 @@ from hands.sandbox.lifecycle import PROVIDER_ATTEMPTS
 from hands.sandbox.rules.binding import PRIVATE, identity, labels
 from hands.sandbox.rules.errors import SandboxDeletingError, SandboxGoneError, SandboxUnknownError
 from hands.sandbox.rules.states import SandboxStatus
+from hands.store import open_ledger
+from infra.db.sqlite import open_pool
 from protocol import ConflictError, SchemaError
 from tests.sandbox_support import backend, held, ledger_pool, lifecycle, remove_everything
 
@@ -27,26 +29,52 @@ pytestmark = pytest.mark.timeout(90)
 NS = "tests"
 
 
-@pytest.fixture(params=["local", "docker"])
-def box(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    return backend(request.param, tmp_path)
+# The backends against PostgreSQL, and the SQL of the embedded mode's SQLite once (the dialect
+# is what it tests, not the backend).
+WHERE = [("local", "postgres"), ("docker", "postgres"), ("local", "sqlite")]
+
+
+@pytest.fixture(params=WHERE, ids=["-".join(w) for w in WHERE])
+def where(request: pytest.FixtureRequest) -> tuple[str, str]:
+    return tuple(request.param)  # type: ignore[return-value]
 
 
 @pytest.fixture
-async def pool(pg_url: str) -> AsyncIterator[Any]:
+def box(where: tuple[str, str], tmp_path: Path, name: str) -> Iterator[Any]:
+    b = backend(where[0], tmp_path)
+    yield b
+    remove_everything(b, name)
+
+
+@pytest.fixture
+def docker_box(tmp_path: Path, name: str) -> Iterator[Any]:
+    b = backend("docker", tmp_path)
+    yield b
+    remove_everything(b, name)
+
+
+@pytest.fixture
+async def pg_pool(pg_url: str) -> AsyncIterator[Any]:
     async for p in ledger_pool(pg_url):
+        yield p
+
+
+@pytest.fixture
+async def pool(where: tuple[str, str], request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    """The ledger's pool on PostgreSQL, or on SQLite as the embedded mode keeps it."""
+    if where[1] == "sqlite":
+        p = await open_pool(tmp_path / "hands.db")
+        await open_ledger(p, "hands")
+        yield p
+        await p.close()
+        return
+    async for p in ledger_pool(request.getfixturevalue("pg_url")):
         yield p
 
 
 @pytest.fixture
 def name() -> str:
     return f"b-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture(autouse=True)
-def _clean(box: Any, name: str) -> Any:
-    yield
-    remove_everything(box, name)
 
 
 async def row_of(life: Any, binding: str) -> Any:
@@ -171,11 +199,11 @@ async def test_two_sessions_share_a_named_binding_but_not_each_others_own(
 
 
 async def test_an_engine_that_cannot_be_asked_is_retried_a_bounded_number_of_times_then_unknown(
-    pool: Any, name: str, box: Any
+    pg_pool: Any, name: str
 ) -> None:
-    if not isinstance(box, DockerBackend):
-        pytest.skip("the Docker backend's client is what is pointed at an engine that is not there")
     import docker
+
+    pool = pg_pool
 
     nowhere = docker.DockerClient(base_url="unix:///nonexistent", version="1.41")
     away = DockerBackend(image="none", network="none", client=nowhere)
@@ -247,9 +275,10 @@ async def test_a_failing_deletion_is_retried_a_bounded_number_of_times_then_wait
     assert (again.attempts, again.error, again.due_at is not None) == (0, None, True)
 
 
-async def test_keep_alive_starts_a_container_the_engine_stopped(box: Any, pool: Any, name: str) -> None:
-    if not isinstance(box, DockerBackend):
-        pytest.skip("a directory needs no keeping alive")
+async def test_keep_alive_starts_a_container_the_engine_stopped(
+    docker_box: Any, pg_pool: Any, name: str
+) -> None:
+    box, pool = docker_box, pg_pool
     life = lifecycle(box, pool)
     sb = await life.open(NS, "s1", name, "exec-1")
     container = box._docker().containers.get(sb.identity)
