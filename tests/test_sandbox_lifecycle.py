@@ -289,3 +289,19 @@ async def test_keep_alive_starts_a_container_the_engine_stopped(
     container.reload()
     assert container.status == "running"
     assert (await row_of(life, name)).due_at is not None
+
+
+async def test_an_image_the_engine_does_not_have_fails_each_call_then_is_unknown_never_half_made(
+    docker_box: Any, pg_pool: Any, name: str
+) -> None:
+    missing = DockerBackend(image="tendon-no-such-image:none", network="none", client=docker_box._docker())
+    life = lifecycle(missing, pg_pool)
+    for _ in range(PROVIDER_ATTEMPTS - 1):
+        with pytest.raises(ProviderError, match="tendon-no-such-image"):
+            await life.open(NS, "s1", name, "exec-1")
+    with pytest.raises(SandboxUnknownError):
+        await life.open(NS, "s1", name, "exec-1")
+    assert [h for h in held(docker_box, name) if not h.startswith("volume:")] == []  # no container
+    await request_deletion(life.rows, NS, name)
+    await Chores(life, 0.2).once()
+    assert held(docker_box, name) == []  # its volume went with the deletion

@@ -51,14 +51,19 @@ class DockerBackend:
                 raise ProviderError(f"Docker engine unreachable: {exc}") from exc
         return self._client
 
-    async def _call(self, fn: Callable[[], T], *, creating: bool = False) -> T:
+    async def _call(self, fn: Callable[[], T], *, creating: bool = False, lookup: bool = False) -> T:
+        """``fn`` in a thread, its errors as the backend's: NotFound passes only for a ``lookup``
+        (a missing image, say, is the provider refusing); a 409 is a held identity only when
+        ``creating``."""
         from docker.errors import APIError, DockerException, NotFound
         from requests.exceptions import RequestException  # the SDK lets its transport's errors through
 
         try:
             return await asyncio.to_thread(fn)
-        except NotFound:
-            raise
+        except NotFound as exc:
+            if lookup:
+                raise
+            raise ProviderError(f"Docker engine: {exc.explanation or exc}") from exc
         except APIError as exc:
             if creating and exc.status_code == 409:  # the name is taken: the identity is held
                 raise AlreadyExistsError(str(exc.explanation or exc)) from exc
@@ -70,7 +75,7 @@ class DockerBackend:
         from docker.errors import NotFound
 
         try:
-            return await self._call(lambda: self._docker().containers.get(identity))
+            return await self._call(lambda: self._docker().containers.get(identity), lookup=True)
         except NotFound as exc:
             raise SandboxGoneError(f"container {identity} is gone") from exc
 
@@ -78,7 +83,7 @@ class DockerBackend:
         from docker.errors import NotFound
 
         try:
-            container = await self._call(lambda: self._docker().containers.get(identity))
+            container = await self._call(lambda: self._docker().containers.get(identity), lookup=True)
         except NotFound:
             return None
         return dict(container.labels or {})
@@ -115,7 +120,7 @@ class DockerBackend:
             lambda: client.volumes.get(identity).remove(force=True),
         ):
             try:
-                await self._call(remove)
+                await self._call(remove, lookup=True)
             except NotFound:
                 pass  # gone already: a deletion repeated after a crash
 
