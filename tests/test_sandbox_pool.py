@@ -125,3 +125,25 @@ async def test_an_artifact_is_published_to_the_object_store_and_verified(
     ) as store:
         got = await store.get(ref, expected_scope="tests/s8", expected_binding=f"{cmd.execution_id}/artifact")
     assert got == expected and ref.size == len(expected)
+
+
+async def test_a_command_that_ended_while_no_worker_lived_is_read_back_from_its_log(
+    tendon: TendonEnv, processes: Processes, bus: SandboxBus, tmp_path: Path
+) -> None:
+    spec = f"local:{tmp_path / 'sandboxes'}"
+    first = await processes.start_ready("hands", serve_args(spec), tendon.env)
+    cmd = call("sandbox_exec", "s9", command="echo a >> starts.txt; echo a; sleep 1; echo b; exit 7")
+    await bus.send(cmd)
+    await lines_in(workspace(tmp_path, "s9") / "starts.txt", 1)
+    first.send_signal(signal.SIGKILL)
+    await processes.wait_exit(first)
+    exit_file = workspace(tmp_path, "s9") / f".tendon/ops/{cmd.execution_id}/exit"
+
+    async def ended() -> bool:
+        return exit_file.exists()
+
+    await wait_for(ended, timeout=10, what="the command to end with no worker")
+    await processes.start_ready("hands", serve_args(spec), tendon.env)
+    done = await bus.wait_kind(cmd.execution_id, "succeeded")
+    assert (done.body.result["exit_code"], done.body.result["output"]) == (7, "a\nb\n")
+    assert (workspace(tmp_path, "s9") / "starts.txt").read_text() == "a\n"

@@ -151,7 +151,7 @@ class Chores:
         life, rows, me = self.life, self.life.rows, self.life.worker_id
         users = await rows.read(lambda conn: rows.open_users(conn, row))
         if users:
-            log.info("sandbox_deletion_waits", binding=row.binding_id, users=len(users))
+            log.debug("sandbox_deletion_waits", binding=row.binding_id, users=len(users))
             await rows.transact(lambda conn: rows.postpone(conn, row, me, life.interval))
             return
         try:
