@@ -112,7 +112,9 @@ class _Follower:
                 continue
             if self.ctx.cancelled.is_set():
                 await self._stop(op)
-            await asyncio.sleep(POLL)
+            # A long command is looked at less often (at most once a second): each look is a
+            # process in the sandbox (a `docker exec`).
+            await asyncio.sleep(min(1.0, POLL + (time.monotonic() - since) / 60))
 
     async def _look(self, op: str) -> oplog.OpState | None:
         """What the log says, or None after a provider that did not answer (then resumed, and
