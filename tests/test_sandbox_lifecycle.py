@@ -6,6 +6,7 @@ binding."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -305,3 +306,31 @@ async def test_an_image_the_engine_does_not_have_fails_each_call_then_is_unknown
     await request_deletion(life.rows, NS, name)
     await Chores(life, 0.2).once()
     assert held(docker_box, name) == []  # its volume went with the deletion
+
+
+async def test_two_workers_opening_a_new_binding_at_once_make_one_sandbox(
+    box: Any, pool: Any, name: str
+) -> None:
+    await _register(pool, "w1", "w2")
+    one, two = lifecycle(box, pool, "w1"), lifecycle(box, pool, "w2")
+    a, b = await asyncio.gather(one.open(NS, "s1", name, "exec-1"), two.open(NS, "s2", name, "exec-2"))
+    assert a.identity == b.identity
+    assert [h for h in held(box, name) if not h.startswith("volume:")] == [a.identity]
+    assert (await row_of(one, name)).status is SandboxStatus.READY
+
+
+async def test_a_binding_made_by_another_transaction_meanwhile_is_taken_not_made_again(
+    pg_pool: Any, tmp_path: Path, name: str
+) -> None:
+    box = backend("local", tmp_path)
+    one, two = lifecycle(box, pg_pool, "w1"), lifecycle(box, pg_pool, "w2")
+    async with pg_pool.acquire() as conn:
+        async with conn.transaction():
+            made = await one.rows.begin(conn, one._new(NS, name, "s1", None), None, 5)
+            # Another worker's call finds no row yet, and its insert waits on this one's key
+            call = asyncio.create_task(two.open(NS, "s2", name, "exec-2"))
+            await asyncio.sleep(0.5)
+            assert not call.done()
+    sb = await call  # the first one's row, created by the second (its creator w1 is not alive)
+    assert made is not None and sb.identity == made.identity and sb.row.nonce == made.nonce
+    assert [h for h in held(box, name)] == [made.identity]

@@ -128,9 +128,12 @@ class Lifecycle:
         async def claim(conn: Any) -> SandboxRow:
             row = await rows.get(conn, namespace, bid, for_update=True)
             if row is None or row.status is S.DELETED:
-                row = await rows.begin(
-                    conn, self._new(namespace, bid, session_id, row), row, self.lease_seconds
+                new = self._new(namespace, bid, session_id, row)
+                # None: another worker made it meanwhile; its row is the one (locked now).
+                row = await rows.begin(conn, new, row, self.lease_seconds) or await rows.get(
+                    conn, namespace, bid, for_update=True
                 )
+                assert row is not None
             may_use(bid, row.owner_session, session_id)
             # An execution that used it already goes on (a re-attach during a deletion).
             if row.status not in STARTS and not await rows.uses(conn, row, execution_id):

@@ -81,10 +81,11 @@ class SandboxRows(StoreBase):
 
     async def begin(
         self, conn: Connection, values: Mapping[str, Any], old: SandboxRow | None, lease_seconds: float
-    ) -> SandboxRow:
+    ) -> SandboxRow | None:
         """Commit a creation's identity, under ``values["lease_owner"]``'s lease, before the provider
         is asked: a new row, or a deleted one's next generation (the table allows DELETED ->
-        CREATING, nothing else). The chore scan looks at it once the lease ran out."""
+        CREATING, nothing else). The chore scan looks at it once the lease ran out. None when
+        another transaction made the row first (read it again)."""
         if old is not None:
             transition(old.status, SandboxStatus.CREATING)
             await conn.execute(f"DELETE FROM sandboxes WHERE {_KEY} AND status = 'deleted'", *_key(old))
@@ -92,13 +93,13 @@ class SandboxRows(StoreBase):
         marks = ", ".join(f"${i}" for i in range(1, n + 2))
         rec = await conn.fetchrow(
             f"""INSERT INTO sandboxes ({", ".join(values)}, status, lease_until, due_at)
-                VALUES ({marks}, ts_add(now(), ${n + 2}), ts_add(now(), ${n + 2})) RETURNING {COLUMNS}""",
+                VALUES ({marks}, ts_add(now(), ${n + 2}), ts_add(now(), ${n + 2}))
+                ON CONFLICT (namespace, binding_id) DO NOTHING RETURNING {COLUMNS}""",
             *values.values(),
             SandboxStatus.CREATING.value,
             lease_seconds,
         )
-        assert rec is not None  # an INSERT without a conflict clause returns its row or raises
-        return SandboxRow.from_record(rec)
+        return SandboxRow.from_record(rec) if rec is not None else None
 
     async def take_lease(
         self, conn: Connection, row: SandboxRow, me: str, seconds: float
