@@ -334,3 +334,20 @@ async def test_a_binding_made_by_another_transaction_meanwhile_is_taken_not_made
     sb = await call  # the first one's row, created by the second (its creator w1 is not alive)
     assert made is not None and sb.identity == made.identity and sb.row.nonce == made.nonce
     assert [h for h in held(box, name)] == [made.identity]
+
+
+async def test_keep_alive_forgets_the_uses_whose_executions_settled(box: Any, pool: Any, name: str) -> None:
+    life = lifecycle(box, pool)
+    for n in range(3):  # executions no ledger row holds open: settled
+        await life.open(NS, f"s{n}", name, f"exec-{n}")
+
+    async def uses() -> int:
+        async with pool.acquire() as conn:
+            return int(await conn.fetchval("SELECT count(*) FROM sandbox_uses WHERE binding_id = $1", name))
+
+    assert await uses() == 3
+    async with pool.acquire() as conn:
+        await conn.execute("UPDATE sandboxes SET due_at = now() WHERE binding_id = $1", name)
+    assert await Chores(life, 0.2).once() == 1
+    assert await uses() == 0
+    assert (await row_of(life, name)).status is SandboxStatus.READY
