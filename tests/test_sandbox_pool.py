@@ -21,6 +21,7 @@ from tests.sandbox_support import (  # noqa: F401 - leftovers: a fixture
     leftovers,
     lines_in,
     listed,
+    output_of,
     sandbox_bus,
     serve_args,
     workspace,
@@ -147,3 +148,19 @@ async def test_a_command_that_ended_while_no_worker_lived_is_read_back_from_its_
     done = await bus.wait_kind(cmd.execution_id, "succeeded")
     assert (done.body.result["exit_code"], done.body.result["output"]) == (7, "a\nb\n")
     assert (workspace(tmp_path, "s9") / "starts.txt").read_text() == "a\n"
+
+
+async def test_output_is_paged_whole_and_in_order_even_where_a_page_splits_a_character(
+    tendon: TendonEnv, processes: Processes, bus: SandboxBus, tmp_path: Path
+) -> None:
+    spec = f"local:{tmp_path / 'sandboxes'}"
+    await processes.start_ready("hands", serve_args(spec), tendon.env)
+    # 100,002 bytes: past one page (64 KiB), whose end falls inside a two-byte character
+    command = "printf a; python3 -c \"print('\\u00e9' * 50000)\""
+    cmd = call("sandbox_exec", "s10", command=command)
+    await bus.send(cmd)
+    done = await bus.wait_kind(cmd.execution_id, "succeeded")
+    expected = "a" + "\u00e9" * 50000 + "\n"
+    assert done.body.result["output_bytes"] == len(expected.encode()) == 100002
+    assert output_of(bus.events(cmd.execution_id)) == expected
+    assert len([e for e in bus.by_seq(cmd.execution_id).values() if e.kind == "output_page"]) >= 2

@@ -140,6 +140,9 @@ class _Follower:
             log.warning("sandbox_step_failed", error=repr(exc))
 
     async def _finished(self, op: str, state: oplog.OpState) -> dict[str, Any]:
+        rest = self.decoder.decode(b"", final=True)  # an incomplete character at the very end
+        if rest:
+            await self.ctx.output.write(rest)
         tail = await self.sb.read(f"{oplog.op_dir(op)}/out", max(0, state.size - TAIL)) or b""
         if self.cancel_since is not None:
             raise CommandCancelledError(f"the command stopped on a cancel (exit {state.exit_code})")
