@@ -57,6 +57,13 @@ async def test_a_deletion_waits_for_a_running_command_then_removes_the_workspace
 
     await wait_for(gone, timeout=20, what="the workspace to be deleted")
     assert [r["status"] for r in await listed(tendon, spec)] == ["deleted"]
+    # Nothing to reconcile there: one line, exit code 2
+    reconcile = ["-m", "hands", "sandbox", "reconcile-creation", "tests", PRIVATE + "s3", "--sandbox", spec]
+    code, out, err = await run_cli([*reconcile, "--outcome", "absent", "--evidence", "looked"], tendon.env)
+    assert (code, err.strip()) == (
+        2,
+        f"hands: sandbox {PRIVATE}s3 is DELETED, not UNKNOWN: nothing to reconcile",
+    )
 
 
 async def test_a_worker_killed_after_the_provider_deleted_leaves_a_deletion_the_next_one_finishes(
