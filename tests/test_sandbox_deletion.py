@@ -62,7 +62,7 @@ async def test_a_deletion_waits_for_a_running_command_then_removes_the_workspace
     code, out, err = await run_cli([*reconcile, "--outcome", "absent", "--evidence", "looked"], tendon.env)
     assert (code, err.strip()) == (
         2,
-        f"hands: sandbox {PRIVATE}s3 is DELETED, not UNKNOWN: nothing to reconcile",
+        f"hands: CONFLICT: sandbox {PRIVATE}s3 is DELETED, not UNKNOWN: nothing to reconcile",
     )
 
 
