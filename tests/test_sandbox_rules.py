@@ -148,3 +148,18 @@ def test_a_wrapper_killed_without_an_exit_code_reads_as_lost(tmp_path: Path) -> 
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert phase is oplog.Phase.LOST
+
+
+def test_a_command_that_ends_between_two_looks_is_never_read_as_lost(tmp_path: Path) -> None:
+    # The probe looks at the wrapper before its exit file: an end in between is an end
+    for n in range(30):
+        op = f"quick-{n}"
+        d = tmp_path / oplog.op_dir(op)
+        d.mkdir(parents=True)
+        (d / "cmd").write_text("true")
+        (d / "run.sh").write_text(oplog.wrapper(op, 30))
+        _sh(oplog.launch(op), tmp_path)
+        deadline = time.monotonic() + 10
+        while (state := oplog.read_probe(_sh(oplog.probe(op), tmp_path))).phase is not oplog.Phase.FINISHED:
+            assert state.phase is not oplog.Phase.LOST, f"run {n} read as lost"
+            assert time.monotonic() < deadline

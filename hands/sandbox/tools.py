@@ -43,6 +43,7 @@ INLINE_LIMIT = 256 * 1024
 PAGE = 64 * 1024
 TAIL = 16 * 1024
 POLL = 0.2
+FIRST_LOOK = 0.02  # the pause after a launch, before the first look at the log
 CANCEL_WAIT = 15.0
 LAUNCHES = 3  # starts asked of a wrapper that the log does not show started
 BLIND_ROUNDS = 20  # rounds in a row without an answer from the sandbox before its command is UNKNOWN
@@ -99,7 +100,7 @@ class _Follower:
                 self.launches += 1
                 await self._ask(oplog.launch(op))
                 since = time.monotonic()
-                await asyncio.sleep(POLL)
+                await asyncio.sleep(FIRST_LOOK)
                 continue
             waited = time.monotonic() - since
             if state.phase is oplog.Phase.LOST or (
@@ -112,9 +113,9 @@ class _Follower:
                 continue
             if self.ctx.cancelled.is_set():
                 await self._stop(op)
-            # A long command is looked at less often (at most once a second): each look is a
-            # process in the sandbox (a `docker exec`).
-            await asyncio.sleep(min(1.0, POLL + (time.monotonic() - since) / 60))
+            # A short command is seen to end soon, a long one is looked at less often (at most
+            # once a second): each look is a process in the sandbox (a `docker exec`).
+            await asyncio.sleep(min(1.0, FIRST_LOOK + (time.monotonic() - since) / 5))
 
     async def _look(self, op: str) -> oplog.OpState | None:
         """What the log says, or None after a provider that did not answer (then resumed, and

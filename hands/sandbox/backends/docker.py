@@ -136,12 +136,15 @@ class DockerBackend:
         rel = inside(path)
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
+            parts = rel.split("/")
+            for depth in range(1, len(parts)):  # its folders, made as the archive is unpacked
+                folder = tarfile.TarInfo("/".join(parts[:depth]))
+                folder.type, folder.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(folder)
             info = tarfile.TarInfo(rel)
-            info.size = len(data)
+            info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
         container = await self._container(identity)
-        parent = f"{WORKSPACE}/{rel.rpartition('/')[0]}".rstrip("/")
-        await self._call(lambda: container.exec_run(["mkdir", "-p", parent]))
         await self._call(lambda: container.put_archive(WORKSPACE, buffer.getvalue()))
 
     async def read_file(self, identity: str, path: str, offset: int = 0, limit: int = -1) -> bytes | None:

@@ -65,17 +65,22 @@ def launch(op: str) -> str:
 def probe(op: str) -> str:
     """A script printing one line of what the log says: ``none``, ``exit N``, ``running`` (the
     wrapper lives: its pid, not a zombie, and its command line names the op), ``starting`` (a
-    lock, no pid yet) or ``lost``; then ``size N`` of the output so far."""
+    lock, no pid yet) or ``lost``; then ``size N`` of the output so far.
+
+    The wrapper is looked at *before* its exit file: one that ended between the two looks has
+    written its exit code by then, so an end is never taken for a loss."""
     d = shlex.quote(op_dir(op))
     name = shlex.quote(op)
     return f"""d={d}
 if [ ! -d "$d/lock" ]; then echo none
-elif [ -f "$d/exit" ]; then echo "exit $(cat "$d/exit")"
-elif [ ! -f "$d/pid" ]; then echo starting
-else p=$(cat "$d/pid")
-  if [ -r "/proc/$p/stat" ] && ! grep -q '^[0-9]* ([^)]*) Z' "/proc/$p/stat" 2>/dev/null \\
-     && tr '\\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -qF -- {name}; then echo running
-  else echo lost; fi
+else
+  state=starting
+  if [ -f "$d/pid" ]; then
+    p=$(cat "$d/pid"); state=lost
+    if [ -r "/proc/$p/stat" ] && ! grep -q '^[0-9]* ([^)]*) Z' "/proc/$p/stat" 2>/dev/null \\
+       && tr '\\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -qF -- {name}; then state=running; fi
+  fi
+  if [ -f "$d/exit" ]; then echo "exit $(cat "$d/exit")"; else echo "$state"; fi
 fi
 if [ -f "$d/out" ]; then echo "size $(wc -c < "$d/out")"; else echo "size 0"; fi
 """
