@@ -351,3 +351,23 @@ async def test_keep_alive_forgets_the_uses_whose_executions_settled(box: Any, po
     assert await Chores(life, 0.2).once() == 1
     assert await uses() == 0
     assert (await row_of(life, name)).status is SandboxStatus.READY
+
+
+async def test_a_command_whose_wrapper_never_starts_is_fenced_off_and_fails_saying_it_never_ran(
+    pg_pool: Any, tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hands.sandbox.rules import oplog
+    from hands.sandbox.tools import CommandNotStartedError, _Follower, _prepare
+    from hands.tools.declare import ToolContext
+
+    monkeypatch.setattr(oplog, "STARTING_GRACE", 0.5)
+    sb = await lifecycle(backend("local", tmp_path), pg_pool).open(NS, "s1", name, "exec-1")
+    await _prepare(sb, "exec-1", "echo ran >> starts.txt", 30)
+    await sb.write(f"{oplog.op_dir('exec-1')}/run.sh", b"exit 0\n")  # a wrapper that never takes its lock
+    ctx = ToolContext(operation_id="exec-1", namespace=NS, session_id="s1")
+    with pytest.raises(CommandNotStartedError, match="did not run"):
+        await _Follower(sb, ctx, {"op": "exec-1"}).run("echo ran >> starts.txt", 30, idempotent=False)
+    # The real wrapper, started late, finds the lock taken and leaves: the command never runs
+    await _prepare(sb, "exec-1", "echo ran >> starts.txt", 30)
+    await sb.shell(f"sh {oplog.op_dir('exec-1')}/run.sh")
+    assert await sb.read("starts.txt") is None

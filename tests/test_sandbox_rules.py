@@ -163,3 +163,23 @@ def test_a_command_that_ends_between_two_looks_is_never_read_as_lost(tmp_path: P
         while (state := oplog.read_probe(_sh(oplog.probe(op), tmp_path))).phase is not oplog.Phase.FINISHED:
             assert state.phase is not oplog.Phase.LOST, f"run {n} read as lost"
             assert time.monotonic() < deadline
+
+
+def test_a_fenced_command_never_starts_and_a_started_one_cannot_be_fenced(tmp_path: Path) -> None:
+    for op, command in (("never", "echo ran >> starts.txt"), ("started", "sleep 1")):
+        d = tmp_path / oplog.op_dir(op)
+        d.mkdir(parents=True)
+        (d / "cmd").write_text(command)
+        (d / "run.sh").write_text(oplog.wrapper(op, 30))
+    assert _sh(oplog.fence("never"), tmp_path).strip() == "fenced"
+    _sh(oplog.launch("never"), tmp_path)
+    _sh(f"sh {oplog.op_dir('never')}/run.sh", tmp_path)  # a wrapper run to its end: it leaves at once
+    assert oplog.read_probe(_sh(oplog.probe("never"), tmp_path)).phase is oplog.Phase.FENCED
+    assert not (tmp_path / "starts.txt").exists()
+    _sh(oplog.launch("started"), tmp_path)
+    deadline = time.monotonic() + 10
+    while oplog.read_probe(_sh(oplog.probe("started"), tmp_path)).phase is oplog.Phase.NONE:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert _sh(oplog.fence("started"), tmp_path).strip() == ""
+    assert oplog.read_probe(_sh(oplog.probe("started"), tmp_path)).phase is not oplog.Phase.FENCED

@@ -54,6 +54,10 @@ class CommandCancelledError(Exception):
     """The command was stopped by a cancel."""
 
 
+class CommandNotStartedError(Exception):
+    """The command's wrapper could not be started; it was fenced off, so the command never ran."""
+
+
 class NoObjectStoreError(TendonError):
     code = "no_object_store"
 
@@ -103,6 +107,11 @@ class _Follower:
                 await asyncio.sleep(FIRST_LOOK)
                 continue
             waited = time.monotonic() - since
+            if state.phase is oplog.Phase.FENCED or (
+                state.phase is oplog.Phase.NONE and waited > oplog.STARTING_GRACE
+            ):
+                await self._fence(op)  # it never started: make sure it never does, and say so
+                continue
             if state.phase is oplog.Phase.LOST or (
                 state.phase is not oplog.Phase.RUNNING and waited > oplog.STARTING_GRACE
             ):
@@ -139,6 +148,16 @@ class _Follower:
             await self.sb.shell(script)
         except (TendonError, OSError) as exc:
             log.warning("sandbox_step_failed", error=repr(exc))
+
+    async def _fence(self, op: str) -> None:
+        """Take the op's lock in the wrapper's stead: the command can never start after this, so
+        the call fails, saying it never ran. If a wrapper took the lock first, it runs: follow it."""
+        said = (await self.sb.shell(oplog.fence(op))).strip()
+        if said == b"fenced" or (await _probe(self.sb, op)).phase is oplog.Phase.FENCED:
+            raise CommandNotStartedError(
+                f"command {op}: its wrapper did not start within {oplog.STARTING_GRACE:.0f} s, "
+                "and now never will; it did not run"
+            )
 
     async def _finished(self, op: str, state: oplog.OpState) -> dict[str, Any]:
         rest = self.decoder.decode(b"", final=True)  # an incomplete character at the very end
@@ -200,8 +219,8 @@ class _Tools:
     ) -> Found | NotFound:
         sb = await self._open(ctx, sandbox)
         state = await _probe(sb, ctx.operation_id)
-        if state.phase is oplog.Phase.NONE:
-            return NotFound()  # it never started: running it now is its first run
+        if state.phase in (oplog.Phase.NONE, oplog.Phase.FENCED):
+            return NotFound()  # it never started (a fenced one never will: a run says so)
         if state.phase is oplog.Phase.FINISHED:
             tail = await sb.read(f"{oplog.op_dir(ctx.operation_id)}/out", max(0, state.size - TAIL)) or b""
             return Found(oplog.outcome(state, tail.decode(errors="replace")))

@@ -65,7 +65,8 @@ def launch(op: str) -> str:
 def probe(op: str) -> str:
     """A script printing one line of what the log says: ``none``, ``exit N``, ``running`` (the
     wrapper lives: its pid, not a zombie, and its command line names the op), ``starting`` (a
-    lock, no pid yet) or ``lost``; then ``size N`` of the output so far.
+    lock, no pid yet), ``fenced`` (a follower took the lock: it never ran) or ``lost``; then ``size
+    N`` of the output so far.
 
     The wrapper is looked at *before* its exit file: one that ended between the two looks has
     written its exit code by then, so an end is never taken for a loss."""
@@ -73,6 +74,7 @@ def probe(op: str) -> str:
     name = shlex.quote(op)
     return f"""d={d}
 if [ ! -d "$d/lock" ]; then echo none
+elif [ -f "$d/lock/fenced" ]; then echo fenced
 else
   state=starting
   if [ -f "$d/pid" ]; then
@@ -86,6 +88,13 @@ if [ -f "$d/out" ]; then echo "size $(wc -c < "$d/out")"; else echo "size 0"; fi
 """
 
 
+def fence(op: str) -> str:
+    """Takes the op's lock where no wrapper did: prints ``fenced`` when it took it (the command
+    can never start now), nothing when a wrapper holds it."""
+    lock = shlex.quote(f"{op_dir(op)}/lock")
+    return f"mkdir {lock} 2>/dev/null && : > {lock}/fenced && echo fenced; true"
+
+
 def stop(op: str, signal: str = "TERM") -> str:
     """A cancel: ``signal`` to the command's process group (``timeout`` leads one: the command and
     everything it started). Harmless before the command started or after it ended."""
@@ -95,6 +104,7 @@ def stop(op: str, signal: str = "TERM") -> str:
 
 class Phase(StrEnum):
     NONE = "none"  # never started: no wrapper ever took the lock
+    FENCED = "fenced"  # never started, and never will: a follower took the lock in its stead
     STARTING = "starting"
     RUNNING = "running"
     FINISHED = "finished"
