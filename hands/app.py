@@ -37,6 +37,7 @@ from hands.run.relay import EventRelay
 from hands.run.tasks import Tasks
 from hands.run.worker import CommandConsumer
 from hands.run.writer import LedgerWriter
+from hands.sandbox.serve import SandboxServing
 from hands.store import Ledger, open_ledger
 from hands.tools.mcp import McpTool
 from hands.tools.mcp_config import McpServerSpec
@@ -68,9 +69,11 @@ class Background:
     statistics: asyncio.Task[None]
     retention: asyncio.Task[None]
     liveness: asyncio.Task[None]  # ends serve() once the others presumed this worker dead
+    sandbox: asyncio.Task[None] | None = None  # the sandboxes' chores (deletions, keep-alive)
 
     def all(self) -> list[asyncio.Task[None]]:
-        return [self.relay, self.recovery, self.statistics, self.retention, self.liveness]
+        tasks = [self.relay, self.recovery, self.statistics, self.retention, self.liveness]
+        return tasks + ([self.sandbox] if self.sandbox is not None else [])
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class HandsApp:
         concurrency: int | None = None,
         grace: float | None = None,
         backends: HandsBackends | None = None,
+        sandbox: str | None = None,
     ) -> None:
         self.settings = settings
         self.backends = backends
@@ -104,6 +108,8 @@ class HandsApp:
         self.tools_spec = tools
         self.mcp = list(mcp)
         self.kill = kill or KillPoints()
+        # Sandbox tools only where asked for (``hands serve`` asks with --sandbox or TENDON_SANDBOX).
+        self.sandbox = SandboxServing(settings, route, sandbox, self.kill) if sandbox else None
         self.concurrency = concurrency or settings.concurrency
         self.grace = settings.drain_seconds if grace is None else grace
         self.topology = Topology(settings.queue_prefix)
@@ -183,6 +189,7 @@ class HandsApp:
                 keep_pruned(ledger.transact, self._horizons(ledger)), name="retention"
             ),
             liveness=asyncio.create_task(self._watch_liveness(), name="liveness"),
+            sandbox=self._sandbox_chores(ledger, codec),
         )
         self._stack.push_async_callback(self._cancel, self._background.all())
 
@@ -228,8 +235,10 @@ class HandsApp:
         if self.mcp:
             source = McpTools(self.route, self.mcp, on_change=self._tools_changed)
             tools += (await self._stack.enter_async_context(source)).tools
+        if self.sandbox is not None:
+            tools += self.sandbox.tools
         if not tools:
-            raise ToolLoadError(f"route {self.route} has nothing to serve: give --tools or --mcp")
+            raise ToolLoadError(f"route {self.route} has nothing to serve: give --tools, --mcp or --sandbox")
         self.registry = ToolRegistry(self.route, tools)
         return self.registry
 
@@ -296,6 +305,12 @@ class HandsApp:
             commands=await broker.consume(commands, self.commands.handle, prefetch=self.concurrency),
         )
 
+    def _sandbox_chores(self, ledger: Ledger, codec: PayloadCodec) -> asyncio.Task[None] | None:
+        if self.sandbox is None:
+            return None
+        self.sandbox.attach(ledger.pool, self.worker_id, codec.store)
+        return asyncio.create_task(self.sandbox.run(), name="sandbox-chores")
+
     def _horizons(self, ledger: Ledger) -> list[Horizon]:
         s = self.settings
         return [
@@ -330,6 +345,7 @@ class HandsApp:
         # No new claims while draining (nor pruning, statistics or a watch on the liveness).
         await self._cancel(
             [background.recovery, background.statistics, background.retention, background.liveness]
+            + ([background.sandbox] if background.sandbox is not None else [])
         )
         await self.tasks.drain(self.grace)
         # Controls are consumed until the running tools are done: a cancel still reaches them.

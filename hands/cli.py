@@ -3,7 +3,9 @@
     hands serve --route email --tools examples.email_tools [--concurrency N] [--grace S]
     hands serve --route files --mcp 'stdio:python -m my_server' [--mcp URL] [--mcp-config FILE]
     hands serve --route email --tools myapp.agents   (Pydantic AI / Agents SDK agents' tools)
+    hands serve --route box --sandbox local:/var/tmp/tendon-sandboxes   (or --sandbox docker)
     hands show EXECUTION_ID [--json]
+    hands sandbox list | request-deletion NS BINDING | reconcile-creation NS BINDING --outcome ...
     hands reconcile EXECUTION_ID (--result JSON | --failed MESSAGE) --evidence TEXT
                     [--actor NAME] [--json]
 
@@ -29,7 +31,8 @@ from typing import Any
 from hands.app import HandsApp
 from hands.run.reconcile import publish, reconcile
 from hands.run.relay import stored_events
-from hands.store import Execution, Ledger, ledger_for
+from hands.sandbox.cli import add_commands as add_sandbox_commands
+from hands.store import Execution, Ledger, ledger_for, open_ledger
 from hands.tools.mcp_config import server_specs
 from infra.db import create_pool
 from infra.db.parked import show_parked
@@ -91,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
         "replay overrides per tool); see docs/mcp.md",
     )
     serve.add_argument(
+        "--sandbox",
+        default=None,
+        metavar="SPEC",
+        help="serve sandbox tools (sandbox_exec, fs_upload, fs_download, artifact_publish) in "
+        "'local:DIRECTORY' (no isolation) or 'docker' sandboxes (default: TENDON_SANDBOX); "
+        "see docs/sandboxes.md",
+    )
+    serve.add_argument(
         "--concurrency",
         type=int,
         default=None,
@@ -145,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--actor", default=None, metavar="NAME", help="who vouches (default: your user name)")
     rec.add_argument("--json", action="store_true", help="print one JSON document")
     rec.set_defaults(func=_reconcile)
+    add_sandbox_commands(sub, _migrated_pool)
     return parser
 
 
@@ -176,6 +188,7 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
             kill=KillPoints(settings.kill_at),
             concurrency=args.concurrency,
             grace=args.grace,
+            sandbox=args.sandbox or settings.sandbox or None,
         )
 
         def stop(app: HandsApp = app) -> None:
@@ -212,6 +225,13 @@ async def _ledger(stack: AsyncExitStack, settings: Settings) -> Ledger:
             "(check TENDON_HANDS_SCHEMA and TENDON_HANDS_DATABASE_URL)"
         )
     return ledger
+
+
+async def _migrated_pool(stack: AsyncExitStack, settings: Settings) -> Any:
+    """The ledger's pool with its migrations applied (the sandbox tables of an older ledger)."""
+    ledger = await _ledger(stack, settings)
+    await open_ledger(ledger.pool, settings.hands_schema)
+    return ledger.pool
 
 
 async def _codec(stack: AsyncExitStack, settings: Settings) -> PayloadCodec:

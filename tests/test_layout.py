@@ -24,6 +24,10 @@ room                     may import
 ``hands/store``          hands/rules, infra, protocol
 ``hands/tools``          hands/tools, infra, protocol
 ``hands/run``            hands/rules, hands/store, hands/tools, infra, protocol
+``hands/sandbox/rules``  protocol; no I/O library
+``hands/sandbox/store``  hands/sandbox/rules, infra, protocol
+``hands/sandbox/backends``  hands/sandbox/rules, protocol (and the provider's SDK)
+``hands/sandbox``        its rooms above, hands/tools, infra, protocol
 ``hands`` (app, cli)     every room of hands/, infra, protocol
 ``local``                anything: the whole system, wired above Brain and Hands
 =======================  =========================================================================
@@ -84,6 +88,10 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "hands/store": ("hands/store", "hands/rules", *INFRA, "protocol"),
     "hands/tools": ("hands/tools", *INFRA, "protocol"),
     "hands/run": ("hands/run", "hands/rules", "hands/store", "hands/tools", *INFRA, "protocol"),
+    "hands/sandbox/rules": ("hands/sandbox/rules", "protocol"),
+    "hands/sandbox/store": ("hands/sandbox/store", "hands/sandbox/rules", *INFRA, "protocol"),
+    "hands/sandbox/backends": ("hands/sandbox/backends", "hands/sandbox/rules", "protocol"),
+    "hands/sandbox": ("hands/sandbox", "hands/tools", *INFRA, "protocol"),
     "hands": ("hands", *INFRA, "protocol"),
     "local": ("local", "brain", "hands", *INFRA, "protocol"),
 }
@@ -92,11 +100,14 @@ IO_LIBRARIES = (
     "asyncio", "asyncpg", "aio_pika", "aiormq", "aiohttp", "boto3", "botocore", "fastapi", "httpx", "openai",
     "socket", "sqlite3", "subprocess", "uvicorn", "infra",
 )  # fmt: skip
-PURE_ROOMS = ("brain/rules", "hands/rules")
+PURE_ROOMS = ("brain/rules", "hands/rules", "hands/sandbox/rules")
 
 # The rooms that own tables, and so their SQL: the two stores, the database room (the parked
 # messages both stores keep), liveness (the workers table) and the local queue (its own file).
-SQL_ROOMS = ("brain/store", "hands/store", "infra/db", "infra/liveness", "infra/transport/localqueue.py")
+SQL_ROOMS = (
+    "brain/store", "hands/store", "hands/sandbox/store", "infra/db", "infra/liveness",
+    "infra/transport/localqueue.py",
+)  # fmt: skip
 SQL = re.compile(
     r"\b(SELECT\s+[\w*(]|INSERT\s+INTO\b|DELETE\s+FROM\b|UPDATE\s+\w+\s+(AS\s+\w+\s+|\w+\s+)?SET\b)"
 )

@@ -174,11 +174,13 @@ class Executor:
             log.info("execution_started", attempt=attempt, reason=reason)
         return attempt
 
-    def _context(
-        self, execution_id: str, attempt: int, *, output: bool, handle: str | None = None
-    ) -> ToolContext:
+    def _context(self, row: Execution, attempt: int, *, output: bool) -> ToolContext:
+        execution_id = row.execution_id
         cancelled = self.tasks.cancel_signal(execution_id)
-        ctx = ToolContext(operation_id=execution_id, attempt=attempt, cancelled=cancelled, handle=handle)
+        ctx = ToolContext(
+            operation_id=execution_id, attempt=attempt, cancelled=cancelled, handle=row.handle,
+            namespace=row.namespace, session_id=row.session_id, output_offset=row.output_bytes,
+        )  # fmt: skip
         ctx.owner_check = partial(self._still_owner, execution_id)
         ctx.handle_keeper = partial(self.outcomes.keep_handle, execution_id)
         ctx.asker = partial(self.outcomes.ask, execution_id)
@@ -202,7 +204,7 @@ class Executor:
         """Run the tool's body (or, with ``reattach``, follow the operation its handle names)."""
         execution_id = row.execution_id
         self._kill.hit("hands.before_tool_body", row.call_id)
-        ctx = self._context(execution_id, attempt, output=True, handle=row.handle)
+        ctx = self._context(row, attempt, output=True)
         body = tool.reattach if reattach and tool.reattach is not None else tool.fn
         try:
             if args is None:
@@ -325,7 +327,7 @@ class Executor:
         # after an unclear commit is harmless.
         await self.outcomes.save(execution_id, to_querying)
         assert tool.query is not None
-        ctx = self._context(execution_id, max(row.attempts, 1), output=False)
+        ctx = self._context(row, max(row.attempts, 1), output=False)
         try:
             args = tool.validate_args(row.args or {})
             answer = await tool.query(ctx, **args)

@@ -83,6 +83,12 @@ class ToolContext:
     owner_check: Callable[[], Awaitable[None]] = _always_owner
     handle: str | None = None  # the handle an earlier attempt kept, when re-attaching
     handle_keeper: Callable[[str], Awaitable[None]] = _keep_nowhere
+    # Who asked (a sandbox tool finds the session's workspace by them), and how many bytes of
+    # output earlier attempts paged already (a re-attached body goes on from there).
+    namespace: str = ""
+    session_id: str = ""
+    output_offset: int = 0
+
     asker: Callable[[str, str, dict[str, Any]], Awaitable[None]] = _ask_nobody
     answers: Callable[[str], Awaitable[dict[str, Any] | None]] = _no_answer
 

@@ -142,6 +142,19 @@ class Settings(BaseSettings):
         default=30.0, ge=0, description="parked messages recorded this long ago are pruned; 0: keep them"
     )
 
+    sandbox: str = Field(
+        default="",
+        description="what `hands serve` makes sandboxes with (`--sandbox`): `local:DIRECTORY` (no "
+        "isolation) or `docker`; empty: no sandbox tools",
+    )
+    sandbox_image: str = Field(default="python:3.11-slim", description="the image of a Docker sandbox")
+    sandbox_network: str = Field(
+        default="none", description="the Docker network a sandbox container joins (`none`: no network)"
+    )
+    sandbox_keepalive_seconds: float = Field(
+        default=300.0, gt=0, description="how often a ready sandbox is checked and started again if stopped"
+    )
+
     http: str = Field(
         default="127.0.0.1:8080",
         description="where `brain serve` serves its HTTP API (HOST:PORT), or `off`; a default address "
