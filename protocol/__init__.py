@@ -1,6 +1,6 @@
 """Tendon's wire protocol: envelopes, bindings, the strict codec and the error tree."""
 
-from protocol.bindings import ReplayPolicy, ToolBinding, version_key
+from protocol.bindings import ReplayPolicy, ToolBinding, is_content_version, version_key
 from protocol.codec import Encoded, digest, dumps, loads
 from protocol.envelopes import (
     PROTOCOL_VERSION,
@@ -149,6 +149,7 @@ __all__ = [
     "event_data",
     "event_model",
     "execute_data",
+    "is_content_version",
     "is_retryable",
     "loads",
     "id_time",

@@ -64,6 +64,17 @@ class ToolBinding(BaseModel):
         return cls(**fields, digest=cls.compute_digest(**fields))
 
 
+# Versions named by a digest of the tool's definition: an MCP server's tool (``mcp-``) and an agent
+# framework's function tool (``pydantic-ai-``, ``openai-agents-``) without a version of its own.
+# Two of them have no natural order: of those, the one announced later is the newer.
+CONTENT_VERSIONS = ("mcp-", "pydantic-ai-", "openai-agents-")
+
+
+def is_content_version(version: str) -> bool:
+    """Whether ``version`` is a digest of its tool's definition (``CONTENT_VERSIONS``)."""
+    return version.startswith(CONTENT_VERSIONS)
+
+
 def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
     """Versions in their natural order: "2" before "10", "1.9" before "1.10"."""
     return tuple(

@@ -284,6 +284,9 @@ def test_a_new_thread_freezes_the_newest_version_of_the_latest_announcement() ->
     # an MCP tool's versions are digests of its listing: the one announced later replaced the other
     assert newest([row("mcp-ffff", 5), row("mcp-0000", 1)])["greet"]["version"] == "mcp-0000"
     assert newest([row("mcp-0000", 5), row("mcp-ffff", 1)])["greet"]["version"] == "mcp-ffff"
+    # so are an agent framework's (a tool edited, or moved to another framework, and its pool restarted)
+    for old, new in (("pydantic-ai-ffff", "pydantic-ai-0000"), ("pydantic-ai-0000", "openai-agents-ffff")):
+        assert newest([row(old, 5), row(new, 1)])["greet"]["version"] == new
 
 
 class _Threads:

@@ -155,3 +155,12 @@ def test_a_watcher_reads_a_batchs_progress_in_words() -> None:
         )
     )
     assert accepted == "batch call-1 accepted: 9 calls of echo, ordered (at most 1 at once), fail_fast"
+
+
+def test_a_watcher_counts_only_the_models_calls_among_the_results_that_went_to_it() -> None:
+    from brain.rules import facts
+    from brain.rules.words import said
+
+    parent = "exe-0190a1b2c3d47e8f9a0b1c2d3e4f5a6b"
+    applied = facts.results_applied([parent, *(child_id(parent, i) for i in range(3))])
+    assert said(applied) == "the results of 1 tool call(s) went to the model"

@@ -20,7 +20,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from hands.tools.declare import ToolContext
 from hands.tools.registry import ToolLoadError, declared_routes, load_tools
-from protocol import SchemaError
+from protocol import SchemaError, is_content_version
 from tests import framework_agents as lab
 from tests.support import REPO
 
@@ -79,6 +79,9 @@ def test_policies_come_from_the_decorator_or_the_mapping_with_unsafe_and_a_modul
     assert asks == ["refund", "sdk_refund"]
     assert fw["effect"].binding.version.startswith("pydantic-ai-")
     assert fw["sdk_effect"].binding.version.startswith("openai-agents-")
+    # a digest: the Brain takes the one announced later as the newer (protocol.is_content_version)
+    assert is_content_version(fw["effect"].binding.version)
+    assert is_content_version(fw["sdk_effect"].binding.version)
     # A tool without a policy is unsafe on the default route; a tool of another route is not served here.
     unrouted = load_tools(MODULE, "agents").tools
     assert [t.name for t in unrouted] == ["history", "spare_tool"]

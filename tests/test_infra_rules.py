@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import builtins
 import gc
+import os
+import subprocess
+import sys
 import warnings
 from typing import Any
 
@@ -26,6 +29,7 @@ from infra.transport import REASON_HEADER
 from infra.transport.parked import reason_of
 from protocol import ConflictError, NotFoundError, SchemaError, TransientError
 from protocol.storable import storable, unstorable
+from tests.support import REPO
 
 
 @pytest.mark.parametrize(
@@ -371,6 +375,7 @@ def test_a_bug_is_not_explained_and_keeps_its_traceback(capsys) -> None:
         (NotFoundError("n"), 2, 2),
         (TransientError("t"), 5, 2),
         (ConnectionResetError("r"), 5, 2),
+        (BrokenPipeError("a connection's, stdout is fine"), 5, 2),
         (asyncpg.UniqueViolationError("dup"), 2, 2),
         (asyncpg.CannotConnectNowError("starting up"), 5, 2),
     ],
@@ -414,3 +419,28 @@ def test_a_workers_sessions_bear_its_whole_id_within_postgresqls_63_bytes(monkey
     names = [session_name(w) for w in long_ids]
     assert len(set(names)) == 3
     assert all(len(n.encode()) <= 63 and n.isascii() and n.startswith("tendon:") for n in names)
+
+
+def test_a_verb_whose_output_is_closed_says_so_and_blames_no_service(tmp_path) -> None:
+    # Given a verb that prints more than a pipe holds, piped into a reader that stops after a line
+    (tmp_path / "verbose_verb.py").write_text(
+        "from infra.process.cli import ExitCodes, reported\n"
+        "def main():\n"
+        "    def lines():\n"
+        "        for _ in range(100_000):\n"
+        "            print('x' * 80)\n"
+        "        return 0\n"
+        "    return reported('brain', lines, ExitCodes(conflict=4, usage=2, unavailable=5))\n"
+    )
+    run = "import sys; from infra.process.entry import run; sys.exit(run('brain', 'verbose_verb'))"
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", run], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    # Then it stops with one line saying why and SIGPIPE's exit code (a service's is 5)
+    assert proc.wait(60) == 141
+    assert err.splitlines() == ["brain: stopped: the output was closed (broken pipe)"]

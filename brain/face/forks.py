@@ -11,6 +11,7 @@ from brain.face.access import Direct, Remote, access
 from brain.verbs import forks
 from infra.process.settings import Settings
 
+SEQ = "the #N of a `brain watch` line or the console's"
 THREAD = "the thread: its session's id for the main thread, SESSION/NAME for another"
 
 
@@ -23,7 +24,7 @@ def add_parsers(sub: argparse._SubParsersAction, remote: argparse.ArgumentParser
         "tool again. Submit to it with --thread NAME. The same --name again prints the same fork.",
     )  # fmt: skip
     s.add_argument("thread_id", metavar="THREAD", help=THREAD)
-    s.add_argument("--at", type=int, help="the journal seq to cut at (`brain events`, the console)")
+    s.add_argument("--at", type=int, help=f"the journal seq to cut at ({SEQ})")
     s.add_argument("--name", help="the new thread's name (default fork-<id>)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s = sub.add_parser(
@@ -33,7 +34,7 @@ def add_parsers(sub: argparse._SubParsersAction, remote: argparse.ArgumentParser
         "unfinished.",
     )  # fmt: skip
     s.add_argument("thread_id", metavar="THREAD", help=THREAD)
-    s.add_argument("--at", type=int, required=True, help="the journal seq to set it back to")
+    s.add_argument("--at", type=int, required=True, help=f"the journal seq to set it back to ({SEQ})")
     s.add_argument("--json", action="store_true", help="machine-readable output")
 
 

@@ -4,8 +4,10 @@ print instead of fact names. The console says the same in its own script (``brai
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+from brain.rules.batches import is_child
 
 # How an execution's outcome came about, by its ``how``.
 HOW = {
@@ -77,6 +79,12 @@ def _reply(f: Mapping[str, Any]) -> str:
     asks = f"; it asks for {', '.join(calls)}" if calls else ""
     again = f" (attempt {f['attempt']})" if (f.get("attempt") or 1) > 1 else ""
     return f"the model replied{again}{took}" + (f" ({used})" if used else "") + said + asks
+
+
+def _model_calls(execution_ids: Iterable[str]) -> int:
+    """The calls the model made among ``execution_ids``: a batch's children are applied with their
+    batch but are no calls of the model's (its conversation has no message for them)."""
+    return sum(1 for e in execution_ids if not is_child(e))
 
 
 def _scheduled(schedule: Mapping[str, Any] | None) -> str:
@@ -183,7 +191,7 @@ def said(fact: Mapping[str, Any]) -> str:
         "turn.prepared": lambda f: "the input joined the thread's conversation",
         "turn.waiting": lambda f: f"the turn waits for {f.get('waiting_for')}",
         "turn.results_applied": lambda f: (
-            f"the results of {len(f.get('executions') or [])} tool call(s) went to the model"
+            f"the results of {_model_calls(f.get('executions') or [])} tool call(s) went to the model"
         ),
         "turn.retry_scheduled": lambda f: (
             f"a passing fault ({f.get('error')}): retry {f.get('retry')} in {f.get('in_seconds')} s"

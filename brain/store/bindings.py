@@ -10,14 +10,11 @@ from brain.rules.submits import Mark
 from brain.store.part import Part
 from infra.db import Connection, Row
 from infra.db.store import as_time
-from protocol import version_key
+from protocol import is_content_version, version_key
 
 # Announcements this close to a tool's latest one count as the same: a pool announces each of
 # its versions of a tool together, and pools of one deployment start within moments.
 ANNOUNCED_TOGETHER = 60.0
-# A version named by a digest of its tool's listing (an MCP server's tool): two of them have no
-# natural order, so of those the one announced later is the newer (the listing that replaced it).
-CONTENT_VERSION = "mcp-"
 
 
 def mark_of(rows: Sequence[Mapping[str, Any]]) -> Mark:
@@ -29,7 +26,8 @@ def newest(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """For each tool of ``rows`` (name, binding, announced_at): the newest version among those
     announced with its latest announcement. An upgrade that serves versions 1 and 2 side by side
     gives new threads version 2, while threads pinned to 1 keep it (a pure rule). Between two
-    content versions (``CONTENT_VERSION``), the later announcement is the newer."""
+    content versions (digests of the tool's definition: ``protocol.is_content_version``), the later
+    announcement is the newer (the definition that replaced the other)."""
     latest: dict[str, Any] = {}
     for r in rows:
         at = as_time(r["announced_at"])
@@ -47,7 +45,7 @@ def newest(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def _newer(row: Mapping[str, Any], than: Mapping[str, Any]) -> bool:
     mine, theirs = row["binding"]["version"], than["binding"]["version"]
-    if mine.startswith(CONTENT_VERSION) and theirs.startswith(CONTENT_VERSION):
+    if is_content_version(mine) and is_content_version(theirs):
         return as_time(row["announced_at"]) > as_time(than["announced_at"])
     return version_key(mine) > version_key(theirs)
 

@@ -31,10 +31,21 @@ def add_commands(sub: Any, open_pool: OpenPool) -> None:
     verbs = box.add_subparsers(dest="verb", required=True, metavar="VERB")
     listing = verbs.add_parser("list", help="every binding with its status, identity and error")
     listing.add_argument("--namespace", default=None)
-    delete = verbs.add_parser("request-deletion", help="delete a binding's sandbox once its users settled")
-    rec = verbs.add_parser("reconcile-creation", help="resolve an UNKNOWN creation with evidence")
+    delete = verbs.add_parser(
+        "request-deletion",
+        help="delete a binding's sandbox once its users settled",
+        description="Mark the binding DELETING: it takes no new call; a worker of a sandbox pool then "
+        "waits for the executions using it, deletes the sandbox (container and volume, or directory) "
+        "and marks it DELETED (`hands sandbox list`).",
+    )
+    rec = verbs.add_parser(
+        "reconcile-creation",
+        help="resolve an UNKNOWN creation with evidence",
+        description="A creation whose outcome was lost is UNKNOWN: say what the provider shows (--outcome), "
+        "with --evidence; the provider is checked first (--sandbox).",
+    )
     for verb in (delete, rec):
-        verb.add_argument("namespace", metavar="NAMESPACE")
+        verb.add_argument("namespace", metavar="NAMESPACE", help="the binding's namespace, as list shows it")
         verb.add_argument("binding", metavar="BINDING", help="its id (a session's own: session:SESSION_ID)")
     rec.add_argument(
         "--outcome",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import select
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,12 +53,28 @@ def reported(command: str, run: Callable[[], int], codes: ExitCodes) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception as exc:
+        if isinstance(exc, BrokenPipeError) and _output_closed():
+            raise  # not a service's fault: ``infra.process.entry.run`` says the output was closed
         said = explained(exc)
         if said is None:
             raise  # a bug: the traceback is what helps
         fault, line = said
         print(f"{command}: " + " ".join(line.split()), file=sys.stderr)  # one line, even with a DETAIL
         return codes.of(fault)
+
+
+def _output_closed() -> bool:
+    """Whether stdout's reader went away (``brain wait TURN | head -3``): a broken pipe can also be
+    a service's connection. The write end of a pipe whose reader closed it polls as an error."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by something without a descriptor
+        return False
+    if not hasattr(select, "poll"):  # Windows
+        return True
+    poller = select.poll()
+    poller.register(fd, 0)  # errors are reported whatever the mask
+    return any(events & select.POLLERR for _, events in poller.poll(0))
 
 
 def explained(exc: BaseException) -> tuple[Fault, str] | None:

@@ -104,7 +104,9 @@ export function say(fact, entry = {}) {
     case "execution.reported_late":
       return s(`${call(fact)} was reported ${fact.reported} after its turn had settled it.`, "warn");
     case "turn.results_applied":
-      return s(`The results of ${(fact.executions || []).length} tool call(s) went to the model.`);
+      // a batch's children (exe-bN-...) are applied with their batch but are no calls of the model's
+      return s(`The results of ${(fact.executions || []).filter((id) => !/^exe-b\d+-[^-]+$/.test(id)).length} `
+        + `tool call(s) went to the model.`);
     case "turn.retry_scheduled":
       return s(`A passing fault: ${fact.error}. Retry ${fact.retry} in ${fact.in_seconds} s.`, "warn");
     case "turn.run_lost":
