@@ -25,7 +25,7 @@ from hands.run.outcomes import Outcomes
 from hands.run.tasks import Tasks
 from hands.run.writer import LedgerWriter
 from hands.store import Change, Execution
-from hands.tools.declare import Found, NotFound, OutcomeUnknownError, Tool, ToolContext
+from hands.tools.declare import Found, NotFound, OutcomeUnknownError, Park, Tool, ToolContext
 from hands.tools.registry import ToolRegistry
 from infra.process.killpoints import KillPoints
 from infra.process.logging import get_logger
@@ -208,6 +208,11 @@ class Executor:
             if args is None:
                 args = tool.validate_args(row.args or {})
             result = _jsonable(await body(ctx, **args))
+        except Park as park:
+            # Its slot is free once this task ends; the row holds what it waits for.
+            await self.outcomes.park(execution_id, park.handle, park.wake_in, park.awaiting)
+            log.info("execution_parked", wake_in=park.wake_in, awaiting=park.awaiting, why=park.why)
+            return
         except OutcomeUnknownError as exc:
             if ctx.cancelled.is_set():
                 await self._tool_stopped(row, ctx, exc)
@@ -307,6 +312,8 @@ class Executor:
                 await self.run(row.execution_id, "rerun_after_crash", row=row)
             elif decision.action is Recovery.REATTACH:
                 assert served is not None
+                if row.cancel_requested:  # asked while it was parked (or its owner died)
+                    self.tasks.cancel_local(row.execution_id)
                 await self._body(row, served, max(row.attempts, 1), reattach=True)
             elif decision.action is Recovery.QUERY:
                 assert served is not None
