@@ -265,12 +265,16 @@ def _reshaped() -> Path:
 
 
 @app.tool()
-async def reshape(ctx: Context, tell: bool = True, keep: bool = False) -> str:
+async def reshape(ctx: Context, tell: bool = True, keep: bool = False, refund_too: bool = False) -> str:
     """Change this server's tools while it runs: ``charge`` takes a currency from now on, ``decline``
     is gone, ``refund_all`` is new; then say so (the tools list-changed event), unless ``tell`` is
-    false. ``keep``: a server started later (with the same log) starts reshaped."""
+    false. ``keep``: a server started later (with the same log) starts reshaped. ``refund_too``:
+    ``refund`` is listed anew as well (a new binding; its tasks go on)."""
     record(event="call", tool="reshape", op=operation(ctx))
     _reshape()
+    if refund_too:
+        app.remove_tool("refund")
+        app.add_tool(refund, name="refund", description="Refund an amount, once a person confirms it.")
     if keep:
         _reshaped().touch()
     if not tell:

@@ -155,6 +155,36 @@ async def test_a_task_waiting_for_input_frees_the_only_slot_and_its_answer_takes
     assert len(calls(log, "refund")) == 1 and len(records(log, "update")) == 1
 
 
+async def test_a_parked_task_whose_tool_was_listed_anew_meanwhile_is_followed_to_its_end(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    log = tmp_path / "calls.jsonl"
+    env = tendon.env
+    await processes.start_ready("brain", BRAIN, env)
+    await processes.start_ready("hands", pool(stdio(log)), env)
+    obs = Observer(tendon)
+    refund = await submit(
+        env, agent_in(tmp_path, "a", [{"tool": "refund", "args": {"amount": 3}}], ["refund"]), "a"
+    )
+    await parked(obs, 1)
+    step = [{"tool": "reshape", "args": {"refund_too": True}}]
+    reshape = await submit(env, agent_in(tmp_path, "b", step, ["reshape"]), "b")
+    await obs.wait_turn(reshape, "completed", timeout=20)
+
+    async def relisted() -> bool:
+        rows = await obs.fetch("SELECT binding FROM {brain}.bindings WHERE name = 'refund'")
+        return len(rows) == 2
+
+    await wait_for(relisted, timeout=20, what="refund to be announced anew")
+    (waiting,) = await obs.executions(refund)
+    await respond(env, refund, waiting["call_id"], "--result", '{"ok": true}')
+    await obs.wait_turn(refund, "completed", timeout=20)
+    (done,) = await obs.executions(refund)
+    assert done["status"] == "succeeded", done["error"]
+    assert done["result"]["structuredContent"] == {"refunded": 3}
+    assert len(calls(log, "refund")) == 1
+
+
 async def test_a_parked_task_survives_a_sigkill_its_answer_resumes_it_elsewhere_and_a_cancel_stops_it(
     tendon: TendonEnv, processes: Processes, tmp_path: Path
 ) -> None:

@@ -205,8 +205,8 @@ class Executor:
         ctx = self._context(execution_id, attempt, output=True, handle=row.handle)
         body = tool.reattach if reattach and tool.reattach is not None else tool.fn
         try:
-            if args is None:
-                args = tool.validate_args(row.args or {})
+            if args is None:  # following calls nothing: the arguments the call was made with
+                args = dict(row.args or {}) if reattach else tool.validate_args(row.args or {})
             result = _jsonable(await body(ctx, **args))
         except Park as park:
             # Its slot is free once this task ends; the row holds what it waits for.
@@ -297,13 +297,16 @@ class Executor:
             # a gap or a stall to ask for it. Output pages are left to the Brain's gap replay.
             self._writer.sent(row.events)
             served = self._registry.served(row.tool, row.binding_digest)
+            # A handle is followed by the tool as frozen, else by its newest version served:
+            # following never calls it (its listing may have changed while it was parked).
+            follower = served or self._registry.get(row.tool)
             decision = decide(
                 row.status,
                 row.replay_policy or "unsafe",
                 served.binding.replay_policy if served else None,
                 bool(served and served.query),
                 tool=row.tool or "an unknown tool",
-                has_handle=bool(row.handle and served and served.reattach),
+                has_handle=bool(row.handle and follower and follower.reattach),
             )
             log.info("recovering", action=decision.action.value, reason=decision.reason)
             if decision.action is Recovery.START:
@@ -311,10 +314,10 @@ class Executor:
             elif decision.action is Recovery.RERUN:
                 await self.run(row.execution_id, "rerun_after_crash", row=row)
             elif decision.action is Recovery.REATTACH:
-                assert served is not None
+                assert follower is not None
                 if row.cancel_requested:  # asked while it was parked (or its owner died)
                     self.tasks.cancel_local(row.execution_id)
-                await self._body(row, served, max(row.attempts, 1), reattach=True)
+                await self._body(row, follower, max(row.attempts, 1), reattach=True)
             elif decision.action is Recovery.QUERY:
                 assert served is not None
                 await self.query(row, served)
