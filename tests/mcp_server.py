@@ -29,6 +29,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, ImageContent, TextContent, ToolAnnotations
 from mcp_types import RequestParams
+from pydantic import BaseModel
 
 LOG = Path(os.devnull)
 GATE: Path | None = None
@@ -283,6 +284,29 @@ async def reshape(ctx: Context, tell: bool = True, keep: bool = False, refund_to
     with contextlib.suppress(Exception):  # before: the notification (which a 2026 session has not)
         await ctx.request_context.session.send_tool_list_changed()
     return "reshaped"
+
+
+class GoOn(BaseModel):
+    ok: bool
+
+
+@app.tool()
+async def ask_plainly(ctx: Context) -> str:
+    """Asks its client a question in the middle of a plain call (an ``elicitation/create`` request,
+    not a task's ``inputRequests``)."""
+    record(event="call", tool="ask_plainly", op=operation(ctx))
+    answer = await ctx.elicit("Go on?", GoOn)
+    return f"the client said {answer.action}"
+
+
+@app.tool()
+async def sample_plainly(ctx: Context) -> str:
+    """Asks its client's model for a message in the middle of a plain call (``sampling/createMessage``)."""
+    from mcp.types import SamplingMessage
+
+    said = SamplingMessage(role="user", content=TextContent(type="text", text="Say hi"))
+    answer = await ctx.request_context.session.create_message(messages=[said], max_tokens=10)
+    return str(answer.content)
 
 
 @app.tool(annotations=ToolAnnotations(readOnlyHint=True))

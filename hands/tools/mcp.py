@@ -42,6 +42,16 @@ CANCEL_WAIT = 10.0  # how long a cancelled call may take to end once the server 
 FOLLOW_TRIES = 10  # connections lost in a row while following a task before it is left UNKNOWN
 
 
+# How the SDK says a server asked its client something in the middle of a plain call: the client
+# refused it (it declares neither capability), or the server had no channel to ask on (2026-07-28).
+ASKED_IN_A_PLAIN_CALL = (
+    ("Elicitation not supported", "input (elicitation/create)"),
+    ("Cannot send 'elicitation/", "input (elicitation/create)"),
+    ("Sampling not supported", "a model's message (sampling/createMessage)"),
+    ("Cannot send 'sampling/", "a model's message (sampling/createMessage)"),
+)
+
+
 def _task_id(handle: str | None) -> str:
     return str(codec.loads(handle or "{}").get("mcp_task", ""))
 
@@ -165,12 +175,23 @@ class ServerCalls:
         return await self._watched(self._follow(_task_id(ctx.handle), ctx, resumed=True), cancel_tool, ctx)
 
     async def _start(self, name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
+        from mcp import MCPError
+
         from hands.tools.mcp_tasks import TaskCreated
 
         try:
             return await self.connection.call(name, args, {OPERATION_META: ctx.operation_id})
         except TaskCreated as created:
             task_id = created.task.task_id
+        except MCPError as exc:
+            asked = next((what for sign, what in ASKED_IN_A_PLAIN_CALL if sign in str(exc)), None)
+            if asked is None:
+                raise
+            raise McpToolError(
+                f"the MCP server asked for {asked} during a plain call of {name}, which a Tendon pool "
+                "does not answer (it has no person at hand there): a server asks a person through a "
+                f"task's input_required (the Tasks extension) ({exc})"
+            ) from exc
         # In the ledger before the wait: from here on a crash re-attaches instead of calling again.
         handle = {"mcp_task": task_id, "server": self.connection.spec.name}
         await ctx.keep_handle(codec.dumps(handle).decode())
