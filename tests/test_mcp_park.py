@@ -21,11 +21,41 @@ import pytest
 
 from hands.rules.states import LedgerStatus
 from hands.store import PARKED_PREFIX, Ledger
+from hands.tools.mcp import ParkTimes, _Questions
 from tests.support import Observer, Processes, TendonEnv, run_cli, wait_for
 from tests.test_e2e_mcp import BRAIN, agent, calls, hands, http_server, records, stdio
 from tests.test_hands_ledger import _execution, _get, ledger  # noqa: F401 - the fixture, both backends
 
 pytestmark = pytest.mark.chaos
+
+# ---- the rules ---------------------------------------------------------------------------------
+
+
+def test_a_parked_task_is_looked_at_again_sooner_at_first_and_never_later_than_the_check_time() -> None:
+    times = ParkTimes(after=5, check=60)
+    assert [times.next_check(n, 100) for n in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
+    assert times.next_check(0, 3000) == 3, "never sooner than the task's poll interval"
+    assert times.next_check(40, None) == 60
+
+
+def test_the_questions_of_a_parked_task_go_with_its_handle_and_a_repeat_is_a_new_round() -> None:
+    # A worker answered question q (round 0) and parked the task while it worked on
+    asked = _Questions()
+    assert asked.key("q") == "q"
+    asked.sent.add("q")
+    asked.moved, asked.checks = True, 2
+    handle = asked.state('{"mcp_task": "t1", "server": "s"}')
+    assert json.loads(handle)["mcp_task"] == "t1"
+    # The worker that takes it up knows q was answered: the same question again is round 1, asked
+    # of the person anew, never answered with what they said before
+    taken = _Questions.of(handle)
+    assert (taken.sent, taken.checks) == ({"q"}, 2)
+    assert taken.key("q") == "q#1"
+    # A task parked before its question was answered is asked under the same key (the answer given
+    # meanwhile is found under it)
+    waiting = _Questions.of(_Questions().state('{"mcp_task": "t2"}'))
+    assert waiting.key("q") == "q"
+
 
 # ---- the ledger -------------------------------------------------------------------------------
 

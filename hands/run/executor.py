@@ -209,6 +209,9 @@ class Executor:
                 args = dict(row.args or {}) if reattach else tool.validate_args(row.args or {})
             result = _jsonable(await body(ctx, **args))
         except Park as park:
+            if tool.reattach is None:  # nothing could take it up again: a bug of the tool's
+                await self._tool_stopped(row, ctx, TypeError(f"tool {tool.name} parks but cannot re-attach"))
+                return
             # Its slot is free once this task ends; the row holds what it waits for.
             await self.outcomes.park(execution_id, park.handle, park.wake_in, park.awaiting)
             log.info("execution_parked", wake_in=park.wake_in, awaiting=park.awaiting, why=park.why)
