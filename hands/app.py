@@ -39,7 +39,7 @@ from hands.run.worker import CommandConsumer
 from hands.run.writer import LedgerWriter
 from hands.sandbox.serve import SandboxServing
 from hands.store import Ledger, open_ledger
-from hands.tools.mcp import McpTool
+from hands.tools.mcp import McpTool, ParkTimes
 from hands.tools.mcp_config import McpServerSpec
 from hands.tools.mcp_pool import McpTools
 from hands.tools.registry import ToolLoadError, ToolRegistry, load_tools
@@ -233,7 +233,8 @@ class HandsApp:
         pool stops), before any service is touched: a pool with nothing to serve fails here."""
         tools = load_tools(self.tools_spec, self.route).tools if self.tools_spec else []
         if self.mcp:
-            source = McpTools(self.route, self.mcp, on_change=self._tools_changed)
+            park = ParkTimes(after=self.settings.mcp_park_after, check=self.settings.mcp_check_seconds)
+            source = McpTools(self.route, self.mcp, on_change=self._tools_changed, park=park)
             tools += (await self._stack.enter_async_context(source)).tools
         if self.sandbox is not None:
             tools += self.sandbox.tools
@@ -292,6 +293,7 @@ class HandsApp:
             writer=self.writer,
             tasks=self.tasks,
             first=self.first,
+            wake=self.recovery.wake,
         )
 
     async def _consume(self, ledger: Ledger, broker: Transport) -> None:

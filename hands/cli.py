@@ -87,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
         "HTTP server (repeatable)",
     )
     serve.add_argument(
+        "--mcp-relist",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="list the --mcp servers' tools again this often (at least 1), for servers that do not "
+        "say when their tools change",
+    )
+    serve.add_argument(
         "--mcp-config",
         default=None,
         metavar="FILE",
@@ -184,7 +192,7 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
             settings,
             route=args.route,
             tools=args.tools,
-            mcp=server_specs(args.mcp, args.mcp_config),
+            mcp=server_specs(args.mcp, args.mcp_config, args.mcp_relist),
             kill=KillPoints(settings.kill_at),
             concurrency=args.concurrency,
             grace=args.grace,

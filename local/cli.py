@@ -46,7 +46,7 @@ class LocalSystem:
             raise SchemaError(
                 "two --tools modules declare tools for the same route: give one module per route"
             )
-        mcp = mcp_servers(args.mcp, args.mcp_config)
+        mcp = mcp_servers(args.mcp, args.mcp_config, args.mcp_relist)
         data = DataDir(args.data_dir or Path(".tendon/local"))
         if "http" not in settings.model_fields_set:  # asked for: an address in use is an error
             settings = settings.model_copy(update={"http": settings.http})
@@ -79,8 +79,11 @@ def _route_and(value: str, flag: str) -> tuple[str, str]:
     return route, rest
 
 
-def mcp_servers(specs: list[str], configs: list[str]) -> dict[str, list[McpServerSpec]]:
-    """The MCP servers of each route, from ``--mcp ROUTE=SPEC`` and ``--mcp-config ROUTE=FILE``."""
+def mcp_servers(
+    specs: list[str], configs: list[str], relist: float | None = None
+) -> dict[str, list[McpServerSpec]]:
+    """The MCP servers of each route, from ``--mcp ROUTE=SPEC`` and ``--mcp-config ROUTE=FILE``;
+    ``relist``: ``--mcp-relist`` (for the ``--mcp`` ones)."""
     given: dict[str, tuple[list[str], str | None]] = {}
     for value in specs:
         route, spec = _route_and(value, "--mcp")
@@ -91,7 +94,11 @@ def mcp_servers(specs: list[str], configs: list[str]) -> dict[str, list[McpServe
         if earlier is not None:
             raise SchemaError(f"route {route} has two --mcp-config files: list its servers in one")
         given[route] = (mine, path)
-    return {route: server_specs(mine, path) for route, (mine, path) in given.items()}
+    if relist is not None and not specs:
+        raise SchemaError("--mcp-relist is for --mcp servers (a config file's say relist_seconds)")
+    return {
+        route: server_specs(mine, path, relist if mine else None) for route, (mine, path) in given.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import threading
@@ -28,6 +29,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, ImageContent, TextContent, ToolAnnotations
 from mcp_types import RequestParams
+from pydantic import BaseModel
 
 LOG = Path(os.devnull)
 GATE: Path | None = None
@@ -252,22 +254,59 @@ async def charge_in(amount: int, currency: str, ctx: Context) -> dict[str, Any]:
     return {"charged": amount, "currency": currency}
 
 
-@app.tool()
-async def reshape(ctx: Context, tell: bool = True) -> str:
-    """Change this server's tools while it runs: ``charge`` takes a currency from now on, ``decline``
-    is gone, ``refund_all`` is new; then say so (the tools list-changed event), unless ``tell`` is
-    false."""
-    record(event="call", tool="reshape", op=operation(ctx))
+def _reshape() -> None:
     app.remove_tool("charge")
     app.remove_tool("decline")
     app.add_tool(charge_in, name="charge", annotations=ToolAnnotations(idempotentHint=True))
     app.add_tool(lambda: "all refunded", name="refund_all", description="Refund everything.")
+
+
+def _reshaped() -> Path:
+    return LOG.with_name(LOG.name + ".reshaped")
+
+
+@app.tool()
+async def reshape(ctx: Context, tell: bool = True, keep: bool = False, refund_too: bool = False) -> str:
+    """Change this server's tools while it runs: ``charge`` takes a currency from now on, ``decline``
+    is gone, ``refund_all`` is new; then say so (the tools list-changed event), unless ``tell`` is
+    false. ``keep``: a server started later (with the same log) starts reshaped. ``refund_too``:
+    ``refund`` is listed anew as well (a new binding; its tasks go on)."""
+    record(event="call", tool="reshape", op=operation(ctx))
+    _reshape()
+    if refund_too:
+        app.remove_tool("refund")
+        app.add_tool(refund, name="refund", description="Refund an amount, once a person confirms it.")
+    if keep:
+        _reshaped().touch()
     if not tell:
         return "reshaped quietly"
     await ctx.notify_tools_changed()  # 2026-07-28: on the client's subscriptions/listen stream
     with contextlib.suppress(Exception):  # before: the notification (which a 2026 session has not)
         await ctx.request_context.session.send_tool_list_changed()
     return "reshaped"
+
+
+class GoOn(BaseModel):
+    ok: bool
+
+
+@app.tool()
+async def ask_plainly(ctx: Context) -> str:
+    """Asks its client a question in the middle of a plain call (an ``elicitation/create`` request,
+    not a task's ``inputRequests``)."""
+    record(event="call", tool="ask_plainly", op=operation(ctx))
+    answer = await ctx.elicit("Go on?", GoOn)
+    return f"the client said {answer.action}"
+
+
+@app.tool()
+async def sample_plainly(ctx: Context) -> str:
+    """Asks its client's model for a message in the middle of a plain call (``sampling/createMessage``)."""
+    from mcp.types import SamplingMessage
+
+    said = SamplingMessage(role="user", content=TextContent(type="text", text="Say hi"))
+    answer = await ctx.request_context.session.create_message(messages=[said], max_tokens=10)
+    return str(answer.content)
 
 
 @app.tool(annotations=ToolAnnotations(readOnlyHint=True))
@@ -294,6 +333,12 @@ def pin(revision: str) -> None:
     runner.LATEST_HANDSHAKE_VERSION = revision  # type: ignore[attr-defined]
 
 
+async def _no_listen(ctx: Any, params: Any) -> Any:
+    """A ``subscriptions/listen`` this server refuses each time (``--listen-fails``)."""
+    record(event="listen", tool="subscriptions/listen", op="")
+    raise ToolError("this server's listen streams end at once")
+
+
 def main() -> None:
     global LOG, GATE
     parser = argparse.ArgumentParser()
@@ -301,10 +346,18 @@ def main() -> None:
     parser.add_argument("--gate", default=None)
     parser.add_argument("--http", type=int, default=None)
     parser.add_argument("--pin", default=None, help="serve only this handshake-era revision (2025-03-26...)")
+    parser.add_argument("--listen-fails", action="store_true", help="refuse every subscriptions/listen")
     args = parser.parse_args()
     if args.pin:
         pin(args.pin)
     LOG, GATE = Path(args.log), Path(args.gate) if args.gate else None
+    if _reshaped().exists():
+        _reshape()
+    if args.listen_fails:
+        handlers = app._lowlevel_server._request_handlers  # noqa: SLF001 - a test server's fault
+        handlers["subscriptions/listen"] = dataclasses.replace(
+            handlers["subscriptions/listen"], handler=_no_listen
+        )
     if args.http is None:
         threading.Thread(target=_exit_with_parent, daemon=True).start()
         app.run()

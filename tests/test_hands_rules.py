@@ -147,11 +147,13 @@ def test_the_unknown_reason_says_which_tool_and_why() -> None:
     assert "no longer served" in gone
 
 
-def test_a_kept_handle_means_reattach_whatever_the_policy_but_not_before_the_body_nor_once_unserved() -> None:
+def test_a_kept_handle_means_reattach_whatever_the_policy_but_not_before_the_body() -> None:
     for status, intent, q in itertools.product((S.RUNNING, S.QUERYING), (SAFE, UNSAFE), (True, False)):
         assert decide(status, intent, intent, q, has_handle=True).action is Recovery.REATTACH
     assert decide(S.ACCEPTED, UNSAFE, UNSAFE, False, has_handle=True).action is Recovery.START
-    assert decide(S.RUNNING, UNSAFE, None, False, has_handle=True).action is Recovery.UNKNOWN
+    # Following never calls the tool: a newer version of it served follows it (the caller says so)
+    assert decide(S.RUNNING, UNSAFE, None, False, has_handle=True).action is Recovery.REATTACH
+    assert decide(S.RUNNING, UNSAFE, None, False, has_handle=False).action is Recovery.UNKNOWN
 
 
 @pytest.mark.parametrize("status", [S.SUCCEEDED, S.FAILED, S.CANCELLED, S.UNKNOWN])

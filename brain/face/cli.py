@@ -93,6 +93,10 @@ def _parser() -> argparse.ArgumentParser:
         "http(s) URL, as `hands serve --mcp`); repeat for more",
     )  # fmt: skip
     s.add_argument(
+        "--mcp-relist", type=float, default=None, metavar="SECONDS",
+        help="with --local: list the --mcp servers' tools again this often (as `hands serve --mcp-relist`)",
+    )  # fmt: skip
+    s.add_argument(
         "--mcp-config", action="append", default=[], metavar="ROUTE=FILE",
         help="with --local: a config file of MCP servers whose tools route ROUTE serves (as `hands "
         "serve --mcp-config`)",

@@ -5,14 +5,16 @@ When the owner of an open execution is dead, recovery asks :func:`decide` what t
 | status at crash        | safe at intent and now | has query (tool served) | decision |
 | ---------------------- | ---------------------- | ----------------------- | -------- |
 | ACCEPTED               | any                    | any                     | START    |
-| RUNNING / QUERYING     | any, with a handle     | any                     | REATTACH |
+| RUNNING / QUERYING     | any, with a handle     | any (a version served)  | REATTACH |
 | RUNNING / QUERYING     | yes                    | any                     | RERUN    |
 | RUNNING / QUERYING     | no                     | yes                     | QUERY    |
 | RUNNING / QUERYING     | no                     | no                      | UNKNOWN  |
 
 "With a handle": the body committed a durable handle (an MCP task id) before waiting on the
-operation, and the tool served can re-attach by it: the operation is followed, never started
-again, whatever the policy.
+operation, and a tool served can re-attach by it: the operation is followed, never started
+again, whatever the policy. Following never calls the tool, so the binding need not be the one
+frozen: a newer version of the same tool (an MCP server whose listing changed while the task was
+parked) follows it as well, and the caller says so with ``has_handle``.
 
 ACCEPTED means the body never started, so running it now is the first run whatever the
 policy says. Anything else is a crash *inside* the body (or inside the query that followed
@@ -72,16 +74,16 @@ def decide(
     if status not in (LedgerStatus.RUNNING, LedgerStatus.QUERYING):
         raise IllegalTransitionError(f"an execution in status {status.value.upper()} needs no recovery")
     where = "inside the query" if status is LedgerStatus.QUERYING else "inside the body"
+    if has_handle:
+        return Decision(
+            Recovery.REATTACH,
+            f"worker died {where} of {tool} after it kept a durable handle; re-attaching by it",
+        )
     if now is None:
         return Decision(
             Recovery.UNKNOWN,
             f"worker died {where} of {tool}, whose binding is no longer served by this pool, "
             "so it can be neither re-run nor queried",
-        )
-    if has_handle:
-        return Decision(
-            Recovery.REATTACH,
-            f"worker died {where} of {tool} after it kept a durable handle; re-attaching by it",
         )
     if intent is ReplayPolicy.SAFE and now is ReplayPolicy.SAFE:
         return Decision(Recovery.RERUN, f"worker died {where} of safe tool {tool}; running it again")

@@ -27,10 +27,15 @@ after a pause (``infra.transport.delivery``).
   by a Brain for `brain respond`. It is kept in the execution's row (``Ledger.give_input``), where
   the worker following it reads it (``ctx.given_input``), whichever worker that is and whenever it
   looks; the first answer to a question stands, a repeat is acked as a duplicate.
+
+An answer or a cancel for a parked execution (``hands.tools.declare.Park``: an MCP task that
+waits for a person, or runs long, followed by no worker) makes it due in the same commit; the
+recovery scan of whichever worker looks first takes it up (this worker's is told to look now).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -79,8 +84,12 @@ class ControlConsumer:
         writer: LedgerWriter,
         tasks: Tasks,
         first: ControlsFirst,
+        wake: Callable[[], None] | None = None,
     ) -> None:
         self.route = route
+        # A parked execution an answer or a cancel made due is taken up by the next recovery scan
+        # of any worker (the row says so); this one's scan is told to look now.
+        self._wake = wake or (lambda: None)
         self.queue = queue
         self._first = first  # the commands' bodies wait for what it receives to be handled
         self._ledger = ledger
@@ -186,6 +195,8 @@ class ControlConsumer:
 
         kept = await self._ledger.transact(work)
         log.info("input_given" if kept else "input_not_kept", key=body.key, decision=body.decision)
+        if kept:
+            self._wake()
 
     async def _cancel(self, control: CancelControl) -> None:
         reason = control.body.reason if control.body is not None else ""
@@ -220,3 +231,5 @@ class ControlConsumer:
             return
         local = self._tasks.cancel_local(control.execution_id)
         log.info("cancel_requested", running_here=local)
+        if not local:
+            self._wake()

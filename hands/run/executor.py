@@ -25,7 +25,7 @@ from hands.run.outcomes import Outcomes
 from hands.run.tasks import Tasks
 from hands.run.writer import LedgerWriter
 from hands.store import Change, Execution
-from hands.tools.declare import Found, NotFound, OutcomeUnknownError, Tool, ToolContext
+from hands.tools.declare import Found, NotFound, OutcomeUnknownError, Park, Tool, ToolContext
 from hands.tools.registry import ToolRegistry
 from infra.process.killpoints import KillPoints
 from infra.process.logging import get_logger
@@ -207,9 +207,17 @@ class Executor:
         ctx = self._context(row, attempt, output=True)
         body = tool.reattach if reattach and tool.reattach is not None else tool.fn
         try:
-            if args is None:
-                args = tool.validate_args(row.args or {})
+            if args is None:  # following calls nothing: the arguments the call was made with
+                args = dict(row.args or {}) if reattach else tool.validate_args(row.args or {})
             result = _jsonable(await body(ctx, **args))
+        except Park as park:
+            if tool.reattach is None:  # nothing could take it up again: a bug of the tool's
+                await self._tool_stopped(row, ctx, TypeError(f"tool {tool.name} parks but cannot re-attach"))
+                return
+            # Its slot is free once this task ends; the row holds what it waits for.
+            await self.outcomes.park(execution_id, park.handle, park.wake_in, park.awaiting)
+            log.info("execution_parked", wake_in=park.wake_in, awaiting=park.awaiting, why=park.why)
+            return
         except OutcomeUnknownError as exc:
             if ctx.cancelled.is_set():
                 await self._tool_stopped(row, ctx, exc)
@@ -294,13 +302,16 @@ class Executor:
             # a gap or a stall to ask for it. Output pages are left to the Brain's gap replay.
             self._writer.sent(row.events)
             served = self._registry.served(row.tool, row.binding_digest)
+            # A handle is followed by the tool as frozen, else by its newest version served:
+            # following never calls it (its listing may have changed while it was parked).
+            follower = served or self._registry.get(row.tool)
             decision = decide(
                 row.status,
                 row.replay_policy or "unsafe",
                 served.binding.replay_policy if served else None,
                 bool(served and served.query),
                 tool=row.tool or "an unknown tool",
-                has_handle=bool(row.handle and served and served.reattach),
+                has_handle=bool(row.handle and follower and follower.reattach),
             )
             log.info("recovering", action=decision.action.value, reason=decision.reason)
             if decision.action is Recovery.START:
@@ -308,8 +319,10 @@ class Executor:
             elif decision.action is Recovery.RERUN:
                 await self.run(row.execution_id, "rerun_after_crash", row=row)
             elif decision.action is Recovery.REATTACH:
-                assert served is not None
-                await self._body(row, served, max(row.attempts, 1), reattach=True)
+                assert follower is not None
+                if row.cancel_requested:  # asked while it was parked (or its owner died)
+                    self.tasks.cancel_local(row.execution_id)
+                await self._body(row, follower, max(row.attempts, 1), reattach=True)
             elif decision.action is Recovery.QUERY:
                 assert served is not None
                 await self.query(row, served)

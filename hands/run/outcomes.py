@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar
 from hands.rules.states import OPEN_STATUSES, LedgerStatus
 from hands.run.tasks import Tasks, passing
 from hands.run.writer import LedgerWriter
-from hands.store import Change, Execution, Ledger
+from hands.store import PARKED_PREFIX, Change, Execution, Ledger
 from infra.db import Connection
 from infra.process.logging import get_logger
 from protocol import (
@@ -206,6 +206,21 @@ class Outcomes:
         )
         if not kept:
             raise StaleOwnerError(f"execution {execution_id} is no longer held by worker {self.worker_id}")
+
+    async def park(self, execution_id: str, handle: str, wake_in: float, awaiting: str | None) -> None:
+        """Park the execution (``Park``, ``Ledger.park``): it keeps ``handle``, this worker lets go
+        of it, and a recovery scan takes it up again once due. StaleOwnerError if this worker no
+        longer holds it. Tried again after a passing fault: parking twice is parking once."""
+
+        async def work(conn: Connection) -> bool:
+            row = await self.ledger.get(conn, execution_id)
+            if row is not None and row.owner == PARKED_PREFIX + self.worker_id:
+                return True  # an earlier attempt landed
+            return await self.ledger.park(conn, execution_id, self.worker_id, handle, wake_in, awaiting)
+
+        if not await self._patiently(lambda: self.ledger.transact(work)):
+            raise StaleOwnerError(f"execution {execution_id} is no longer held by worker {self.worker_id}")
+        self._rows.pop(execution_id, None)
 
     async def _patiently(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """``attempt()``, tried again after a passing fault (each pause longer) for as long as this

@@ -9,7 +9,7 @@ Tables (in the pool's own schema, ``settings.hands_schema``):
 
 - ``workers`` / ``worker_lock_seq``: live processes, see ``infra.liveness``;
 - ``executions``: one row per execution id: the command, status, owner, attempts, and its status
-  events (the packed envelopes, in seq order);
+  events (the packed envelopes, in seq order); a parked one (``Ledger.park``) its wake time;
 - ``output_chunks``: the tool's output pages by byte offset, with their seq;
 - ``reconciliations``: the audit record of every UNKNOWN resolved by a person;
 - ``parked``: messages the broker parked (``infra.db.parked``).
@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hands.store.ledger import Ledger
+from hands.store.ledger import PARKED_PREFIX, Ledger
 from hands.store.postgres import PostgresLedger
 from hands.store.records import Change, Execution, NewExecution
 from infra.db import dialect, migrate
@@ -31,6 +31,7 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 __all__ = [
     "MIGRATIONS",
+    "PARKED_PREFIX",
     "Change",
     "Execution",
     "Ledger",

@@ -26,6 +26,11 @@ from protocol import NotFoundError, StaleOwnerError, codec
 # An owner missing from ``workers`` counts as dead too: NOT EXISTS covers both. An owner presumed
 # dead has its open rows handed to a released name already (``release_owners``).
 _OWNER_DEAD = f"NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = e.owner AND {ALIVE_SQL})"
+# A parked row (``Ledger.park``) is an orphan only once its wake time came.
+_DUE = "(e.wake_at IS NULL OR e.wake_at <= now())"
+# What an answer or a cancel does to a parked row: it is taken up again at the next scan.
+_WAKE_NOW = "wake_at = CASE WHEN wake_at IS NULL THEN NULL ELSE now() END"
+PARKED_PREFIX = "parked-by:"
 _CHANGE_SET = """status = $2, open = $3, attempts = coalesce($4, attempts), error = coalesce($5, error),
                  output_bytes = coalesce($6, output_bytes), last_seq = $7, events = {append},
                  updated_at = now()"""
@@ -187,6 +192,30 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
         )
         return str(status).endswith(" 1")
 
+    async def park(
+        self, conn: Connection, execution_id: str, owner: str, handle: str, wake_in: float,
+        awaiting: str | None,
+    ) -> bool:  # fmt: skip
+        """Park an open execution ``owner`` holds: it keeps ``handle`` (what its body follows) and
+        goes to a name no live worker has, so no worker has it until ``wake_in`` seconds from now,
+        when any worker's recovery scan takes it up (``open_orphans``). A cancel asked already, or
+        the answer to question ``awaiting`` given already, makes it due at once (both wake a parked
+        row when they come: ``request_cancel``, ``give_input``; checked here under the row's lock,
+        so one that came while it was being parked is not left waiting for the wake time). False if
+        ``owner`` no longer holds it."""
+        row = await self.get(conn, execution_id, for_update=True)
+        if row is None or row.owner != owner or row.status not in OPEN_STATUSES:
+            return False
+        answered = awaiting is not None and awaiting in (codec.loads(row.inputs) if row.inputs else {})
+        await conn.execute(
+            f"""UPDATE executions SET owner = '{PARKED_PREFIX}' || owner, handle = $2,
+                       wake_at = ts_add(now(), $3), updated_at = now() WHERE execution_id = $1""",
+            execution_id,
+            handle,
+            0.0 if answered or row.cancel_requested else float(wake_in),
+        )
+        return True
+
     async def give_input(self, conn: Connection, execution_id: str, key: str, answer: dict[str, Any]) -> bool:
         """Keep a person's answer to question ``key`` of an open execution; False when it has an
         answer to that key already (the first stands) or is not open any more."""
@@ -196,7 +225,7 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
             return False
         given[key] = answer
         await conn.execute(
-            "UPDATE executions SET inputs = $2, updated_at = now() WHERE execution_id = $1",
+            f"UPDATE executions SET inputs = $2, {_WAKE_NOW}, updated_at = now() WHERE execution_id = $1",
             execution_id,
             codec.dumps(given).decode(),
         )
@@ -204,7 +233,8 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
 
     async def request_cancel(self, conn: Connection, execution_id: str) -> Execution | None:
         rec = await conn.fetchrow(
-            f"UPDATE executions SET cancel_requested = true, updated_at = now() WHERE execution_id = $1"
+            f"UPDATE executions SET cancel_requested = true, {_WAKE_NOW}, updated_at = now()"
+            " WHERE execution_id = $1"
             f" RETURNING {EXECUTION_COLUMNS}",
             execution_id,
         )
@@ -260,7 +290,7 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
         """(execution_id, owner) of open executions of ``route`` whose owner is dead, oldest first."""
         recs = await conn.fetch(
             f"""SELECT e.execution_id, e.owner FROM executions e
-                WHERE e.route = $1 AND e.open AND e.owner <> $2 AND {_OWNER_DEAD}
+                WHERE e.route = $1 AND e.open AND e.owner <> $2 AND {_OWNER_DEAD} AND {_DUE}
                 ORDER BY e.updated_at LIMIT $3""",
             route,
             me,
@@ -285,8 +315,8 @@ class Ledger(StoreBase, LedgerRetention, ParkedRows):
     ) -> Execution | None:
         """Compare-and-set the owner from ``dead_owner`` to ``me``; None if someone else won."""
         rec = await conn.fetchrow(
-            f"""UPDATE executions AS e SET owner = $3, updated_at = now()
-                 WHERE e.execution_id = $1 AND e.owner = $2 AND e.open AND {_OWNER_DEAD}
+            f"""UPDATE executions AS e SET owner = $3, wake_at = NULL, updated_at = now()
+                 WHERE e.execution_id = $1 AND e.owner = $2 AND e.open AND {_OWNER_DEAD} AND {_DUE}
              RETURNING {EXECUTION_COLUMNS}""",
             execution_id,
             dead_owner,

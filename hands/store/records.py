@@ -43,6 +43,7 @@ class Execution:
     inputs: str | None = (
         None  # JSON: the answers a person gave to what it asked, by key (``Ledger.give_input``)
     )
+    wake_at: datetime | None = None  # parked until then (``Ledger.park``); None: not parked
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> Execution:
@@ -75,6 +76,7 @@ class Execution:
         out["result"] = self.result
         out["created_at"] = self.created_at.isoformat()
         out["updated_at"] = self.updated_at.isoformat()
+        out["wake_at"] = self.wake_at.isoformat() if self.wake_at is not None else None
         return out
 
 

@@ -51,6 +51,22 @@ class OutcomeUnknownError(Exception):
     query or becomes UNKNOWN, never called again blindly."""
 
 
+class Park(Exception):  # noqa: N818 - not an error: how a body hands its wait to the ledger
+    """A body that follows an operation by the handle it kept (``ctx.keep_handle``) raises it to
+    stop following it for now, when waiting would only hold a worker's slot (the operation waits
+    for a person, or runs long). The pool parks the execution: the row keeps ``handle`` (the state
+    to go on from) and no worker holds it, nothing polls, until ``wake_in`` seconds have passed, or
+    the answer to question ``awaiting`` (``ctx.ask_input``) or a cancel comes; then any worker of the
+    pool re-attaches (the tool's ``reattach``, with this ``handle``)."""
+
+    def __init__(self, handle: str, wake_in: float, awaiting: str | None = None, why: str = "") -> None:
+        super().__init__(why or f"parked for {wake_in:g} s")
+        self.handle = handle
+        self.wake_in = wake_in
+        self.awaiting = awaiting
+        self.why = why
+
+
 class _NullOutput:
     async def write(self, data: str) -> None:  # pragma: no cover - trivial
         return None

@@ -29,7 +29,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from hands.tools.declare import Found, NotFound, OutcomeUnknownError, Tool, ToolContext
+from hands.tools.declare import Found, NotFound, OutcomeUnknownError, Park, Tool, ToolContext
 from hands.tools.mcp_client import McpConnection, McpConnectionLostError, McpUnreachableError
 from hands.tools.mcp_config import McpServerSpec
 from infra.process.logging import get_logger
@@ -42,8 +42,32 @@ CANCEL_WAIT = 10.0  # how long a cancelled call may take to end once the server 
 FOLLOW_TRIES = 10  # connections lost in a row while following a task before it is left UNKNOWN
 
 
+# How the SDK says a server asked its client something in the middle of a plain call: the client
+# refused it (it declares neither capability), or the server had no channel to ask on (2026-07-28).
+ASKED_IN_A_PLAIN_CALL = (
+    ("Elicitation not supported", "input (elicitation/create)"),
+    ("Cannot send 'elicitation/", "input (elicitation/create)"),
+    ("Sampling not supported", "a model's message (sampling/createMessage)"),
+    ("Cannot send 'sampling/", "a model's message (sampling/createMessage)"),
+)
+
+
 def _task_id(handle: str | None) -> str:
     return str(codec.loads(handle or "{}").get("mcp_task", ""))
+
+
+@dataclass(frozen=True)
+class ParkTimes:
+    """When a worker stops following a task and parks it (``Park``): at once when it waits for a
+    person (looked at again every ``check`` seconds, and at once when the answer or a cancel comes),
+    and after following it ``after`` seconds while it works (inf: never), looked at again after a
+    second, then twice as long each time, up to ``check`` seconds."""
+
+    after: float = 5.0
+    check: float = 60.0
+
+    def next_check(self, checks: int, poll_ms: int | None) -> float:
+        return min(self.check, max(1.0, (poll_ms or 0) / 1000) * 2 ** min(checks, 16))
 
 
 class McpToolError(Exception):
@@ -106,6 +130,22 @@ class _Questions:
     rounds: dict[str, int] = field(default_factory=dict)
     moved: bool = False  # the task was seen past input_required since the last answer was sent
 
+    checks: int = 0  # looks at a task that worked on while parked, since the last answer sent
+
+    @classmethod
+    def of(cls, handle: str | None) -> _Questions:
+        """What a worker that parked the task (``state``) left in its handle. Parked only while the
+        task waited for a new answer or worked on, so it has moved since any answer sent."""
+        kept = codec.loads(handle or "{}")
+        rounds = {str(k): int(v) for k, v in (kept.get("rounds") or {}).items()}
+        return cls(set(kept.get("sent") or ()), rounds, moved=True, checks=int(kept.get("checks") or 0))
+
+    def state(self, handle: str | None) -> str:
+        """``handle`` with these questions in it, to park with."""
+        kept = codec.loads(handle or "{}")
+        kept |= {"sent": sorted(self.sent), "rounds": self.rounds, "checks": self.checks}
+        return codec.dumps(kept).decode()
+
     def key(self, base: str) -> str | None:
         """The key of the question now (None: its answer was sent and the task has not moved)."""
         n = self.rounds.get(base, 0)
@@ -121,8 +161,9 @@ class _Questions:
 class ServerCalls:
     """The calls of one server's tools, through its connection."""
 
-    def __init__(self, connection: McpConnection) -> None:
+    def __init__(self, connection: McpConnection, park: ParkTimes | None = None) -> None:
         self.connection = connection
+        self.park = park or ParkTimes()
 
     async def call(self, name: str, cancel_tool: str | None, ctx: ToolContext, **args: Any) -> Any:
         if not ctx.cancelled.is_set():
@@ -131,27 +172,42 @@ class ServerCalls:
 
     async def reattach(self, name: str, cancel_tool: str | None, ctx: ToolContext, **args: Any) -> Any:
         """Follow the task an earlier attempt started (``ctx.handle``) to its end; never call."""
-        return await self._watched(self._follow(_task_id(ctx.handle), ctx), cancel_tool, ctx)
+        return await self._watched(self._follow(_task_id(ctx.handle), ctx, resumed=True), cancel_tool, ctx)
 
     async def _start(self, name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
+        from mcp import MCPError
+
         from hands.tools.mcp_tasks import TaskCreated
 
         try:
             return await self.connection.call(name, args, {OPERATION_META: ctx.operation_id})
         except TaskCreated as created:
             task_id = created.task.task_id
+        except MCPError as exc:
+            asked = next((what for sign, what in ASKED_IN_A_PLAIN_CALL if sign in str(exc)), None)
+            if asked is None:
+                raise
+            raise McpToolError(
+                f"the MCP server asked for {asked} during a plain call of {name}, which a Tendon pool "
+                "does not answer (it has no person at hand there): a server asks a person through a "
+                f"task's input_required (the Tasks extension) ({exc})"
+            ) from exc
         # In the ledger before the wait: from here on a crash re-attaches instead of calling again.
         handle = {"mcp_task": task_id, "server": self.connection.spec.name}
         await ctx.keep_handle(codec.dumps(handle).decode())
         log.info("mcp_task_kept", task_id=task_id, tool=name)
         return await self._follow(task_id, ctx)
 
-    async def _follow(self, task_id: str, ctx: ToolContext) -> Any:
-        """Poll ``tasks/get`` until the task ends: its result, or the error it ended with."""
+    async def _follow(self, task_id: str, ctx: ToolContext, *, resumed: bool = False) -> Any:
+        """Poll ``tasks/get`` until the task ends (its result, or the error it ended with), or park
+        it (``Park``) while it waits for a person or works on past the poll window (none when
+        ``resumed`` from a park: one look, then parked again unless it moved)."""
         from hands.tools.mcp_tasks import final_result
 
         losses = 0
-        asked = _Questions()
+        asked = _Questions.of(ctx.handle) if resumed else _Questions()
+        clock = asyncio.get_running_loop().time
+        since, window = clock(), 0.0 if resumed else self.park.after
         while True:
             try:
                 state = await self.connection.task("tasks/get", task_id)
@@ -168,31 +224,44 @@ class ServerCalls:
             if state.status == "cancelled":
                 raise McpCancelledError(f"task {task_id} was cancelled: {state.status_message or ''}")
             if state.status == "input_required":
-                await self._input(task_id, state, ctx, asked)
+                sent = len(asked.sent)
+                waits = await self._input(task_id, state, ctx, asked)
+                if waits is not None:
+                    why = f"task {task_id} waits for a person's answer"
+                    raise Park(asked.state(ctx.handle), self.park.check, awaiting=waits, why=why)
+                if len(asked.sent) > sent:  # answered: it may end soon, follow it a window again
+                    asked.checks, since, window = 0, clock(), self.park.after
             else:
                 asked.moved = True
+                if clock() - since >= window:
+                    wake_in = self.park.next_check(asked.checks, state.poll_interval_ms)
+                    asked.checks += 1
+                    why = f"task {task_id} is {state.status}"
+                    raise Park(asked.state(ctx.handle), wake_in, why=why)
             await asyncio.sleep(min(max((state.poll_interval_ms or 500) / 1000, 0.05), 5.0))
 
-    async def _input(self, task_id: str, state: Any, ctx: ToolContext, asked: _Questions) -> None:
+    async def _input(self, task_id: str, state: Any, ctx: ToolContext, asked: _Questions) -> str | None:
         """A task in ``input_required``: a person is asked (once per question: its key is the
         task's and a digest of its requests), and once they answered (the answer is in the
         ledger), the answer is sent with ``tasks/update``. A worker that takes the execution over
         finds the answer there and sends it again if the task still asks: each request key is
-        the server's, so a repeat answers the same question."""
+        the server's, so a repeat answers the same question. Returns the key of the question
+        asked and not answered yet (the task waits for a person), else None."""
         from hands.tools.mcp_tasks import question, responses
 
         requests = dict(state.input_requests or {})
         key = asked.key(f"{task_id}/{digest(requests)[:16]}")
         if key is None:
-            return  # answered: the server has not taken the answer yet
+            return None  # answered: the server has not taken the answer yet
         given = await ctx.given_input(key)
         if given is None:
             await ctx.ask_input(key, question(state), requests)
-            return
+            return key
         await self.connection.task("tasks/update", task_id, responses(requests, given))
         asked.sent.add(key)
         asked.moved = False
         log.info("mcp_task_input_sent", task_id=task_id, key=key, decision=given.get("decision"))
+        return None
 
     async def _watched(
         self, work: Coroutine[Any, Any, Any], cancel_tool: str | None, ctx: ToolContext

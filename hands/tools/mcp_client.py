@@ -53,6 +53,7 @@ def _headers(spec: McpServerSpec) -> dict[str, str]:
 Changed = Callable[[], None]
 LIST_CHANGED = "notifications/tools/list_changed"
 LISTEN_TRIES = 5  # listen streams that fail in a row, with nothing heard, before the link stops asking
+LISTEN_PAUSE = 1.0  # before the next listen stream: this, then twice as long each time (30 s at most)
 
 
 def _noticing(changed: Changed) -> Callable[[Any], Awaitable[None]]:
@@ -154,7 +155,7 @@ class _Link:
                 log.warning("mcp_listen_given_up", server=self.spec.name, failures=failures, error=said)
                 return
             log.info("mcp_listen_ended", server=self.spec.name, error=said)
-            await asyncio.sleep(min(30.0, 2.0**failures))
+            await asyncio.sleep(min(30.0, LISTEN_PAUSE * 2.0**failures))
 
     async def ready(self) -> Any:
         await self._opened.wait()
@@ -203,12 +204,14 @@ class McpConnection:
         return link, await link.ready()
 
     async def list_tools(self) -> list[Any]:
-        """Every tool the server lists (all pages)."""
-        _, client = await self._client()
+        """Every tool the server lists (all pages). A connection that broke meanwhile is dropped
+        (McpConnectionLostError), so the next listing starts the server again."""
+        link, client = await self._client()
         tools: list[Any] = []
         cursor: str | None = None
         for _ in range(1000):  # bounded: a paginator that never ends
-            page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+            with self._watching(link, "the listing of its tools"):
+                page = await client.list_tools(cursor=cursor, cache_mode="refresh")
             tools += page.tools
             cursor = page.next_cursor
             if not cursor:

@@ -16,7 +16,7 @@ A config file is JSON::
 Header values are read from the named environment variables when a connection is opened, never
 written to the config, the bindings or the ledger. ``tools`` overrides the replay policy the
 server's annotations imply, per tool. ``relist_seconds`` lists the server's tools again that often,
-for a server that does not say when they change.
+for a server that does not say when they change (``--mcp-relist SECONDS`` for the ``--mcp`` ones).
 """
 
 from __future__ import annotations
@@ -56,15 +56,16 @@ class McpServerSpec:
         return self.url or shlex.join(self.command)
 
 
-def parse_spec(spec: str, *, name: str = "mcp") -> McpServerSpec:
-    """``stdio:COMMAND LINE`` or an ``http(s)://`` URL, as given to ``--mcp``."""
+def parse_spec(spec: str, *, name: str = "mcp", relist: float | None = None) -> McpServerSpec:
+    """``stdio:COMMAND LINE`` or an ``http(s)://`` URL, as given to ``--mcp``; ``relist``: its
+    ``relist_seconds`` (``--mcp-relist``)."""
     if spec.startswith("stdio:"):
         command = tuple(shlex.split(spec.removeprefix("stdio:")))
         if not command:
             raise McpConfigError(f"--mcp {spec!r} names no command after stdio:")
-        return McpServerSpec(name=name, command=command)
+        return McpServerSpec(name=name, command=command, relist_seconds=relist)
     if spec.startswith(("http://", "https://")):
-        return McpServerSpec(name=name, url=spec)
+        return McpServerSpec(name=name, url=spec, relist_seconds=relist)
     raise McpConfigError(
         f"--mcp {spec!r} is neither 'stdio:COMMAND LINE' nor an http(s):// URL of a Streamable HTTP server"
     )
@@ -129,10 +130,18 @@ def load_config(path: str) -> list[McpServerSpec]:
     return [_server(name, entry, path) for name, entry in servers.items()]
 
 
-def server_specs(specs: list[str], config: str | None) -> list[McpServerSpec]:
-    """Every server of the ``--mcp`` specs and the ``--mcp-config`` file, names unique."""
+def server_specs(specs: list[str], config: str | None, relist: float | None = None) -> list[McpServerSpec]:
+    """Every server of the ``--mcp`` specs and the ``--mcp-config`` file, names unique.
+    ``relist``: the ``relist_seconds`` of every ``--mcp`` server (``--mcp-relist``; a config file's
+    servers say their own)."""
+    if relist is not None and not relist >= 1:  # NaN too
+        raise McpConfigError(f"--mcp-relist {relist:g} must be a number of seconds, at least 1")
+    if relist is not None and not specs:
+        raise McpConfigError("--mcp-relist is for --mcp servers (a config file's say relist_seconds)")
     many = len(specs) > 1
-    servers = [parse_spec(s, name=f"mcp{i + 1}" if many else "mcp") for i, s in enumerate(specs)]
+    servers = [
+        parse_spec(s, name=f"mcp{i + 1}" if many else "mcp", relist=relist) for i, s in enumerate(specs)
+    ]
     if config:
         servers += load_config(config)
     names = [s.name for s in servers]

@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 
-from hands.tools.mcp import McpTool, ServerCalls, bind_tool
+from hands.tools.mcp import McpTool, ParkTimes, ServerCalls, bind_tool
 from hands.tools.mcp_client import McpConnection
 from hands.tools.mcp_config import McpServerSpec
 from hands.tools.registry import ToolLoadError
@@ -33,10 +33,14 @@ SETTLE = 0.2  # a burst of change notices is one re-listing
 class McpTools:
     """The tools of the MCP servers ``specs`` for ``route``, discovered when entered; their
     connections live until it is left. ``on_change``: told of what a re-discovery changed (none:
-    the tools stay as first discovered)."""
+    the tools stay as first discovered). ``park``: when a call's task is parked."""
 
-    def __init__(self, route: str, specs: Sequence[McpServerSpec], on_change: OnChange | None = None) -> None:
+    def __init__(
+        self, route: str, specs: Sequence[McpServerSpec], on_change: OnChange | None = None,
+        park: ParkTimes | None = None,
+    ) -> None:  # fmt: skip
         self.route = route
+        self.park = park
         self.specs = list(specs)
         self.on_change = on_change
         self.tools: list[McpTool] = []
@@ -62,7 +66,7 @@ class McpTools:
         dirty = self._dirty[spec.name] = asyncio.Event()
         connection = McpConnection(spec, dirty.set if self.on_change is not None else None)
         self._connections.append(connection)
-        calls = ServerCalls(connection)
+        calls = ServerCalls(connection, self.park)
         listed = await connection.list_tools()
         if not listed:
             raise ToolLoadError(f"MCP server {spec.name} ({spec.where}) lists no tools")

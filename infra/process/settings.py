@@ -120,6 +120,19 @@ class Settings(BaseSettings):
         description="how long `brain serve` and `hands serve` wait at start for PostgreSQL, RabbitMQ "
         "and S3 to answer (saying what they wait for every few seconds) before exiting; `inf`: forever",
     )
+    mcp_park_after: float = Field(
+        default=5.0,
+        ge=0,
+        description="seconds a Hands worker follows a working MCP task (polling `tasks/get`) before it "
+        "parks it in the ledger and frees its slot (a task that waits for a person is parked at once); "
+        "`inf`: never",
+    )
+    mcp_check_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="the longest a parked MCP task goes unlooked at (an answer or a cancel takes it up "
+        "at once; a working one is looked at after 1 s, then twice as long each time up to this)",
+    )
     drain_seconds: float = Field(
         default=10.0,
         ge=0,
