@@ -31,6 +31,7 @@ def test_a_module_name_loads_only_the_tools_of_the_route() -> None:
         "gated_charge",
         "gated_effect",
         "nul_result",
+        "progress",
         "slow",
         "wait_cancel",
     ]
