@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from brain.frameworks import run_foreign
 from brain.run.claims import Served
 from brain.run.context import BrainContext
 from brain.run.metrics import BrainMetrics
@@ -314,6 +315,7 @@ def _context(
         active=active,
         metrics=metrics,
         tracing=tracing,
+        foreign=run_foreign,
     )
 
 

@@ -52,6 +52,9 @@ _LATER_DEFAULTS: dict[str, Any] = {
     "approvals": [],
     "manual_tools": [],
     "expect_tools": [],
+    "framework": None,
+    "agent": None,
+    "local_tools": [],
 }
 _LATER_LIMITS: dict[str, Any] = {"max_tool_calls": 200, "max_crashes": 3}
 
@@ -116,7 +119,11 @@ class AgentDefinition(BaseModel):
     name: AgentName
     version: AgentVersion
     instructions: str = ""
-    model: dict[str, Any] = Field(description="adapter settings; `kind` picks the adapter")
+    model: dict[str, Any] = Field(
+        default_factory=dict,
+        description="adapter settings; `kind` picks the adapter (none for an agent of a framework, "
+        "whose own model is used)",
+    )
     tools: list[str] = Field(default_factory=list)
     limits: Limits = Limits()
     journal: Literal["outcomes", "detailed"] = Field(
@@ -137,12 +144,44 @@ class AgentDefinition(BaseModel):
         "(its turn waits for a pool to announce them) instead of refusing them as unknown",
     )
 
+    framework: Literal["pydantic-ai", "openai-agents"] | None = Field(
+        default=None,
+        description="an agent written with this framework (kind python): the Brain runs the "
+        "framework's own loop for each turn (docs/frameworks.md)",
+    )
+    agent: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
+        description="where a framework's agent is: `module:attribute` (e.g. `myapp.agents:support`)",
+    )
+    local_tools: list[str] = Field(
+        default_factory=list,
+        description="tools of a framework's agent that run in the Brain itself (pure: no side "
+        "effect, the same answer on every replay); the others are Hands executions named in `tools`",
+    )
+
     @model_validator(mode="after")
     def _expected_are_tools(self) -> AgentDefinition:
         strays = sorted(set(self.expect_tools) - set(self.tools))
         if strays:
             raise ValueError(f"expect_tools names {', '.join(strays)}, which `tools` does not")
+        if (self.framework is None) != (self.agent is None):
+            raise ValueError("`framework` and `agent` go together: a framework's agent names both")
+        if self.framework is None and not self.model:
+            raise ValueError("`model` is required (unless the agent is a framework's: `framework`, `agent`)")
+        if self.framework is not None and self.model:
+            raise ValueError("a framework's agent uses its own model: leave `model` out")
+        if self.local_tools and self.framework is None:
+            raise ValueError("`local_tools` is for a framework's agent")
+        both = sorted(set(self.local_tools) & set(self.tools))
+        if both:
+            raise ValueError(f"{', '.join(both)} cannot be both local (local_tools) and a Hands tool (tools)")
         return self
+
+    @property
+    def foreign(self) -> bool:
+        """An agent a framework's loop runs (kind python), not Tendon's own loop over this data."""
+        return self.framework is not None
 
     @property
     def unstorable(self) -> str | None:

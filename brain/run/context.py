@@ -3,6 +3,7 @@ committers and knobs. Made once by ``brain.app``; nothing here is global."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -15,7 +16,7 @@ from brain.run.metrics import BrainMetrics
 from brain.run.previews import Previews
 from brain.run.relay import CommandRelay, ControlRelay
 from brain.run.threads import FrozenThreads
-from brain.store import BrainStore, Move, Moved, Settled
+from brain.store import BrainStore, Move, Moved, Settled, TurnRow
 from infra.db import Connection
 from infra.db.groupcommit import GroupCommit
 from infra.objects.payloads import PayloadCodec
@@ -53,6 +54,9 @@ class BrainContext:
     endings: Endings = field(default_factory=Endings)  # the API's waiters for turns to end
     metrics: BrainMetrics = field(default_factory=BrainMetrics)
     tracing: Tracing = field(default_factory=lambda: Tracing(None))
+    # Runs the turns of framework agents (kind python): ``brain.frameworks.run_foreign``, given by
+    # the composition root (that room sits above this one).
+    foreign: Callable[..., Awaitable[TurnRow]] | None = None
 
     def __post_init__(self) -> None:
         self.threads = FrozenThreads(self.store)

@@ -32,6 +32,7 @@ from infra.process.logging import get_logger
 from protocol import (
     IllegalTransitionError,
     LimitReachedError,
+    SchemaError,
     StaleOwnerError,
     TendonError,
 )
@@ -236,11 +237,15 @@ async def model_request(ctx: BrainContext, row: TurnRow) -> TurnRow:
         agent, thread, history = await ctx.store.read(read)
     else:
         agent, thread = known
+    bindings: dict[str, Any] = thread["bindings"] or {}
+    if agent.foreign:
+        if ctx.foreign is None:
+            raise SchemaError(f"agent {agent.name} is a {agent.framework} agent, which this Brain cannot run")
+        return await ctx.foreign(ctx, row, agent, bindings, history)
     if row.model_calls >= agent.limits.max_model_calls:
         raise LimitReachedError(
             f"the agent reached its limit of {agent.limits.max_model_calls} model calls in one turn"
         )
-    bindings: dict[str, Any] = thread["bindings"] or {}
     reply, call, trace = await _ask(ctx, row, agent, history, bindings)
     message: dict[str, Any] = {"text": reply.content}
     calls = [c.model_dump(exclude_none=True) for c in reply.tool_calls]

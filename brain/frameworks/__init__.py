@@ -1,0 +1,82 @@
+"""Agents written with a framework (an agent definition of kind python: ``framework`` and
+``agent``), run durably by replaying the framework's own loop over the turn's journal
+(``brain.frameworks.replay``; the rules a user's agent code follows: docs/frameworks.md).
+
+One module per framework, each imported only when a turn needs it, so a Brain without the
+optional extra (``pip install 'tendon[pydantic-ai]'``, ``'tendon[openai-agents]'``) runs every
+other agent as before.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from typing import Any
+
+from brain.models.base import Message
+from brain.rules.agents import AgentDefinition
+from brain.run.context import BrainContext
+from brain.store import TurnRow
+from protocol import SchemaError
+
+__all__ = ["load", "run_foreign"]
+
+_LOADED: dict[str, Any] = {}
+
+
+def load(path: str) -> Any:
+    """The framework's agent object at ``module:attribute`` (imported once per process)."""
+    found = _LOADED.get(path)
+    if found is not None:
+        return found
+    module_name, _, attribute = path.partition(":")
+    try:
+        found = importlib.import_module(module_name)
+        for name in attribute.split("."):
+            found = getattr(found, name)
+    except ImportError as exc:
+        raise SchemaError(f"agent {path} cannot be imported: {exc}") from exc
+    except AttributeError as exc:
+        raise SchemaError(f"agent {path}: module {module_name} has no {attribute}") from exc
+    _LOADED[path] = found
+    return found
+
+
+async def run_foreign(
+    ctx: BrainContext, row: TurnRow, agent: AgentDefinition, bindings: dict[str, Any], history: list[Message]
+) -> TurnRow:
+    """One run of a framework's turn: replay it up to where it stands, go on until it waits or
+    ends, and return the turn as committed."""
+    # Imported here: the adapters import the model client, which a Brain of JSON agents never needs.
+    from brain.frameworks.replay import Replay, Suspended
+
+    assert agent.agent is not None
+    replay = Replay(ctx, row, agent, bindings, history)
+    loaded = load(agent.agent)
+    try:
+        if agent.framework == "pydantic-ai":
+            from brain.frameworks.pydanticai import run_turn
+        else:
+            from brain.frameworks.openaiagents import run_turn
+        output = await run_turn(replay, loaded)
+    except Suspended as suspended:
+        return suspended.row
+    except BaseExceptionGroup as group:  # a task group of the framework's: the run stopped on purpose
+        suspended = next((e for e in group.exceptions if isinstance(e, Suspended)), None)
+        if suspended is None:
+            raise
+        return suspended.row
+    jsonable = _jsonable(output)
+    text = jsonable if isinstance(jsonable, str) else json.dumps(jsonable, ensure_ascii=False)
+    return await replay.finish(text, jsonable)
+
+
+def _jsonable(output: Any) -> Any:
+    """The framework's output as JSON: text as it is, a model by its fields."""
+    dump = getattr(output, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    try:
+        return json.loads(json.dumps(output, default=str))
+    except (TypeError, ValueError):
+        return str(output)

@@ -1,0 +1,97 @@
+"""A Pydantic AI agent run durably on a Brain: real Brain and Hands processes on real services,
+its model the framework's own OpenAI model against the local chat-completions server (which
+counts every request: a replayed run must ask nothing it asked before).
+
+Each run of a turn replays the agent's loop over the committed replies (brain.frameworks); the
+tools are the Hands pools' ``@tool`` functions of the same names and schemas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from examples.mailbox import MailboxServer
+from tests.chat_server import ChatServer, Reply, tool_results
+from tests.support import Observer, Processes, TendonEnv, run_cli, wait_for
+
+pytest.importorskip("pydantic_ai")
+
+pytestmark = pytest.mark.chaos
+
+BRAIN = ["-m", "brain", "serve"]
+HANDS_EMAIL = ["-m", "hands", "serve", "--route", "email", "--tools", "examples.email_tools"]
+HANDS_BULK = ["-m", "hands", "serve", "--route", "bulk", "--tools", "tests.brain_e2e_tools"]
+MODULE = "tests.fw_pydantic_agents"
+
+
+def definition(tmp: Path, name: str, tools: list[str], **more: Any) -> str:
+    agent = {"name": f"pa-{name}", "version": "1", "framework": "pydantic-ai", "agent": f"{MODULE}:{name}",
+             "tools": tools, **more}  # fmt: skip
+    path = tmp / f"{name}.json"
+    path.write_text(json.dumps(agent))
+    return str(path)
+
+
+def notice_policy(body: dict[str, Any]) -> Reply:
+    """Five emails, one a reply, then the receipts."""
+    done = tool_results(body)
+    n = len(done)
+    if n < 5:
+        args = {"to": f"customer{n + 1}@example.com", "subject": "Service notice", "body": "Down on Sunday."}
+        return Reply(tool_calls=[("send_email", json.dumps(args))], call_ids=[f"call-{n + 1}"])
+    return Reply(content="Receipts: " + ", ".join(str(r.get("message_id")) for r in done))
+
+
+@pytest.fixture
+def mailbox() -> Iterator[MailboxServer]:
+    with MailboxServer(port=0) as server:
+        yield server
+
+
+def model_env(tendon: TendonEnv, chat: ChatServer, **more: str) -> dict[str, str]:
+    return {**tendon.env, "OPENAI_BASE_URL": chat.url, "OPENAI_API_KEY": "test", **more}
+
+
+async def submit(env: dict[str, str], agent: str, text: str, session: str = "s-pa") -> str:
+    code, out, err = await run_cli(
+        ["-m", "brain", "submit", "--session", session, "--request-id", f"r-{session}", "--agent", agent, text], env
+    )
+    assert code == 0, err
+    return out.strip()
+
+
+def assert_five_sent_once(mailbox: MailboxServer) -> None:
+    stats = mailbox.stats()
+    assert sorted(d["to"] for d in stats["deliveries"]) == sorted(f"customer{i}@example.com" for i in range(1, 6))
+    assert sorted(stats["posts_per_key"].values()) == [1, 1, 1, 1, 1]
+
+
+async def test_the_five_email_story_sends_exactly_five_with_the_hands_killed_at_email_four(
+    tendon: TendonEnv, processes: Processes, mailbox: MailboxServer, tmp_path: Path
+) -> None:
+    with ChatServer(notice_policy) as chat:
+        env = model_env(tendon, chat, TENDON_MAILBOX_URL=mailbox.url)
+        await processes.start_ready("brain", BRAIN, env)
+        armed = {**env, "TENDON_KILL_AT": "hands.after_tool_body@call-4"}
+        workers = [await processes.start_ready("hands", HANDS_EMAIL, armed) for _ in range(2)]
+        turn_id = await submit(env, definition(tmp_path, "notice", ["send_email"]), "Send the notice")
+        obs = Observer(tendon)
+        turn = await obs.wait_turn(turn_id, "completed")
+
+        assert sorted(w.poll() for w in workers if w.poll() is not None) == [-signal.SIGKILL]
+        rows = await obs.executions(turn_id)
+        assert [r["how"] for r in rows] == ["ran", "ran", "ran", "verified_by_query", "ran"]
+        assert_five_sent_once(mailbox)
+        for r in rows:
+            assert r["result"]["message_id"] in turn["result"]["text"]
+        # One model request per committed reply: the replays asked the model nothing again.
+        assert len(chat.requests) == 6
+        assert len(await obs.facts(turn_id, "turn.model_replied")) == 6
