@@ -95,3 +95,72 @@ async def test_the_five_email_story_sends_exactly_five_with_the_hands_killed_at_
         # One model request per committed reply: the replays asked the model nothing again.
         assert len(chat.requests) == 6
         assert len(await obs.facts(turn_id, "turn.model_replied")) == 6
+
+
+async def test_a_brain_killed_after_a_reply_and_after_an_intent_commit_asks_nothing_twice_and_runs_nothing_twice(
+    tendon: TendonEnv, processes: Processes, mailbox: MailboxServer, tmp_path: Path
+) -> None:
+    with ChatServer(notice_policy) as chat:
+        env = model_env(tendon, chat, TENDON_MAILBOX_URL=mailbox.url)
+        await processes.start_ready("hands", HANDS_EMAIL, env)
+        # Dies once the 2nd reply (with its call) is committed, before its command is sent
+        doomed = await processes.start_ready("brain", BRAIN, {**env, "TENDON_KILL_AT": "brain.after_reply_commit@2"})
+        turn_id = await submit(env, definition(tmp_path, "notice", ["send_email"]), "Send the notice")
+        assert await processes.wait_exit(doomed) == -signal.SIGKILL
+        # then once the 4th intent is committed
+        doomed = await processes.start_ready(
+            "brain", BRAIN, {**env, "TENDON_KILL_AT": "brain.after_intent_commit@call-4"}
+        )
+        assert await processes.wait_exit(doomed) == -signal.SIGKILL
+        await processes.start_ready("brain", BRAIN, env)
+        obs = Observer(tendon)
+        await obs.wait_turn(turn_id, "completed")
+
+        assert_five_sent_once(mailbox)
+        rows = await obs.executions(turn_id)
+        assert [r["status"] for r in rows] == ["succeeded"] * 5
+        ledger = await obs.ledger()
+        assert sorted(r["execution_id"] for r in ledger) == sorted(r["id"] for r in rows)
+        replies = await obs.facts(turn_id, "turn.model_replied")
+        assert len(replies) == 6 and len(chat.requests) == 6  # never asked again for a committed reply
+        runs = await obs.fetch("SELECT runs FROM {brain}.turns WHERE id = $1", turn_id)
+        assert runs[0]["runs"] >= 3
+
+
+async def test_two_one_second_tools_of_one_reply_run_in_parallel_and_a_local_tool_runs_in_the_brain(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    asked: list[float] = []
+
+    def policy(body: dict[str, Any]) -> Reply:
+        asked.append(time.monotonic())
+        said = {m["tool_call_id"]: m["content"] for m in body["messages"] if m["role"] == "tool"}
+        if not said:
+            return Reply(
+                tool_calls=[
+                    ("slow_step", '{"seconds": 1, "label": "a"}'),
+                    ("slow_step", '{"seconds": 1, "label": "b"}'),
+                    ("shout", '{"text": "done"}'),
+                ],
+                call_ids=["c-a", "c-b", "c-s"],
+            )
+        labels = [json.loads(said[c])["label"] for c in ("c-a", "c-b")]
+        return Reply(content=f"steps {' '.join(labels)}, {said['c-s']}")
+
+    tendon.routes.add("bulk")
+    with ChatServer(policy) as chat:
+        env = model_env(tendon, chat)
+        await processes.start_ready("brain", BRAIN, env)
+        await processes.start_ready("hands", HANDS_BULK, env)
+        agent = definition(tmp_path, "steps", ["slow_step"], local_tools=["shout"])
+        turn_id = await submit(env, agent, "Do two steps")
+        obs = Observer(tendon)
+        turn = await obs.wait_turn(turn_id, "completed")
+
+        assert turn["result"]["text"].startswith("steps a b")
+        assert "DONE" in turn["result"]["text"]  # the local tool's answer, made in the Brain
+        assert len(asked) == 2
+        # both took a second; the second request came well before two had passed
+        assert 1.0 <= asked[1] - asked[0] < 1.9, asked[1] - asked[0]
+        rows = await obs.executions(turn_id)
+        assert sorted(r["call_id"] for r in rows) == ["c-a", "c-b"]  # the local call is no execution

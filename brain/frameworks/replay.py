@@ -158,6 +158,7 @@ class Replay:
             move = foreign.went_on(self.row, message, made.usage, call)
             moved = await self.ctx.move(move)
             self.ctx.history.committed(self.row, moved.row, moved.seq, move.facts)
+            self.ctx.killpoints.hit("brain.after_reply_commit", str(moved.row.model_calls))
             self._went(moved.row)
             return
         await self._commit_calls(message, made.usage, call, routed)
@@ -181,6 +182,7 @@ class Replay:
         moved = await self.ctx.move(move)
         refused = {i.execution_id: refused_row(i) for i in intents if not i.sends}
         self.ctx.history.committed(self.row, moved.row, moved.seq, move.facts, refused)
+        self.ctx.killpoints.hit("brain.after_reply_commit", str(moved.row.model_calls))
         sent(self.ctx, intents)
         for execution in refused.values():  # refused by the Brain: their failures go back at once
             self.outcomes[execution["call_id"]] = execution
