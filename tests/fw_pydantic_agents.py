@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 
+from pydantic import BaseModel
 from pydantic_ai import Agent
 from pydantic_ai.models.openai import OpenAIChatModel
 
@@ -42,13 +43,14 @@ def shout(text: str) -> str:
     return text.upper()
 
 
+chatty = Agent(_model(), instructions="Answer briefly.")
+
 approved = Agent(_model(), instructions="Send the email once a person approves it.")
 
 
 @approved.tool_plain(name="send_email", requires_approval=True)
 async def send_email_approved(to: str, subject: str, body: str) -> dict:  # type: ignore[type-arg]
     raise AssertionError("a Brain never runs a Hands tool itself")
-
 
 
 _counter = itertools.count()
@@ -64,3 +66,11 @@ def _drifting_instructions() -> str:
 @drifting.tool_plain(name="slow_step")
 async def slow_step_drifting(seconds: float) -> dict:  # type: ignore[type-arg]
     raise AssertionError("a Brain never runs a Hands tool itself")
+
+
+class Weight(BaseModel):
+    value: int
+    unit: str
+
+
+measured = Agent(_model(), output_type=Weight, instructions="Say how heavy it is.")

@@ -16,11 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from examples.mailbox import MailboxServer
 from tests.chat_server import ChatServer, Reply, tool_results
-from tests.support import Observer, Processes, TendonEnv, run_cli, wait_for
+from tests.support import Observer, Processes, TendonEnv, free_port, run_cli, wait_for
 
 pytest.importorskip("pydantic_ai")
 
@@ -32,8 +33,10 @@ HANDS_BULK = ["-m", "hands", "serve", "--route", "bulk", "--tools", "tests.brain
 MODULE = "tests.fw_pydantic_agents"
 
 
-def definition(tmp: Path, name: str, tools: list[str], **more: Any) -> str:
-    agent = {"name": f"pa-{name}", "version": "1", "framework": "pydantic-ai", "agent": f"{MODULE}:{name}",
+def definition(
+    tmp: Path, name: str, tools: list[str], framework: str = "pydantic-ai", module: str = MODULE, **more: Any
+) -> str:
+    agent = {"name": f"{framework}-{name}", "version": "1", "framework": framework, "agent": f"{module}:{name}",
              "tools": tools, **more}  # fmt: skip
     path = tmp / f"{name}.json"
     path.write_text(json.dumps(agent))
@@ -62,7 +65,19 @@ def model_env(tendon: TendonEnv, chat: ChatServer, **more: str) -> dict[str, str
 
 async def submit(env: dict[str, str], agent: str, text: str, session: str = "s-pa") -> str:
     code, out, err = await run_cli(
-        ["-m", "brain", "submit", "--session", session, "--request-id", f"r-{session}", "--agent", agent, text], env
+        [
+            "-m",
+            "brain",
+            "submit",
+            "--session",
+            session,
+            "--request-id",
+            f"r-{session}",
+            "--agent",
+            agent,
+            text,
+        ],
+        env,
     )
     assert code == 0, err
     return out.strip()
@@ -70,7 +85,9 @@ async def submit(env: dict[str, str], agent: str, text: str, session: str = "s-p
 
 def assert_five_sent_once(mailbox: MailboxServer) -> None:
     stats = mailbox.stats()
-    assert sorted(d["to"] for d in stats["deliveries"]) == sorted(f"customer{i}@example.com" for i in range(1, 6))
+    assert sorted(d["to"] for d in stats["deliveries"]) == sorted(
+        f"customer{i}@example.com" for i in range(1, 6)
+    )
     assert sorted(stats["posts_per_key"].values()) == [1, 1, 1, 1, 1]
 
 
@@ -97,14 +114,16 @@ async def test_the_five_email_story_sends_exactly_five_with_the_hands_killed_at_
         assert len(await obs.facts(turn_id, "turn.model_replied")) == 6
 
 
-async def test_a_brain_killed_after_a_reply_and_after_an_intent_commit_asks_nothing_twice_and_runs_nothing_twice(
+async def test_a_brain_killed_after_a_reply_and_after_an_intent_asks_nothing_twice_and_runs_nothing_twice(
     tendon: TendonEnv, processes: Processes, mailbox: MailboxServer, tmp_path: Path
 ) -> None:
     with ChatServer(notice_policy) as chat:
         env = model_env(tendon, chat, TENDON_MAILBOX_URL=mailbox.url)
         await processes.start_ready("hands", HANDS_EMAIL, env)
         # Dies once the 2nd reply (with its call) is committed, before its command is sent
-        doomed = await processes.start_ready("brain", BRAIN, {**env, "TENDON_KILL_AT": "brain.after_reply_commit@2"})
+        doomed = await processes.start_ready(
+            "brain", BRAIN, {**env, "TENDON_KILL_AT": "brain.after_reply_commit@2"}
+        )
         turn_id = await submit(env, definition(tmp_path, "notice", ["send_email"]), "Send the notice")
         assert await processes.wait_exit(doomed) == -signal.SIGKILL
         # then once the 4th intent is committed
@@ -164,3 +183,140 @@ async def test_two_one_second_tools_of_one_reply_run_in_parallel_and_a_local_too
         assert 1.0 <= asked[1] - asked[0] < 1.9, asked[1] - asked[0]
         rows = await obs.executions(turn_id)
         assert sorted(r["call_id"] for r in rows) == ["c-a", "c-b"]  # the local call is no execution
+
+
+async def test_previews_of_the_frameworks_stream_reach_an_sse_subscriber_before_the_reply_commits(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    from tests.test_api_previews import events_until_completed
+
+    answer = "A streamed answer, in pieces of eight characters, through the framework."
+
+    def policy(body: dict[str, Any]) -> Reply:
+        users = [m["content"] for m in body["messages"] if m["role"] == "user"]
+        return Reply(content=answer, delay=1.0) if len(users) > 1 else Reply(content="warm")
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with ChatServer(policy) as chat:
+        env = model_env(tendon, chat, TENDON_HTTP=f"127.0.0.1:{port}")
+        await processes.start_ready("brain", BRAIN, env)
+        agent = {"name": "pa-chatty", "version": "1", "framework": "pydantic-ai", "agent": f"{MODULE}:chatty"}
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            body = {"request_id": "r1", "input": "warm up", "agent": agent}
+            first = (await http.post("/v1/sessions/s-prev/turns", json=body)).json()["turn_id"]
+            assert (await http.get(f"/v1/turns/{first}", params={"wait": "30"})).json()[
+                "status"
+            ] == "completed"
+            cursor = (await http.get(f"/v1/turns/{first}")).json().get("seq") or 0
+            listening = asyncio.ensure_future(
+                events_until_completed(url, "s-prev", int(cursor), previews=True, besides=first)
+            )
+            await asyncio.sleep(0.5)  # the subscriber is in (a late one would only miss previews)
+            body = {"request_id": "r2", "input": "now the real question", "agent": agent}
+            (await http.post("/v1/sessions/s-prev/turns", json=body)).raise_for_status()
+            events = await asyncio.wait_for(listening, 30)
+
+    kinds = [k for k, _ in events]
+    replied = next(
+        i for i, (k, d) in enumerate(events)
+        if k == "entry"
+        and any(f["kind"] == "turn.model_replied" and f["message"]["text"] == answer for f in d["facts"])
+    )  # fmt: skip
+    previews = [d for k, d in events[:replied] if k == "preview"]
+    assert previews, kinds
+    assert "".join(p["text"] for p in previews if p["kind"] == "text") == answer
+    # the second turn's model saw the first turn (the thread's history, as the framework's messages)
+    assert [m["content"] for m in chat.requests[-1]["messages"] if m["role"] == "user"] == [
+        "warm up",
+        "now the real question",
+    ]
+
+
+async def test_an_approval_in_the_frameworks_terms_waits_survives_a_brain_restart_and_respond_resumes_it(
+    tendon: TendonEnv, processes: Processes, mailbox: MailboxServer, tmp_path: Path
+) -> None:
+    def policy(body: dict[str, Any]) -> Reply:
+        if not tool_results(body):
+            args = {"to": "boss@example.com", "subject": "Raise", "body": "Please."}
+            return Reply(tool_calls=[("send_email", json.dumps(args))], call_ids=["call-ok"])
+        return Reply(content="sent " + str(tool_results(body)[0].get("message_id")))
+
+    with ChatServer(policy) as chat:
+        env = model_env(tendon, chat, TENDON_MAILBOX_URL=mailbox.url)
+        brain = await processes.start_ready("brain", BRAIN, env)
+        await processes.start_ready("hands", HANDS_EMAIL, env)
+        turn_id = await submit(env, definition(tmp_path, "approved", ["send_email"]), "Ask for a raise")
+        obs = Observer(tendon)
+
+        async def waiting() -> Any:
+            turn = await obs.turn(turn_id)
+            return (
+                turn
+                if turn and turn["status"] == "waiting" and "approval" in (turn["waiting_for"] or "")
+                else None
+            )
+
+        await wait_for(waiting, timeout=30, what="the turn to wait for an approval")
+        brain.send_signal(signal.SIGKILL)
+        await processes.wait_exit(brain)
+        await processes.start_ready("brain", BRAIN, env)
+        assert (await obs.turn(turn_id))["status"] == "waiting" and mailbox.stats()["deliveries"] == []
+
+        code, _, err = await run_cli(["-m", "brain", "respond", turn_id, "call-ok", "--approve"], env)
+        assert code == 0, err
+        turn = await obs.wait_turn(turn_id, "completed")
+        assert len(mailbox.stats()["deliveries"]) == 1
+        assert turn["result"]["text"].startswith("sent ")
+        assert len(chat.requests) == 2
+
+
+async def test_usage_of_every_model_call_an_output_retry_included_is_in_the_history(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    def policy(body: dict[str, Any]) -> Reply:
+        if len(body["messages"]) <= 2:  # instructions and question: text, where a structured output is due
+            return Reply(content="forty-two", usage={"prompt_tokens": 5, "completion_tokens": 3})
+        return Reply(tool_calls=[("final_result", '{"value": 42, "unit": "kg"}')], call_ids=["out-1"],
+                     usage={"prompt_tokens": 9, "completion_tokens": 4})  # fmt: skip
+
+    with ChatServer(policy) as chat:
+        env = model_env(tendon, chat)
+        await processes.start_ready("brain", BRAIN, env)
+        turn_id = await submit(env, definition(tmp_path, "measured", []), "How heavy?")
+        obs = Observer(tendon)
+        turn = await obs.wait_turn(turn_id, "completed")
+
+    assert turn["result"]["output"] == {"value": 42, "unit": "kg"}
+    replies = await obs.facts(turn_id, "turn.model_replied")
+    assert [r["usage"]["total_tokens"] for r in replies] == [8, 13]
+    code, out, err = await run_cli(["-m", "brain", "history", turn_id, "--json"], env)
+    assert code == 0, err
+    calls = json.loads(out)["model_calls"]
+    assert [(c["number"], c["status"]) for c in calls] == [(1, "replied"), (2, "replied")]
+    assert len(chat.requests) == 2
+
+
+async def test_an_agent_that_asks_something_else_on_replay_fails_its_turn_naming_the_rule(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    def policy(body: dict[str, Any]) -> Reply:
+        if not tool_results(body):
+            return Reply(tool_calls=[("slow_step", '{"seconds": 0.01}')], call_ids=["call-d"])
+        return Reply(content="done")
+
+    tendon.routes.add("bulk")
+    with ChatServer(policy) as chat:
+        env = model_env(tendon, chat)
+        await processes.start_ready("brain", BRAIN, env)
+        await processes.start_ready("hands", HANDS_BULK, env)
+        turn_id = await submit(env, definition(tmp_path, "drifting", ["slow_step"]), "Go")
+        obs = Observer(tendon)
+        with pytest.raises(AssertionError, match="turn ended failed") as failed:
+            await obs.wait_turn(turn_id, "completed")
+
+    turn = await obs.turn(turn_id)
+    assert turn["error"]["code"] == "replay_diverged"
+    assert "asked the model something different on replay at model call 1" in turn["error"]["message"]
+    assert "deterministic between model calls" in turn["error"]["message"] and failed.value
+    assert len(chat.requests) == 1  # the diverging run asked nothing

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from brain.models.base import Message
@@ -54,21 +55,28 @@ async def run_foreign(
     replay = Replay(ctx, row, agent, bindings, history)
     loaded = load(agent.agent)
     try:
-        if agent.framework == "pydantic-ai":
-            from brain.frameworks.pydanticai import run_turn
-        else:
-            from brain.frameworks.openaiagents import run_turn
-        output = await run_turn(replay, loaded)
+        output = await _runner(agent.framework)(replay, loaded)
     except Suspended as suspended:
         return suspended.row
     except BaseExceptionGroup as group:  # a task group of the framework's: the run stopped on purpose
-        suspended = next((e for e in group.exceptions if isinstance(e, Suspended)), None)
-        if suspended is None:
+        stopped = next((e for e in group.exceptions if isinstance(e, Suspended)), None)
+        if stopped is None:
             raise
-        return suspended.row
+        return stopped.row
     jsonable = _jsonable(output)
     text = jsonable if isinstance(jsonable, str) else json.dumps(jsonable, ensure_ascii=False)
     return await replay.finish(text, jsonable)
+
+
+def _runner(framework: str | None) -> Callable[[Any, Any], Awaitable[Any]]:
+    """The adapter of ``framework`` (imported when a turn of it runs)."""
+    if framework == "pydantic-ai":
+        from brain.frameworks import pydanticai
+
+        return pydanticai.run_turn
+    from brain.frameworks import openaiagents
+
+    return openaiagents.run_turn
 
 
 def _jsonable(output: Any) -> Any:

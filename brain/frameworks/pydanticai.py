@@ -78,7 +78,9 @@ class TendonModel(WrapperModel):
 
     @asynccontextmanager
     async def request_stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[StreamedResponse]:
-        raise SchemaError("a Tendon run of a Pydantic AI agent asks its model through request(), not a stream")
+        raise SchemaError(
+            "a Tendon run of a Pydantic AI agent asks its model through request(), not a stream"
+        )
         yield  # pragma: no cover - an async generator
 
     async def _streamed(
@@ -95,7 +97,11 @@ class TendonModel(WrapperModel):
                     await asyncio.sleep(0)  # the streams passing pieces on send each one now
             response = stream.get()
         output_tools = {t.name for t in params.output_tools}
-        calls = [_call(p) for p in response.parts if isinstance(p, ToolCallPart) and p.tool_name not in output_tools]
+        calls = [
+            _call(p)
+            for p in response.parts
+            if isinstance(p, ToolCallPart) and p.tool_name not in output_tools
+        ]
         text = "".join(p.content for p in response.parts if isinstance(p, TextPart)) or None
         kept = ModelMessagesTypeAdapter.dump_python([response], mode="json")[0]
         usage = foreign.usage_of(response.usage.input_tokens, response.usage.output_tokens)
@@ -137,7 +143,10 @@ async def run_turn(replay: Replay, agent: Agent[Any, Any]) -> Any:
     model = TendonModel(agent.model, replay)
     toolset = TendonToolset(CombinedToolset(list(agent.toolsets)), replay=replay)
     with agent.override(model=model, toolsets=[toolset], tools=[]):
-        result = await agent.run(replay.prompt, message_history=history_of(replay.prior) or None)
+        try:
+            result = await agent.run(replay.prompt, message_history=history_of(replay.prior) or None)
+        except UnexpectedModelBehavior as exc:  # the agent's own limits (output retries, say)
+            raise ModelError(f"the agent gave up on the model's replies: {exc}", retryable=False) from exc
     return result.output
 
 
@@ -150,7 +159,9 @@ def history_of(prior: list[Message]) -> list[ModelMessage]:
     for m in prior:
         if m.role == "tool" and m.content.get("call_id") in names:
             tool, framework_id = names[m.content["call_id"]]
-            returns.append(ToolReturnPart(tool_name=tool, content=tool_value(m.content), tool_call_id=framework_id))
+            returns.append(
+                ToolReturnPart(tool_name=tool, content=tool_value(m.content), tool_call_id=framework_id)
+            )
             continue
         if returns:
             out.append(ModelRequest(parts=returns))
@@ -171,15 +182,18 @@ def _prior_reply(content: dict[str, Any], names: dict[str, tuple[str, str]]) -> 
     if kept is None or kept.get("name") != "pydantic-ai":
         return ModelResponse(parts=[TextPart(content=content["text"])]) if content.get("text") else None
     response = ModelMessagesTypeAdapter.validate_python([kept["response"]])[0]
+    assert isinstance(response, ModelResponse)
     calls = kept.get("calls") or {}
     for framework_id, call_id in calls.items():
         tool = next((c["tool"] for c in content.get("tool_calls") or [] if c["call_id"] == call_id), "")
         names[call_id] = (tool, framework_id)
     ours = set(calls)
     parts = [
-        p for p in response.parts if isinstance(p, TextPart) or (isinstance(p, ToolCallPart) and p.tool_call_id in ours)
+        p
+        for p in response.parts
+        if isinstance(p, TextPart) or (isinstance(p, ToolCallPart) and p.tool_call_id in ours)
     ]
-    return dataclasses.replace(response, parts=parts) if parts else None  # type: ignore[type-var]
+    return ModelResponse(parts=parts, usage=response.usage, model_name=response.model_name) if parts else None
 
 
 def _asked(messages: list[ModelMessage], params: ModelRequestParameters) -> Any:
@@ -189,9 +203,15 @@ def _asked(messages: list[ModelMessage], params: ModelRequestParameters) -> Any:
     for message in messages:
         parts = []
         for part in message.parts:
-            fields = {k: getattr(part, k) for k in ("content", "tool_name", "args", "tool_call_id") if hasattr(part, k)}
+            fields = {
+                k: getattr(part, k)
+                for k in ("content", "tool_name", "args", "tool_call_id")
+                if hasattr(part, k)
+            }
             parts.append({"kind": getattr(part, "part_kind", type(part).__name__), **fields})
-        shown.append({"kind": message.kind, "parts": parts, "instructions": getattr(message, "instructions", None)})
+        shown.append(
+            {"kind": message.kind, "parts": parts, "instructions": getattr(message, "instructions", None)}
+        )
     tools = sorted(t.name for t in [*params.function_tools, *params.output_tools])
     return to_jsonable_python({"messages": shown, "tools": tools}, fallback=repr)
 

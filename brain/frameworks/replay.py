@@ -16,6 +16,7 @@ loop and the world:
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
@@ -87,7 +88,9 @@ class Replay:
 
     def __post_init__(self) -> None:
         mine = [m for m in self.history if m.turn_id == self.row.id]
-        self.replies = [_recorded(m) for m in mine if m.role == "assistant" and foreign.FRAMEWORK_KEY in m.content]
+        self.replies = [
+            _recorded(m) for m in mine if m.role == "assistant" and foreign.FRAMEWORK_KEY in m.content
+        ]
         self.outcomes = {m.content["call_id"]: m.content for m in mine if m.role == "tool"}
 
     @property
@@ -164,7 +167,11 @@ class Replay:
         await self._commit_calls(message, made.usage, call, routed)
 
     async def _commit_calls(
-        self, message: dict[str, Any], usage: dict[str, int], call: dict[str, Any], routed: list[dict[str, Any]]
+        self,
+        message: dict[str, Any],
+        usage: dict[str, int],
+        call: dict[str, Any],
+        routed: list[dict[str, Any]],
     ) -> None:
         mine = [m for m in self.history if m.role == "assistant" and m.turn_id == self.row.id]
         made = sum(len(m.content.get("tool_calls") or []) for m in mine)
@@ -178,7 +185,9 @@ class Replay:
             self.ctx, self.row, self.bindings, routed, detailed=self.agent.journal == "detailed",
             approvals=approvals, trace=self.ctx.tracing.turn_parent(self.row.id),
         )  # fmt: skip
-        move = moves.reply(self.row, message, usage, call=call, intents=intents, first_look=self.ctx.first_look)
+        move = moves.reply(
+            self.row, message, usage, call=call, intents=intents, first_look=self.ctx.first_look
+        )
         moved = await self.ctx.move(move)
         refused = {i.execution_id: refused_row(i) for i in intents if not i.sends}
         self.ctx.history.committed(self.row, moved.row, moved.seq, move.facts, refused)
@@ -217,8 +226,12 @@ def _recorded(message: Message) -> _Reply:
 
 def tool_value(outcome: dict[str, Any]) -> Any:
     """What the framework's tool call returns for a committed outcome: the tool's result, or what
-    went wrong (the model reads it as the tool's answer, as a native agent's model does)."""
+    went wrong (the model reads it as the tool's answer, as a native agent's model does). Its keys
+    sorted: a result read back from PostgreSQL's JSONB has another order than the one the Hands
+    reported, and the model must be asked the same thing in every run."""
     if outcome.get("status") == "succeeded":
-        return outcome.get("result")
-    said = {k: outcome.get(k) for k in ("status", "error") if outcome.get(k) is not None}
-    return said | ({"result": outcome["result"]} if outcome.get("result") is not None else {})
+        value = outcome.get("result")
+    else:
+        said = {k: outcome.get(k) for k in ("status", "error") if outcome.get(k) is not None}
+        value = said | ({"result": outcome["result"]} if outcome.get("result") is not None else {})
+    return json.loads(json.dumps(value, sort_keys=True))

@@ -17,9 +17,11 @@ from brain.rules.agents import AgentDefinition
 from brain.rules.waits import NAMES as WAITS
 from protocol import SchemaError, UnknownToolError
 
-
 # The package each framework's agents need, and the extra that installs it.
-FRAMEWORK_PACKAGES = {"pydantic-ai": ("pydantic_ai", "pydantic-ai"), "openai-agents": ("agents", "openai-agents")}
+FRAMEWORK_PACKAGES = {
+    "pydantic-ai": ("pydantic_ai", "pydantic-ai"),
+    "openai-agents": ("agents", "openai-agents"),
+}
 
 
 def check_model(agent: AgentDefinition) -> None:

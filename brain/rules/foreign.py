@@ -47,7 +47,9 @@ def diverged(agent: str, number: int, committed: str, now: str) -> ReplayDiverge
     )
 
 
-def unplaced_tools(agent: str, tools: Mapping[str, Any], routed: list[str], local: list[str]) -> SchemaError | None:
+def unplaced_tools(
+    agent: str, tools: Mapping[str, Any], routed: list[str], local: list[str]
+) -> SchemaError | None:
     """A tool of the framework's agent that the definition neither routes to the Hands (``tools``)
     nor runs in the Brain (``local_tools``): refused rather than guessed."""
     stray = sorted(t for t in tools if t not in routed and t not in local)
@@ -70,7 +72,9 @@ def finished(row: TurnRow, text: str | None, output: Any) -> Move:
     result: dict[str, Any] = {"text": text}
     if output is not None and not isinstance(output, str):
         result["output"] = output
-    return move(row, S.COMPLETED, [P.FINALIZE, P.DONE], release=True, result=result, facts=(facts.completed(),))
+    return move(
+        row, S.COMPLETED, [P.FINALIZE, P.DONE], release=True, result=result, facts=(facts.completed(),)
+    )
 
 
 def usage_of(input_tokens: int | None, output_tokens: int | None) -> dict[str, int]:
