@@ -4,23 +4,19 @@ committed replies and its chat-completions model against the local server."""
 
 from __future__ import annotations
 
-import json
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from examples.mailbox import MailboxServer
-from tests.chat_server import ChatServer, Reply, tool_results
-from tests.support import Observer, Processes, TendonEnv, run_cli, wait_for
+from tests.chat_server import ChatServer
+from tests.support import Observer, Processes, TendonEnv
 from tests.test_frameworks_pydantic_ai import (
     BRAIN,
-    HANDS_BULK,
     HANDS_EMAIL,
     assert_five_sent_once,
-    mailbox,  # noqa: F401 - the fixture
     model_env,
     notice_policy,
     submit,
@@ -34,6 +30,12 @@ pytestmark = pytest.mark.chaos
 MODULE = "tests.fw_openai_agents"
 
 
+@pytest.fixture
+def mailbox() -> Iterator[MailboxServer]:
+    with MailboxServer(port=0) as server:
+        yield server
+
+
 def definition(tmp: Path, name: str, tools: list[str], **more: Any) -> str:
     return _definition(tmp, name, tools, framework="openai-agents", module=MODULE, **more)
 
@@ -42,7 +44,7 @@ async def test_the_five_email_story_survives_the_hands_and_the_brain_killed_send
     tendon: TendonEnv,
     processes: Processes,
     mailbox: MailboxServer,
-    tmp_path: Path,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     with ChatServer(notice_policy) as chat:
         env = model_env(tendon, chat, TENDON_MAILBOX_URL=mailbox.url)

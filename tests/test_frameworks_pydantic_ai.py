@@ -36,8 +36,8 @@ MODULE = "tests.fw_pydantic_agents"
 def definition(
     tmp: Path, name: str, tools: list[str], framework: str = "pydantic-ai", module: str = MODULE, **more: Any
 ) -> str:
-    agent = {"name": f"{framework}-{name}", "version": "1", "framework": framework, "agent": f"{module}:{name}",
-             "tools": tools, **more}  # fmt: skip
+    agent = {"name": f"{framework}-{name}", "version": "1", "framework": framework,
+             "agent": f"{module}:{name}", "tools": tools, **more}  # fmt: skip
     path = tmp / f"{name}.json"
     path.write_text(json.dumps(agent))
     return str(path)

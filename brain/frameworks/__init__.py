@@ -71,12 +71,12 @@ async def run_foreign(
 def _runner(framework: str | None) -> Callable[[Any, Any], Awaitable[Any]]:
     """The adapter of ``framework`` (imported when a turn of it runs)."""
     if framework == "pydantic-ai":
-        from brain.frameworks import pydanticai
+        from brain.frameworks.pydanticai import run_turn as pydantic_ai_turn
 
-        return pydanticai.run_turn
-    from brain.frameworks import openaiagents
+        return pydantic_ai_turn
+    from brain.frameworks.openaiagents import run_turn as openai_agents_turn
 
-    return openaiagents.run_turn
+    return openai_agents_turn
 
 
 def _jsonable(output: Any) -> Any:

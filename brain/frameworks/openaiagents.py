@@ -97,8 +97,9 @@ class TendonModel(Model):
         raise SchemaError("a Tendon run of an OpenAI Agents SDK agent asks its model without a stream")
 
     async def _streamed(self, args: tuple[Any, ...], kwargs: dict[str, Any], sink: OnDelta | None) -> Live:
-        completed = None
-        async for event in self.wrapped.stream_response(*args, **kwargs):
+        completed: Any = None
+        stream: Any = self.wrapped.stream_response(*args, **kwargs)
+        async for event in stream:
             kind = getattr(event, "type", "")
             if kind == "response.completed":
                 completed = event.response
