@@ -51,7 +51,7 @@ approved = Agent(
 _counter = itertools.count()
 
 
-def _drifting(*_: object) -> str:
+def _drifting(context: object, agent: object) -> str:
     return f"You are run number {next(_counter)}."  # breaks the replay rule
 
 

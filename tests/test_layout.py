@@ -60,7 +60,13 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "brain/verbs": ("brain/verbs", "brain/rules", "brain/store", *INFRA, "protocol"),
     "brain/api": ("brain/api", "brain/rules", "brain/store", "brain/run", "brain/verbs", *INFRA, "protocol"),
     "brain/frameworks": (
-        "brain/frameworks", "brain/rules", "brain/models", "brain/store", "brain/run", *INFRA, "protocol",
+        "brain/frameworks",
+        "brain/rules",
+        "brain/models",
+        "brain/store",
+        "brain/run",
+        *INFRA,
+        "protocol",
     ),  # fmt: skip
     "brain/app.py": (
         "brain/frameworks",
