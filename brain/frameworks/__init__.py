@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,7 +21,7 @@ from brain.run.context import BrainContext
 from brain.store import TurnRow
 from protocol import SchemaError
 
-__all__ = ["load", "run_foreign"]
+__all__ = ["forget", "load", "run_foreign"]
 
 _LOADED: dict[str, Any] = {}
 
@@ -39,8 +40,18 @@ def load(path: str) -> Any:
         raise SchemaError(f"agent {path} cannot be imported: {exc}") from exc
     except AttributeError as exc:
         raise SchemaError(f"agent {path}: module {module_name} has no {attribute}") from exc
+    except Exception as exc:  # noqa: BLE001 - the user's module failed as it was imported
+        raise SchemaError(f"agent {path} could not be loaded: {type(exc).__name__}: {exc}") from exc
     _LOADED[path] = found
     return found
+
+
+def forget() -> None:
+    """Load every agent afresh next time (its module imported again): for a process that runs
+    agents of code that changed, as tests do."""
+    for path in _LOADED:
+        sys.modules.pop(path.partition(":")[0], None)
+    _LOADED.clear()
 
 
 async def run_foreign(

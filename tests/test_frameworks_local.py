@@ -1,0 +1,51 @@
+"""The framework agents of examples/ in the embedded mode (`brain serve --local`: SQLite, a local
+queue, the Brain and the Hands pool in this process): the five-email story written with Pydantic
+AI and with the OpenAI Agents SDK, each sending exactly five emails, its model the local
+chat-completions server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from examples.mailbox import MailboxServer
+from local.testing import local_tendon
+from tests.chat_server import ChatServer
+from tests.test_frameworks_pydantic_ai import notice_policy
+
+
+@pytest.fixture
+def mailbox() -> Iterator[MailboxServer]:
+    with MailboxServer(port=0) as server:
+        yield server
+
+
+@pytest.mark.parametrize(
+    ("package", "definition"),
+    [("pydantic_ai", "examples/pydantic_email.json"), ("agents", "examples/openai_agents_email.json")],
+    ids=["pydantic-ai", "openai-agents"],
+)
+async def test_the_examples_framework_agent_sends_five_emails_in_the_embedded_mode(
+    package: str, definition: str, mailbox: MailboxServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip(package)
+    with ChatServer(notice_policy) as chat:
+        # Read when the Brain first imports the example (its model's client); fresh per test
+        monkeypatch.setenv("OPENAI_BASE_URL", chat.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test")
+        monkeypatch.setenv("TENDON_MAILBOX_URL", mailbox.url)
+        from brain.frameworks import forget
+
+        forget()
+        async with local_tendon(tmp_path, "examples.email_tools") as tendon:
+            turn = await tendon.run(definition, "Send the maintenance notice")
+
+    assert turn["status"] == "completed", turn.get("error")
+    stats = mailbox.stats()
+    assert sorted(d["to"] for d in stats["deliveries"]) == [f"customer{i}@example.com" for i in range(1, 6)]
+    assert sorted(stats["posts_per_key"].values()) == [1] * 5
+    assert len(chat.requests) == 6
+    assert all(m["message_id"] in turn["result"]["text"] for m in stats["deliveries"]), json.dumps(turn)
