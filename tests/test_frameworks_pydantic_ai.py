@@ -320,3 +320,52 @@ async def test_an_agent_that_asks_something_else_on_replay_fails_its_turn_naming
     assert "asked the model something different on replay at model call 1" in turn["error"]["message"]
     assert "deterministic between model calls" in turn["error"]["message"] and failed.value
     assert len(chat.requests) == 1  # the diverging run asked nothing
+
+
+async def test_a_steer_joins_every_later_model_request_and_a_cancel_ends_a_framework_turn(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+
+    def policy(body: dict[str, Any]) -> Reply:
+        done = len(tool_results(body))
+        if body["messages"][-1].get("content") == "Wait forever":
+            return Reply(
+                tool_calls=[("slow_step", json.dumps({"seconds": 60, "gate": str(tmp_path / "never")}))]
+            )
+        if done == 0:
+            return Reply(
+                tool_calls=[("slow_step", json.dumps({"seconds": 60, "gate": str(gate)}))], call_ids=["s-1"]
+            )
+        if done == 1:
+            return Reply(tool_calls=[("slow_step", '{"seconds": 0.01}')], call_ids=["s-2"])
+        return Reply(content="short")
+
+    tendon.routes.add("bulk")
+    with ChatServer(policy) as chat:
+        env = model_env(tendon, chat)
+        await processes.start_ready("brain", BRAIN, env)
+        await processes.start_ready("hands", HANDS_BULK, env)
+        agent = definition(tmp_path, "steps", ["slow_step"], local_tools=["shout"])
+        turn_id = await submit(env, agent, "Do the steps")
+        obs = Observer(tendon)
+        await wait_for(lambda: _waiting(obs, turn_id), timeout=30, what="the turn to wait for its first step")
+        code, _, err = await run_cli(["-m", "brain", "steer", turn_id, "keep it short"], env)
+        assert code == 0, err
+        await asyncio.to_thread(gate.touch)
+        turn = await obs.wait_turn(turn_id, "completed")
+        assert turn["result"]["text"] == "short"
+        # the model's real requests after the steer carry it; the first one did not
+        steered = [any(m.get("content") == "keep it short" for m in r["messages"]) for r in chat.requests]
+        assert steered == [False, True, True]
+
+        other = await submit(env, agent, "Wait forever", session="s-cancel")
+        await wait_for(lambda: _waiting(obs, other), timeout=30, what="the second turn to wait")
+        code, _, err = await run_cli(["-m", "brain", "cancel", other], env)
+        assert code == 0, err
+        await obs.wait_turn(other, "cancelled")
+
+
+async def _waiting(obs: Observer, turn_id: str) -> Any:
+    turn = await obs.turn(turn_id)
+    return turn if turn and turn["status"] == "waiting" else None

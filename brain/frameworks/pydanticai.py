@@ -29,6 +29,7 @@ from pydantic_ai.messages import (
     ModelResponse,
     PartDeltaEvent,
     PartStartEvent,
+    SystemPromptPart,
     TextPart,
     TextPartDelta,
     ToolCallPart,
@@ -90,6 +91,14 @@ class TendonModel(WrapperModel):
         params: ModelRequestParameters,
         sink: OnDelta | None,
     ) -> Live:
+        added = [
+            SystemPromptPart(content=str(m.content.get("text", "")))
+            if m.role == "steer"
+            else UserPromptPart(content=str(m.content.get("text", "")))
+            for m in self.replay.added
+        ]
+        if added:  # steered or injected: the model reads it after the framework's messages
+            messages = [*messages, ModelRequest(parts=added)]
         async with self.wrapped.request_stream(messages, settings, params) as stream:
             async for event in stream:
                 if sink is not None:

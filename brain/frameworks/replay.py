@@ -104,6 +104,13 @@ class Replay:
         first = next((m for m in self.history if m.turn_id == self.row.id and m.role == "user"), None)
         return str(first.content.get("text", "")) if first is not None else ""
 
+    @property
+    def added(self) -> list[Message]:
+        """What controls added to this turn so far (steers, injects), for the model's real
+        requests: the framework's own messages never hold them, so replays stay as they were."""
+        mine = [m for m in self.history if m.turn_id == self.row.id and m.role in ("user", "steer")]
+        return mine[1:]
+
     async def ask(self, asked: str, live: Callable[[OnDelta | None], Awaitable[Live]]) -> Any:
         """The framework's reply to its next model request (``asked``: its digest): committed
         already, or made by ``live`` and committed now."""
