@@ -98,7 +98,9 @@ class TendonModel(Model):
         raise SchemaError("a Tendon run of an OpenAI Agents SDK agent asks its model without a stream")
 
     async def _streamed(self, args: tuple[Any, ...], kwargs: dict[str, Any], sink: OnDelta | None) -> Live:
-        added = [{"role": _ROLES[m.role], "content": str(m.content.get("text", ""))} for m in self.replay.added]
+        added = [
+            {"role": _ROLES[m.role], "content": str(m.content.get("text", ""))} for m in self.replay.added
+        ]
         if added:  # steered or injected: the model reads it after the framework's input
             given = [{"role": "user", "content": args[1]}] if isinstance(args[1], str) else list(args[1])
             args = (args[0], [*given, *added], *args[2:])
