@@ -49,3 +49,12 @@ async def test_the_examples_framework_agent_sends_five_emails_in_the_embedded_mo
     assert sorted(stats["posts_per_key"].values()) == [1] * 5
     assert len(chat.requests) == 6
     assert all(m["message_id"] in turn["result"]["text"] for m in stats["deliveries"]), json.dumps(turn)
+
+
+def test_the_readme_shows_the_pydantic_ai_example_as_it_is() -> None:
+    from tests.support import REPO
+
+    example = (REPO / "examples" / "pydantic_email.py").read_text()
+    shown = example[example.index("agent = Agent(") :]
+    shown = "\n".join(line for line in shown.splitlines() if not line.lstrip().startswith("#"))
+    assert shown.strip() in (REPO / "README.md").read_text()

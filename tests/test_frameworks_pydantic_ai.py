@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -369,3 +370,34 @@ async def test_a_steer_joins_every_later_model_request_and_a_cancel_ends_a_frame
 async def _waiting(obs: Observer, turn_id: str) -> Any:
     turn = await obs.turn(turn_id)
     return turn if turn and turn["status"] == "waiting" else None
+
+
+async def test_a_brain_killed_mid_stream_leaves_nothing_committed_and_the_next_run_asks_again(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    asked = threading.Event()
+    release = threading.Event()
+
+    def policy(body: dict[str, Any]) -> Reply:
+        if not asked.is_set():
+            asked.set()
+            release.wait(20)  # the Brain dies while it waits for this reply's stream
+            return Reply(content="lost with the Brain")
+        return Reply(content="the committed answer")
+
+    with ChatServer(policy) as chat:
+        env = model_env(tendon, chat)
+        brain = await processes.start_ready("brain", BRAIN, env)
+        turn_id = await submit(env, definition(tmp_path, "chatty", []), "Hello")
+        assert await asyncio.to_thread(asked.wait, 30)
+        brain.send_signal(signal.SIGKILL)
+        await processes.wait_exit(brain)
+        release.set()
+        obs = Observer(tendon)
+        assert await obs.facts(turn_id, "turn.model_replied") == []
+        await processes.start_ready("brain", BRAIN, env)
+        turn = await obs.wait_turn(turn_id, "completed")
+
+    assert turn["result"]["text"] == "the committed answer"
+    (replied,) = await obs.facts(turn_id, "turn.model_replied")
+    assert replied["message"]["text"] == "the committed answer" and len(chat.requests) == 2
