@@ -6,6 +6,7 @@ chat-completions server."""
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from examples.mailbox import MailboxServer
 from local.testing import local_tendon
 from tests.chat_server import ChatServer
+from tests.support import run_cli
 from tests.test_frameworks_pydantic_ai import notice_policy
 
 
@@ -49,6 +51,25 @@ async def test_the_examples_framework_agent_sends_five_emails_in_the_embedded_mo
     assert sorted(stats["posts_per_key"].values()) == [1] * 5
     assert len(chat.requests) == 6
     assert all(m["message_id"] in turn["result"]["text"] for m in stats["deliveries"]), json.dumps(turn)
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("agent", ["examples.pydantic_email:agent", "examples.openai_agents_email:agent"])
+async def test_brain_demo_tells_the_story_with_a_framework_agent_crashed_at_email_four_and_resumed(
+    agent: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("pydantic_ai" if "pydantic" in agent else "agents")
+    with ChatServer(notice_policy) as chat:
+        env = {"OPENAI_BASE_URL": chat.url, "OPENAI_API_KEY": "test"}
+        demo = ["-m", "brain", "demo", "--agent", agent, "--data-dir", str(tmp_path / "demo")]
+        code, out, err = await run_cli([*demo, "--fresh", "--crash-at", "4"], env)
+        assert code == -signal.SIGKILL and "email 4 was accepted by the mail service, SIGKILL" in err, err
+        code, out, err = await run_cli(demo, env)
+
+    assert code == 0, err
+    assert "verified by its operation id, not resent" in out and "mailbox: 5 deliveries" in out
+    assert "Receipts: msg-1, msg-2, msg-3, msg-4, msg-5" in out
+    assert len(chat.requests) == 6  # the resumed run asked the model nothing it had answered
 
 
 def test_the_readme_shows_the_pydantic_ai_example_as_it_is() -> None:
