@@ -207,7 +207,8 @@ class Replay:
     def _went(self, row: TurnRow) -> None:
         """The turn as the last commit left it: the loop goes on only while it runs here."""
         self.row = row
-        if row.status is not TurnStatus.RUNNING or row.phase is not TurnPhase.MODEL_REQUEST or row.pending:
+        going_on = row.status is TurnStatus.RUNNING and row.phase is TurnPhase.MODEL_REQUEST
+        if not going_on or row.pending or self.ctx.draining:  # draining: this Brain stops at its commits
             raise Suspended(row)
 
     def outcome(self, framework_id: str, tool: str) -> dict[str, Any]:
