@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import itertools
 
+from openai import AsyncOpenAI
 from pydantic import BaseModel
 from pydantic_ai import Agent
 from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
 
 
 def _model() -> OpenAIChatModel:
@@ -74,3 +76,11 @@ class Weight(BaseModel):
 
 
 measured = Agent(_model(), output_type=Weight, instructions="Say how heavy it is.")
+
+
+def _unretried() -> OpenAIChatModel:
+    # The client tries once: Tendon's retry policy decides, and every attempt is in the history.
+    return OpenAIChatModel("test-model", provider=OpenAIProvider(openai_client=AsyncOpenAI(max_retries=0)))
+
+
+retrying = Agent(_unretried(), instructions="Answer briefly.")

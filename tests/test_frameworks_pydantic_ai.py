@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from examples.mailbox import MailboxServer
-from tests.chat_server import ChatServer, Reply, tool_results
+from tests.chat_server import ChatServer, Reply, Status, tool_results
 from tests.support import Observer, Processes, TendonEnv, free_port, run_cli, wait_for
 
 pytest.importorskip("pydantic_ai")
@@ -401,3 +401,45 @@ async def test_a_brain_killed_mid_stream_leaves_nothing_committed_and_the_next_r
     assert turn["result"]["text"] == "the committed answer"
     (replied,) = await obs.facts(turn_id, "turn.model_replied")
     assert replied["message"]["text"] == "the committed answer" and len(chat.requests) == 2
+
+
+async def test_a_failed_model_call_is_retried_by_the_turns_policy_and_a_denied_approval_reaches_the_model(
+    tendon: TendonEnv, processes: Processes, mailbox: MailboxServer, tmp_path: Path
+) -> None:
+    overloaded = [True]  # the first request is answered 503
+
+    def policy(body: dict[str, Any]) -> Any:
+        last = body["messages"][-1]
+        if last.get("content") == "Flaky" and overloaded:
+            overloaded.clear()
+            return Status(503, message="overloaded")
+        if last.get("content") == "Send it":
+            args = {"to": "boss@example.com", "subject": "Raise", "body": "Please."}
+            return Reply(tool_calls=[("send_email", json.dumps(args))], call_ids=["call-no"])
+        if last.get("role") == "tool":
+            return Reply(content="told: " + last["content"])
+        return Reply(content="fine", usage={"prompt_tokens": 3, "completion_tokens": 1})
+
+    with ChatServer(policy) as chat:
+        env = model_env(tendon, chat, TENDON_MAILBOX_URL=mailbox.url)
+        await processes.start_ready("brain", BRAIN, env)
+        await processes.start_ready("hands", HANDS_EMAIL, env)
+        flaky = await submit(
+            env, definition(tmp_path, "retrying", [], retry={"initial": 0.1}), "Flaky", "s-flaky"
+        )
+        obs = Observer(tendon)
+        turn = await obs.wait_turn(flaky, "completed")
+        assert turn["result"]["text"] == "fine"
+        code, out, err = await run_cli(["-m", "brain", "history", flaky, "--json"], env)
+        assert code == 0, err
+        calls = [(c["number"], c["attempt"], c["status"]) for c in json.loads(out)["model_calls"]]
+        assert calls == [(1, 1, "failed"), (1, 2, "replied")]
+
+        denied = await submit(env, definition(tmp_path, "approved", ["send_email"]), "Send it", "s-deny")
+        await wait_for(lambda: _waiting(obs, denied), timeout=30, what="the approval")
+        code, _, err = await run_cli(
+            ["-m", "brain", "respond", denied, "call-no", "--deny", "not today"], env
+        )
+        assert code == 0, err
+        turn = await obs.wait_turn(denied, "completed")
+        assert "not today" in turn["result"]["text"] and mailbox.stats()["deliveries"] == []
