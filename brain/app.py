@@ -316,6 +316,7 @@ def _context(
         metrics=metrics,
         tracing=tracing,
         foreign=run_foreign,
+        agent_modules=tuple(m.strip() for m in settings.agent_modules.split(",") if m.strip()),
     )
 
 

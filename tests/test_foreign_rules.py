@@ -140,3 +140,15 @@ def test_a_pydantic_ai_agent_gets_the_earlier_turns_with_their_hands_calls_and_o
     assert [type(m) for m in got] == [ModelRequest, ModelResponse, ModelRequest, ModelResponse]
     assert [p.part_kind for p in got[1].parts] == ["text", "tool-call"]  # the local call is left out
     assert got[2].parts[0].tool_call_id == "fw-1" and got[2].parts[0].content == {"id": 1}
+
+
+def test_an_agent_is_imported_only_from_the_allowed_modules_and_a_bad_path_says_what_is_wrong() -> None:
+    from brain.frameworks import load
+
+    with pytest.raises(SchemaError, match=r"only from examples, myapp \(TENDON_AGENT_MODULES\)"):
+        load("tests.fw_pydantic_agents:notice", ("examples", "myapp"))
+    assert load("json:dumps", ("json",)) is __import__("json").dumps  # a module and its submodules
+    with pytest.raises(SchemaError, match="cannot be imported"):
+        load("no_such_module_here:agent")
+    with pytest.raises(SchemaError, match="module json has no nothing"):
+        load("json:nothing")

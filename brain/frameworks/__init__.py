@@ -26,12 +26,17 @@ __all__ = ["forget", "load", "run_foreign"]
 _LOADED: dict[str, Any] = {}
 
 
-def load(path: str) -> Any:
-    """The framework's agent object at ``module:attribute`` (imported once per process)."""
+def load(path: str, allowed: tuple[str, ...] = ()) -> Any:
+    """The framework's agent object at ``module:attribute`` (imported once per process), from one
+    of the ``allowed`` modules or their submodules (none given: any module)."""
+    module_name, _, attribute = path.partition(":")
+    if allowed and not any(module_name == m or module_name.startswith(m + ".") for m in allowed):
+        raise SchemaError(
+            f"agent {path}: this Brain imports agents only from {', '.join(allowed)} (TENDON_AGENT_MODULES)"
+        )
     found = _LOADED.get(path)
     if found is not None:
         return found
-    module_name, _, attribute = path.partition(":")
     try:
         found = importlib.import_module(module_name)
         for name in attribute.split("."):
@@ -64,7 +69,7 @@ async def run_foreign(
 
     assert agent.agent is not None
     replay = Replay(ctx, row, agent, bindings, history)
-    loaded = load(agent.agent)
+    loaded = load(agent.agent, ctx.agent_modules)
     try:
         output = await _runner(agent.framework)(replay, loaded)
     except Suspended as suspended:

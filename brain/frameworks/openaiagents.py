@@ -155,6 +155,10 @@ def _tool(tool: Any, replay: Replay) -> Any:
 
 async def run_turn(replay: Replay, agent: Agent[Any]) -> Any:
     """Run the SDK's loop over the turn's journal; the agent's final output, once it has one."""
+    if not isinstance(agent, Agent):
+        raise SchemaError(
+            f"{replay.agent.agent} is not an OpenAI Agents SDK Agent but a {type(agent).__name__}"
+        )
     if agent.handoffs:
         raise SchemaError(f"agent {replay.agent.name}: handoffs are not supported on Tendon yet")
     names = {getattr(t, "name", "") for t in agent.tools}

@@ -149,6 +149,8 @@ class TendonToolset(WrapperToolset[Any]):
 async def run_turn(replay: Replay, agent: Agent[Any, Any]) -> Any:
     """Run the agent's loop over the turn's journal; its output, once it has one (a
     :class:`~brain.frameworks.replay.Suspended` when the turn goes on in a later run)."""
+    if not isinstance(agent, Agent):
+        raise SchemaError(f"{replay.agent.agent} is not a Pydantic AI Agent but a {type(agent).__name__}")
     model = TendonModel(agent.model, replay)
     toolset = TendonToolset(CombinedToolset(list(agent.toolsets)), replay=replay)
     with agent.override(model=model, toolsets=[toolset], tools=[]):

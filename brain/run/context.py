@@ -57,6 +57,7 @@ class BrainContext:
     # Runs the turns of framework agents (kind python): ``brain.frameworks.run_foreign``, given by
     # the composition root (that room sits above this one).
     foreign: Callable[..., Awaitable[TurnRow]] | None = None
+    agent_modules: tuple[str, ...] = ()  # where framework agents may be imported from (empty: anywhere)
 
     def __post_init__(self) -> None:
         self.threads = FrozenThreads(self.store)
