@@ -84,3 +84,12 @@ def _unretried() -> OpenAIChatModel:
 
 
 retrying = Agent(_unretried(), instructions="Answer briefly.")
+
+
+blobs = Agent(_model(), instructions="Echo the blob.")
+
+
+@blobs.tool_plain
+async def echo_blob(blob: str) -> dict:  # type: ignore[type-arg]
+    """Return the blob."""
+    raise AssertionError("a Brain never runs a Hands tool itself")

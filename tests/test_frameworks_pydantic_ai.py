@@ -443,3 +443,30 @@ async def test_a_failed_model_call_is_retried_by_the_turns_policy_and_a_denied_a
         assert code == 0, err
         turn = await obs.wait_turn(denied, "completed")
         assert "not today" in turn["result"]["text"] and mailbox.stats()["deliveries"] == []
+
+
+async def test_a_framework_tools_big_arguments_and_result_travel_through_s3_as_any_others(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    blob = "x" * 20_000  # over the threshold below: the command and the outcome go by reference
+
+    def policy(body: dict[str, Any]) -> Reply:
+        said = tool_results(body)
+        if not said:
+            return Reply(tool_calls=[("echo_blob", json.dumps({"blob": blob}))], call_ids=["call-b"])
+        return Reply(content=f"echoed {said[0]['length']} {said[0]['blob'] == blob}")
+
+    tendon.routes.add("bulk")
+    with ChatServer(policy) as chat:
+        env = model_env(tendon, chat, TENDON_OFFLOAD_THRESHOLD="4096")
+        await processes.start_ready("brain", BRAIN, env)
+        await processes.start_ready("hands", HANDS_BULK, env)
+        turn_id = await submit(env, definition(tmp_path, "blobs", ["echo_blob"]), "Echo")
+        obs = Observer(tendon)
+        turn = await obs.wait_turn(turn_id, "completed")
+
+    assert turn["result"]["text"] == "echoed 20000 True"
+    assert len(chat.requests) == 2
+    (execution,) = await obs.executions(turn_id)
+    (succeeded,) = [e for e in await obs.hands_events(execution["id"]) if e["kind"] == "succeeded"]
+    assert succeeded["body_ref"] is not None  # the result went through S3
