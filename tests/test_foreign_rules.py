@@ -152,3 +152,35 @@ def test_an_agent_is_imported_only_from_the_allowed_modules_and_a_bad_path_says_
         load("no_such_module_here:agent")
     with pytest.raises(SchemaError, match="module json has no nothing"):
         load("json:nothing")
+
+
+def test_an_agents_sdk_agent_gets_the_earlier_turns_with_their_hands_calls_and_outputs() -> None:
+    pytest.importorskip("agents")
+    from brain.frameworks.openaiagents import history_of
+
+    output = [
+        {"type": "message", "role": "assistant", "id": "m1", "status": "completed",
+         "content": [{"type": "output_text", "text": "on it", "annotations": []}]},
+        {"type": "function_call", "call_id": "fw-1", "name": "send_email", "arguments": '{"to": "a"}'},
+        {"type": "function_call", "call_id": "fw-2", "name": "fmt", "arguments": "{}"},
+    ]  # fmt: skip
+    framework = {"name": "openai-agents", "response": {"output": output, "usage": {}}, "asked": "x",
+                 "calls": {"fw-1": "call-1"}}  # fmt: skip
+    outcome = {
+        "call_id": "call-1",
+        "tool": "send_email",
+        "status": "succeeded",
+        "result": {"id": 1},
+        "error": None,
+    }
+    prior = [
+        Message(role="user", turn_id="t0", content={"text": "send it"}),
+        Message(role="assistant", turn_id="t0", content={"text": "on it", "framework": framework}),
+        Message(role="tool", turn_id="t0", content=outcome),
+        Message(role="assistant", turn_id="t0", content={"text": "sent"}),
+    ]
+    got = history_of(prior)
+    assert [i.get("type") or i["role"] for i in got] == [
+        "user", "message", "function_call", "function_call_output", "assistant"
+    ]  # fmt: skip
+    assert got[3] == {"type": "function_call_output", "call_id": "fw-1", "output": '{"id": 1}'}

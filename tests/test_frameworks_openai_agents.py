@@ -86,6 +86,8 @@ async def test_two_one_second_tools_run_in_parallel_a_local_tool_in_the_brain_an
 
     def policy(body: dict[str, Any]) -> Reply:
         asked.append(time.monotonic())
+        if body["messages"][-1].get("content") == "And again?":  # the thread's second turn
+            return Reply(content="remembered")
         said = {m["tool_call_id"]: m["content"] for m in body["messages"] if m["role"] == "tool"}
         if not said:
             step = '{"seconds": 1, "label": "%s"}'
@@ -108,9 +110,23 @@ async def test_two_one_second_tools_run_in_parallel_a_local_tool_in_the_brain_an
         )
         obs = Observer(tendon)
         turn = await obs.wait_turn(turn_id, "completed")
+        again = await submit(
+            env, definition(tmp_path, "steps", ["slow_step"], local_tools=["shout"]), "And again?"
+        )
+        assert again != turn_id
+        await obs.wait_turn(again, "completed")
 
+    # the second turn's model saw the first: its Hands calls and their outputs (the local call left out)
+    seen = chat.requests[-1]["messages"]
+    assert [m["tool_call_id"] for m in seen if m["role"] == "tool"] == ["c-a", "c-b"]
+    assert [c["id"] for m in seen if m["role"] == "assistant" for c in m.get("tool_calls") or []] == [
+        "c-a",
+        "c-b",
+    ]
+    assert [m["content"] for m in seen if m["role"] == "user"] == ["Steps", "And again?"]
     assert turn["result"]["text"] == "steps a b, DONE"
-    assert len(asked) == 2 and 1.0 <= asked[1] - asked[0] < 1.9, asked
+    asked = asked[:2]
+    assert 1.0 <= asked[1] - asked[0] < 1.9, asked
     assert sorted(r["call_id"] for r in await obs.executions(turn_id)) == ["c-a", "c-b"]
     replies = await obs.facts(turn_id, "turn.model_replied")
     assert [r["usage"]["total_tokens"] for r in replies] == [7, 18]

@@ -12,6 +12,7 @@ import asyncio
 import json
 import signal
 import threading
+import zlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,20 +66,10 @@ def model_env(tendon: TendonEnv, chat: ChatServer, **more: str) -> dict[str, str
 
 
 async def submit(env: dict[str, str], agent: str, text: str, session: str = "s-pa") -> str:
+    """A turn of ``text`` in ``session`` (its request id made of both)."""
+    request = f"r-{session}-{zlib.crc32(text.encode())}"
     code, out, err = await run_cli(
-        [
-            "-m",
-            "brain",
-            "submit",
-            "--session",
-            session,
-            "--request-id",
-            f"r-{session}",
-            "--agent",
-            agent,
-            text,
-        ],
-        env,
+        ["-m", "brain", "submit", "--session", session, "--request-id", request, "--agent", agent, text], env
     )
     assert code == 0, err
     return out.strip()

@@ -187,13 +187,33 @@ async def run_turn(replay: Replay, agent: Agent[Any]) -> Any:
 
 
 def history_of(prior: list[Message]) -> list[dict[str, Any]]:
-    """The thread's earlier turns as the SDK's input items: what the user said and what the agent
-    answered (the tool calls between stay in the journal)."""
+    """The thread's earlier turns as the SDK's input items: each reply as the SDK made it, with
+    only its Hands tool calls (whose outcomes the thread keeps) and their outputs."""
     out: list[dict[str, Any]] = []
+    ours: dict[str, str] = {}  # Tendon call id -> the SDK's
     for m in prior:
         text = m.content.get("text")
-        if m.role in ("user", "steer") and text:
+        if m.role == "tool" and m.content.get("call_id") in ours:
+            output = json.dumps(tool_value(m.content))
+            out.append(
+                {"type": "function_call_output", "call_id": ours[m.content["call_id"]], "output": output}
+            )
+        elif m.role in ("user", "steer") and text:
             out.append({"role": "user", "content": str(text)})
-        elif m.role == "assistant" and text:
-            out.append({"role": "assistant", "content": str(text)})
+        elif m.role == "assistant":
+            out += _prior_reply(m.content, ours)
     return out
+
+
+def _prior_reply(content: dict[str, Any], ours: dict[str, str]) -> list[dict[str, Any]]:
+    kept = content.get(foreign.FRAMEWORK_KEY)
+    if kept is None or kept.get("name") != "openai-agents":
+        return [{"role": "assistant", "content": str(content["text"])}] if content.get("text") else []
+    calls = kept.get("calls") or {}
+    ours.update({call_id: framework_id for framework_id, call_id in calls.items()})
+    return [
+        item
+        for item in kept["response"]["output"]
+        if item.get("type") == "message"
+        or (item.get("type") == "function_call" and item.get("call_id") in calls)
+    ]
