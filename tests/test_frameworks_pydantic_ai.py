@@ -12,8 +12,8 @@ import asyncio
 import json
 import signal
 import threading
-import zlib
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
