@@ -184,3 +184,10 @@ def test_an_agents_sdk_agent_gets_the_earlier_turns_with_their_hands_calls_and_o
         "user", "message", "function_call", "function_call_output", "assistant"
     ]  # fmt: skip
     assert got[3] == {"type": "function_call_output", "call_id": "fw-1", "output": '{"id": 1}'}
+
+
+def test_a_dispatch_that_resumes_a_framework_reply_keeps_the_approvals_the_framework_flagged() -> None:
+    agent = AgentDefinition.model_validate({**PYTHON, "tools": ["send", "wire"], "approvals": ["wire"]})
+    flagged = {"text": None, "framework": {"name": "pydantic-ai", "approvals": ["send"]}}
+    assert foreign.approvals(agent, flagged) == ["wire", "send"]
+    assert foreign.approvals(agent, {"text": "plain"}) == ["wire"]

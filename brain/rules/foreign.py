@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from brain.rules import facts
+from brain.rules.agents import AgentDefinition
 from brain.rules.moves import move
 from brain.rules.records import Move, TurnRow
 from brain.rules.states import TurnPhase, TurnStatus
@@ -59,6 +60,12 @@ def unplaced_tools(
         f"agent {agent} has tool(s) {', '.join(stray)} that its definition places nowhere: list each in "
         "`tools` (run by a Hands pool) or, if it is pure, in `local_tools` (run in the Brain)"
     )
+
+
+def approvals(agent: AgentDefinition, message: Mapping[str, Any]) -> list[str]:
+    """The tools whose calls of ``message`` (a committed reply) wait for a person: the agent's
+    ``approvals``, and those its framework flags itself (kept with the reply)."""
+    return [*agent.approvals, *(message.get(FRAMEWORK_KEY) or {}).get("approvals", [])]
 
 
 def went_on(row: TurnRow, message: dict[str, Any], usage: dict[str, Any], call: dict[str, Any]) -> Move:

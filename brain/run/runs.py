@@ -20,7 +20,7 @@ from typing import Any
 from structlog.contextvars import bound_contextvars
 
 from brain.models.base import Message, ModelReply
-from brain.rules import moves
+from brain.rules import foreign, moves
 from brain.rules.agents import AgentDefinition
 from brain.rules.states import TERMINAL_TURN, TurnPhase, TurnStatus
 from brain.run.calls import build_intents, refused_row, sent
@@ -320,14 +320,9 @@ async def dispatch(ctx: BrainContext, row: TurnRow) -> TurnRow:
     last = next(m for m in reversed(history) if m.role == "assistant" and m.turn_id == row.id)
     bindings = thread["bindings"] or {}
     intents = await build_intents(
-        ctx,
-        row,
-        bindings,
-        last.content["tool_calls"],
-        detailed=agent.journal == "detailed",
-        approvals=agent.approvals,
-        trace=ctx.tracing.turn_parent(row.id),
-    )
+        ctx, row, bindings, last.content["tool_calls"], detailed=agent.journal == "detailed",
+        approvals=foreign.approvals(agent, last.content), trace=ctx.tracing.turn_parent(row.id),
+    )  # fmt: skip
     move = moves.dispatch(row, intents, first_look=ctx.first_look)
     moved = await ctx.move(move)
     ctx.history.committed(row, moved.row, moved.seq, move.facts)
