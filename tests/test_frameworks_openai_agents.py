@@ -23,6 +23,7 @@ from tests.test_frameworks_pydantic_ai import (
     HANDS_BULK,
     HANDS_EMAIL,
     assert_five_sent_once,
+    assert_ran_together,
     model_env,
     notice_policy,
     submit,
@@ -102,7 +103,7 @@ async def test_two_one_second_tools_run_in_parallel_a_local_tool_in_the_brain_an
 
     tendon.routes.add("bulk")
     with ChatServer(policy) as chat:
-        env = model_env(tendon, chat)
+        env = model_env(tendon, chat, BULK_RUNS_FILE=str(tmp_path / "runs"))
         await processes.start_ready("brain", BRAIN, env)
         await processes.start_ready("hands", HANDS_BULK, env)
         turn_id = await submit(
@@ -125,8 +126,8 @@ async def test_two_one_second_tools_run_in_parallel_a_local_tool_in_the_brain_an
     ]
     assert [m["content"] for m in seen if m["role"] == "user"] == ["Steps", "And again?"]
     assert turn["result"]["text"] == "steps a b, DONE"
-    asked = asked[:2]
-    assert 1.0 <= asked[1] - asked[0] < 1.9, asked
+    assert_ran_together(tmp_path / "runs")
+    assert asked[1] - asked[0] >= 1.0
     assert sorted(r["call_id"] for r in await obs.executions(turn_id)) == ["c-a", "c-b"]
     replies = await obs.facts(turn_id, "turn.model_replied")
     assert [r["usage"]["total_tokens"] for r in replies] == [7, 18]
