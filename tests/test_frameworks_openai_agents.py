@@ -185,7 +185,7 @@ async def test_previews_reach_an_sse_subscriber_before_the_commit_and_an_agent_b
                 return Reply(tool_calls=[("slow_step", '{"seconds": 0.01}')], call_ids=["call-d"])
             return Reply(content="done")
         users = [m for m in body["messages"] if m["role"] == "user"]
-        return Reply(content=answer, delay=1.0) if len(users) > 1 else Reply(content="warm")
+        return Reply(content=answer, delay=2.0) if len(users) > 1 else Reply(content="warm")
 
     tendon.routes.add("bulk")
     port = free_port()
@@ -209,7 +209,7 @@ async def test_previews_reach_an_sse_subscriber_before_the_commit_and_an_agent_b
             listening = asyncio.ensure_future(
                 events_until_completed(url, "s-prev", 0, previews=True, besides=first)
             )
-            await asyncio.sleep(0.5)  # the subscriber is in (the model waits a second before its first byte)
+            await asyncio.sleep(0.5)  # the subscriber is in (the model waits 2 s before its first byte)
             body = {"request_id": "r2", "input": "now the real question", "agent": agent}
             (await http.post("/v1/sessions/s-prev/turns", json=body)).raise_for_status()
             events = await asyncio.wait_for(listening, 30)

@@ -192,7 +192,7 @@ async def test_previews_of_the_frameworks_stream_reach_an_sse_subscriber_before_
 
     def policy(body: dict[str, Any]) -> Reply:
         users = [m["content"] for m in body["messages"] if m["role"] == "user"]
-        return Reply(content=answer, delay=1.0) if len(users) > 1 else Reply(content="warm")
+        return Reply(content=answer, delay=2.0) if len(users) > 1 else Reply(content="warm")
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -210,7 +210,7 @@ async def test_previews_of_the_frameworks_stream_reach_an_sse_subscriber_before_
             listening = asyncio.ensure_future(
                 events_until_completed(url, "s-prev", int(cursor), previews=True, besides=first)
             )
-            await asyncio.sleep(0.5)  # the subscriber is in (a late one would only miss previews)
+            await asyncio.sleep(0.5)  # the subscriber is in (the model waits 2 s before its first byte)
             body = {"request_id": "r2", "input": "now the real question", "agent": agent}
             (await http.post("/v1/sessions/s-prev/turns", json=body)).raise_for_status()
             events = await asyncio.wait_for(listening, 30)
