@@ -151,6 +151,10 @@ async def run_turn(replay: Replay, agent: Agent[Any, Any]) -> Any:
     :class:`~brain.frameworks.replay.Suspended` when the turn goes on in a later run)."""
     if not isinstance(agent, Agent):
         raise SchemaError(f"{replay.agent.agent} is not a Pydantic AI Agent but a {type(agent).__name__}")
+    if agent.model is None:
+        raise SchemaError(
+            f"agent {replay.agent.name}: give the Pydantic AI agent a model of its own, which the Brain asks"
+        )
     model = TendonModel(agent.model, replay)
     toolset = TendonToolset(CombinedToolset(list(agent.toolsets)), replay=replay)
     with agent.override(model=model, toolsets=[toolset], tools=[]):
