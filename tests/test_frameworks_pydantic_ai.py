@@ -331,12 +331,10 @@ async def test_a_steer_joins_every_later_model_request_and_a_cancel_ends_a_frame
             return Reply(
                 tool_calls=[("slow_step", json.dumps({"seconds": 60, "gate": str(tmp_path / "never")}))]
             )
-        if done == 0:
-            return Reply(
-                tool_calls=[("slow_step", json.dumps({"seconds": 60, "gate": str(gate)}))], call_ids=["s-1"]
-            )
+        if done == 0:  # the API numbers each reply's calls from 0: both are call_0
+            return Reply(tool_calls=[("slow_step", json.dumps({"seconds": 60, "gate": str(gate)}))])
         if done == 1:
-            return Reply(tool_calls=[("slow_step", '{"seconds": 0.01}')], call_ids=["s-2"])
+            return Reply(tool_calls=[("slow_step", '{"seconds": 0.01}')])
         return Reply(content="short")
 
     tendon.routes.add("bulk")
@@ -356,6 +354,8 @@ async def test_a_steer_joins_every_later_model_request_and_a_cancel_ends_a_frame
         # the model's real requests after the steer carry it; the first one did not
         steered = [any(m.get("content") == "keep it short" for m in r["messages"]) for r in chat.requests]
         assert steered == [False, True, True]
+        # a call id the API gave twice is told apart in the turn (each call got its own outcome)
+        assert [r["call_id"] for r in await obs.executions(turn_id)] == ["call_0", "call-2"]
 
         other = await submit(env, agent, "Wait forever", session="s-cancel")
         await wait_for(lambda: _waiting(obs, other), timeout=30, what="the second turn to wait")
