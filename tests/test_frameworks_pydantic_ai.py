@@ -320,7 +320,7 @@ async def test_an_agent_that_asks_something_else_on_replay_fails_its_turn_naming
     assert len(chat.requests) == 1  # the diverging run asked nothing
 
 
-async def test_a_steer_joins_every_later_model_request_and_a_cancel_ends_a_framework_turn(
+async def test_steer_pause_resume_and_cancel_act_on_a_framework_turn_at_its_model_call_boundaries(
     tendon: TendonEnv, processes: Processes, tmp_path: Path
 ) -> None:
     gate = tmp_path / "gate"
@@ -348,7 +348,22 @@ async def test_a_steer_joins_every_later_model_request_and_a_cancel_ends_a_frame
         await wait_for(lambda: _waiting(obs, turn_id), timeout=30, what="the turn to wait for its first step")
         code, _, err = await run_cli(["-m", "brain", "steer", turn_id, "keep it short"], env)
         assert code == 0, err
+        code, _, err = await run_cli(["-m", "brain", "pause", turn_id], env)
+        assert code == 0, err
+        # paused: its tool's result is applied, but the framework's loop asks the model nothing
         await asyncio.to_thread(gate.touch)
+
+        async def step_ended_while_paused() -> Any:
+            turn = await obs.turn(turn_id)
+            (execution,) = await obs.executions(turn_id)
+            return turn if turn["status"] == "paused" and execution["status"] == "succeeded" else None
+
+        paused = await wait_for(step_ended_while_paused, timeout=30, what="the step to end while paused")
+        assert len(chat.requests) == 1
+        code, _, err = await run_cli(
+            ["-m", "brain", "resume", turn_id, "--revision", str(paused["revision"])], env
+        )
+        assert code == 0, err
         turn = await obs.wait_turn(turn_id, "completed")
         assert turn["result"]["text"] == "short"
         # the model's real requests after the steer carry it; the first one did not
