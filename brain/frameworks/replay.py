@@ -29,8 +29,11 @@ from brain.rules.agents import AgentDefinition
 from brain.rules.states import TurnPhase, TurnStatus
 from brain.run.calls import build_intents, refused_row, sent
 from brain.run.context import BrainContext
-from brain.store import TurnRow
+from brain.store import Intent, TurnRow
+from infra.process.logging import get_logger
 from protocol import LimitReachedError, TendonError
+
+log = get_logger(__name__)
 
 
 class Suspended(Exception):
@@ -187,19 +190,25 @@ class Replay:
                 f"the agent reached its limit of {self.agent.limits.max_tool_calls} tool calls in one turn "
                 f"(it asked for {len(routed)} more after {made})"
             )
+        if self.approvals:  # the framework's own flags: the dispatch phase reads them here too
+            message[foreign.FRAMEWORK_KEY]["approvals"] = sorted(self.approvals)
         approvals = [*self.agent.approvals, *self.approvals]
-        intents = await build_intents(
-            self.ctx, self.row, self.bindings, routed, detailed=self.agent.journal == "detailed",
-            approvals=approvals, trace=self.ctx.tracing.turn_parent(self.row.id),
-        )  # fmt: skip
+        intents: list[Intent] | None = None
+        try:
+            intents = await build_intents(
+                self.ctx, self.row, self.bindings, routed, detailed=self.agent.journal == "detailed",
+                approvals=approvals, trace=self.ctx.tracing.turn_parent(self.row.id),
+            )  # fmt: skip
+        except TendonError as exc:  # the reply is committed alone; the dispatch phase meets it again
+            log.warning("intents_not_built", error=exc.message)
         move = moves.reply(
             self.row, message, usage, call=call, intents=intents, first_look=self.ctx.first_look
         )
         moved = await self.ctx.move(move)
-        refused = {i.execution_id: refused_row(i) for i in intents if not i.sends}
+        refused = {i.execution_id: refused_row(i) for i in intents or () if not i.sends}
         self.ctx.history.committed(self.row, moved.row, moved.seq, move.facts, refused)
         self.ctx.killpoints.hit("brain.after_reply_commit", str(moved.row.model_calls))
-        sent(self.ctx, intents)
+        sent(self.ctx, intents or ())
         for execution in refused.values():  # refused by the Brain: their failures go back at once
             self.outcomes[execution["call_id"]] = execution
         self._went(moved.row)
