@@ -23,6 +23,7 @@ from infra.objects.payloads import PayloadCodec
 from infra.process.killpoints import KillPoints
 from infra.process.tracing import Tracing
 from infra.transport import Topology
+from protocol import SchemaError
 
 
 @dataclass
@@ -56,7 +57,7 @@ class BrainContext:
     tracing: Tracing = field(default_factory=lambda: Tracing(None))
     # Runs the turns of framework agents (kind python): ``brain.frameworks.run_foreign``, given by
     # the composition root (that room sits above this one).
-    foreign: Callable[..., Awaitable[TurnRow]] | None = None
+    foreign: Callable[..., Awaitable[TurnRow]] = field(default=lambda *_: _no_frameworks())
     agent_modules: tuple[str, ...] = ()  # where framework agents may be imported from (empty: anywhere)
 
     def __post_init__(self) -> None:
@@ -105,3 +106,8 @@ class BrainContext:
             except Exception as exc:  # noqa: BLE001 - StaleOwnerError or IllegalTransitionError
                 results.append(exc)
         return results
+
+
+async def _no_frameworks() -> TurnRow:
+    """The runner of a context made without one (a test's): a framework's turn fails saying so."""
+    raise SchemaError("this Brain runs no agents of a framework (its composition gave it no runner)")

@@ -32,7 +32,6 @@ from infra.process.logging import get_logger
 from protocol import (
     IllegalTransitionError,
     LimitReachedError,
-    SchemaError,
     StaleOwnerError,
     TendonError,
 )
@@ -238,9 +237,7 @@ async def model_request(ctx: BrainContext, row: TurnRow) -> TurnRow:
     else:
         agent, thread = known
     bindings: dict[str, Any] = thread["bindings"] or {}
-    if agent.foreign:
-        if ctx.foreign is None:
-            raise SchemaError(f"agent {agent.name} is a {agent.framework} agent, which this Brain cannot run")
+    if agent.foreign:  # a framework's loop, replayed (brain.frameworks)
         return await ctx.foreign(ctx, row, agent, bindings, history)
     if row.model_calls >= agent.limits.max_model_calls:
         raise LimitReachedError(
