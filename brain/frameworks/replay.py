@@ -26,6 +26,7 @@ from brain.models.base import Message, OnDelta
 from brain.models.openai_chat import unique_call_id
 from brain.rules import foreign, moves
 from brain.rules.agents import AgentDefinition
+from brain.rules.calls import check_tool_calls
 from brain.rules.states import TurnPhase, TurnStatus
 from brain.run.calls import build_intents, refused_row, sent
 from brain.run.context import BrainContext
@@ -183,13 +184,7 @@ class Replay:
         call: dict[str, Any],
         routed: list[dict[str, Any]],
     ) -> None:
-        mine = [m for m in self.history if m.role == "assistant" and m.turn_id == self.row.id]
-        made = sum(len(m.content.get("tool_calls") or []) for m in mine)
-        if made + len(routed) > self.agent.limits.max_tool_calls:
-            raise LimitReachedError(
-                f"the agent reached its limit of {self.agent.limits.max_tool_calls} tool calls in one turn "
-                f"(it asked for {len(routed)} more after {made})"
-            )
+        check_tool_calls(self.agent, self.history, self.row, len(routed))
         if self.approvals:  # the framework's own flags: the dispatch phase reads them here too
             message[foreign.FRAMEWORK_KEY]["approvals"] = sorted(self.approvals)
         approvals = [*self.agent.approvals, *self.approvals]

@@ -22,6 +22,7 @@ from structlog.contextvars import bound_contextvars
 from brain.models.base import Message, ModelReply
 from brain.rules import foreign, moves
 from brain.rules.agents import AgentDefinition
+from brain.rules.calls import check_tool_calls
 from brain.rules.states import TERMINAL_TURN, TurnPhase, TurnStatus
 from brain.run.calls import build_intents, refused_row, sent
 from brain.run.claims import claim_turns
@@ -293,17 +294,6 @@ async def _ask(
     if reply.model:
         call["model"] = reply.model
     return reply, call, ctx.tracing.carried(span)
-
-
-def check_tool_calls(agent: AgentDefinition, history: list[Message], row: TurnRow, asked: int) -> None:
-    """Refuse a reply whose tool calls take the turn past the agent's limit."""
-    mine = [m for m in history if m.role == "assistant" and m.turn_id == row.id]
-    made = sum(len(m.content.get("tool_calls") or []) for m in mine)
-    if made + asked > agent.limits.max_tool_calls:
-        raise LimitReachedError(
-            f"the agent reached its limit of {agent.limits.max_tool_calls} tool calls in one turn "
-            f"(it asked for {asked} more after {made})"
-        )
 
 
 async def dispatch(ctx: BrainContext, row: TurnRow) -> TurnRow:
