@@ -93,3 +93,6 @@ blobs = Agent(_model(), instructions="Echo the blob.")
 async def echo_blob(blob: str) -> dict:  # type: ignore[type-arg]
     """Return the blob."""
     raise AssertionError("a Brain never runs a Hands tool itself")
+
+
+measured_once = Agent(_unretried(), output_type=Weight, instructions="Say how heavy it is.")

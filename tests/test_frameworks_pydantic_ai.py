@@ -482,3 +482,27 @@ async def test_a_framework_tools_big_arguments_and_result_travel_through_s3_as_a
     (execution,) = await obs.executions(turn_id)
     (succeeded,) = [e for e in await obs.hands_events(execution["id"]) if e["kind"] == "succeeded"]
     assert succeeded["body_ref"] is not None  # the result went through S3
+
+
+async def test_a_model_call_failing_after_a_reply_of_the_same_run_is_retried_from_that_reply(
+    tendon: TendonEnv, processes: Processes, tmp_path: Path
+) -> None:
+    answers: list[Any] = [
+        Reply(content="forty-two"),  # committed, then the framework asks again (its output is due as a tool)
+        Status(503, message="overloaded"),  # in the same run: retried from the turn as that reply left it
+        Reply(tool_calls=[("final_result", '{"value": 42, "unit": "kg"}')], call_ids=["out-1"]),
+    ]
+
+    with ChatServer(lambda body: answers.pop(0)) as chat:
+        env = model_env(tendon, chat)
+        await processes.start_ready("brain", BRAIN, env)
+        turn_id = await submit(
+            env, definition(tmp_path, "measured_once", [], retry={"initial": 0.1}), "How heavy?"
+        )
+        turn = await Observer(tendon).wait_turn(turn_id, "completed", timeout=8)  # well within a lease
+
+    assert turn["result"]["output"] == {"value": 42, "unit": "kg"} and len(chat.requests) == 3
+    code, out, err = await run_cli(["-m", "brain", "history", turn_id, "--json"], env)
+    assert code == 0, err
+    calls = [(c["number"], c["attempt"], c["status"]) for c in json.loads(out)["model_calls"]]
+    assert calls == [(1, 1, "replied"), (2, 1, "failed"), (2, 2, "replied")]

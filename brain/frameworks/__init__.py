@@ -79,6 +79,11 @@ async def run_foreign(
         if stopped is None:
             raise
         return stopped.row
+    except Exception as exc:
+        # The turn as this run last committed it (a reply may have gone on since the run began):
+        # the run's end (a retry, a failure) is committed from there.
+        exc.tendon_turn = replay.row  # type: ignore[attr-defined]
+        raise
     jsonable = _jsonable(output)
     text = jsonable if isinstance(jsonable, str) else json.dumps(jsonable, ensure_ascii=False)
     return await replay.finish(text, jsonable)

@@ -206,7 +206,8 @@ async def drive(ctx: BrainContext, row: TurnRow) -> TurnRow | None:
     except StaleOwnerError as exc:
         log.warning("run_fenced_out", reason=str(exc))
     except Exception as exc:  # noqa: BLE001 - every failure ends this run somehow
-        await end_run_after(ctx, current, exc)
+        # A framework's run may have committed since ``current`` (brain.frameworks.run_foreign)
+        await end_run_after(ctx, getattr(exc, "tendon_turn", current), exc)
     return None
 
 
