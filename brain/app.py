@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from brain.frameworks import run_foreign
 from brain.rules.controls import Kind
 from brain.run.claims import Served
 from brain.run.context import BrainContext
@@ -329,6 +330,8 @@ def _context(
         active=active,
         metrics=metrics,
         tracing=tracing,
+        foreign=run_foreign,
+        agent_modules=tuple(m.strip() for m in settings.agent_modules.split(",") if m.strip()),
     )
 
 

@@ -27,11 +27,19 @@ class LocalSystem:
         # The timeline is the output; logs only for what goes wrong (the demo sets them up).
         level = "WARNING" if "TENDON_LOG_LEVEL" not in os.environ else settings.log_level
         from local.demo import main_demo
+        from local.demo_agents import AGENT_KIND
+
+        if args.agent is not None and args.model is not None:
+            print(
+                "brain: --agent and --model cannot go together: a framework's agent asks its own model",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
 
         try:
             return main_demo(
-                settings, args.data_dir, fresh=args.fresh, crash_at=args.crash_at, model=args.model,
-                log_level=level,
+                settings, args.data_dir, fresh=args.fresh, crash_at=args.crash_at, log_level=level,
+                model=args.model if args.agent is None else f"{AGENT_KIND}:{args.agent}",
             )  # fmt: skip
         except TendonError as exc:
             print(f"brain: {exc.message}", file=sys.stderr)

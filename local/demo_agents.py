@@ -9,6 +9,29 @@ from pathlib import Path
 from brain.rules.agents import AgentDefinition
 from protocol import TendonError
 
+# What `brain demo --agent MODULE:ATTR` passes on as its model: the story told by a framework's agent.
+AGENT_KIND = "agent"
+_FRAMEWORKS = {"pydantic_ai": "pydantic-ai", "agents": "openai-agents"}
+
+
+def framework_agent(path: str) -> AgentDefinition:
+    """The five-email story told by the agent at ``path``, written with Pydantic AI or the OpenAI
+    Agents SDK: every tool of it is one the demo's email pool serves."""
+    from brain.frameworks import load
+
+    found = load(path)
+    framework = _FRAMEWORKS.get(type(found).__module__.split(".")[0])
+    if framework is None:
+        raise TendonError(f"--agent {path} is not an agent of Pydantic AI or the OpenAI Agents SDK")
+    if framework == "pydantic-ai":
+        tools = [name for toolset in found.toolsets for name in getattr(toolset, "tools", {})]
+    else:
+        tools = [tool.name for tool in found.tools]
+    return AgentDefinition.model_validate(
+        {"name": "notice-sender", "version": f"1-{framework}", "framework": framework, "agent": path,
+         "tools": sorted(tools), "limits": {"max_model_calls": 10}, "journal": "detailed"}
+    )  # fmt: skip
+
 
 def demo_agent(model: str | None) -> AgentDefinition:
     """The five-email agent: scripted (its replies are data), or ``openai:NAME``, a real model of
@@ -20,6 +43,8 @@ def demo_agent(model: str | None) -> AgentDefinition:
     if model is None:
         return scripted
     kind, _, name = model.partition(":")
+    if kind == AGENT_KIND:
+        return framework_agent(name)
     if kind != "openai" or not name:
         raise TendonError(f"--model takes openai:NAME (a model of the API at OPENAI_BASE_URL), not {model!r}")
     return scripted.model_copy(

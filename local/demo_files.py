@@ -39,5 +39,8 @@ def resume_command(data_dir: Path | None, model: str | None) -> str:
     it over, nor ``--crash-at``, which would stop it again)."""
     words = ["brain", "demo"]
     words += ["--data-dir", str(data_dir)] if data_dir is not None else []
-    words += ["--model", model] if model is not None else []
+    if model is not None and model.startswith("agent:"):
+        words += ["--agent", model.removeprefix("agent:")]
+    elif model is not None:
+        words += ["--model", model]
     return shlex.join(words)

@@ -20,6 +20,8 @@ TendonError                      root; ``retryable`` says whether trying again c
 ├── ParkedError                  a message about the work could never be processed and was parked
 ├── ModelError                   the model's API failed or answered nonsense; retryable or not, by
 │                                what happened (a timeout, a 429 or a 5xx are; a 400 is not)
+├── ReplayDivergedError          a framework's agent asked the model something else on replay than
+│                                when the committed reply was made (its code is not deterministic)
 └── TransientError               a service is briefly unavailable; retryable
 """
 
@@ -130,6 +132,10 @@ class ModelError(TendonError):
         super().__init__(message)
         self.retryable = retryable
         self.retry_after = retry_after
+
+
+class ReplayDivergedError(TendonError):
+    code = "replay_diverged"
 
 
 class TransientError(TendonError):

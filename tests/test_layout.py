@@ -18,6 +18,8 @@ room                     may import
 ``brain/run``            brain/rules, brain/models, brain/store, infra, protocol
 ``brain/verbs``          brain/rules, brain/store, infra, protocol
 ``brain/api``            brain/rules, brain/store, brain/run, brain/verbs, infra, protocol
+``brain/frameworks``     brain/rules, brain/models, brain/store, brain/run, infra, protocol (and the
+                         frameworks' packages: agents written with them, replayed)
 ``brain/app.py``         every room of brain/ but face, infra, protocol (the composition root)
 ``brain/face``           brain/rules, brain/store, brain/verbs, brain/api/auth, brain/app, infra, protocol
 ``hands/rules``          hands/rules, protocol; no I/O library
@@ -61,7 +63,17 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "brain/run": ("brain/run", "brain/rules", "brain/models", "brain/store", *INFRA, "protocol"),
     "brain/verbs": ("brain/verbs", "brain/rules", "brain/store", *INFRA, "protocol"),
     "brain/api": ("brain/api", "brain/rules", "brain/store", "brain/run", "brain/verbs", *INFRA, "protocol"),
+    "brain/frameworks": (
+        "brain/frameworks",
+        "brain/rules",
+        "brain/models",
+        "brain/store",
+        "brain/run",
+        *INFRA,
+        "protocol",
+    ),  # fmt: skip
     "brain/app.py": (
+        "brain/frameworks",
         "brain/rules",
         "brain/models",
         "brain/store",

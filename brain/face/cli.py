@@ -183,6 +183,12 @@ def _parser() -> argparse.ArgumentParser:
         help="tell the story with a real model of an OpenAI-compatible API (hosted, vLLM, Ollama, "
         "LiteLLM): OPENAI_BASE_URL and OPENAI_API_KEY say where (default: the scripted model)",
     )
+    s.add_argument(
+        "--agent",
+        metavar="MODULE:ATTR",
+        help="tell the story with an agent written with Pydantic AI or the OpenAI Agents SDK "
+        "(examples.pydantic_email:agent), its own model asked (OPENAI_BASE_URL, OPENAI_API_KEY)",
+    )
     s.add_argument("--fresh", action="store_true", help="start over: forget the data directory")
     s.add_argument(
         "--crash-at",

@@ -9,6 +9,7 @@ and the turn waits for it (the submit warns, ``brain.verbs.tools``).
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Collection
 
 from brain.models.base import MODEL_KINDS
@@ -17,9 +18,24 @@ from brain.rules.batches import NAME as BATCH
 from brain.rules.waits import NAMES as WAITS
 from protocol import SchemaError, UnknownToolError
 
+# The package each framework's agents need, and the extra that installs it.
+FRAMEWORK_PACKAGES = {
+    "pydantic-ai": ("pydantic_ai", "pydantic-ai"),
+    "openai-agents": ("agents", "openai-agents"),
+}
+
 
 def check_model(agent: AgentDefinition) -> None:
-    """SchemaError when the agent's model names a kind no Brain has."""
+    """SchemaError when the agent's model names a kind no Brain has (or a framework this
+    installation lacks)."""
+    if agent.framework is not None:
+        package, extra = FRAMEWORK_PACKAGES[agent.framework]
+        if importlib.util.find_spec(package) is None:
+            raise SchemaError(
+                f"agent {agent.name} is a {agent.framework} agent, and this Brain does not have "
+                f"{agent.framework} installed: pip install 'tendon[{extra}]'"
+            )
+        return
     kind = agent.model.get("kind")
     if kind not in MODEL_KINDS:
         raise SchemaError(

@@ -54,6 +54,9 @@ _LATER_DEFAULTS: dict[str, Any] = {
     "manual_tools": [],
     "expect_tools": [],
     "delegates": {},
+    "framework": None,
+    "agent": None,
+    "local_tools": [],
 }
 _LATER_LIMITS: dict[str, Any] = {"max_tool_calls": 200, "max_crashes": 3}
 
@@ -118,7 +121,11 @@ class AgentDefinition(BaseModel):
     name: AgentName
     version: AgentVersion
     instructions: str = ""
-    model: dict[str, Any] = Field(description="adapter settings; `kind` picks the adapter")
+    model: dict[str, Any] = Field(
+        default_factory=dict,
+        description="adapter settings; `kind` picks the adapter (none for an agent of a framework, "
+        "whose own model is used)",
+    )
     tools: list[str] = Field(default_factory=list)
     limits: Limits = Limits()
     journal: Literal["outcomes", "detailed"] = Field(
@@ -143,6 +150,21 @@ class AgentDefinition(BaseModel):
         default_factory=dict,
         description="tools that start a turn of another agent in a child thread (brain.rules.delegation)",
     )
+    framework: Literal["pydantic-ai", "openai-agents"] | None = Field(
+        default=None,
+        description="an agent written with this framework (kind python): the Brain runs the "
+        "framework's own loop for each turn (docs/frameworks.md)",
+    )
+    agent: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
+        description="where a framework's agent is: `module:attribute` (e.g. `myapp.agents:support`)",
+    )
+    local_tools: list[str] = Field(
+        default_factory=list,
+        description="tools of a framework's agent that run in the Brain itself (pure: no side "
+        "effect, the same answer on every replay); the others are Hands executions named in `tools`",
+    )
 
     @model_validator(mode="after")
     def _expected_are_tools(self) -> AgentDefinition:
@@ -152,7 +174,25 @@ class AgentDefinition(BaseModel):
         clash = sorted(set(self.delegates) & (set(self.tools) | {m.name for m in self.manual_tools}))
         if clash:
             raise ValueError(f"delegates names {', '.join(clash)}, which is a tool already")
+        if (self.framework is None) != (self.agent is None):
+            raise ValueError("`framework` and `agent` go together: a framework's agent names both")
+        if self.framework is None and not self.model:
+            raise ValueError("`model` is required (unless the agent is a framework's: `framework`, `agent`)")
+        if self.framework is not None and self.model:
+            raise ValueError("a framework's agent uses its own model: leave `model` out")
+        if self.local_tools and self.framework is None:
+            raise ValueError("`local_tools` is for a framework's agent")
+        both = sorted(set(self.local_tools) & set(self.tools))
+        if both:
+            raise ValueError(f"{', '.join(both)} cannot be both local (local_tools) and a Hands tool (tools)")
+        if self.framework is not None and self.delegates:
+            raise ValueError("a framework's agent cannot have `delegates`: its own loop never calls them")
         return self
+
+    @property
+    def foreign(self) -> bool:
+        """An agent a framework's loop runs (kind python), not Tendon's own loop over this data."""
+        return self.framework is not None
 
     @property
     def unstorable(self) -> str | None:

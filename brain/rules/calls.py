@@ -4,12 +4,15 @@ Schema. ``brain.run.calls`` makes each call an intent, committed with the reply.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jsonschema
 
-from brain.rules.records import Intent
+from brain.models.base import Message
+from brain.rules.agents import AgentDefinition
+from brain.rules.records import Intent, TurnRow
+from protocol import LimitReachedError
 
 # Compiled schema checkers by binding digest (which covers the schema: a binding's digest is
 # checked against its fields when announced): compiling one was a third of building a call's
@@ -77,3 +80,14 @@ def manual_intent(
         binding_digest=binding["digest"], replay_policy="unsafe", request_digest="-", command_message_id="-",
         command=None, queue="", journal_detail=detailed, status="pending", awaits="result",
     )  # fmt: skip
+
+
+def check_tool_calls(agent: AgentDefinition, history: Sequence[Message], row: TurnRow, asked: int) -> None:
+    """Refuse a reply whose tool calls take the turn past the agent's limit."""
+    mine = [m for m in history if m.role == "assistant" and m.turn_id == row.id]
+    made = sum(len(m.content.get("tool_calls") or []) for m in mine)
+    if made + asked > agent.limits.max_tool_calls:
+        raise LimitReachedError(
+            f"the agent reached its limit of {agent.limits.max_tool_calls} tool calls in one turn "
+            f"(it asked for {asked} more after {made})"
+        )

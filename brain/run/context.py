@@ -4,6 +4,7 @@ committers and knobs. Made once by ``brain.app``; nothing here is global."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -17,13 +18,14 @@ from brain.run.metrics import BrainMetrics
 from brain.run.previews import Previews
 from brain.run.relay import CommandRelay, ControlRelay
 from brain.run.threads import FrozenThreads
-from brain.store import BrainStore, Move, Moved, Settled
+from brain.store import BrainStore, Move, Moved, Settled, TurnRow
 from infra.db import Connection
 from infra.db.groupcommit import GroupCommit
 from infra.objects.payloads import PayloadCodec
 from infra.process.killpoints import KillPoints
 from infra.process.tracing import Tracing
 from infra.transport import Topology
+from protocol import SchemaError
 
 
 @dataclass
@@ -61,6 +63,10 @@ class BrainContext:
     # Set when a delegated call was committed or a child turn ended here: the delegation loop looks
     # at once instead of at its next period (``brain.run.delegation``).
     delegations: asyncio.Event = field(default_factory=asyncio.Event)
+    # Runs the turns of framework agents (kind python): ``brain.frameworks.run_foreign``, given by
+    # the composition root (that room sits above this one).
+    foreign: Callable[..., Awaitable[TurnRow]] = field(default=lambda *_: _no_frameworks())
+    agent_modules: tuple[str, ...] = ()  # where framework agents may be imported from (empty: anywhere)
 
     def __post_init__(self) -> None:
         self.threads = FrozenThreads(self.store)
@@ -113,3 +119,8 @@ class BrainContext:
             except Exception as exc:  # noqa: BLE001 - StaleOwnerError or IllegalTransitionError
                 results.append(exc)
         return results
+
+
+async def _no_frameworks() -> TurnRow:
+    """The runner of a context made without one (a test's): a framework's turn fails saying so."""
+    raise SchemaError("this Brain runs no agents of a framework (its composition gave it no runner)")

@@ -20,8 +20,9 @@ from typing import Any
 from structlog.contextvars import bound_contextvars
 
 from brain.models.base import Message, ModelReply
-from brain.rules import moves
+from brain.rules import foreign, moves
 from brain.rules.agents import AgentDefinition
+from brain.rules.calls import check_tool_calls
 from brain.rules.messages import next_message
 from brain.rules.states import TERMINAL_TURN, TurnPhase, TurnStatus
 from brain.run.calls import build_intents, refused_row, sent
@@ -206,7 +207,9 @@ async def drive(ctx: BrainContext, row: TurnRow) -> TurnRow | None:
     except StaleOwnerError as exc:
         log.warning("run_fenced_out", reason=str(exc))
     except Exception as exc:  # noqa: BLE001 - every failure ends this run somehow
-        await end_run_after(ctx, current, exc, asked=current.id in ctx.asked)
+        # A framework's run may have committed since ``current`` (brain.frameworks.run_foreign)
+        turn = getattr(exc, "tendon_turn", current)
+        await end_run_after(ctx, turn, exc, asked=turn.id in ctx.asked)
     finally:
         ctx.asked.discard(row.id)  # what a new run of the turn asks is its own attempt
     return None
@@ -241,11 +244,13 @@ async def model_request(ctx: BrainContext, row: TurnRow) -> TurnRow:
         agent, thread, history = await ctx.store.read(read)
     else:
         agent, thread = known
+    bindings: dict[str, Any] = thread["bindings"] or {}
+    if agent.foreign:  # a framework's loop, replayed (brain.frameworks)
+        return await ctx.foreign(ctx, row, agent, bindings, history)
     if row.model_calls >= agent.limits.max_model_calls:
         raise LimitReachedError(
             f"the agent reached its limit of {agent.limits.max_model_calls} model calls in one turn"
         )
-    bindings: dict[str, Any] = thread["bindings"] or {}
     reply, call, trace = await _ask(ctx, row, agent, history, bindings)
     message: dict[str, Any] = {"text": reply.content}
     calls = [c.model_dump(exclude_none=True) for c in reply.tool_calls]
@@ -301,17 +306,6 @@ async def _ask(
     return reply, call, ctx.tracing.carried(span)
 
 
-def check_tool_calls(agent: AgentDefinition, history: list[Message], row: TurnRow, asked: int) -> None:
-    """Refuse a reply whose tool calls take the turn past the agent's limit."""
-    mine = [m for m in history if m.role == "assistant" and m.turn_id == row.id]
-    made = sum(len(m.content.get("tool_calls") or []) for m in mine)
-    if made + asked > agent.limits.max_tool_calls:
-        raise LimitReachedError(
-            f"the agent reached its limit of {agent.limits.max_tool_calls} tool calls in one turn "
-            f"(it asked for {asked} more after {made})"
-        )
-
-
 async def dispatch(ctx: BrainContext, row: TurnRow) -> TurnRow:
     """Dispatch the last reply's tool calls (a run that resumes at this phase)."""
 
@@ -324,7 +318,7 @@ async def dispatch(ctx: BrainContext, row: TurnRow) -> TurnRow:
     bindings = thread["bindings"] or {}
     intents = await build_intents(
         ctx, row, bindings, last.content["tool_calls"], detailed=agent.journal == "detailed",
-        approvals=agent.approvals, trace=ctx.tracing.turn_parent(row.id),
+        approvals=foreign.approvals(agent, last.content), trace=ctx.tracing.turn_parent(row.id),
     )  # fmt: skip
     move = moves.dispatch(row, intents, first_look=ctx.first_look)
     moved = await ctx.move(move)

@@ -114,6 +114,12 @@ class Settings(BaseSettings):
     binding_wait_seconds: float = Field(
         default=60.0, gt=0, description="how long a new turn waits for its tools to be announced"
     )
+    agent_modules: str = Field(
+        default="",
+        description="the modules (comma-separated, each with its submodules) a Brain may import the agents "
+        "of Pydantic AI or the OpenAI Agents SDK from, as an agent definition names them (`myapp.agents`); "
+        "empty: any module the Brain can import",
+    )
     service_wait_seconds: float = Field(
         default=math.inf,
         ge=0,
