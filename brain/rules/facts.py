@@ -49,7 +49,8 @@ kind                            what happened
 ``tool.child_cancel_requested`` a cancel was asked of a child whose parent call ended (or whose
                                 time budget ran out)
 ``thread.forked``               a new thread forked from another (``from``, its name) at journal seq
-                                ``at``, snapped back to ``snapped_to``: the ``messages`` it starts with
+                                ``at``, snapped back to ``snapped_to``: the ``messages`` it starts with;
+                                a copy of another session's (``from_session``) main thread likewise
 ``thread.rewound``              an idle thread's conversation set back to what it was at ``at``
                                 (snapped back to ``snapped_to``): the ``messages`` it goes on from
 ==============================  ==========================================================
@@ -248,15 +249,26 @@ def child_cancel_requested(execution_id: str, child_turn: str, control_id: int, 
             "control_id": control_id, "reason": reason}  # fmt: skip
 
 
-def forked(from_thread: str, at: int, snapped_to: int, messages: list[dict[str, Any]]) -> Fact:
-    """The first entry of a fork: what it starts with (``brain.rules.forks.carried``)."""
-    return {
+def forked(
+    from_thread: str,
+    at: int,
+    snapped_to: int,
+    messages: list[dict[str, Any]],
+    *,
+    from_session: str | None = None,
+) -> Fact:
+    """The first entry of a fork: what it starts with (``brain.rules.forks.carried``); a copy's
+    names the session it was copied from (``at`` is a seq of that session's journal)."""
+    fact: Fact = {
         "kind": "thread.forked",
         "from": from_thread,
         "at": at,
         "snapped_to": snapped_to,
         "messages": messages,
     }
+    if from_session is not None:
+        fact["from_session"] = from_session
+    return fact
 
 
 def rewound(at: int, snapped_to: int, messages: list[dict[str, Any]]) -> Fact:
