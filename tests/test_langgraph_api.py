@@ -300,8 +300,6 @@ async def test_graph_internals_are_refused_naming_the_feature(tendon: LocalTendo
         assert refused.value.response.json()["error"]["code"] == "not_supported"
     with pytest.raises(UnprocessableEntityError, match="update_state"):
         await lg.threads.update_state(thread, {"messages": []}, as_node="model")
-    with pytest.raises(UnprocessableEntityError, match="copying a thread"):
-        await lg.threads.copy(thread)
     assert await lg.runs.list(thread) == []  # nothing was started
 
 

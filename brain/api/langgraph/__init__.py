@@ -23,9 +23,9 @@ A graph's internals (``interrupt_before``, ``update_state``, checkpoints by obje
 refused with a 422 ``not_supported`` naming the feature, never answered with something else.
 """
 
-from brain.api.langgraph import assistants, crons, runs, threads
+from brain.api.langgraph import assistants, crons, runs, threads, threadstream
 
 # crons before runs: /runs/crons/... is a cron's path, not a run's
-ROUTERS = [part.router for part in (assistants, threads, crons, runs)]
+ROUTERS = [part.router for part in (assistants, threads, threadstream, crons, runs)]
 
 __all__ = ["ROUTERS"]

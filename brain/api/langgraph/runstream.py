@@ -58,7 +58,7 @@ def parts_of(
     return said, False
 
 
-async def _page(api: Api, key: str, after: int) -> tuple[list[Entry], dict[str, Any]]:
+async def entries_after(api: Api, key: str, after: int) -> tuple[list[Entry], dict[str, Any]]:
     store = api.store
 
     async def work(conn: Any) -> tuple[list[Entry], dict[str, Any]]:
@@ -84,7 +84,7 @@ async def follow(
                 await asyncio.sleep(api.poll)
                 run = await runflow.get(api, namespace, run.thread_id, run.run_id)
                 continue
-            entries, executions = await _page(api, run.key, position)
+            entries, executions = await entries_after(api, run.key, position)
             for e in entries:
                 position = e.seq
                 new = convo.add(e, executions)
