@@ -35,7 +35,7 @@ _CANCELS: set[asyncio.Task[None]] = set()  # cancels sent for clients that went 
 
 def last_seen(value: str | None) -> tuple[int, int] | None:
     """``Last-Event-ID`` as (entry seq, part): ``SEQ-K``, or a plain ``SEQ`` (all of that entry)."""
-    text = (value or "").strip()
+    text = (value or "").strip(" \t")  # not str.strip(): it takes NEL (\x85) for a space too
     if not text:
         return None
     found_id = re.fullmatch(r"([0-9]{1,18})(?:-([0-9]{1,9}))?", text)
