@@ -21,6 +21,7 @@ from brain.run.runs import Scheduler, Wakeups
 from brain.run.scanner import RepairScanner
 from brain.run.schedules import ScheduleLoop
 from brain.run.updates import BindingsConsumer, UpdateConsumer
+from brain.run.webhooks import WebhookLoop
 from brain.store import BrainStore, open_store, wake_channel
 from brain.verbs.controls import control
 from infra.db import Connection, keep_statistics, session_name
@@ -286,6 +287,7 @@ async def _start(
         "control-relay": ctx.controls.run(),
         "repair-scan": scanner.run(),
         "schedules": ScheduleLoop(ctx, settings.scan_interval).run(),
+        "webhooks": WebhookLoop(ctx, settings.scan_interval).run(),
         "delegations": DelegationLoop(ctx, settings.scan_interval, partial(cancel_child, ctx)).run(),
         "statistics": keep_statistics(store.pool),
         "retention": keep_pruned(store.transact, horizons(store, settings)),

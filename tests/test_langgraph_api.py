@@ -282,7 +282,6 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"interrupt_before": ["tools"]}, "interrupt_before"),
     ({"interrupt_after": "*"}, "interrupt_after"),
     ({"checkpoint_id": "1"}, "checkpoint_id"),
-    ({"webhook": "http://127.0.0.1:1/hook"}, "webhook"),
     ({"stream_mode": "debug"}, "debug"),
     ({"context": {"user": "ada"}}, "context"),
     ({"config": {"configurable": {"model": "other"}}}, "configurable"),

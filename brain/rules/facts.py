@@ -51,6 +51,8 @@ kind                            what happened
 ``thread.forked``               a new thread forked from another (``from``, its name) at journal seq
                                 ``at``, snapped back to ``snapped_to``: the ``messages`` it starts with;
                                 a copy of another session's (``from_session``) main thread likewise
+``turn.webhook_failed``         a LangGraph run's webhook was given up after its last try (``run_id``,
+                                ``url``, ``attempts``, the last ``error``)
 ``thread.rewound``              an idle thread's conversation set back to what it was at ``at``
                                 (snapped back to ``snapped_to``): the ``messages`` it goes on from
 ==============================  ==========================================================
@@ -71,7 +73,7 @@ KINDS: tuple[str, ...] = (
     "turn.accepted", "turn.run_started", "turn.prepared", "turn.waiting", "turn.model_replied",
     "turn.results_applied", "turn.retry_scheduled", "turn.run_lost", "turn.input_added",
     "turn.cancelled", "turn.rolled_back", "turn.completed", "turn.failed", "message.superseded",
-    "thread.forked", "thread.rewound",
+    "thread.forked", "thread.rewound", "turn.webhook_failed",
     "execution.intended", "execution.approved", "execution.output", "execution.output_gap",
     "execution.reported_late", "execution.input_required", "execution.input_given",
     "batch.accepted", "batch.progress",
@@ -273,3 +275,7 @@ def forked(
 
 def rewound(at: int, snapped_to: int, messages: list[dict[str, Any]]) -> Fact:
     return {"kind": "thread.rewound", "at": at, "snapped_to": snapped_to, "messages": messages}
+
+
+def webhook_failed(run_id: str, url: str, attempts: int, error: str) -> Fact:
+    return {"kind": "turn.webhook_failed", "run_id": run_id, "url": url, "attempts": attempts, "error": error}
