@@ -246,9 +246,8 @@ async def _start(
     stack: AsyncExitStack, backends: Backends, settings: Settings, killpoints: KillPoints
 ) -> Running:
     """Take this Brain's liveness, then start its relays, scan, keepers, claims and consumers."""
-    store, broker = backends.store, backends.transport
+    store, broker, channel = backends.store, backends.transport, wake_channel(settings)
     topology = broker.topology
-    channel = wake_channel(settings)
     # The queues this Brain uses exist before anything runs: two first declares of a new
     # quorum queue at once (the scanner's look at the updates queue and its consumer's
     # declare) can make RabbitMQ drop the connection (see Broker.consume).
