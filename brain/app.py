@@ -137,6 +137,7 @@ async def serve_api(
         tools=KnownTools(served=backends.served_tools if backends is not None else None),
         mcp_agents=load_agents(settings.mcp_agents),
         max_request_bytes=settings.max_request_bytes,
+        webhook_private=settings.webhook_private,
     )
     if api.tokens.open:
         log.warning(

@@ -18,8 +18,10 @@ from langgraph_sdk import get_client
 from langgraph_sdk.client import LangGraphClient
 from langgraph_sdk.errors import UnprocessableEntityError
 
-from brain.rules.langgraph import WEBHOOK_ATTEMPTS
+from brain.rules.langgraph import WEBHOOK_ATTEMPTS, webhook_delay, webhook_url
+from infra.process.settings import Settings
 from local.testing import LocalTendon, local_tendon
+from protocol import SchemaError
 
 HI = {"messages": [{"role": "user", "content": "greet Ada"}]}
 GREET = {"tool_calls": [{"tool": "greet", "args": {"name": "Ada"}}]}
@@ -65,7 +67,9 @@ async def receiver() -> AsyncIterator[Receiver]:
 
 @pytest.fixture
 async def tendon(tmp_path: Path) -> AsyncIterator[LocalTendon]:
-    async with local_tendon(tmp_path, "examples.hello_tools") as running:
+    # the receiver is on loopback, which a webhook may name only when allowed
+    settings = Settings(scan_interval=0.2, reconnect_grace=0.5, webhook_private=True)
+    async with local_tendon(tmp_path, "examples.hello_tools", settings=settings) as running:
         yield running
 
 
@@ -95,9 +99,12 @@ async def test_a_webhook_is_posted_when_the_run_ends_retried_until_taken_and_the
     for _, _, body in receiver.of("/flaky"):
         assert (body["run_id"], body["thread_id"], body["status"]) == (run["run_id"], thread, "success")
         assert body["assistant_id"] == assistant
-    row = await tendon.system.brain.read(
-        lambda conn: tendon.system.brain.langgraph.webhook(conn, run["run_id"])
-    )
+    store = tendon.system.brain
+    for _ in range(100):  # the receiver answered; the Brain records it just after
+        row = await store.read(lambda conn: store.langgraph.webhook(conn, run["run_id"]))
+        if row["status"] != "pending":
+            break
+        await asyncio.sleep(0.05)
     assert (row["status"], row["attempts"]) == ("delivered", 3)
     # And never again once taken
     await asyncio.sleep(1.0)
@@ -149,3 +156,23 @@ async def test_a_webhook_no_receiver_takes_is_given_up_after_its_tries_and_the_t
     assert (failed["attempts"], failed["error"]) == (WEBHOOK_ATTEMPTS, "HTTP 503")
     await asyncio.sleep(0.5)
     assert len(receiver.of("/down")) == WEBHOOK_ATTEMPTS  # and no more
+
+
+INSIDE = ["http://127.0.0.1:8000/h", "http://localhost/h", "http://LOCALHOST./h", "http://api.localhost/h",
+          "http://10.1.2.3/h", "http://192.168.0.1/h", "http://172.16.0.9/h", "http://169.254.169.254/latest",
+          "http://[::1]:80/h", "http://0.0.0.0/h", "http://[fe80::1]/h"]  # fmt: skip
+REFUSED = ["ftp://example.com/h", "http://", "//example.com/h", "example.com", "http://example.com:port/h",
+           "javascript:alert(1)", "", 7, None, "http://" + "a" * 2000 + ".com/"]  # fmt: skip
+
+
+def test_a_webhook_names_an_outside_http_url_unless_inside_addresses_are_allowed() -> None:
+    assert webhook_url("https://hooks.example.com/tendon?x=1") == "https://hooks.example.com/tendon?x=1"
+    for url in INSIDE:
+        with pytest.raises(SchemaError, match="TENDON_WEBHOOK_PRIVATE"):
+            webhook_url(url)
+        assert webhook_url(url, private=True) == url
+    for bad in REFUSED:
+        with pytest.raises(SchemaError, match="webhook"):
+            webhook_url(bad, private=True)
+    # the delay doubles from the scan interval, up to its cap
+    assert [webhook_delay(n, 0.5) for n in (1, 2, 3)] == [0.5, 1.0, 2.0] and webhook_delay(40, 0.5) == 300.0

@@ -20,6 +20,7 @@ anything else                      running
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -100,14 +101,37 @@ WEBHOOK_MAX_DELAY = 300.0
 MAX_WEBHOOK_URL = 2000
 
 
-def webhook_url(url: Any) -> str:
-    """A run's ``webhook``, checked: an http or https URL with a host."""
+def webhook_url(url: Any, *, private: bool = False) -> str:
+    """A run's ``webhook``, checked: an http or https URL with a host, which names no loopback,
+    private or link-local address (nor ``localhost``) unless ``private`` (``TENDON_WEBHOOK_PRIVATE``).
+    A host name is not resolved here: a name of the outside world that points inside is the
+    network's to refuse."""
     if not isinstance(url, str) or not url or len(url) > MAX_WEBHOOK_URL:
         raise SchemaError(f"webhook is an http(s) URL of at most {MAX_WEBHOOK_URL} characters")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018 - a port that is no number raises here
+    except ValueError as exc:
+        raise SchemaError(f"webhook is not a URL: {exc}") from exc
+    if parts.scheme not in ("http", "https") or not host:
         raise SchemaError(f"webhook must be an http or https URL with a host, not {url[:60]!r}")
+    if not private and _inside(host):
+        raise SchemaError(
+            f"webhook {host[:60]!r} is a loopback, private or link-local address: refused unless "
+            "TENDON_WEBHOOK_PRIVATE=true"
+        )
     return url
+
+
+def _inside(host: str) -> bool:
+    if host.rstrip(".").lower() == "localhost" or host.lower().endswith(".localhost"):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return ip.is_loopback or ip.is_private or ip.is_link_local or ip.is_unspecified or ip.is_reserved
 
 
 def webhook_delay(attempts: int, base: float) -> float:

@@ -102,7 +102,7 @@ async def create(api: Api, namespace: str, thread_id: str | None, body: dict[str
     if not isinstance(kept["assistant_id"], str):
         raise SchemaError("a run names its assistant_id (an assistant's id, or an agent's name)")
     if body.get("webhook") is not None:  # kept with the run's row (brain.run.webhooks)
-        kept["webhook"] = webhook_url(body["webhook"])
+        kept["webhook"] = webhook_url(body["webhook"], private=api.webhook_private)
         if body.get("after_seconds"):
             raise NotSupported("a webhook on a delayed run (after_seconds): not built yet")
     if thread_id is None or body.get("if_not_exists") == "create":
