@@ -144,3 +144,11 @@ async def test_an_approval_is_answered_by_resume_entries_resolved_or_cancelled(l
         assert odd.status_code == 422 and "approval" in odd.json()["error"]["message"]
         nothing = await http.post(RUN, json=run_input("s-odd", "r-3", GUARDED, []))
         assert nothing.status_code == 422
+        # a frontend tool or an agent that is not one is refused, saying where, before anything runs
+        user = [{"id": "u", "role": "user", "content": "hi"}]
+        nameless = {"name": "", "description": "", "parameters": {}}
+        bad_tool = await http.post(RUN, json=run_input("s-bad", "r-1", ASKER, user, tools=[nameless]))
+        assert bad_tool.status_code == 422 and "tools[0].name" in bad_tool.json()["error"]["message"]
+        bad_agent = await http.post(RUN, json=run_input("s-bad", "r-1", {"name": ""}, user))
+        assert bad_agent.status_code == 422 and "forwardedProps.agent" in bad_agent.json()["error"]["message"]
+        assert (await http.get("/v1/sessions/s-bad")).status_code == 404

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ag_ui.core import RunAgentInput
+from pydantic import BaseModel, ValidationError
 
 from brain.rules.agents import AgentDefinition, ManualTool
 from brain.rules.submits import MAIN_THREAD
 from protocol import SchemaError
+
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,9 @@ def asked(body: Any) -> Asked:
     props = run.forwarded_props if isinstance(run.forwarded_props, dict) else {}
     if "agent" not in props:
         raise SchemaError("an AG-UI run names its Tendon agent in forwardedProps.agent (a definition)")
-    agent = with_frontend_tools(AgentDefinition.model_validate(props["agent"]), run.tools or [])
+    agent = with_frontend_tools(
+        _valid(AgentDefinition, props["agent"], "forwardedProps.agent"), run.tools or []
+    )
     text = None
     if run.messages and run.messages[-1].role == "user":
         content = run.messages[-1].content
@@ -65,18 +70,28 @@ def asked(body: Any) -> Asked:
 def with_frontend_tools(agent: AgentDefinition, tools: list[Any]) -> AgentDefinition:
     """The agent with the client's tools as manual tools (those it has already stay its own)."""
     have = set(agent.tools) | {m.name for m in agent.manual_tools}
-    added = [
-        ManualTool(
-            name=t.name, description=t.description or "", input_schema=t.parameters or {"type": "object"}
-        )
-        for t in tools
-        if t.name not in have
-    ]
+    added: list[ManualTool] = []
+    for i, t in enumerate(tools):
+        if t.name not in have:  # a tool the agent has, or one named twice, is the first
+            have.add(t.name)
+            schema = t.parameters or {"type": "object"}
+            said = {"name": t.name, "description": t.description or "", "input_schema": schema}
+            added.append(_valid(ManualTool, said, f"tools[{i}]"))
     if not added:
         return agent
     made = agent.model_dump(mode="json", exclude_unset=True)
     made["manual_tools"] = [m.model_dump(mode="json") for m in (*agent.manual_tools, *added)]
-    return AgentDefinition.model_validate(made).versioned_by_content()
+    return _valid(AgentDefinition, made, "forwardedProps.agent with tools").versioned_by_content()
+
+
+def _valid(model: type[M], value: Any, where: str) -> M:
+    """``value`` read as ``model``, or a SchemaError saying where it is not one (never a 500)."""
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        place = ".".join(str(p) for p in (where, *first["loc"]))
+        raise SchemaError(f"{place[:200]}: {first['msg']}") from None
 
 
 def _parsed(content: Any) -> Any:
