@@ -154,6 +154,12 @@ def _forked(f: Mapping[str, Any]) -> str:
     return f"{source}thread {f.get('from')} at {f.get('at')}{_snapped(f)}"
 
 
+def _webhook_failed(f: Mapping[str, Any]) -> str:
+    return (
+        f"the webhook of run {f.get('run_id')} was given up after {f.get('attempts')} tries: {f.get('error')}"
+    )
+
+
 def _snapped(f: Mapping[str, Any]) -> str:
     """Where a fork's or a rewind's cut was snapped back to, and what it carries."""
     moved = f.get("snapped_to") != f.get("at")
@@ -217,6 +223,7 @@ def said(fact: Mapping[str, Any]) -> str:
             f"{f.get('reason')}"
         ),
         "thread.forked": _forked,
+        "turn.webhook_failed": _webhook_failed,
         "thread.rewound": lambda f: f"set back to {f.get('at')}{_snapped(f)}",
     }
     return simple[kind](fact) if kind in simple else kind.replace(".", " ").replace("_", " ")
