@@ -102,6 +102,18 @@ async def test_a_frontend_tool_stops_the_run_and_its_result_in_the_next_run_goes
         # And the same answer again answers nothing: refused, saying why
         again = await http.post(RUN, json=run_input("s-front", "r-3", ASKER, said, tools=[CONFIRM]))
         assert again.status_code == 409 and "answered already" in again.json()["error"]["message"]
+    # And a frontend tool's interrupt the client cancels is a deny: the call fails, the turn goes on
+    await read(
+        local.url, RUN, until="RUN_FINISHED", method="POST",
+        json=run_input("s-front-no", "r-1", ASKER, [USER], tools=[CONFIRM]),
+    )  # fmt: skip
+    gave_up = await read(
+        local.url, RUN, until="RUN_FINISHED", method="POST",
+        json=run_input("s-front-no", "r-2", ASKER, [], tools=[CONFIRM],
+                       resume=[{"interruptId": call.tool_call_id, "status": "cancelled"}]),
+    )  # fmt: skip
+    (denied,) = [e for _, e in gave_up if e.type == "TOOL_CALL_RESULT"]
+    assert "cancelled this call" in json.loads(denied.content)["error"]["message"]
     # And the first run sent again (a client that lost it) streams the same turn to the same stop
     replay = await read(
         local.url, RUN, until="RUN_FINISHED", method="POST",

@@ -33,7 +33,7 @@ from brain.api.app import Api
 from brain.api.guard import CheckedRoute
 from brain.api.routes import CallerDep, api_of
 from brain.api.stream import previews_for
-from brain.rules.langgraph import answers
+from brain.rules.langgraph import Answer, answers
 from brain.rules.states import TERMINAL_TURN
 from brain.rules.submits import session_key, thread_id
 from brain.store.metadata import SESSION
@@ -138,7 +138,10 @@ async def answer(api: Api, namespace: str, a: Asked) -> tuple[str, int]:
         )
     start = await api.store.read(lambda conn: api.store.journal.last_seq(conn, key))
     for call, value in sorted(mine.items()):
-        (said_,) = answers(value, [{"id": call, "value": {"awaits": waiting[call]}}])
+        if call in a.cancelled:
+            said_ = Answer(call, "deny", reason="the client cancelled this call's interrupt")
+        else:
+            (said_,) = answers(value, [{"id": call, "value": {"awaits": waiting[call]}}])
         receipt = await controls.respond(
             api.store, namespace=namespace, turn_id=turn["id"], request_id=f"{a.request_id}:{call}",
             call=call, decision=said_.decision, result=said_.result, reason=said_.reason,

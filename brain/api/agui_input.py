@@ -8,8 +8,9 @@
   the agent is then versioned by its content (the same tools, the same version);
 - answers: a ``tool`` message naming a call that waits (a frontend tool's result, as AG-UI clients
   send it), and ``resume`` entries (AG-UI's interrupts: ``resolved`` with a ``payload``, or
-  ``cancelled``) each answer a call that waits for a person. The messages a client sends again
-  every time (the whole conversation) answer nothing once their call was answered.
+  ``cancelled``: a deny, for an approval and a frontend tool alike) each answer a call that waits
+  for a person. The messages a client sends again every time (the whole conversation) answer
+  nothing once their call was answered.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Asked:
     text: str | None  # a new input, or None when the last message is no user's
     results: dict[str, Any] = field(default_factory=dict)  # call id -> a tool message's content
     resumes: dict[str, Any] = field(default_factory=dict)  # interrupt (call) id -> its answer
+    cancelled: frozenset[str] = frozenset()  # interrupts (calls) the client gave up: denied
 
 
 def asked(body: Any) -> Asked:
@@ -60,11 +62,12 @@ def asked(body: Any) -> Asked:
         if m.role != "tool":
             break
         results[m.tool_call_id] = _parsed(m.content)
-    resumes = {r.interrupt_id: (r.payload if r.status == "resolved" else False) for r in run.resume or []}
+    resumes = {r.interrupt_id: r.payload for r in run.resume or []}
+    cancelled = frozenset(r.interrupt_id for r in run.resume or [] if r.status == "cancelled")
     if text is None and not results and not resumes:
         raise SchemaError("an AG-UI run needs a user message (the turn's input), a tool result or a resume")
     thread = str(props.get("thread") or MAIN_THREAD)
-    return Asked(run.thread_id, run.run_id, thread, agent, text, results, resumes)
+    return Asked(run.thread_id, run.run_id, thread, agent, text, results, resumes, cancelled)
 
 
 def with_frontend_tools(agent: AgentDefinition, tools: list[Any]) -> AgentDefinition:
