@@ -22,6 +22,7 @@ from brain.run.runs import Scheduler, Wakeups
 from brain.run.scanner import RepairScanner
 from brain.run.schedules import ScheduleLoop
 from brain.run.updates import BindingsConsumer, UpdateConsumer
+from brain.run.webhooks import WebhookLoop
 from brain.store import BrainStore, open_store, wake_channel
 from brain.verbs.controls import control
 from infra.db import Connection, keep_statistics, session_name
@@ -137,6 +138,7 @@ async def serve_api(
         tools=KnownTools(served=backends.served_tools if backends is not None else None),
         mcp_agents=load_agents(settings.mcp_agents),
         max_request_bytes=settings.max_request_bytes,
+        webhook_private=settings.webhook_private,
     )
     if api.tokens.open:
         log.warning(
@@ -246,9 +248,8 @@ async def _start(
     stack: AsyncExitStack, backends: Backends, settings: Settings, killpoints: KillPoints
 ) -> Running:
     """Take this Brain's liveness, then start its relays, scan, keepers, claims and consumers."""
-    store, broker = backends.store, backends.transport
+    store, broker, channel = backends.store, backends.transport, wake_channel(settings)
     topology = broker.topology
-    channel = wake_channel(settings)
     # The queues this Brain uses exist before anything runs: two first declares of a new
     # quorum queue at once (the scanner's look at the updates queue and its consumer's
     # declare) can make RabbitMQ drop the connection (see Broker.consume).
@@ -287,6 +288,7 @@ async def _start(
         "control-relay": ctx.controls.run(),
         "repair-scan": scanner.run(),
         "schedules": ScheduleLoop(ctx, settings.scan_interval).run(),
+        "webhooks": WebhookLoop(ctx, settings.scan_interval).run(),
         "delegations": DelegationLoop(ctx, settings.scan_interval, partial(cancel_child, ctx)).run(),
         "statistics": keep_statistics(store.pool),
         "retention": keep_pruned(store.transact, horizons(store, settings)),

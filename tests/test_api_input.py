@@ -180,6 +180,7 @@ BODIES: dict[tuple[str, str], Body] = {
                 Field(("multitask_strategy",)),
                 Field(("stream_mode",)),
                 Field(("after_seconds",)),
+                Field(("webhook",)),
             ],
         )
         for path in (

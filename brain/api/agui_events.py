@@ -15,7 +15,11 @@ The mapping, one translator per stream (it remembers the text it previewed):
   its attempt N past the first: an attempt that was superseded (``message.superseded``) ends its
   text message where it stood, and the next attempt's text is a message of its own;
 - every other fact of Tendon's own (approvals, UNKNOWN, controls, lost runs, output) is a CUSTOM
-  event named ``tendon.<kind>`` whose value is the fact.
+  event named ``tendon.<kind>`` whose value is the fact;
+- on the run endpoint, a run that stops at calls that wait for a person ends with a STATE_SNAPSHOT
+  and RUN_FINISHED whose outcome is AG-UI's ``interrupt`` (one per call, its id the call id);
+  a run that ends sends its STATE_SNAPSHOT before RUN_FINISHED. The state is
+  ``{"metadata": the session's, "waiting_for": [{"call_id", "tool", "awaits"}...]}``.
 """
 
 from __future__ import annotations
@@ -27,9 +31,12 @@ from typing import Any
 from ag_ui.core import (
     BaseEvent,
     CustomEvent,
+    Interrupt,
     RunErrorEvent,
     RunFinishedEvent,
+    RunFinishedInterruptOutcome,
     RunStartedEvent,
+    StateSnapshotEvent,
     StepFinishedEvent,
     StepStartedEvent,
     TextMessageContentEvent,
@@ -92,6 +99,27 @@ class AguiEvents:
                 out.append(CustomEvent(name=f"tendon.{kind}", value=fact))
         return out
 
+    def interrupted(self, entry: Mapping[str, Any], metadata: Mapping[str, str]) -> list[BaseEvent]:
+        """The end of a run stopped at the calls of ``entry`` that wait for a person."""
+        waiting = [
+            {"call_id": f["call_id"], "tool": f.get("tool"), "awaits": f.get("awaits") or "approval"}
+            for f in entry["facts"] if f["kind"] == "execution.pending"
+        ]  # fmt: skip
+        thread, run = self._ids(entry)
+        asks = [
+            Interrupt(
+                id=str(w["call_id"]), reason=f"tool_{w['awaits']}", tool_call_id=str(w["call_id"]),
+                message=_asking(w), metadata={"tool": w["tool"], "awaits": w["awaits"]},
+            )
+            for w in waiting
+        ]  # fmt: skip
+        return [
+            StateSnapshotEvent(snapshot={"metadata": dict(metadata), "waiting_for": waiting}),
+            RunFinishedEvent(
+                thread_id=thread, run_id=run, outcome=RunFinishedInterruptOutcome(interrupts=asks)
+            ),
+        ]
+
     def preview(self, piece: Mapping[str, Any]) -> list[BaseEvent]:
         """A piece of a reply being streamed: its text opens (or goes on in) the reply's message."""
         if piece.get("kind") != "text" or not piece.get("text"):
@@ -151,6 +179,12 @@ class AguiEvents:
             return []
         del self._live[turn]
         return [TextMessageEndEvent(message_id=live[0])]
+
+
+def _asking(waiting: Mapping[str, Any]) -> str:
+    if waiting["awaits"] == "result":
+        return f"{waiting['tool']} is a tool for you to run: send its result as a tool message or a resume"
+    return f'{waiting["tool"]} waits for your approval: resume with true or {{"decision": "deny"}}'
 
 
 def _agui_id(message_id: str, attempt: int) -> str:

@@ -114,6 +114,7 @@ class Api:
     # Seconds between looks at a waited-for turn that does not end here (another Brain runs it).
     wait_poll: float = 0.2
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # a bigger request body is refused (413)
+    webhook_private: bool = False  # a LangGraph webhook may name a loopback or private address
 
     def ended(self, turn_id: str, status: str, created_at: datetime) -> None:
         """A request ended a turn in its own commit (a cancel with nothing running): its waiters

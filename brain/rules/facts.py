@@ -49,7 +49,10 @@ kind                            what happened
 ``tool.child_cancel_requested`` a cancel was asked of a child whose parent call ended (or whose
                                 time budget ran out)
 ``thread.forked``               a new thread forked from another (``from``, its name) at journal seq
-                                ``at``, snapped back to ``snapped_to``: the ``messages`` it starts with
+                                ``at``, snapped back to ``snapped_to``: the ``messages`` it starts with;
+                                a copy of another session's (``from_session``) main thread likewise
+``turn.webhook_failed``         a LangGraph run's webhook was given up after its last try (``run_id``,
+                                ``url``, ``attempts``, the last ``error``)
 ``thread.rewound``              an idle thread's conversation set back to what it was at ``at``
                                 (snapped back to ``snapped_to``): the ``messages`` it goes on from
 ==============================  ==========================================================
@@ -70,7 +73,7 @@ KINDS: tuple[str, ...] = (
     "turn.accepted", "turn.run_started", "turn.prepared", "turn.waiting", "turn.model_replied",
     "turn.results_applied", "turn.retry_scheduled", "turn.run_lost", "turn.input_added",
     "turn.cancelled", "turn.rolled_back", "turn.completed", "turn.failed", "message.superseded",
-    "thread.forked", "thread.rewound",
+    "thread.forked", "thread.rewound", "turn.webhook_failed",
     "execution.intended", "execution.approved", "execution.output", "execution.output_gap",
     "execution.reported_late", "execution.input_required", "execution.input_given",
     "batch.accepted", "batch.progress",
@@ -248,16 +251,31 @@ def child_cancel_requested(execution_id: str, child_turn: str, control_id: int, 
             "control_id": control_id, "reason": reason}  # fmt: skip
 
 
-def forked(from_thread: str, at: int, snapped_to: int, messages: list[dict[str, Any]]) -> Fact:
-    """The first entry of a fork: what it starts with (``brain.rules.forks.carried``)."""
-    return {
+def forked(
+    from_thread: str,
+    at: int,
+    snapped_to: int,
+    messages: list[dict[str, Any]],
+    *,
+    from_session: str | None = None,
+) -> Fact:
+    """The first entry of a fork: what it starts with (``brain.rules.forks.carried``); a copy's
+    names the session it was copied from (``at`` is a seq of that session's journal)."""
+    fact: Fact = {
         "kind": "thread.forked",
         "from": from_thread,
         "at": at,
         "snapped_to": snapped_to,
         "messages": messages,
     }
+    if from_session is not None:
+        fact["from_session"] = from_session
+    return fact
 
 
 def rewound(at: int, snapped_to: int, messages: list[dict[str, Any]]) -> Fact:
     return {"kind": "thread.rewound", "at": at, "snapped_to": snapped_to, "messages": messages}
+
+
+def webhook_failed(run_id: str, url: str, attempts: int, error: str) -> Fact:
+    return {"kind": "turn.webhook_failed", "run_id": run_id, "url": url, "attempts": attempts, "error": error}

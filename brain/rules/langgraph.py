@@ -1,5 +1,5 @@
 """The rules of the LangGraph-compatible API that are Tendon's own decisions (``brain.api.langgraph``
-maps the wire): what status a run shows, and what a ``command.resume`` answers.
+maps the wire): what status a run shows, what a ``command.resume`` answers, and a run's webhook.
 
 A run is a turn, or the same turn resumed by an answer to its interrupt. A run stops where its
 turn ends, or where a call of it waits for a person (an interrupt): LangGraph's run is then done
@@ -20,9 +20,11 @@ anything else                      running
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from protocol import IllegalTransitionError, SchemaError
 
@@ -88,3 +90,59 @@ def _answer(interrupt: Mapping[str, Any], value: Any) -> Answer:
         f'interrupt {call} waits for an approval: resume with true or "approve", false or "deny", or '
         '{"decision": "deny", "reason": "..."}'
     )
+
+
+# A run's webhook (``brain.run.webhooks``): tried once its turn ended or stopped at an interrupt,
+# again after a failure (not a 2xx, or no answer) after a delay doubling from the Brain's scan
+# interval up to ``WEBHOOK_MAX_DELAY``, and given up after ``WEBHOOK_ATTEMPTS`` tries (invariant
+# 15), which its turn's journal then says (``turn.webhook_failed``).
+WEBHOOK_ATTEMPTS = 6
+WEBHOOK_MAX_DELAY = 300.0
+MAX_WEBHOOK_URL = 2000
+
+
+def webhook_url(url: Any, *, private: bool = False) -> str:
+    """A run's ``webhook``, checked: an http or https URL with a host, which names no loopback,
+    private or link-local address (nor ``localhost``) unless ``private`` (``TENDON_WEBHOOK_PRIVATE``).
+    A host name is not resolved here: a name of the outside world that points inside is the
+    network's to refuse."""
+    if not isinstance(url, str) or not url or len(url) > MAX_WEBHOOK_URL:
+        raise SchemaError(f"webhook is an http(s) URL of at most {MAX_WEBHOOK_URL} characters")
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018 - a port that is no number raises here
+    except ValueError as exc:
+        raise SchemaError(f"webhook is not a URL: {exc}") from exc
+    if parts.scheme not in ("http", "https") or not host:
+        raise SchemaError(f"webhook must be an http or https URL with a host, not {url[:60]!r}")
+    if not private and _inside(host):
+        raise SchemaError(
+            f"webhook {host[:60]!r} is a loopback, private or link-local address: refused unless "
+            "TENDON_WEBHOOK_PRIVATE=true"
+        )
+    return url
+
+
+def _inside(host: str) -> bool:
+    if host.rstrip(".").lower() == "localhost" or host.lower().endswith(".localhost"):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return ip.is_loopback or ip.is_private or ip.is_link_local or ip.is_unspecified or ip.is_reserved
+
+
+def webhook_delay(attempts: int, base: float) -> float:
+    """Seconds before the next try, after ``attempts`` failed ones."""
+    return float(min(WEBHOOK_MAX_DELAY, base * 2 ** max(0, attempts - 1)))
+
+
+def webhook_payload(row: Mapping[str, Any], thread_id: str) -> dict[str, Any]:
+    """What a webhook POSTs: the run as LangGraph's clients read it, once it finished."""
+    body = row["body"] or {}
+    status = run_status(row["turn_status"], waits_for_person=bool(row["pending"]), resumed_later=False)
+    return {"run_id": row["run_id"], "thread_id": thread_id, "assistant_id": body.get("assistant_id"),
+            "status": status, "metadata": body.get("metadata") or {},
+            "multitask_strategy": body.get("multitask_strategy")}  # fmt: skip

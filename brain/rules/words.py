@@ -157,6 +157,17 @@ def _batch_progress(f: Mapping[str, Any]) -> str:
     return f"batch {f.get('call_id')}: {', '.join(what) or 'progress'} ({counts})"
 
 
+def _forked(f: Mapping[str, Any]) -> str:
+    source = f"copied from session {f['from_session']}, " if f.get("from_session") else "forked from "
+    return f"{source}thread {f.get('from')} at {f.get('at')}{_snapped(f)}"
+
+
+def _webhook_failed(f: Mapping[str, Any]) -> str:
+    return (
+        f"the webhook of run {f.get('run_id')} was given up after {f.get('attempts')} tries: {f.get('error')}"
+    )
+
+
 def _snapped(f: Mapping[str, Any]) -> str:
     """Where a fork's or a rewind's cut was snapped back to, and what it carries."""
     moved = f.get("snapped_to") != f.get("at")
@@ -219,7 +230,8 @@ def said(fact: Mapping[str, Any]) -> str:
             f"a cancel was asked of child turn {f.get('child_turn')} (control #{f.get('control_id')}): "
             f"{f.get('reason')}"
         ),
-        "thread.forked": lambda f: f"forked from thread {f.get('from')} at {f.get('at')}{_snapped(f)}",
+        "thread.forked": _forked,
+        "turn.webhook_failed": _webhook_failed,
         "thread.rewound": lambda f: f"set back to {f.get('at')}{_snapped(f)}",
     }
     return simple[kind](fact) if kind in simple else kind.replace(".", " ").replace("_", " ")

@@ -1,6 +1,6 @@
 """Forks and rewinds of threads (``brain.rules.forks`` says what they keep): a fork's thread row,
 which keeps its lineage (the thread it was forked from and the seq it was cut at), and what a
-cut reads."""
+cut reads. A copy is a fork into a new session: its main thread, keeping the same lineage."""
 
 from __future__ import annotations
 
@@ -43,12 +43,24 @@ class Forks(Part):
             if e.seq <= at
         ]
 
-    async def create(self, conn: Connection, parent: Row, thread_id: str, name: str, at: int) -> None:
-        """The fork's thread: the parent's session, agent version and frozen bindings, and its lineage."""
+    async def create(
+        self, conn: Connection, parent: Row, thread_id: str, name: str, at: int, *, session: str | None = None
+    ) -> None:
+        """The fork's thread: the parent's session (or ``session``, a copy's), agent version and
+        frozen bindings, and its lineage."""
         await conn.execute(
             """INSERT INTO threads (id, session_id, name, agent_name, agent_version, bindings, forked_from,
                                     forked_at)
                VALUES ($1, $2, $3, $4, $5, $6, $7, $8)""",
-            thread_id, parent["session_id"], name, parent["agent_name"], parent["agent_version"],
-            parent["bindings"], parent["id"], at,
+            thread_id, session or parent["session_id"], name, parent["agent_name"],
+            parent["agent_version"], parent["bindings"], parent["id"], at,
         )  # fmt: skip
+
+    async def add_session(self, conn: Connection, namespace: str, key: str) -> bool:
+        """A copy's new session, before its first turn; False when its key is taken."""
+        done = await conn.fetchval(
+            "INSERT INTO sessions (id, namespace) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING id",
+            key,
+            namespace,
+        )
+        return done is not None

@@ -159,6 +159,8 @@ class LangGraph(Part):
                VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING""",
             run_id, namespace, session_id, turn_id, schedule_id, start_seq, Json(dict(body)),
         )  # fmt: skip
+        if body.get("webhook"):  # tried once the run's turn ended (brain.run.webhooks)
+            await self.add_webhook(conn, run_id, str(body["webhook"]))
 
     async def run(self, conn: Connection, namespace: str, run_id: str) -> Row | None:
         return await conn.fetchrow(f"{_RUN} WHERE id = $1 AND namespace = $2", run_id, namespace)
@@ -198,3 +200,59 @@ class LangGraph(Part):
             if row is not None:
                 found[turn_id] = row
         return found
+
+    async def add_webhook(self, conn: Connection, run_id: str, url: str) -> None:
+        """A run's webhook, in the transaction that keeps the run's row."""
+        await conn.execute(
+            "INSERT INTO langgraph_webhooks (run_id, url) VALUES ($1, $2) ON CONFLICT DO NOTHING", run_id, url
+        )
+
+    async def due_webhooks(self, conn: Connection, limit: int) -> list[Row]:
+        """Webhooks to try now: their run's turn ended or waits for a person."""
+        return list(
+            await conn.fetch(
+                f"""SELECT w.run_id, w.url, w.attempts, r.namespace, r.session_id, r.turn_id, r.body,
+                           t.status AS turn_status,
+                           (SELECT count(*) FROM executions e
+                             WHERE e.turn_id = t.id AND e.status IN {PERSON_SQL}) AS pending
+                      FROM langgraph_webhooks w
+                      JOIN langgraph_runs r ON r.id = w.run_id
+                      JOIN turns t ON t.id = r.turn_id
+                     WHERE w.status = 'pending' AND w.next_at <= now()
+                       AND (t.status IN {TERMINAL_SQL} OR EXISTS (
+                            SELECT 1 FROM executions e WHERE e.turn_id = t.id AND e.status IN {PERSON_SQL}))
+                     ORDER BY w.next_at LIMIT $1""",
+                limit,
+            )
+        )
+
+    async def take_webhook(self, conn: Connection, run_id: str, attempts: int, lease: float) -> bool:
+        """Take a due webhook for ``lease`` seconds (another Brain's look then passes it by); False
+        when another took it first."""
+        done = await conn.fetchval(
+            """UPDATE langgraph_webhooks SET next_at = ts_add(now(), $3)
+                WHERE run_id = $1 AND attempts = $2 AND status = 'pending' AND next_at <= now()
+               RETURNING run_id""",
+            run_id, attempts, lease,
+        )  # fmt: skip
+        return done is not None
+
+    async def webhook_tried(
+        self, conn: Connection, run_id: str, status: str, error: str | None, delay: float
+    ) -> None:
+        """One more try of a webhook: ``delivered``, ``failed`` (given up) or ``pending`` again in
+        ``delay`` seconds."""
+        await conn.execute(
+            """UPDATE langgraph_webhooks
+                  SET attempts = attempts + 1, status = $2, last_error = $3, next_at = ts_add(now(), $4),
+                      delivered_at = CASE WHEN $2 = 'delivered' THEN now() ELSE delivered_at END
+                WHERE run_id = $1""",
+            run_id, status, error, delay,
+        )  # fmt: skip
+
+    async def webhook(self, conn: Connection, run_id: str) -> Row | None:
+        return await conn.fetchrow(
+            "SELECT run_id, url, status, attempts, last_error, delivered_at FROM langgraph_webhooks"
+            " WHERE run_id = $1",
+            run_id,
+        )

@@ -6,6 +6,10 @@ the same session, pinned to the same agent version and frozen bindings, whose li
 and the seq) its row keeps; submit to it by its name like to any thread. A rewind sets a thread
 back in place and is refused while a turn of it is unfinished. Both are one transaction: the
 thread row (a fork's) and the entry whose fact carries the conversation commit together.
+
+A copy is a fork into a new session: its main thread starts with another session's main thread's
+conversation (cut at that session's last seq, snapped back alike), pinned to the same agent version
+and bindings, its lineage kept the same way; the session's metadata goes with it.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from brain.rules import facts
 from brain.rules.forks import carried, cut
 from brain.rules.history import needed_executions
 from brain.rules.names import MAX_SESSION_ID, MAX_THREAD_NAME, check_id, check_thread_name
-from brain.rules.submits import shown_session, thread_id, thread_name
+from brain.rules.submits import MAIN_THREAD, session_key, shown_session, thread_id, thread_name
 from brain.store import BrainStore
+from brain.store.metadata import SESSION
 from infra.db import Connection, Row
 from protocol import ConflictError, IllegalTransitionError, NotFoundError, SchemaError, new_id
 
@@ -80,6 +85,37 @@ async def rewind(store: BrainStore, namespace: str, thread: str, at: int) -> dic
         return {"thread_id": thread, "at": upto, "snapped_to": snapped, "messages": len(messages), "seq": seq}
 
     return await store.transact(work)
+
+
+async def copy(store: BrainStore, namespace: str, session_id: str, into: str) -> dict[str, Any]:
+    """A new session ``into`` whose main thread starts as ``session_id``'s main thread stands now
+    (a session with no turn yet is copied with its metadata only); ``into`` taken is a CONFLICT."""
+    for said in (session_id, into):
+        check_id("session id", said, MAX_SESSION_ID)
+    source, key = session_key(namespace, session_id), session_key(namespace, into)
+
+    async def work(conn: Connection) -> dict[str, Any]:
+        row = await store.sessions.session(conn, namespace, source)
+        if row is None:
+            raise NotFoundError(f"there is no session {session_id!r}")
+        if row["closed_at"] is not None:
+            raise IllegalTransitionError(f"session {session_id!r} is closed")
+        if not await store.forks.add_session(conn, namespace, key):
+            raise ConflictError(f"session {into!r} exists already")
+        pairs = (await store.metadata.of(conn, SESSION, [source])).get(source, {})
+        await store.metadata.set(conn, SESSION, key, pairs)
+        done = {"session_id": into, "copied_from": session_id, "at": None, "snapped_to": None, "messages": 0}
+        parent = await store.forks.thread(conn, namespace, source)  # its main thread's id is its key
+        if parent is None:
+            return done
+        upto = await _at(store, conn, parent, None)
+        snapped, messages = await _cut(store, conn, parent, upto)
+        await store.forks.create(conn, parent, key, MAIN_THREAD, upto, session=key)
+        fact = facts.forked(parent["name"], upto, snapped, carried(messages), from_session=session_id)
+        await store.journal.append(conn, key, None, [fact], thread_id=key)
+        return {**done, "at": upto, "snapped_to": snapped, "messages": len(messages)}
+
+    return await store.transact(work, read_then_insert=True)
 
 
 def _check(thread: str, at: int | None) -> None:

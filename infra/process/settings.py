@@ -200,6 +200,11 @@ class Settings(BaseSettings):
         description="the largest request body the HTTP API takes, in bytes: a bigger one is refused "
         "(413) and never kept in memory",
     )
+    webhook_private: bool = Field(
+        default=False,
+        description="whether a LangGraph run's webhook may name a loopback, private or link-local address "
+        "(or `localhost`) by itself: off, such a URL is refused",
+    )
     url: str = Field(
         default="",
         description="the HTTP API the `brain` verbs (submit, show, wait, controls...) use instead of the "

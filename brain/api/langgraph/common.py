@@ -78,7 +78,7 @@ GRAPH_INTERNALS = {
     "interrupt_after": "Tendon's agents have no graph nodes to stop at",
     "checkpoint": "Tendon resumes from its journal, not from a checkpoint a client names",
     "checkpoint_id": "Tendon resumes from its journal, not from a checkpoint a client names",
-    "webhook": "not built yet: follow the run's stream or join it",
+    "webhook": "a cron's runs take no webhook yet (a run's does): follow the thread's stream",
     "stream_subgraphs": "Tendon's agents have no subgraphs",
     "feedback_keys": "LangSmith feedback is not part of Tendon",
 }

@@ -18,7 +18,7 @@ from brain.api.langgraph.assistants import agent_of
 from brain.api.langgraph.common import GRAPH_INTERNALS, NotSupported, refuse, thread_key, when
 from brain.api.langgraph.messages import MODES
 from brain.api.langgraph.threads import found, make
-from brain.rules.langgraph import answers, run_status
+from brain.rules.langgraph import answers, run_status, webhook_url
 from brain.rules.submits import MAIN_THREAD, shown_session
 from brain.store import BrainStore
 from brain.verbs import controls
@@ -82,7 +82,9 @@ def text_of(given: Any) -> str:
 
 async def create(api: Api, namespace: str, thread_id: str | None, body: dict[str, Any]) -> Run:
     """A run of ``body`` on the thread (a new one when ``thread_id`` is None); returns its row."""
-    internals = {k: v for k, v in GRAPH_INTERNALS.items() if k not in ("checkpoint", "checkpoint_id")}
+    internals = {
+        k: v for k, v in GRAPH_INTERNALS.items() if k not in ("checkpoint", "checkpoint_id", "webhook")
+    }
     refuse(body, {**internals, "context": SETTINGS})
     configurable = (
         (body.get("config") or {}).get("configurable") if isinstance(body.get("config"), dict) else None
@@ -99,6 +101,10 @@ async def create(api: Api, namespace: str, thread_id: str | None, body: dict[str
             "on_disconnect": body.get("on_disconnect") or "continue"}  # fmt: skip
     if not isinstance(kept["assistant_id"], str):
         raise SchemaError("a run names its assistant_id (an assistant's id, or an agent's name)")
+    if body.get("webhook") is not None:  # kept with the run's row (brain.run.webhooks)
+        kept["webhook"] = webhook_url(body["webhook"], private=api.webhook_private)
+        if body.get("after_seconds"):
+            raise NotSupported("a webhook on a delayed run (after_seconds): not built yet")
     if thread_id is None or body.get("if_not_exists") == "create":
         thread_id = thread_id or str(uuid.uuid4())
         await make(api.store, namespace, thread_id, {}, "do_nothing")

@@ -35,7 +35,7 @@ _CANCELS: set[asyncio.Task[None]] = set()  # cancels sent for clients that went 
 
 def last_seen(value: str | None) -> tuple[int, int] | None:
     """``Last-Event-ID`` as (entry seq, part): ``SEQ-K``, or a plain ``SEQ`` (all of that entry)."""
-    text = (value or "").strip()
+    text = (value or "").strip(" \t")  # not str.strip(): it takes NEL (\x85) for a space too
     if not text:
         return None
     found_id = re.fullmatch(r"([0-9]{1,18})(?:-([0-9]{1,9}))?", text)
@@ -58,7 +58,7 @@ def parts_of(
     return said, False
 
 
-async def _page(api: Api, key: str, after: int) -> tuple[list[Entry], dict[str, Any]]:
+async def entries_after(api: Api, key: str, after: int) -> tuple[list[Entry], dict[str, Any]]:
     store = api.store
 
     async def work(conn: Any) -> tuple[list[Entry], dict[str, Any]]:
@@ -84,7 +84,7 @@ async def follow(
                 await asyncio.sleep(api.poll)
                 run = await runflow.get(api, namespace, run.thread_id, run.run_id)
                 continue
-            entries, executions = await _page(api, run.key, position)
+            entries, executions = await entries_after(api, run.key, position)
             for e in entries:
                 position = e.seq
                 new = convo.add(e, executions)

@@ -1,7 +1,8 @@
 """LangGraph threads: a thread is a Tendon session, made before its first run (its runs go to the
 session's main thread); its metadata is the session's (string pairs); deleting it closes the
 session (refused while a run of it is unfinished), after which it is not found and its id is not
-taken again. Its state and history are read from the journal (``state``)."""
+taken again. Its state and history are read from the journal (``state``); a copy is a fork of its
+main thread into a new session (``brain.verbs.forks.copy``)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from brain.api.langgraph.common import (
 )
 from brain.store import BrainStore
 from brain.store.metadata import SESSION
+from brain.verbs import forks
 from infra.db import Connection
 from protocol import ConflictError, NotFoundError, SchemaError
 
@@ -192,8 +194,14 @@ async def history(thread_id: str, request: Request, caller: CallerDep) -> list[d
 
 
 @router.post("/threads/{thread_id}/copy")
-async def copy(thread_id: str, caller: CallerDep) -> None:
-    raise NotSupported("copying a thread is not built yet (it will map onto a thread's fork)")
+async def copy(thread_id: str, request: Request, caller: CallerDep) -> dict[str, Any]:
+    """A new thread (a new id) whose conversation is this one's as it stands, snapped back to where
+    every tool call had its result (``brain.verbs.forks.copy``): its results are the recorded ones,
+    so a run on the copy never runs those tools again, and no approval waits in it."""
+    store, namespace = api_of(request).store, caller.tenant()
+    await found(store, namespace, thread_id)
+    made = await forks.copy(store, namespace, thread_id, str(uuid.uuid4()))
+    return states.shown(namespace, await found(store, namespace, made["session_id"]))
 
 
 @router.post("/threads/prune")
