@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from brain.rules.names import check_thread_name
 from brain.rules.records import Intent
@@ -90,15 +90,20 @@ class Budget(BaseModel):
     seconds: float | None = Field(default=None, gt=0)
 
 
+def _agent_as_object(schema: dict[str, Any]) -> None:
+    schema["properties"]["agent"] = {"type": "object", "description": _AGENT}
+
+
 class Delegate(BaseModel):
     """One delegate tool of an agent: the agent it runs, in which thread, with what budget."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     # Its schema says "an object", not the definition again: a schema that contains itself cannot
     # be written out in place (the submit route's OpenAPI entry), and the definition is checked all
-    # the same when read.
-    agent: Annotated[AgentDefinition, WithJsonSchema({"type": "object", "description": _AGENT})]
+    # the same when read. (Not with WithJsonSchema on the field: on a type that refers to itself,
+    # pydantic then gives the whole AgentDefinition that schema once FastAPI wrote its document.)
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_agent_as_object)
+
+    agent: AgentDefinition
     description: str = ""
     thread: str = PER_CALL
     budget: Budget = Budget()
