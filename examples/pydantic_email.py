@@ -1,9 +1,12 @@
 """The five-email story's agent written with Pydantic AI, run durably by Tendon unchanged.
 
 Its definition (``examples/pydantic_email.json``) names it and routes ``send_email`` to the Hands
-pool that serves it (``examples.email_tools``, or the same function discovered from this module
-by ``hands serve --tools examples.pydantic_email``). The model is any OpenAI-compatible API
-(``OPENAI_BASE_URL``, ``OPENAI_API_KEY``); ``TENDON_EXAMPLE_MODEL`` names it.
+pool that serves it: here ``examples.email_tools``, whose ``send_email`` has the same name and
+parameters. A module whose tools have their real bodies can be served from itself instead
+(``hands serve --tools MODULE``, each tool given its route and replay policy with ``@policy``:
+``examples.framework_tools_pydantic_ai``, docs/framework-tools.md); the pool imports the module, so
+its model's client must be constructible there too (``OPENAI_API_KEY`` set). The model is any
+OpenAI-compatible API (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``); ``TENDON_EXAMPLE_MODEL`` names it.
 """
 
 import os
