@@ -55,12 +55,3 @@ class Forks(Part):
             thread_id, session or parent["session_id"], name, parent["agent_name"],
             parent["agent_version"], parent["bindings"], parent["id"], at,
         )  # fmt: skip
-
-    async def add_session(self, conn: Connection, namespace: str, key: str) -> bool:
-        """A copy's new session, before its first turn; False when its key is taken."""
-        done = await conn.fetchval(
-            "INSERT INTO sessions (id, namespace) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING id",
-            key,
-            namespace,
-        )
-        return done is not None

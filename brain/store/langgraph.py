@@ -122,15 +122,6 @@ class LangGraph(Part):
             namespace, agent.name, agent.version, agent.digest, agent.stored,
         )  # fmt: skip
 
-    async def add_session(self, conn: Connection, namespace: str, key: str) -> bool:
-        """A session before its first turn (a LangGraph thread); False when it is there already."""
-        done = await conn.fetchval(
-            "INSERT INTO sessions (id, namespace) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING id",
-            key,
-            namespace,
-        )
-        return done is not None
-
     async def thread_state(self, conn: Connection, thread_id: str) -> Row | None:
         """A main thread's session's time and its journal's latest, its latest turn (its status),
         how many of its turns are unfinished, and how many of its calls wait for a person."""

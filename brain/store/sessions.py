@@ -52,6 +52,16 @@ class Sessions(Part):
             namespace,
         )
 
+    async def add_session(self, conn: Connection, namespace: str, key: str) -> bool:
+        """A session before its first turn (a copy's, a LangGraph thread's); False when its key is
+        taken."""
+        done = await conn.fetchval(
+            "INSERT INTO sessions (id, namespace) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING id",
+            key,
+            namespace,
+        )
+        return done is not None
+
     async def threads_of(self, conn: Connection, session_id: str) -> list[Row]:
         """A session's threads with how many of their turns are in each status."""
         return list(

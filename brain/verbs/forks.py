@@ -100,7 +100,7 @@ async def copy(store: BrainStore, namespace: str, session_id: str, into: str) ->
             raise NotFoundError(f"there is no session {session_id!r}")
         if row["closed_at"] is not None:
             raise IllegalTransitionError(f"session {session_id!r} is closed")
-        if not await store.forks.add_session(conn, namespace, key):
+        if not await store.sessions.add_session(conn, namespace, key):
             raise ConflictError(f"session {into!r} exists already")
         pairs = (await store.metadata.of(conn, SESSION, [source])).get(source, {})
         await store.metadata.set(conn, SESSION, key, pairs)

@@ -51,7 +51,7 @@ async def make(
     key = thread_key(namespace, thread_id)
 
     async def work(conn: Connection) -> None:
-        if not await store.langgraph.add_session(conn, namespace, key):
+        if not await store.sessions.add_session(conn, namespace, key):
             row = await store.sessions.session(conn, namespace, key)
             if row is None:  # pragma: no cover - a session key holds its namespace
                 raise ConflictError(f"thread {thread_id!r} is taken")
