@@ -24,7 +24,7 @@ from hands.store import open_ledger
 from infra.db import create_pool
 from infra.transport.broker import Broker, Topology
 from protocol import encode, new_id
-from tests.hands_bus import Bus
+from tests.hands_bus import Bus, replay_of
 from tests.support import TendonEnv, run_cli, wait_for
 
 IMAGE = os.environ.get("TENDON_TEST_SANDBOX_IMAGE", "python:3.11-slim")
@@ -160,6 +160,19 @@ class SandboxBus(Bus):
     async def send(self, command: Any) -> str:
         await self.broker.publish(self.topology.commands(ROUTE), encode(command), message_id=new_id())
         return str(command.execution_id)
+
+    async def complete(self, command: Any) -> dict[int, Any]:
+        """Every event of ``command``'s execution once its terminal one came, a gap filled as a
+        Brain fills it: a replay request from the first missing seq (a worker killed after it
+        committed an event but before it published it leaves that seq to the ledger)."""
+        last = max((await self.wait_kind(str(command.execution_id), "succeeded")).seq, 1)
+        got = self.by_seq(str(command.execution_id))
+        missing = [s for s in range(1, last) if s not in got]
+        if missing:
+            await self.broker.publish(
+                self.topology.controls(ROUTE), encode(replay_of(command, missing[0])), message_id=new_id()
+            )
+        return await self.wait_seqs(str(command.execution_id), last)
 
     async def cancel(self, command: Any) -> None:
         from protocol import CancelBody, CancelControl
