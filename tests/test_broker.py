@@ -64,6 +64,35 @@ async def test_a_publish_goes_out_persistent_and_one_the_broker_cannot_route_rai
             await asyncio.wait_for(broker.publish(queue, b'{"n": 2}', message_id="m-2"), 10)
 
 
+async def test_a_nacked_publish_is_sent_again_until_the_queue_takes_it(tendon: TendonEnv) -> None:
+    # Given a queue that nacks every publish for now (full, refusing: as a quorum queue another
+    # process declared a moment before nacks while it starts), known to the broker as declared
+    topology = Topology(tendon.prefix)
+    queue = f"{tendon.prefix}.nacking"
+    raw = await aio_pika.connect(tendon.amqp_url)
+    try:
+        channel = await raw.channel()
+        refusing = {"x-max-length": 0, "x-overflow": "reject-publish"}
+        await channel.declare_queue(queue, durable=True, arguments=refusing)
+        async with Broker(tendon.amqp_url, topology) as broker:
+            broker._declared.add(queue)
+            # When a publish meets its nacks, and the queue takes messages again a moment later
+            sending = asyncio.create_task(broker.publish(queue, b'{"n": 1}', message_id="m-1"))
+            await asyncio.sleep(0.5)
+            assert not sending.done()  # nacked, sent again, not given up
+            await channel.queue_delete(queue)
+            await channel.declare_queue(queue, durable=True)
+            await asyncio.wait_for(sending, 10)
+        # Then the message is there, once
+        got = await (await channel.get_queue(queue, ensure=False)).get(timeout=5)
+        assert got is not None and got.message_id == "m-1"
+        await got.ack()
+        assert await (await channel.get_queue(queue, ensure=False)).get(fail=False) is None
+        await channel.queue_delete(queue)
+    finally:
+        await raw.close()
+
+
 async def test_a_publish_cancelled_during_its_queues_first_declare_leaves_the_channel_usable(
     tendon: TendonEnv,
 ) -> None:

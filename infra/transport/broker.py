@@ -27,6 +27,7 @@ from aiormq.exceptions import (
     ChannelInvalidStateError,
     ChannelLockedResource,
     ChannelNotFoundEntity,
+    DeliveryError,
 )
 from tenacity import (
     AsyncRetrying,
@@ -52,6 +53,11 @@ PERSISTENT = int(aio_pika.DeliveryMode.PERSISTENT)  # a message's delivery mode 
 
 # How long a consumer's set-up waits out a broker hiccup before the process gives up.
 SETUP_PATIENCE = 30.0
+NACK_PATIENCE = 10.0  # seconds a nacked publish is sent again before its error is the caller's
+
+
+def _nacked(exc: BaseException) -> bool:
+    return isinstance(exc, DeliveryError) and isinstance(exc.frame, pamqp.commands.Basic.Nack)
 
 
 class Broker:
@@ -144,9 +150,25 @@ class Broker:
     async def publish(
         self, queue: str, body: bytes, *, message_id: str, headers: dict[str, Any] | None = None
     ) -> None:
-        """Publish persistently and wait for the broker's confirm (raises if unroutable)."""
+        """Publish persistently and wait for the broker's confirm (raises if unroutable). A nack
+        is sent again for a while: a quorum queue that another process declared a moment before
+        nacks what comes while it starts (three pools starting at once, announcing their tools),
+        and the message was not taken, so sending it again under its id sends nothing twice."""
         await self._declare_for_publish(queue)
-        await self._send(queue, body, message_id, headers or {}, content_type="application/json")
+        send = partial(self._send, queue, body, message_id, headers or {}, content_type="application/json")
+        try:
+            await send()  # the hot path: no retry machinery unless a nack comes
+        except DeliveryError as exc:
+            if not _nacked(exc):
+                raise
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(_nacked),
+                stop=stop_after_delay(NACK_PATIENCE),
+                wait=wait_exponential(multiplier=0.05, max=1),
+                reraise=True,
+            ):
+                with attempt:
+                    await send()
 
     async def _send(
         self, routing_key: str, body: bytes, message_id: str | None, headers: dict[str, Any],
